@@ -1,0 +1,1 @@
+"""chronomq.broker (see ../shared/ARCHITECTURE.md)."""

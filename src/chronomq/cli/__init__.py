@@ -1,0 +1,1 @@
+"""chronomq.cli (see ../shared/ARCHITECTURE.md)."""

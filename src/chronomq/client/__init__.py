@@ -1,0 +1,1 @@
+"""chronomq.client (see ../shared/ARCHITECTURE.md)."""

@@ -1,0 +1,186 @@
+"""Configuration: RocketMQ's properties format and key names (``-c broker.conf``).
+
+One flat ``BrokerConfig`` holds the broker and store keys (RocketMQ splits them into BrokerConfig and
+MessageStoreConfig; the file format does not care). Attribute names are RocketMQ's key names so a
+broker.conf written for Apache RocketMQ reads unchanged. Unknown keys are reported as warnings; bad
+values raise ConfigError with the key, the value and what was expected.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+DEFAULT_DELAY_LEVELS = "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h"
+_UNIT_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
+_LEVEL_RE = re.compile(r"^(\d+)(ms|s|m|h|d)$")
+
+ASYNC_FLUSH = "ASYNC_FLUSH"
+SYNC_FLUSH = "SYNC_FLUSH"
+
+
+class ConfigError(ValueError):
+    """A configuration value that cannot be used; the message says which key and why."""
+
+
+def parse_delay_levels(text: str) -> list[int]:
+    """'1s 5s 10s ...' -> [1000, 5000, 10000, ...] (ms). Units ms, s, m, h, d. Raises ConfigError."""
+    levels = []
+    for item in text.split():
+        m = _LEVEL_RE.match(item.strip())
+        if not m:
+            raise ConfigError(f"messageDelayLevel: {item!r} is not a duration like 10s, 500ms, 5m, 2h or 1d")
+        value = int(m.group(1)) * _UNIT_MS[m.group(2)]
+        if value <= 0:
+            raise ConfigError(f"messageDelayLevel: {item!r} must be positive")
+        levels.append(value)
+    if not levels:
+        raise ConfigError("messageDelayLevel: at least one level is required")
+    return levels
+
+
+@dataclass
+class BrokerConfig:
+    # identity and network
+    brokerClusterName: str = "DefaultCluster"
+    brokerName: str = "broker-a"
+    brokerId: int = 0
+    brokerIP1: str = "127.0.0.1"
+    listenPort: int = 10911
+    namesrvAddr: str = "127.0.0.1:9876"
+    # topics
+    autoCreateTopicEnable: bool = True
+    defaultTopicQueueNums: int = 4
+    autoCreateSubscriptionGroup: bool = True
+    # store
+    storePathRootDir: str = "./data"
+    mappedFileSizeCommitLog: int = 1024 * 1024 * 1024
+    mappedFileSizeConsumeQueue: int = 300_000 * 20
+    flushDiskType: str = ASYNC_FLUSH
+    flushIntervalCommitLog: int = 500
+    flushCommitLogTimed: bool = True
+    flushIntervalConsumeQueue: int = 1000
+    syncFlushTimeout: int = 5000
+    fileReservedTime: int = 72  # hours
+    deleteWhen: str = "04"
+    diskMaxUsedSpaceRatio: int = 75
+    cleanResourceInterval: int = 10_000
+    maxMessageSize: int = 4 * 1024 * 1024
+    maxHashSlotNum: int = 5_000_000
+    maxIndexNum: int = 5_000_000 * 4
+    messageIndexEnable: bool = True
+    checkCRCOnRecover: bool = True
+    # delay and retry
+    messageDelayLevel: str = DEFAULT_DELAY_LEVELS
+    flushDelayOffsetInterval: int = 10_000
+    maxReconsumeTimes: int = 16
+    # consumers
+    flushConsumerOffsetInterval: int = 5000
+    longPollingEnable: bool = True
+    clientChannelMaxIdleTimeSeconds: int = 120
+    registerNameServerPeriod: int = 30_000
+    # HA
+    brokerRole: str = "ASYNC_MASTER"
+    haListenPort: int = 10912
+
+    extra: dict[str, str] = field(default_factory=dict, repr=False)
+
+    @property
+    def delay_levels_ms(self) -> list[int]:
+        return parse_delay_levels(self.messageDelayLevel)
+
+    @property
+    def sync_flush(self) -> bool:
+        return self.flushDiskType == SYNC_FLUSH
+
+    def validate(self) -> None:
+        if self.flushDiskType not in (ASYNC_FLUSH, SYNC_FLUSH):
+            raise ConfigError(f"flushDiskType: {self.flushDiskType!r} must be ASYNC_FLUSH or SYNC_FLUSH")
+        for name in ("mappedFileSizeCommitLog", "mappedFileSizeConsumeQueue", "maxMessageSize",
+                     "defaultTopicQueueNums", "flushIntervalCommitLog", "flushIntervalConsumeQueue"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"{name}: must be positive, got {getattr(self, name)}")
+        if self.mappedFileSizeConsumeQueue % 20:
+            raise ConfigError("mappedFileSizeConsumeQueue: must be a multiple of 20 (the unit size)")
+        if not 10 <= self.diskMaxUsedSpaceRatio <= 95:
+            raise ConfigError(f"diskMaxUsedSpaceRatio: {self.diskMaxUsedSpaceRatio} must be within 10..95")
+        if not 0 < self.listenPort < 65536:
+            raise ConfigError(f"listenPort: {self.listenPort} is not a TCP port")
+        if self.maxReconsumeTimes < 0:
+            raise ConfigError("maxReconsumeTimes: must be >= 0")
+        hours = [h for h in self.deleteWhen.split(";") if h]
+        if not hours or not all(h.isdigit() and 0 <= int(h) <= 23 for h in hours):
+            raise ConfigError(f"deleteWhen: {self.deleteWhen!r} must be hours 00..23 separated by ';'")
+        parse_delay_levels(self.messageDelayLevel)
+
+    # --- loading ------------------------------------------------------------------------------------
+    def apply(self, values: dict[str, str]) -> list[str]:
+        """Set keys from string values; returns warnings for unknown keys. Raises ConfigError."""
+        warnings = []
+        fields = {f.name: f for f in dataclasses.fields(self) if f.name != "extra"}
+        for key, raw in values.items():
+            f = fields.get(key)
+            if f is None:
+                self.extra[key] = raw
+                warnings.append(f"unknown configuration key {key!r} ignored")
+                continue
+            setattr(self, key, _convert(key, raw, f.type))
+        self.validate()
+        return warnings
+
+    @classmethod
+    def load(cls, path: str | Path | None = None, overrides: dict[str, str] | None = None
+             ) -> tuple[BrokerConfig, list[str]]:
+        cfg = cls()
+        values: dict[str, str] = {}
+        if path is not None:
+            try:
+                values.update(parse_properties(Path(path).read_text(encoding="utf-8")))
+            except OSError as e:
+                raise ConfigError(f"cannot read configuration file {path}: {e.strerror}") from e
+        values.update(overrides or {})
+        warnings = cfg.apply(values)
+        return cfg, warnings
+
+
+def _convert(key: str, raw: str, typ: Any) -> Any:
+    t = typ if isinstance(typ, str) else getattr(typ, "__name__", str(typ))
+    raw = raw.strip()
+    if t == "bool":
+        low = raw.lower()
+        if low in ("true", "1", "yes", "on"):
+            return True
+        if low in ("false", "0", "no", "off"):
+            return False
+        raise ConfigError(f"{key}: {raw!r} is not a boolean (true/false)")
+    if t == "int":
+        try:
+            return int(raw)
+        except ValueError:
+            raise ConfigError(f"{key}: {raw!r} is not an integer") from None
+    return raw
+
+
+def parse_properties(text: str) -> dict[str, str]:
+    """Java .properties, the subset broker.conf files use: key=value or key: value, # and ! comments,
+    backslash line continuation."""
+    out: dict[str, str] = {}
+    logical = ""
+    for line in text.splitlines():
+        stripped = line.strip()
+        if not logical and (not stripped or stripped[0] in "#!"):
+            continue
+        if stripped.endswith("\\") and not stripped.endswith("\\\\"):
+            logical += stripped[:-1]
+            continue
+        logical += stripped
+        m = re.match(r"^([^=:\s]+)\s*[=:\s]\s*(.*)$", logical)
+        if m:
+            out[m.group(1)] = m.group(2).strip()
+        elif logical:
+            out[logical] = ""
+        logical = ""
+    return out

@@ -1,0 +1,1 @@
+"""chronomq.delay (see ../shared/ARCHITECTURE.md)."""

@@ -1,0 +1,1 @@
+"""chronomq.namesrv (see ../shared/ARCHITECTURE.md)."""

@@ -1,0 +1,1 @@
+"""The RocketMQ 4.x remoting protocol: sans-IO codec (codec, codes) plus thin asyncio transports."""

@@ -1,0 +1,343 @@
+"""Sans-IO codec for RocketMQ 4.x remoting frames (protocol.md section 1).
+
+Bytes in, ``RemotingCommand`` objects out, and back; no sockets. ``FrameDecoder.feed`` accepts any
+chunking of the byte stream and returns the complete commands; a malformed or oversized frame raises
+``FrameError`` (the transport then answers or closes the connection, and logs one line).
+
+Rules that the official C++ client depends on:
+- replies are always written with serialize type 0 (JSON) unless the request used type 1, and the
+  header word's high byte is then 0;
+- every extFields value in a response is a JSON string (``encode`` stringifies them);
+- request extFields may be numbers or strings: read them with ``ext_int``/``ext_str``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import struct
+from dataclasses import dataclass, field
+from typing import Any
+
+from chronomq.message import MessageFormatError, decode_properties, encode_properties
+
+from .codes import LanguageCode
+
+MAX_FRAME_SIZE = 16 * 1024 * 1024
+SERIALIZE_JSON = 0
+SERIALIZE_ROCKETMQ = 1
+FLAG_RESPONSE = 0x1
+FLAG_ONEWAY = 0x2
+SERVER_VERSION = 395  # V4_9_x ordinal; the clients do not check it
+
+_I32 = struct.Struct(">i")
+_U32 = struct.Struct(">I")
+_BIN_HEAD = struct.Struct(">hbhii")
+
+
+class FrameError(ValueError):
+    """A frame that cannot be decoded. ``opaque`` is set when the header was readable enough to answer."""
+
+    def __init__(self, message: str, opaque: int | None = None, fatal: bool = True) -> None:
+        super().__init__(message)
+        self.opaque = opaque
+        self.fatal = fatal
+
+
+_opaque_counter = itertools.count(1)
+
+
+def next_opaque() -> int:
+    return next(_opaque_counter) & 0x7FFFFFFF
+
+
+@dataclass(slots=True)
+class RemotingCommand:
+    code: int
+    ext_fields: dict[str, Any] = field(default_factory=dict)
+    body: bytes = b""
+    opaque: int = 0
+    flag: int = 0
+    remark: str | None = None
+    language: str = "PYTHON"
+    version: int = SERVER_VERSION
+    serialize_type: int = SERIALIZE_JSON
+
+    # --- constructors ----------------------------------------------------------------------------
+    @classmethod
+    def request(cls, code: int, ext_fields: dict[str, Any] | None = None, body: bytes = b"",
+                oneway: bool = False) -> RemotingCommand:
+        return cls(code=int(code), ext_fields=dict(ext_fields or {}), body=body, opaque=next_opaque(),
+                   flag=FLAG_ONEWAY if oneway else 0)
+
+    def response(self, code: int = 0, ext_fields: dict[str, Any] | None = None, body: bytes = b"",
+                 remark: str | None = None) -> RemotingCommand:
+        """A response to this request: same opaque, response flag, same serialize type."""
+        return RemotingCommand(code=int(code), ext_fields=dict(ext_fields or {}), body=body,
+                               opaque=self.opaque, flag=FLAG_RESPONSE, remark=remark, language="JAVA",
+                               serialize_type=self.serialize_type)
+
+    # --- flags -----------------------------------------------------------------------------------
+    @property
+    def is_response(self) -> bool:
+        return bool(self.flag & FLAG_RESPONSE)
+
+    @property
+    def is_oneway(self) -> bool:
+        return bool(self.flag & FLAG_ONEWAY)
+
+    # --- typed access to extFields (values may be JSON numbers or strings) -------------------------
+    def ext_str(self, name: str, default: str | None = None) -> str | None:
+        v = self.ext_fields.get(name)
+        if v is None:
+            return default
+        if isinstance(v, bool):
+            return "true" if v else "false"
+        return str(v)
+
+    def ext_int(self, name: str, default: int | None = None) -> int:
+        """Read an integer field. Raises HeaderError when missing (and no default) or not an integer."""
+        v = self.ext_fields.get(name)
+        if v is None or v == "":
+            if default is None:
+                raise HeaderError(f"the request header lacks the field {name!r}")
+            return default
+        try:
+            return int(str(v))
+        except ValueError:
+            raise HeaderError(f"header field {name!r}={v!r} is not an integer") from None
+
+    def ext_bool(self, name: str, default: bool = False) -> bool:
+        v = self.ext_fields.get(name)
+        if v is None:
+            return default
+        return str(v).lower() in ("true", "1")
+
+    def require_str(self, name: str) -> str:
+        v = self.ext_str(name)
+        if v is None:
+            raise HeaderError(f"the request header lacks the field {name!r}")
+        return v
+
+
+class HeaderError(ValueError):
+    """A request whose header lacks a field or has one of the wrong type: answered with an error."""
+
+
+# --- encoding ---------------------------------------------------------------------------------------
+def _json_header(cmd: RemotingCommand) -> bytes:
+    header: dict[str, Any] = {
+        "code": int(cmd.code),
+        "flag": cmd.flag,
+        "language": cmd.language,
+        "opaque": cmd.opaque,
+        "serializeTypeCurrentRPC": "JSON",
+        "version": cmd.version,
+    }
+    if cmd.remark is not None:
+        header["remark"] = cmd.remark
+    if cmd.ext_fields:
+        header["extFields"] = {k: _ext_value(v) for k, v in cmd.ext_fields.items() if v is not None}
+    return json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def _ext_value(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    return str(v)
+
+
+def _binary_header(cmd: RemotingCommand) -> bytes:
+    try:
+        lang = LanguageCode[cmd.language].value
+    except KeyError:
+        lang = LanguageCode.OTHER.value
+    remark = (cmd.remark or "").encode()
+    ext = bytearray()
+    for k, v in cmd.ext_fields.items():
+        if v is None:
+            continue
+        kb, vb = k.encode(), _ext_value(v).encode()
+        ext += struct.pack(">h", len(kb)) + kb + _I32.pack(len(vb)) + vb
+    return (_BIN_HEAD.pack(cmd.code, lang, cmd.version, cmd.opaque, cmd.flag) + _I32.pack(len(remark))
+            + remark + _I32.pack(len(ext)) + bytes(ext))
+
+
+def encode(cmd: RemotingCommand) -> bytes:
+    """Encode a command as one frame (length prefix included)."""
+    header = _binary_header(cmd) if cmd.serialize_type == SERIALIZE_ROCKETMQ else _json_header(cmd)
+    total = 4 + len(header) + len(cmd.body)
+    word = (cmd.serialize_type << 24) | len(header)
+    return b"".join((_I32.pack(total), _U32.pack(word), header, cmd.body))
+
+
+# --- decoding ---------------------------------------------------------------------------------------
+def _decode_json_header(raw: bytes, body: bytes) -> RemotingCommand:
+    try:
+        h = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise FrameError(f"header is not valid JSON: {e}", fatal=False) from None
+    if not isinstance(h, dict):
+        raise FrameError("header is not a JSON object", fatal=False)
+    opaque = h.get("opaque")
+    try:
+        opaque = int(opaque) if opaque is not None else None
+    except (TypeError, ValueError):
+        opaque = None
+    try:
+        code = int(h["code"])
+        flag = int(h.get("flag") or 0)
+        version = int(h.get("version") or 0)
+    except (KeyError, TypeError, ValueError):
+        raise FrameError("header lacks a valid code/flag/version", opaque=opaque, fatal=False) from None
+    ext = h.get("extFields") or {}
+    if not isinstance(ext, dict):
+        raise FrameError("extFields is not an object", opaque=opaque, fatal=False)
+    remark = h.get("remark")
+    return RemotingCommand(code=code, ext_fields=ext, body=body, opaque=opaque or 0, flag=flag,
+                           remark=None if remark is None else str(remark),
+                           language=str(h.get("language") or "OTHER"), version=version,
+                           serialize_type=SERIALIZE_JSON)
+
+
+def _decode_binary_header(raw: bytes, body: bytes) -> RemotingCommand:
+    try:
+        code, lang, version, opaque, flag = _BIN_HEAD.unpack_from(raw, 0)
+        p = _BIN_HEAD.size
+        (rlen,) = _I32.unpack_from(raw, p)
+        p += 4
+        if rlen < 0 or p + rlen > len(raw):
+            raise FrameError("binary header: remark length out of range", opaque=opaque, fatal=False)
+        remark = raw[p : p + rlen].decode() if rlen else None
+        p += rlen
+        (elen,) = _I32.unpack_from(raw, p)
+        p += 4
+        end = p + elen
+        if elen < 0 or end > len(raw):
+            raise FrameError("binary header: extFields length out of range", opaque=opaque, fatal=False)
+        ext: dict[str, Any] = {}
+        while p < end:
+            (klen,) = struct.unpack_from(">h", raw, p)
+            p += 2
+            k = raw[p : p + klen].decode()
+            p += klen
+            (vlen,) = _I32.unpack_from(raw, p)
+            p += 4
+            if klen < 0 or vlen < 0 or p + vlen > end:
+                raise FrameError("binary header: field length out of range", opaque=opaque, fatal=False)
+            ext[k] = raw[p : p + vlen].decode()
+            p += vlen
+    except (struct.error, UnicodeDecodeError) as e:
+        raise FrameError(f"binary header is malformed: {e}", fatal=False) from None
+    try:
+        language = LanguageCode(lang).name
+    except ValueError:
+        language = "OTHER"
+    return RemotingCommand(code=code, ext_fields=ext, body=body, opaque=opaque, flag=flag, remark=remark,
+                           language=language, version=version, serialize_type=SERIALIZE_ROCKETMQ)
+
+
+def decode_frame(frame: bytes) -> RemotingCommand:
+    """Decode one frame *without* its 4-byte length prefix."""
+    if len(frame) < 4:
+        raise FrameError("frame shorter than its header word")
+    (word,) = _U32.unpack_from(frame, 0)
+    stype = word >> 24
+    hlen = word & 0xFFFFFF
+    if 4 + hlen > len(frame):
+        raise FrameError("header length exceeds the frame")
+    raw = bytes(frame[4 : 4 + hlen])
+    body = bytes(frame[4 + hlen :])
+    if stype == SERIALIZE_JSON:
+        return _decode_json_header(raw, body)
+    if stype == SERIALIZE_ROCKETMQ:
+        return _decode_binary_header(raw, body)
+    raise FrameError(f"unknown serialize type {stype}")
+
+
+class FrameDecoder:
+    """Incremental frame splitter. ``feed(data)`` returns decoded commands; per-frame header errors
+    come back as FrameError objects in the list (the stream stays in sync and the caller can answer
+    them), while a broken length prefix raises FrameError (the stream cannot be resynchronised)."""
+
+    def __init__(self, max_frame_size: int = MAX_FRAME_SIZE) -> None:
+        self._buf = bytearray()
+        self._max = max_frame_size
+
+    def feed(self, data: bytes) -> list[RemotingCommand | FrameError]:
+        self._buf += data
+        out: list[RemotingCommand | FrameError] = []
+        buf = self._buf
+        pos = 0
+        while len(buf) - pos >= 4:
+            (length,) = _I32.unpack_from(buf, pos)
+            if length < 4:
+                raise FrameError(f"frame length {length} is too small")
+            if length > self._max:
+                raise FrameError(f"frame of {length} bytes exceeds the {self._max} byte limit")
+            if len(buf) - pos - 4 < length:
+                break
+            frame = bytes(buf[pos + 4 : pos + 4 + length])
+            pos += 4 + length
+            try:
+                out.append(decode_frame(frame))
+            except FrameError as e:
+                if e.fatal:
+                    del buf[:pos]
+                    raise
+                out.append(e)
+        if pos:
+            del buf[:pos]
+        return out
+
+    @property
+    def buffered(self) -> int:
+        return len(self._buf)
+
+
+# --- batch body (SEND_MESSAGE with batch=1 / SEND_BATCH_MESSAGE) ------------------------------------
+_BATCH_HEAD = struct.Struct(">iiiii")  # total, magic, crc, flag, body length
+
+
+@dataclass(slots=True)
+class BatchItem:
+    body: bytes
+    properties: dict[str, str]
+    flag: int = 0
+
+
+def decode_batch_body(data: bytes) -> list[BatchItem]:
+    """Split a batch body: TOTALSIZE | MAGIC | BODYCRC | FLAG | BODYLEN | BODY | PROPLEN(int16) | PROPS."""
+    items = []
+    pos = 0
+    n = len(data)
+    while pos < n:
+        if n - pos < _BATCH_HEAD.size + 2:
+            raise MessageFormatError("batch item truncated")
+        total, _magic, _crc, flag, blen = _BATCH_HEAD.unpack_from(data, pos)
+        if total < _BATCH_HEAD.size + 2 or pos + total > n or blen < 0 or blen > total:
+            raise MessageFormatError("batch item length out of range")
+        p = pos + _BATCH_HEAD.size
+        body = data[p : p + blen]
+        p += blen
+        (plen,) = struct.unpack_from(">h", data, p)
+        p += 2
+        if plen < 0 or p + plen != pos + total:
+            raise MessageFormatError("batch item properties length out of range")
+        try:
+            props = decode_properties(data[p : p + plen].decode())
+        except UnicodeDecodeError:
+            raise MessageFormatError("batch item properties are not UTF-8") from None
+        items.append(BatchItem(body=bytes(body), properties=props, flag=flag))
+        pos += total
+    return items
+
+
+def encode_batch_body(items: list[BatchItem]) -> bytes:
+    out = bytearray()
+    for it in items:
+        props = encode_properties(it.properties).encode()
+        total = _BATCH_HEAD.size + len(it.body) + 2 + len(props)
+        out += _BATCH_HEAD.pack(total, 0, 0, it.flag, len(it.body)) + it.body
+        out += struct.pack(">h", len(props)) + props
+    return bytes(out)

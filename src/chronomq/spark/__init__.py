@@ -1,0 +1,1 @@
+"""chronomq.spark (see ../shared/ARCHITECTURE.md)."""

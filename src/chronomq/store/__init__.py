@@ -1,0 +1,1 @@
+"""chronomq.store (see ../shared/ARCHITECTURE.md)."""

@@ -1,0 +1,48 @@
+"""Shared test helpers: free loopback ports, polling with a deadline (tests never sleep for a condition)."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import time
+from collections.abc import Awaitable, Callable
+
+import pytest
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_for(predicate: Callable[[], object], timeout: float = 10.0, interval: float = 0.01,
+             message: str = "condition") -> object:
+    """Poll ``predicate`` until it returns a truthy value or the deadline passes (then fail)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout}s waiting for {message}")
+        time.sleep(interval)
+
+
+async def async_wait_for(predicate: Callable[[], object | Awaitable[object]], timeout: float = 10.0,
+                         interval: float = 0.01, message: str = "condition") -> object:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if asyncio.iscoroutine(value):
+            value = await value
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout}s waiting for {message}")
+        await asyncio.sleep(interval)
+
+
+@pytest.fixture
+def port() -> int:
+    return free_port()

@@ -1,0 +1,122 @@
+from __future__ import annotations
+
+import json
+import struct
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from chronomq.message import MessageFormatError
+from chronomq.remoting import codec
+from chronomq.remoting.codec import FrameDecoder, FrameError, RemotingCommand
+
+
+def _frame(header: bytes, body: bytes = b"", stype: int = 0) -> bytes:
+    return struct.pack(">iI", 4 + len(header) + len(body), (stype << 24) | len(header)) + header + body
+
+
+def test_cpp_client_request_decodes() -> None:
+    # the first request of the C++ producer, protocol.md 1.1 (numbers and strings mixed, trailing \n)
+    header = (b'{"code":105,"extFields":{"AccessKey":"","OnsChannel":"ALIYUN","Signature":"x",'
+              b'"topic":"TopicTest","queueId":3,"bornTimestamp":"17"},"flag":0,"language":"CPP",'
+              b'"opaque":0,"remark":"","version":63}\n')
+    [cmd] = FrameDecoder().feed(_frame(header))
+    assert isinstance(cmd, RemotingCommand)
+    assert cmd.code == 105 and cmd.language == "CPP" and cmd.version == 63
+    assert cmd.ext_str("topic") == "TopicTest"
+    assert cmd.ext_int("queueId") == 3 and cmd.ext_int("bornTimestamp") == 17
+
+
+def test_response_rules() -> None:
+    req = RemotingCommand.request(10, {"topic": "T"})
+    resp = req.response(0, {"queueOffset": 17, "msgId": "AB"})
+    raw = codec.encode(resp)
+    total, word = struct.unpack_from(">iI", raw)
+    assert total == len(raw) - 4
+    assert word >> 24 == 0  # serialize type 0, high byte zero
+    header = json.loads(raw[8 : 8 + word])
+    assert header["flag"] & 1 and header["opaque"] == req.opaque
+    assert header["extFields"] == {"queueOffset": "17", "msgId": "AB"}  # strings, always
+    assert isinstance(header["code"], int)
+
+
+@given(st.integers(0, 400),
+       st.dictionaries(st.text(min_size=1, max_size=10), st.text(max_size=30), max_size=6),
+       st.binary(max_size=300), st.sampled_from([0, 1]), st.integers(1, 50))
+def test_round_trip_any_chunking(code: int, ext: dict, body: bytes, stype: int, chunk: int) -> None:
+    cmd = RemotingCommand(code=code, ext_fields=ext, body=body, opaque=42, flag=1, remark="r",
+                          serialize_type=stype)
+    raw = codec.encode(cmd) * 3
+    dec = FrameDecoder()
+    out = []
+    for i in range(0, len(raw), chunk):
+        out += dec.feed(raw[i : i + chunk])
+    assert len(out) == 3
+    for o in out:
+        assert isinstance(o, RemotingCommand)
+        assert (o.code, o.body, o.opaque, o.flag, o.remark) == (code, body, 42, 1, "r")
+        assert {k: str(v) for k, v in o.ext_fields.items()} == ext
+    assert dec.buffered == 0
+
+
+def test_oversized_frame_is_fatal() -> None:
+    with pytest.raises(FrameError, match="exceeds"):
+        FrameDecoder(max_frame_size=1024).feed(struct.pack(">i", 2048) + b"x" * 10)
+
+
+def test_too_small_length_is_fatal() -> None:
+    with pytest.raises(FrameError):
+        FrameDecoder().feed(struct.pack(">i", 2))
+
+
+def test_invalid_json_is_reported_and_stream_continues() -> None:
+    good = codec.encode(RemotingCommand.request(34))
+    out = FrameDecoder().feed(_frame(b"{not json") + good)
+    assert isinstance(out[0], FrameError) and not out[0].fatal
+    assert isinstance(out[1], RemotingCommand) and out[1].code == 34
+
+
+def test_missing_code_keeps_opaque_for_the_error_reply() -> None:
+    [err] = FrameDecoder().feed(_frame(b'{"opaque":9,"flag":0}'))
+    assert isinstance(err, FrameError) and err.opaque == 9
+
+
+def test_header_longer_than_frame_is_fatal() -> None:
+    raw = struct.pack(">iI", 8, 1000) + b"abcd"
+    with pytest.raises(FrameError):
+        FrameDecoder().feed(raw)
+
+
+def test_unknown_serialize_type_is_fatal() -> None:
+    with pytest.raises(FrameError, match="serialize type"):
+        FrameDecoder().feed(_frame(b"{}", stype=7))
+
+
+def test_ext_int_errors() -> None:
+    cmd = RemotingCommand(code=1, ext_fields={"a": "x"})
+    with pytest.raises(codec.HeaderError, match="not an integer"):
+        cmd.ext_int("a")
+    with pytest.raises(codec.HeaderError, match="lacks"):
+        cmd.ext_int("b")
+    assert cmd.ext_int("b", 5) == 5
+
+
+@given(st.binary(max_size=200))
+def test_fuzz_never_crashes_unexpectedly(data: bytes) -> None:
+    dec = FrameDecoder(max_frame_size=4096)
+    try:
+        for item in dec.feed(data):
+            assert isinstance(item, RemotingCommand | FrameError)
+    except FrameError:
+        pass
+
+
+def test_batch_body_round_trip_and_errors() -> None:
+    items = [codec.BatchItem(b"a" * 5, {"UNIQ_KEY": "1", "TAGS": "t"}), codec.BatchItem(b"", {}, flag=3)]
+    raw = codec.encode_batch_body(items)
+    assert codec.decode_batch_body(raw) == items
+    with pytest.raises(MessageFormatError):
+        codec.decode_batch_body(raw[:-1])
+    with pytest.raises(MessageFormatError):
+        codec.decode_batch_body(b"\x00\x00\x00\x05" + b"\x00" * 20)
