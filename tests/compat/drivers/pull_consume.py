@@ -1,0 +1,51 @@
+"""Consume with the official 4.x pull consumer (rocketmq==0.4.4), PullConsumer.pull(topic).
+
+args: namesrv, group, topic (required); expression (default "*"); max_num (default 32); props;
+  expect: keep making passes over all queues until this many messages arrived (omit: one pass);
+  deadline_s (default 30).
+result: {"messages": [...], "passes": n, "reason": "expect"|"pass"|"deadline"}
+"""
+
+from __future__ import annotations
+
+import time
+
+from _common import emit, fail, hard_exit, load_args, recv_to_dict
+
+
+def main() -> None:
+    args = load_args(("namesrv", "group", "topic"))
+    expect = args.get("expect")
+    expect = int(expect) if expect is not None else None
+    deadline = time.monotonic() + float(args.get("deadline_s", 30))
+    max_num = int(args.get("max_num", 32))
+    if not 1 <= max_num <= 1024:
+        fail("max_num must be in 1..1024")
+    props = list(args.get("props") or [])
+
+    from rocketmq.client import PullConsumer
+
+    consumer = PullConsumer(args["group"])
+    consumer.set_namesrv_addr(args["namesrv"])
+    consumer.start()
+    messages = []
+    passes = 0
+    reason = "deadline"
+    while time.monotonic() < deadline:
+        passes += 1
+        for msg in consumer.pull(args["topic"], args.get("expression", "*"), max_num):
+            messages.append(recv_to_dict(msg, props))
+        if expect is None:
+            reason = "pass"
+            break
+        if len(messages) >= expect:
+            reason = "expect"
+            break
+        time.sleep(0.1)  # next pass over the queues (polling, bounded by the deadline)
+    consumer.shutdown()
+    emit({"messages": messages, "passes": passes, "reason": reason})
+    hard_exit(0)
+
+
+if __name__ == "__main__":
+    main()

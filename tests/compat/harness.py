@@ -1,0 +1,449 @@
+"""Harness for the official-client compatibility suite (contract C).
+
+- ``ChronomqProcess``: a ``chronomq start`` child process on free loopback ports; waits for the
+  ready line, can be stopped cleanly (SIGTERM), killed (SIGKILL) and restarted on the same ports and
+  data directory.
+- ``official_python()``: the interpreter of a private venv holding PyPI ``rocketmq==0.4.4`` (the ctypes
+  wrapper around rocketmq-client-cpp 1.2.x). Created once in ``<repo>/.venv-compat``, guarded by a file
+  lock so concurrent pytest processes share it. If it cannot be built or its bundled ``librocketmq.so``
+  does not load here, tests are *skipped with the exact reason* (never silently passed); outside pytest
+  ``CompatUnavailable`` is raised.
+- ``run_driver(name, args)``: runs ``tests/compat/drivers/<name>.py`` in that venv with ``args`` as JSON
+  on argv[1] and returns the JSON object the driver prints as its last stdout line.
+- ``start_driver(name, args)``: the same as a background process (long-running consumers/producers).
+- ``RawClient``: a tiny blocking RocketMQ remoting client on the project's own sans-IO codec, for
+  requests the official wrapper does not expose (VIEW_MESSAGE_BY_ID, QUERY_CONSUMER_OFFSET, raw pulls).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from chronomq.message import MessageExt, decode_records
+from chronomq.remoting.codec import FrameDecoder, FrameError, RemotingCommand, encode
+
+REPO = Path(__file__).resolve().parents[2]
+DRIVERS = Path(__file__).resolve().parent / "drivers"
+COMPAT_VENV = REPO / ".venv-compat"
+OFFICIAL_PACKAGE = "rocketmq==0.4.4"
+READY_PREFIX = "chronomq ready "
+
+
+class CompatUnavailable(RuntimeError):
+    """The official client cannot run on this machine (the message says exactly why)."""
+
+
+class DriverError(RuntimeError):
+    """A driver script failed, timed out, or printed no JSON result."""
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _tail(path: Path, limit: int = 4000) -> str:
+    try:
+        data = path.read_bytes()
+    except OSError:
+        return ""
+    return data[-limit:].decode(errors="replace")
+
+
+# --- the broker under test -------------------------------------------------------------------------------
+class ChronomqProcess:
+    """``chronomq start`` as a child process, on free loopback ports chosen once (kept across restarts)."""
+
+    def __init__(self, data_dir: Path, overrides: dict[str, str] | None = None) -> None:
+        self.data_dir = Path(data_dir)
+        self.overrides = dict(overrides or {})
+        self.host = "127.0.0.1"
+        self.namesrv_port = free_port()
+        self.broker_port = free_port()
+        while self.broker_port == self.namesrv_port:
+            self.broker_port = free_port()
+        self.namesrv_addr = f"{self.host}:{self.namesrv_port}"
+        self.broker_addr = f"{self.host}:{self.broker_port}"
+        self.log_path = self.data_dir.parent / f"{self.data_dir.name}.chronomq.log"
+        self._proc: subprocess.Popen[str] | None = None
+        self._stdout_lines: list[str] = []
+        self._ready = threading.Event()
+        self.starts = 0
+
+    # -- properties
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
+
+    @property
+    def running(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    @property
+    def broker_host_port(self) -> tuple[str, int]:
+        return self.host, self.broker_port
+
+    def command(self) -> list[str]:
+        cmd = [sys.executable, "-m", "chronomq.cli.main", "start", "--data-dir", str(self.data_dir),
+               "--host", self.host, "--namesrv-port", str(self.namesrv_port),
+               "--broker-port", str(self.broker_port)]
+        for k, v in self.overrides.items():
+            cmd += ["--set", f"{k}={v}"]
+        return cmd
+
+    # -- lifecycle
+    def start(self, timeout: float = 30) -> ChronomqProcess:
+        if self.running:
+            raise RuntimeError("chronomq is already running")
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO / "src"), env.get("PYTHONPATH")]))
+        env["PYTHONUNBUFFERED"] = "1"
+        self.starts += 1
+        log = open(self.log_path, "a", encoding="utf-8")  # noqa: SIM115 (the child owns it)
+        log.write(f"--- start #{self.starts}: {' '.join(self.command())}\n")
+        log.flush()
+        self._ready.clear()
+        self._stdout_lines = []
+        try:
+            self._proc = subprocess.Popen(self.command(), cwd=REPO, env=env, stdin=subprocess.DEVNULL,
+                                          stdout=subprocess.PIPE, stderr=log, text=True, bufsize=1)
+        finally:
+            log.close()
+        proc = self._proc
+        threading.Thread(target=self._pump_stdout, args=(proc,), daemon=True).start()
+        deadline = time.monotonic() + timeout
+        while not self._ready.wait(0.05):
+            if proc.poll() is not None:
+                raise RuntimeError(f"chronomq exited with code {proc.returncode} before it was ready;"
+                                   f" log {self.log_path}:\n{_tail(self.log_path)}")
+            if time.monotonic() > deadline:
+                self._terminate(proc, kill=True, timeout=10)
+                raise RuntimeError(f"chronomq did not print its ready line within {timeout}s;"
+                                   f" log {self.log_path}:\n{_tail(self.log_path)}")
+        return self
+
+    def _pump_stdout(self, proc: subprocess.Popen[str]) -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            line = line.rstrip("\n")
+            self._stdout_lines.append(line)
+            if line.startswith(READY_PREFIX):
+                fields = dict(p.split("=", 1) for p in line[len(READY_PREFIX):].split() if "=" in p)
+                self.namesrv_addr = fields.get("namesrv", self.namesrv_addr)
+                self.broker_addr = fields.get("broker", self.broker_addr)
+                self._ready.set()
+        proc.stdout.close()
+
+    @staticmethod
+    def _terminate(proc: subprocess.Popen[str], kill: bool, timeout: float) -> int:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGKILL if kill else signal.SIGTERM)
+        try:
+            return proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+            raise RuntimeError(f"chronomq (pid {proc.pid}) did not exit within {timeout}s of "
+                               f"{'SIGKILL' if kill else 'SIGTERM'}; killed") from None
+
+    def stop(self, kill: bool = False, timeout: float = 30) -> int | None:
+        """SIGTERM (or SIGKILL with kill=True) and wait. Returns the exit code (None if not running)."""
+        proc = self._proc
+        if proc is None:
+            return None
+        code = self._terminate(proc, kill=kill, timeout=timeout)
+        self._proc = None
+        return code
+
+    def restart(self, timeout: float = 30) -> ChronomqProcess:
+        self.stop()
+        return self.start(timeout=timeout)
+
+    @property
+    def stdout_lines(self) -> list[str]:
+        return list(self._stdout_lines)
+
+    def log_tail(self, limit: int = 4000) -> str:
+        return _tail(self.log_path, limit)
+
+    def __enter__(self) -> ChronomqProcess:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        with contextlib.suppress(RuntimeError):
+            self.stop()
+
+
+# --- the official client's venv ------------------------------------------------------------------------
+_official_lock = threading.Lock()
+_official_result: str | CompatUnavailable | None = None
+
+
+def _unavailable(reason: str) -> CompatUnavailable:
+    return CompatUnavailable(f"official RocketMQ client {OFFICIAL_PACKAGE} unavailable: {reason}")
+
+
+def _build_venv() -> str:
+    py = COMPAT_VENV / "bin" / "python"
+    stamp = COMPAT_VENV / ".compat-ready"
+    if stamp.exists() and py.exists():
+        return str(py)
+    if COMPAT_VENV.exists():
+        subprocess.run(["rm", "-rf", str(COMPAT_VENV)], check=False)
+    r = subprocess.run([sys.executable, "-m", "venv", str(COMPAT_VENV)], capture_output=True, text=True,
+                       timeout=300)
+    if r.returncode != 0:
+        raise _unavailable(f"python -m venv failed: {r.stderr.strip()[-2000:]}")
+    r = subprocess.run([str(py), "-m", "pip", "install", "-q", "--disable-pip-version-check",
+                        OFFICIAL_PACKAGE], capture_output=True, text=True, timeout=600)
+    if r.returncode != 0:
+        raise _unavailable(f"pip install {OFFICIAL_PACKAGE} failed: {r.stderr.strip()[-2000:]}")
+    # The wheel bundles librocketmq.so; importing the wrapper loads it (ctypes.cdll.LoadLibrary).
+    r = subprocess.run([str(py), "-c", "import rocketmq.client"], capture_output=True, text=True, timeout=120)
+    if r.returncode != 0:
+        lib = f"{COMPAT_VENV}/lib/python*/site-packages/rocketmq/librocketmq.so"
+        ldd = subprocess.run(["sh", "-c", f"ldd {lib} | grep 'not found'"], capture_output=True, text=True)
+        raise _unavailable(f"the bundled librocketmq.so does not load: {r.stderr.strip()[-1500:]}"
+                           f" {ldd.stdout.strip()}")
+    stamp.write_text(OFFICIAL_PACKAGE + "\n")
+    return str(py)
+
+
+def _official_python() -> str:
+    global _official_result
+    with _official_lock:
+        if _official_result is None:
+            COMPAT_VENV.parent.mkdir(parents=True, exist_ok=True)
+            lock_path = REPO / ".venv-compat.lock"
+            with open(lock_path, "w") as lock:
+                fcntl.flock(lock, fcntl.LOCK_EX)  # concurrent pytest processes build it once
+                try:
+                    _official_result = _build_venv()
+                except CompatUnavailable as e:
+                    _official_result = e
+                except (OSError, subprocess.SubprocessError) as e:
+                    _official_result = _unavailable(f"{type(e).__name__}: {e}")
+                finally:
+                    fcntl.flock(lock, fcntl.LOCK_UN)
+        result = _official_result
+    if isinstance(result, CompatUnavailable):
+        raise result
+    return result
+
+
+def official_python() -> str:
+    """Path of the python in the venv with the official 4.x client. Under pytest a missing client skips
+    the test with the exact reason; elsewhere CompatUnavailable is raised."""
+    try:
+        return _official_python()
+    except CompatUnavailable as e:
+        if "pytest" in sys.modules:
+            import pytest
+
+            pytest.skip(str(e))
+        raise
+
+
+# --- drivers ----------------------------------------------------------------------------------------------
+def _driver_env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
+    # rocketmq-client-cpp writes its logs (and broadcasting offsets) under $HOME/logs/rocketmq-cpp.
+    home = COMPAT_VENV / "home"
+    home.mkdir(parents=True, exist_ok=True)
+    env["HOME"] = str(home)
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def _driver_cmd(name: str, args: dict[str, Any]) -> list[str]:
+    script = DRIVERS / f"{name}.py"
+    if not script.exists():
+        raise DriverError(f"no driver named {name!r} ({script})")
+    return [official_python(), str(script), json.dumps(args)]
+
+
+def _parse_result(name: str, stdout: str, stderr: str, code: int | None) -> dict[str, Any]:
+    lines = [ln for ln in stdout.splitlines() if ln.strip()]
+    if not lines:
+        raise DriverError(f"driver {name} printed no result (exit {code}); stderr:\n{stderr[-4000:]}")
+    try:
+        result = json.loads(lines[-1])
+    except ValueError:
+        raise DriverError(f"driver {name}: last stdout line is not JSON: {lines[-1][:500]!r} (exit {code});"
+                          f" stderr:\n{stderr[-4000:]}") from None
+    if not isinstance(result, dict):
+        raise DriverError(f"driver {name}: result is not a JSON object: {lines[-1][:500]!r}")
+    return result
+
+
+def run_driver(name: str, args: dict[str, Any], timeout: float = 60) -> dict[str, Any]:
+    """Run a driver to completion and return its JSON result; raises DriverError on failure."""
+    cmd = _driver_cmd(name, args)
+    try:
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=_driver_env(), cwd=REPO,
+                           stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired as e:
+        err = e.stderr.decode(errors="replace") if isinstance(e.stderr, bytes) else (e.stderr or "")
+        raise DriverError(f"driver {name} timed out after {timeout}s; stderr:\n{err[-4000:]}") from None
+    if r.returncode != 0:
+        raise DriverError(f"driver {name} failed with exit code {r.returncode}; stderr:\n{r.stderr[-4000:]}"
+                          f"\nstdout tail:\n{r.stdout[-1000:]}")
+    return _parse_result(name, r.stdout, r.stderr, r.returncode)
+
+
+class DriverProcess:
+    """A driver running in the background. Drivers that stream records write JSON lines to
+    ``args["out"]``; ``records()`` reads what is there so far. ``stop()`` sends SIGTERM (the driver shuts
+    its client down cleanly and prints its result); ``kill()`` sends SIGKILL."""
+
+    def __init__(self, name: str, args: dict[str, Any], workdir: Path) -> None:
+        self.name = name
+        self.args = args
+        workdir.mkdir(parents=True, exist_ok=True)
+        stem = f"{name}-{time.monotonic_ns()}"
+        self.stdout_path = workdir / f"{stem}.out"
+        self.stderr_path = workdir / f"{stem}.err"
+        self.out_path = Path(args["out"]) if args.get("out") else None
+        cmd = _driver_cmd(name, args)
+        with open(self.stdout_path, "wb") as so, open(self.stderr_path, "wb") as se:
+            self.proc = subprocess.Popen(cmd, stdout=so, stderr=se, stdin=subprocess.DEVNULL,
+                                         env=_driver_env(), cwd=REPO)
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def records(self) -> list[dict[str, Any]]:
+        if self.out_path is None or not self.out_path.exists():
+            return []
+        out = []
+        with open(self.out_path, encoding="utf-8") as f:
+            for line in f:
+                if line.endswith("\n"):  # skip a line still being written
+                    out.append(json.loads(line))
+        return out
+
+    def stderr(self) -> str:
+        return _tail(self.stderr_path)
+
+    def _finish(self, sig: int | None, timeout: float) -> dict[str, Any] | None:
+        if sig is not None and self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        try:
+            code = self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(10)
+            raise DriverError(f"driver {self.name} did not exit within {timeout}s; stderr:\n{self.stderr()}")\
+                from None
+        if sig == signal.SIGKILL:
+            return None
+        stdout = self.stdout_path.read_text(errors="replace")
+        if code != 0:
+            raise DriverError(f"driver {self.name} exited {code}; stderr:\n{self.stderr()}")
+        return _parse_result(self.name, stdout, self.stderr(), code)
+
+    def wait(self, timeout: float = 60) -> dict[str, Any]:
+        result = self._finish(None, timeout)
+        assert result is not None
+        return result
+
+    def stop(self, timeout: float = 60) -> dict[str, Any]:
+        result = self._finish(signal.SIGTERM, timeout)
+        assert result is not None
+        return result
+
+    def kill(self) -> None:
+        self._finish(signal.SIGKILL, 10)
+
+
+def start_driver(name: str, args: dict[str, Any], workdir: Path) -> DriverProcess:
+    return DriverProcess(name, args, workdir)
+
+
+# --- a raw remoting client on the project's own codec --------------------------------------------------
+class RawClient:
+    """Blocking request/response over one TCP connection, for requests the official wrapper lacks."""
+
+    def __init__(self, addr: str, timeout: float = 10) -> None:
+        host, port = addr.rsplit(":", 1)
+        self.sock = socket.create_connection((host, int(port)), timeout=timeout)
+        self.sock.settimeout(timeout)
+        self.decoder = FrameDecoder()
+        self.pending: list[RemotingCommand] = []
+
+    def close(self) -> None:
+        self.sock.close()
+
+    def __enter__(self) -> RawClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def call(self, code: int, ext: dict[str, Any] | None = None, body: bytes = b"") -> RemotingCommand:
+        req = RemotingCommand.request(code, ext, body)
+        self.sock.sendall(encode(req))
+        while True:
+            for cmd in self.pending:
+                if cmd.opaque == req.opaque and cmd.is_response:
+                    self.pending.remove(cmd)
+                    return cmd
+            data = self.sock.recv(65536)
+            if not data:
+                raise ConnectionError(f"connection closed while waiting for the answer to code {code}")
+            for item in self.decoder.feed(data):
+                if isinstance(item, FrameError):
+                    raise item
+                self.pending.append(item)
+
+    # conveniences
+    def view_message(self, commit_log_offset: int) -> RemotingCommand:
+        return self.call(33, {"offset": str(commit_log_offset)})
+
+    def query_consumer_offset(self, group: str, topic: str, queue_id: int) -> RemotingCommand:
+        return self.call(14, {"consumerGroup": group, "topic": topic, "queueId": str(queue_id)})
+
+    def max_offset(self, topic: str, queue_id: int) -> int:
+        r = self.call(30, {"topic": topic, "queueId": str(queue_id)})
+        if r.code != 0:
+            raise RuntimeError(f"GET_MAX_OFFSET {topic}/{queue_id} -> code {r.code} {r.remark}")
+        return int(r.ext_fields["offset"])
+
+    def pull(self, group: str, topic: str, queue_id: int, offset: int, max_msgs: int = 32,
+             subscription: str = "*") -> tuple[RemotingCommand, list[MessageExt]]:
+        r = self.call(11, {"consumerGroup": group, "topic": topic, "queueId": str(queue_id),
+                           "queueOffset": str(offset), "maxMsgNums": str(max_msgs), "sysFlag": "4",
+                           "commitOffset": "0", "suspendTimeoutMillis": "0", "subscription": subscription,
+                           "subVersion": "0"})
+        msgs = decode_records(r.body) if r.code == 0 else []
+        return r, msgs
+
+    def pull_all(self, group: str, topic: str, queue_id: int, start: int = 0,
+                 limit: int = 100_000) -> Iterator[MessageExt]:
+        """Every message in one queue from ``start`` (bounded by ``limit`` messages)."""
+        offset, seen = start, 0
+        while seen < limit:
+            r, msgs = self.pull(group, topic, queue_id, offset)
+            if r.code != 0 or not msgs:
+                return
+            yield from msgs
+            seen += len(msgs)
+            offset = int(r.ext_fields.get("nextBeginOffset", offset + len(msgs)))

@@ -1,0 +1,45 @@
+"""Checks of the harness and the drivers' argument handling (no broker needed)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.compat.harness import ChronomqProcess, DriverError, run_driver
+
+pytestmark = pytest.mark.compat
+
+
+def test_official_client_loads(official_client: str) -> None:
+    import subprocess
+
+    code = "import rocketmq.client, rocketmq.ffi; print(rocketmq.ffi._DYLIB_PATH)"
+    r = subprocess.run([official_client, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip().endswith("librocketmq.so")
+
+
+@pytest.mark.parametrize(("name", "args", "error"), [
+    ("produce", {"mode": "sync"}, "missing arguments: namesrv"),
+    ("produce", {"namesrv": "127.0.0.1:1", "mode": "sideways", "messages": []}, "mode must be one of"),
+    ("produce", {"namesrv": "127.0.0.1:1"}, "give messages or generate"),
+    ("produce", {"namesrv": "127.0.0.1:1", "batch_size": 0, "messages": []}, "batch_size must be >= 1"),
+    ("push_consume", {"namesrv": "127.0.0.1:1", "group": "g"}, "missing arguments: topic"),
+    ("push_consume", {"namesrv": "127.0.0.1:1", "group": "g", "topic": "t", "fail": {"mode": "explode"}},
+     "fail.mode must be"),
+    ("pull_consume", {"namesrv": "127.0.0.1:1", "group": "g", "topic": "t", "max_num": 0},
+     "max_num must be in"),
+    ("no_such_driver", {}, "no driver named"),
+])
+def test_driver_rejects_bad_arguments(official_client: str, name: str, args: dict, error: str) -> None:
+    with pytest.raises(DriverError, match=error):
+        run_driver(name, args, timeout=30)
+
+
+def test_process_reports_early_exit(tmp_path: Path) -> None:
+    # a config override that no broker accepts must fail start() with the log, not hang
+    p = ChronomqProcess(tmp_path / "data", {"listenPort": "not-a-number"})
+    with pytest.raises(RuntimeError, match="chronomq"):
+        p.start(timeout=20)
+    assert not p.running
