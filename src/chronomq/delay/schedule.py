@@ -1,0 +1,305 @@
+"""The level schedule service: one asyncio task per delay level.
+
+Each task reads its level's SCHEDULE_TOPIC_XXXX queue from its offset (consume-queue tagsCode = deliver
+time). While the head is due (deliver time <= clock.now_ms()) it delivers it through the DeliveryPath,
+in batches (no per-message yield, so a backlog drains at the store's put rate). When the head is not due
+it sleeps exactly until its deliver time; when the queue is drained it waits for the store's arrival
+listener to wake it. Offsets are persisted atomically every flushDelayOffsetInterval and at shutdown,
+after a store flush, so a persisted offset never claims a delivery that could still be lost.
+
+After a crash the commit log beyond the last snapshot's ``scanFromPhyOffset`` is scanned for re-puts
+(they carry PROPERTY_DELAY_SOURCE) and the level offsets are moved past them: no duplicates.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from chronomq.clock import Clock
+from chronomq.delay.delivery import PROPERTY_DELAY_SOURCE, DeliveryPath, make_source, parse_source
+from chronomq.delay.histogram import Histogram
+from chronomq.delay.levels import DelayLevels
+from chronomq.delay.offsets import OffsetFile, OffsetSnapshot
+from chronomq.message import SCHEDULE_TOPIC
+
+if TYPE_CHECKING:
+    from chronomq.store import MessageStore
+
+log = logging.getLogger(__name__)
+
+READ_BATCH = 256  # consume-queue units read per step
+RETRY_BACKOFF_MS = 1000  # after a transient put failure (store busy / not available)
+
+
+@dataclass
+class LevelState:
+    level: int
+    delay_ms: int | None  # None for a schedule queue beyond the configured table (old data dir)
+    offset: int = 0  # next schedule-queue offset to deliver
+    head_phy: int | None = None  # commit-log offset of the first undelivered entry, if known
+    head_deliver_ms: int | None = None
+    state: str = "new"  # new | idle (drained) | sleeping (head not due) | delivering | backoff | stopped
+    delivered: int = 0
+    dropped: int = 0
+    early: int = 0
+    recovered_skips: int = 0
+    lateness: Histogram = field(default_factory=Histogram)
+    wake: asyncio.Event = field(default_factory=asyncio.Event)
+    wake_scheduled: bool = False
+
+    @property
+    def queue_id(self) -> int:
+        return self.level - 1
+
+
+class ScheduleService:
+    def __init__(self, store: MessageStore, levels: DelayLevels, clock: Clock, store_root: str,
+                 flush_interval_ms: int = 10_000) -> None:
+        self.store = store
+        self.levels = levels
+        self.clock = clock
+        self.flush_interval_ms = max(1, flush_interval_ms)
+        self.offset_file = OffsetFile(store_root)
+        self.path = DeliveryPath(store)
+        self.states: dict[int, LevelState] = {
+            lv: LevelState(lv, levels.delays_ms[lv - 1]) for lv in range(1, levels.max_level + 1)
+        }
+        self._tasks: list[asyncio.Task[None]] = []
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._running = False
+        self._persist_lock = asyncio.Lock()
+
+    # --- lifecycle ------------------------------------------------------------------------------------
+    async def start(self) -> None:
+        if self._running:
+            return
+        self._loop = asyncio.get_running_loop()
+        snap = self.offset_file.load()
+        level_nums = set(range(1, self.levels.max_level + 1))
+        with contextlib.suppress(Exception):
+            level_nums.update(q + 1 for q in self.store.queue_ids(SCHEDULE_TOPIC) if q >= 0)
+        for level in sorted(level_nums):
+            delay = self.levels.delays_ms[level - 1] if level <= self.levels.max_level else None
+            st = LevelState(level, delay)
+            st.offset = snap.offsets.get(level, 0) if snap else 0
+            self.states[level] = st
+        self._clamp_offsets()
+        # Crash recovery (a no-op after a clean shutdown: the snapshot's scan position is the log's end).
+        scan_from = snap.scan_from_phy if snap else 0
+        skips = await asyncio.to_thread(self._scan_reputs, scan_from)
+        for level, n in skips.items():
+            self.states[level].recovered_skips += n
+        if skips:
+            log.info("delay service: skipped %d entries already delivered before a crash",
+                     sum(skips.values()))
+        for st in self.states.values():
+            self._read_head(st)
+        self.store.add_arrival_listener(self._on_arrival)
+        self._running = True
+        for st in self.states.values():
+            self._tasks.append(asyncio.create_task(self._run_level(st), name=f"delay-level-{st.level}"))
+        self._tasks.append(asyncio.create_task(self._persist_loop(), name="delay-offset-flush"))
+
+    async def shutdown(self) -> None:
+        if not self._running:
+            return
+        self._running = False
+        for t in self._tasks:
+            t.cancel()
+        for t in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await t
+        self._tasks.clear()
+        for st in self.states.values():
+            st.state = "stopped"
+        await self.persist()
+
+    # --- offsets ----------------------------------------------------------------------------------------
+    def snapshot(self) -> OffsetSnapshot:
+        # Read the log end before the offsets: every re-put of an entry at or beyond a snapshotted offset
+        # happens later (puts run on this loop thread), so it lies at or beyond scan_from.
+        scan_from = self.store.max_phy_offset
+        return OffsetSnapshot({lv: st.offset for lv, st in self.states.items()}, scan_from,
+                              self.clock.now_ms())
+
+    async def persist(self) -> None:
+        async with self._persist_lock:
+            snap = self.snapshot()
+            await asyncio.to_thread(self._flush_and_save, snap)
+
+    def _flush_and_save(self, snap: OffsetSnapshot) -> None:
+        # The re-puts a snapshot counts as done must be durable before the snapshot is.
+        self.store.flush()
+        self.offset_file.save(snap)
+
+    async def _persist_loop(self) -> None:
+        while True:
+            await self.clock.sleep(self.flush_interval_ms / 1000)
+            try:
+                await self.persist()
+            except Exception:
+                log.exception("delay service: persisting delay offsets failed")
+
+    def _clamp_offsets(self) -> None:
+        for st in self.states.values():
+            lo = self.store.get_min_offset_in_queue(SCHEDULE_TOPIC, st.queue_id)
+            hi = self.store.get_max_offset_in_queue(SCHEDULE_TOPIC, st.queue_id)
+            if st.offset > hi:
+                log.warning("delay level %d: offset %d beyond the queue end %d (store replaced?); using %d",
+                            st.level, st.offset, hi, hi)
+                st.offset = hi
+            if st.offset < lo:
+                log.warning("delay level %d: offset %d below the queue start %d; using %d",
+                            st.level, st.offset, lo, lo)
+                st.offset = lo
+
+    def _scan_reputs(self, scan_from: int) -> dict[int, int]:
+        """Find re-puts newer than the snapshot and move each level past the ones already in the log."""
+        start = max(scan_from, self.store.min_phy_offset)
+        if start >= self.store.max_phy_offset:
+            return {}
+        found: dict[int, dict[int, int]] = {}
+        for msg in self.store.iter_messages(start):
+            if msg.topic == SCHEDULE_TOPIC:
+                continue
+            src = parse_source(msg.properties.get(PROPERTY_DELAY_SOURCE))
+            if src is None:
+                continue
+            level, qoff, parked_phy = src
+            st = self.states.get(level)
+            if st is not None and qoff >= st.offset:
+                found.setdefault(level, {})[qoff] = parked_phy
+        skips: dict[int, int] = {}
+        for level, offs in found.items():
+            st = self.states[level]
+            while st.offset in offs:
+                units = self.store.get_cq_units(SCHEDULE_TOPIC, st.queue_id, st.offset, 1)
+                if not units or units[0].commit_log_offset != offs[st.offset]:
+                    break
+                st.offset += 1
+                skips[level] = skips.get(level, 0) + 1
+        return skips
+
+    # --- cleaning guard ---------------------------------------------------------------------------------
+    def min_needed_offset(self) -> int | None:
+        heads = [st.head_phy for st in list(self.states.values()) if st.head_phy is not None]
+        return min(heads) if heads else None
+
+    # --- the level tasks --------------------------------------------------------------------------------
+    def _on_arrival(self, topic: str, queue_id: int, max_offset: int, store_timestamp: int) -> None:
+        # Called on the store's dispatcher thread: only wake a task that is waiting for new entries.
+        if topic != SCHEDULE_TOPIC or not self._running:
+            return
+        st = self.states.get(queue_id + 1)
+        if st is None or st.state != "idle" or st.wake_scheduled or self._loop is None:
+            return
+        st.wake_scheduled = True
+        try:
+            self._loop.call_soon_threadsafe(self._wake, st)
+        except RuntimeError:  # loop closed
+            st.wake_scheduled = False
+
+    @staticmethod
+    def _wake(st: LevelState) -> None:
+        st.wake_scheduled = False
+        st.wake.set()
+
+    def _read_head(self, st: LevelState) -> None:
+        units = self.store.get_cq_units(SCHEDULE_TOPIC, st.queue_id, st.offset, 1)
+        if units:
+            st.head_phy, st.head_deliver_ms = units[0].commit_log_offset, units[0].tags_code
+        else:
+            st.head_phy = st.head_deliver_ms = None
+
+    async def _run_level(self, st: LevelState) -> None:
+        try:
+            while True:
+                units = self.store.get_cq_units(SCHEDULE_TOPIC, st.queue_id, st.offset, READ_BATCH)
+                if not units:
+                    if st.offset < self.store.get_min_offset_in_queue(SCHEDULE_TOPIC, st.queue_id):
+                        self._clamp_offsets()
+                        continue
+                    # Drained: announce idleness first, then look again, so an arrival is never missed.
+                    st.wake.clear()
+                    st.state = "idle"
+                    st.head_phy = st.head_deliver_ms = None
+                    units = self.store.get_cq_units(SCHEDULE_TOPIC, st.queue_id, st.offset, READ_BATCH)
+                    if not units:
+                        await st.wake.wait()
+                        continue
+                head = units[0]
+                st.head_phy, st.head_deliver_ms = head.commit_log_offset, head.tags_code
+                now = self.clock.now_ms()
+                if head.tags_code > now:
+                    st.state = "sleeping"
+                    # Entries behind the head are due no earlier (same delay, later store time), so
+                    # nothing can overtake it: sleep exactly until it is due.
+                    await self.clock.sleep_until_ms(head.tags_code)
+                    continue
+                st.state = "delivering"
+                if not self._deliver_due(st, units, now):
+                    st.state = "backoff"
+                    await self.clock.sleep_until_ms(self.clock.now_ms() + RETRY_BACKOFF_MS)
+                    continue
+                await asyncio.sleep(0)  # let the broker breathe between batches
+        except asyncio.CancelledError:
+            st.state = "stopped"
+            raise
+
+    def _deliver_due(self, st: LevelState, units: list, now: int) -> bool:  # list[CQUnit]
+        """Deliver the due prefix of ``units``; returns False after a transient failure."""
+        for u in units:
+            if u.tags_code > now:
+                break
+            d = self.path.deliver(u.commit_log_offset, make_source(st.level, u.queue_offset,
+                                                                   u.commit_log_offset))
+            if d.retry:
+                log.warning("delay level %d: put failed (%s); retrying offset %d later",
+                            st.level, d.error, u.queue_offset)
+                return False
+            if d.written:
+                late = d.store_timestamp - u.tags_code
+                if late < 0:
+                    st.early += 1
+                st.lateness.record(late)
+                st.delivered += 1
+            else:
+                st.dropped += 1
+                log.error("delay level %d: dropping schedule entry %d: %s", st.level, u.queue_offset, d.error)
+            st.offset = u.queue_offset + 1
+        return True
+
+    # --- introspection ---------------------------------------------------------------------------------
+    def is_settled(self) -> bool:
+        """True when every level is drained (and has seen every dispatched entry) or asleep until a head
+        that is not yet due. Tests use it before moving a virtual clock."""
+        now = self.clock.now_ms()
+        for st in self.states.values():
+            if st.state == "idle":
+                if self.store.get_max_offset_in_queue(SCHEDULE_TOPIC, st.queue_id) > st.offset:
+                    return False
+            elif st.state == "sleeping":
+                if st.head_deliver_ms is None or st.head_deliver_ms <= now:
+                    return False
+            elif st.state != "stopped":
+                return False
+        return True
+
+    def level_stats(self, st: LevelState) -> dict:
+        hi = self.store.get_max_offset_in_queue(SCHEDULE_TOPIC, st.queue_id)
+        units = self.store.get_cq_units(SCHEDULE_TOPIC, st.queue_id, st.offset, 1) if hi > st.offset else []
+        return {
+            "level": st.level,
+            "delay_ms": st.delay_ms,
+            "pending": max(0, hi - st.offset),
+            "oldest_pending_deliver_ms": units[0].tags_code if units else None,
+            "delivered": st.delivered,
+            "lateness_ms": st.lateness.summary(),
+            "dropped": st.dropped,
+            "offset": st.offset,
+            "state": st.state,
+        }

@@ -1,0 +1,104 @@
+"""DelayService: the delay feature's facade for the broker (contract B in the team brief)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from chronomq.clock import Clock
+from chronomq.config import BrokerConfig
+from chronomq.delay.delivery import PROPERTY_DELAY_SOURCE
+from chronomq.delay.levels import DelayLevels, parse_level
+from chronomq.delay.retry import build_send_back, effective_max_reconsume_times
+from chronomq.delay.schedule import ScheduleService
+from chronomq.message import (
+    PROPERTY_DELAY_TIME_LEVEL,
+    PROPERTY_REAL_QUEUE_ID,
+    PROPERTY_REAL_TOPIC,
+    SCHEDULE_TOPIC,
+    SYSFLAG_TRANSACTION_PREPARED_TYPE,
+    SYSFLAG_TRANSACTION_ROLLBACK_TYPE,
+    MessageExt,
+    transaction_type,
+)
+
+if TYPE_CHECKING:
+    from chronomq.store import MessageStore
+
+
+class DelayService:
+    """Delay levels, the schedule service, and send-back (retry ladder / DLQ) message building.
+
+    ``svc = DelayService(store, config, clock)``; the broker calls ``prepare_put`` on every message it
+    is about to put, ``build_send_back`` for CONSUMER_SEND_MSG_BACK, and ``await start()`` after the
+    store has started (``await shutdown()`` before the store shuts down)."""
+
+    def __init__(self, store: MessageStore, config: BrokerConfig, clock: Clock) -> None:
+        self.store = store
+        self.config = config
+        self.clock = clock
+        self.levels = DelayLevels.parse(config.messageDelayLevel)
+        self.schedule = ScheduleService(store, self.levels, clock, config.storePathRootDir,
+                                        config.flushDelayOffsetInterval)
+
+    # --- put interception -------------------------------------------------------------------------------
+    @property
+    def schedule_topic_queue_nums(self) -> int:
+        return self.levels.max_level
+
+    def prepare_put(self, msg: MessageExt) -> MessageExt:
+        """DELAY > 0 and not a transactional prepare/rollback: park the message (in place) under
+        SCHEDULE_TOPIC_XXXX, queue level-1 (level clamped to the highest, DELAY rewritten to the clamped
+        value), REAL_TOPIC/REAL_QID kept. Otherwise unchanged, except that the internal delivery
+        marker is always stripped (clients cannot forge a re-put)."""
+        msg.properties.pop(PROPERTY_DELAY_SOURCE, None)
+        level = parse_level(msg.properties.get(PROPERTY_DELAY_TIME_LEVEL))
+        if level <= 0:
+            return msg
+        if transaction_type(msg.sys_flag) in (SYSFLAG_TRANSACTION_PREPARED_TYPE,
+                                              SYSFLAG_TRANSACTION_ROLLBACK_TYPE):
+            return msg
+        level = self.levels.clamp(level)
+        msg.properties[PROPERTY_DELAY_TIME_LEVEL] = str(level)
+        msg.properties[PROPERTY_REAL_TOPIC] = msg.topic
+        msg.properties[PROPERTY_REAL_QUEUE_ID] = str(msg.queue_id)
+        msg.topic = SCHEDULE_TOPIC
+        msg.queue_id = self.levels.queue_id(level)
+        return msg
+
+    def deliver_time_ms(self, level: int, store_timestamp: int) -> int:
+        """When a message of ``level`` stored at ``store_timestamp`` is due (what the store puts in the
+        schedule consume queue's tagsCode)."""
+        return store_timestamp + self.levels.delay_ms(level)
+
+    # --- send-back ----------------------------------------------------------------------------------------
+    def build_send_back(self, msg: MessageExt, group: str, delay_level: int,
+                        max_reconsume_times: int | None) -> MessageExt:
+        """protocol.md 5.3. ``max_reconsume_times``: the request header's value when the broker has
+        one (Java clients >= V3_4_9); pass None or a negative number when the request carries none,
+        then the message's MAX_RECONSUME_TIMES property or else the broker's ``maxReconsumeTimes`` apply.
+        The result still has to go through ``prepare_put`` (retry copies carry DELAY) and the store."""
+        limit = effective_max_reconsume_times(msg, max_reconsume_times, self.config.maxReconsumeTimes)
+        return build_send_back(msg, group, delay_level, limit, strip=(PROPERTY_DELAY_SOURCE,))
+
+    # --- lifecycle ------------------------------------------------------------------------------------------
+    async def start(self) -> None:
+        """Load delayOffset.json, skip entries already re-put before a crash, register the arrival
+        listener and the cleaning guard, and start one task per level (plus the offset flusher)."""
+        await self.schedule.start()
+        self.store.set_min_offset_guard(self.min_needed_offset)
+
+    async def shutdown(self) -> None:
+        """Stop the level tasks and persist delayOffset.json (after a store flush)."""
+        await self.schedule.shutdown()
+
+    def min_needed_offset(self) -> int | None:
+        return self.schedule.min_needed_offset()
+
+    def stats(self) -> dict:
+        levels = [self.schedule.level_stats(st) for st in self.schedule.states.values()]
+        early = sum(st.early for st in self.schedule.states.values())
+        return {
+            "levels": levels,
+            "early_deliveries": early,
+            "recovered_skips": sum(st.recovered_skips for st in self.schedule.states.values()),
+        }
