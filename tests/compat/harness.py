@@ -19,12 +19,14 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import hashlib
 import json
 import os
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -228,7 +230,8 @@ def _official_python() -> str:
     with _official_lock:
         if _official_result is None:
             COMPAT_VENV.parent.mkdir(parents=True, exist_ok=True)
-            lock_path = REPO / ".venv-compat.lock"
+            digest = hashlib.sha1(str(COMPAT_VENV).encode()).hexdigest()[:12]
+            lock_path = Path(tempfile.gettempdir()) / f"chronomq-venv-compat-{digest}.lock"
             with open(lock_path, "w") as lock:
                 fcntl.flock(lock, fcntl.LOCK_EX)  # concurrent pytest processes build it once
                 try:

@@ -7,7 +7,9 @@ args:
     or generate: {topic, count, body_size, prefix, keys (bool), tags}  (messages built from the index)
   batch_size (batch mode, default 16), timeout_ms (send timeout, default 3000),
   deadline_s (overall bound, default 60), out (optional JSONL path: one line per acknowledged send),
-  stop_on_error (default false: record the error and go on), max_errors (default 50)
+  stop_on_error (default false: record the error and go on), max_errors (default 50),
+  interval_ms (sync/oneway/orderly: pause between sends, for a paced background producer)
+SIGTERM/SIGINT: stop sending, shut down, print the result.
 
 result: {"mode", "sent": attempted, "acked": n, "results": [{index, status, msg_id, offset}...],
          "errors": [{index, error}...], "elapsed_s"}
@@ -19,7 +21,7 @@ import threading
 import time
 from typing import Any
 
-from _common import ArgError, JsonlWriter, emit, fail, hard_exit, load_args, make_message
+from _common import ArgError, JsonlWriter, StopFlag, emit, fail, hard_exit, load_args, make_message
 
 MODES = ("sync", "async", "oneway", "orderly", "batch")
 
@@ -68,6 +70,8 @@ def main() -> None:
     deadline = time.monotonic() + float(args.get("deadline_s", 60))
     stop_on_error = bool(args.get("stop_on_error", False))
     max_errors = int(args.get("max_errors", 50))
+    interval = float(args.get("interval_ms", 0)) / 1000.0
+    stop = StopFlag()
 
     from rocketmq.client import Producer
 
@@ -95,6 +99,8 @@ def main() -> None:
         if mode == "batch":
             for start in range(0, len(specs), batch_size):
                 if time.monotonic() > deadline or (errors and stop_on_error) or len(errors) >= max_errors:
+                    break
+                if stop.stopped:
                     break
                 msgs = [make_message(s) for s in specs[start:start + batch_size]]
                 sent += len(msgs)
@@ -133,6 +139,8 @@ def main() -> None:
         else:
             for i, spec in enumerate(specs):
                 if time.monotonic() > deadline or (errors and stop_on_error) or len(errors) >= max_errors:
+                    break
+                if stop.stopped or (interval and i and stop.wait(interval)):
                     break
                 msg = make_message(spec)
                 sent += 1

@@ -4,8 +4,10 @@ args:
   namesrv, group, topic (required); expression (default "*"); props: extra property names to report;
   expect: stop after this many successfully consumed deliveries (omit: run until deadline or SIGTERM);
   deadline_s (default 60): hard bound; orderly (bool); broadcasting (bool); thread_count;
-  instance_name; out: JSONL path, one line per delivery (written as it happens, so a test can watch a
-  long-running consumer), preceded by {"event": "started"};
+  instance_name; settle_s (default 0.5): after `expect` is reached, wait until no callback is running
+  and this long has passed, so the client has recorded the last offset before it shuts down;
+  out: JSONL path, one line per delivery (written as it happens, so a test can watch a long-running
+  consumer), preceded by {"event": "started"};
   fail: {"mode": "reconsume_later", "times": k}: the first k deliveries of each message id return
         RECONSUME_LATER through a raw ctypes callback (protocol.md 7.15), later ones CONSUME_SUCCESS;
         {"mode": "raise", "times": k}: the Python callback raises instead (the wrapper's documented path).
@@ -52,18 +54,26 @@ def main() -> None:
     lock = threading.Lock()
     deliveries: list[dict[str, Any]] = []
     failures: dict[str, int] = {}
-    counts = {"consumed": 0, "failed": 0}
+    counts = {"consumed": 0, "failed": 0, "inflight": 0}
     reached = threading.Event()
 
     def record(msg: Any, consumed: bool) -> None:
         d = recv_to_dict(msg, props)
         d["consumed"] = consumed
+        out.write(d)
         with lock:
             deliveries.append(d)
             counts["consumed" if consumed else "failed"] += 1
             if expect is not None and counts["consumed"] >= expect:
                 reached.set()
-        out.write(d)
+
+    def enter() -> None:
+        with lock:
+            counts["inflight"] += 1
+
+    def leave() -> None:
+        with lock:
+            counts["inflight"] -= 1
 
     def should_fail(msg: Any) -> bool:
         if not fail_mode:
@@ -81,6 +91,7 @@ def main() -> None:
     if fail_mode == "reconsume_later":
         # A raw callback: its return value is what the C++ consumer sees (1 = RECONSUME_LATER).
         def raw(_consumer: Any, cmsg: Any) -> int:
+            enter()
             try:
                 msg = RecvMessage(cmsg)
                 bad = should_fail(msg)
@@ -90,15 +101,21 @@ def main() -> None:
                 import sys
                 sys.stderr.write(f"callback error: {e!r}\n")
                 return 1
+            finally:
+                leave()
 
         ffi_check(dll.Subscribe(consumer._handle, topic.encode(), expression.encode()))
         consumer._register_callback(raw)
     else:
         def on_message(msg: Any) -> None:
-            bad = should_fail(msg)
-            record(msg, not bad)
-            if bad:
-                raise RuntimeError("compat driver: asked to fail this delivery")
+            enter()
+            try:
+                bad = should_fail(msg)
+                record(msg, not bad)
+                if bad:
+                    raise RuntimeError("compat driver: asked to fail this delivery")
+            finally:
+                leave()
 
         consumer.subscribe(topic, on_message, expression)
 
@@ -115,6 +132,14 @@ def main() -> None:
             break
         if time.monotonic() > deadline:
             break
+    if reason == "expect":
+        settle_until = time.monotonic() + float(args.get("settle_s", 0.5))
+        while time.monotonic() < deadline:
+            with lock:
+                idle = counts["inflight"] == 0
+            if idle and time.monotonic() >= settle_until:
+                break
+            time.sleep(0.02)
     consumer.shutdown()
     with lock:
         emit({"messages": deliveries, "consumed": counts["consumed"], "failed": counts["failed"],
