@@ -1,1 +1,6 @@
-"""chronomq.namesrv (see ../shared/ARCHITECTURE.md)."""
+"""chronomq.namesrv: the name server (route table, broker registration and expiry)."""
+
+from .routeinfo import RouteInfoManager
+from .server import NameServer
+
+__all__ = ["NameServer", "RouteInfoManager"]

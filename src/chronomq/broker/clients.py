@@ -1,0 +1,191 @@
+"""Who is connected: consumer groups and their clients (from HEART_BEAT), producer groups, and the
+queue locks of orderly consumers. A client is dropped after 120 s without a heartbeat, when it
+unregisters, or when its connection closes; the remaining consumers of its group are then told
+(NOTIFY_CONSUMER_IDS_CHANGED) so they rebalance at once."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from chronomq.remoting.server import Connection
+
+CLIENT_EXPIRE_MS = 120_000
+LOCK_EXPIRE_MS = 60_000
+
+_CONSUME_FROM = {
+    "CONSUME_FROM_LAST_OFFSET": 0,
+    "CONSUME_FROM_LAST_OFFSET_AND_FROM_MIN_WHEN_BOOT_FIRST": 1,
+    "CONSUME_FROM_MIN_OFFSET": 2,
+    "CONSUME_FROM_MAX_OFFSET": 3,
+    "CONSUME_FROM_FIRST_OFFSET": 4,
+    "CONSUME_FROM_TIMESTAMP": 5,
+}
+
+
+def message_model_is_clustering(v: Any) -> bool:
+    """C++ sends 1 = CLUSTERING, 0 = BROADCASTING; Java sends the names."""
+    if isinstance(v, str) and not v.lstrip("-").isdigit():
+        return v.upper() != "BROADCASTING"
+    try:
+        return int(v) != 0
+    except (TypeError, ValueError):
+        return True
+
+
+def consume_type_name(v: Any) -> str:
+    if isinstance(v, str) and not v.isdigit():
+        return v.upper()
+    return "CONSUME_PASSIVELY" if str(v) == "1" else "CONSUME_ACTIVELY"
+
+
+@dataclass
+class ClientInfo:
+    client_id: str
+    conn: Connection | None
+    last_update_ms: int
+    language: str = ""
+    version: int = 0
+
+
+@dataclass
+class ConsumerGroup:
+    name: str
+    clients: dict[str, ClientInfo] = field(default_factory=dict)
+    subscriptions: dict[str, dict[str, Any]] = field(default_factory=dict)  # topic -> subscription data
+    consume_type: str = "CONSUME_PASSIVELY"
+    clustering: bool = True
+    consume_from_where: Any = 0
+
+
+class ConsumerManager:
+    def __init__(self, expire_ms: int = CLIENT_EXPIRE_MS) -> None:
+        self.expire_ms = expire_ms
+        self.groups: dict[str, ConsumerGroup] = {}
+
+    def register(self, group: str, client: ClientInfo, consumer_data: dict[str, Any]) -> bool:
+        """Record a heartbeat. Returns True when the group's client list changed (new client)."""
+        g = self.groups.get(group)
+        if g is None:
+            g = self.groups[group] = ConsumerGroup(group)
+        g.consume_type = consume_type_name(consumer_data.get("consumeType", 1))
+        g.clustering = message_model_is_clustering(consumer_data.get("messageModel", 1))
+        g.consume_from_where = consumer_data.get("consumeFromWhere", 0)
+        subs = consumer_data.get("subscriptionDataSet") or []
+        if isinstance(subs, list):
+            new = {str(s.get("topic")): s for s in subs if isinstance(s, dict) and s.get("topic")}
+            if new:
+                g.subscriptions = new
+        old = g.clients.get(client.client_id)
+        g.clients[client.client_id] = client
+        return old is None or (old.conn is not client.conn and old.conn is not None and old.conn.closed)
+
+    def unregister(self, group: str, client_id: str) -> bool:
+        g = self.groups.get(group)
+        if g is None or client_id not in g.clients:
+            return False
+        del g.clients[client_id]
+        if not g.clients:
+            del self.groups[group]
+        return True
+
+    def client_ids(self, group: str) -> list[str]:
+        g = self.groups.get(group)
+        return sorted(g.clients) if g else []
+
+    def connections(self, group: str) -> list[Connection]:
+        g = self.groups.get(group)
+        if g is None:
+            return []
+        return [c.conn for c in g.clients.values() if c.conn is not None and not c.conn.closed]
+
+    def drop_connection(self, conn: Connection) -> list[str]:
+        """Remove every client registered through conn; returns the groups that changed."""
+        changed = []
+        for name, g in list(self.groups.items()):
+            gone = [cid for cid, c in g.clients.items() if c.conn is conn]
+            for cid in gone:
+                del g.clients[cid]
+            if gone:
+                changed.append(name)
+                if not g.clients:
+                    del self.groups[name]
+        return changed
+
+    def expire(self, now_ms: int) -> list[str]:
+        changed = []
+        for name, g in list(self.groups.items()):
+            gone = [cid for cid, c in g.clients.items() if now_ms - c.last_update_ms > self.expire_ms]
+            for cid in gone:
+                del g.clients[cid]
+            if gone:
+                changed.append(name)
+                if not g.clients:
+                    del self.groups[name]
+        return changed
+
+    def groups_subscribing(self, topic: str) -> list[str]:
+        return sorted(n for n, g in self.groups.items() if topic in g.subscriptions)
+
+
+class ProducerManager:
+    def __init__(self, expire_ms: int = CLIENT_EXPIRE_MS) -> None:
+        self.expire_ms = expire_ms
+        self.groups: dict[str, dict[str, ClientInfo]] = {}
+
+    def register(self, group: str, client: ClientInfo) -> None:
+        self.groups.setdefault(group, {})[client.client_id] = client
+
+    def unregister(self, group: str, client_id: str) -> None:
+        g = self.groups.get(group)
+        if g is not None:
+            g.pop(client_id, None)
+            if not g:
+                del self.groups[group]
+
+    def drop_connection(self, conn: Connection) -> None:
+        for name, g in list(self.groups.items()):
+            for cid in [cid for cid, c in g.items() if c.conn is conn]:
+                del g[cid]
+            if not g:
+                del self.groups[name]
+
+    def expire(self, now_ms: int) -> None:
+        for name, g in list(self.groups.items()):
+            for cid in [cid for cid, c in g.items() if now_ms - c.last_update_ms > self.expire_ms]:
+                del g[cid]
+            if not g:
+                del self.groups[name]
+
+
+class QueueLockManager:
+    """Orderly consumers lock (group, topic, broker, queue) for 60 s, renewed every 20 s."""
+
+    def __init__(self, expire_ms: int = LOCK_EXPIRE_MS) -> None:
+        self.expire_ms = expire_ms
+        self.locks: dict[tuple[str, str, str, int], tuple[str, int]] = {}
+
+    def try_lock(
+        self, group: str, mqs: list[tuple[str, str, int]], client_id: str, now_ms: int
+    ) -> list[tuple[str, str, int]]:
+        granted = []
+        for topic, broker, qid in mqs:
+            key = (group, topic, broker, qid)
+            owner = self.locks.get(key)
+            if owner is None or owner[0] == client_id or now_ms - owner[1] > self.expire_ms:
+                self.locks[key] = (client_id, now_ms)
+                granted.append((topic, broker, qid))
+        return granted
+
+    def unlock(self, group: str, mqs: list[tuple[str, str, int]], client_id: str) -> None:
+        for topic, broker, qid in mqs:
+            key = (group, topic, broker, qid)
+            owner = self.locks.get(key)
+            if owner is not None and owner[0] == client_id:
+                del self.locks[key]
+
+    def is_locked_by(
+        self, group: str, topic: str, broker: str, qid: int, client_id: str, now_ms: int
+    ) -> bool:
+        owner = self.locks.get((group, topic, broker, qid))
+        return owner is not None and owner[0] == client_id and now_ms - owner[1] <= self.expire_ms

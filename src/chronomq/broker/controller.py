@@ -1,0 +1,273 @@
+"""The broker: wires the store, the delay service, the request processors and the remoting server, and
+runs the periodic services (offset persistence, client housekeeping, name-server registration)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from chronomq.clock import Clock, SystemClock
+from chronomq.config import BrokerConfig
+from chronomq.delay import DelayService
+from chronomq.remoting.codec import RemotingCommand
+from chronomq.remoting.codes import RequestCode
+from chronomq.remoting.server import Connection, RemotingServer
+from chronomq.store import MessageStore
+from chronomq.store.types import PutResult
+
+from .clients import ConsumerManager, ProducerManager, QueueLockManager
+from .longpoll import PullHoldService
+from .nsclient import NamesrvClient
+from .offsets import ConsumerOffsetManager
+from .processor import BrokerProcessor
+from .topics import TopicConfig, TopicConfigManager
+
+log = logging.getLogger("chronomq.broker")
+
+HOUSEKEEPING_INTERVAL_MS = 10_000
+
+# (cluster, name, addr, id, ha addr, topic configs, data version, now_ms, conn id) -> result
+RegisterFn = Callable[..., dict[str, str]]
+
+
+class BrokerController:
+    """``BrokerController(config, clock)``; ``await start()`` / ``await shutdown()``.
+
+    ``local_register``: in ``chronomq start`` the broker shares the process with the name server and
+    registers by a direct call (``NameServer.routes.register_broker``); otherwise it registers over TCP
+    with every address in ``config.namesrvAddr`` (';'-separated).
+    """
+
+    def __init__(
+        self,
+        config: BrokerConfig,
+        clock: Clock | None = None,
+        *,
+        bind_host: str | None = None,
+        local_register: RegisterFn | None = None,
+    ) -> None:
+        self.config = config
+        self.clock = clock or SystemClock()
+        self.bind_host = bind_host or config.brokerIP1
+        self.store_host = (config.brokerIP1, config.listenPort)
+        self.root = Path(config.storePathRootDir)
+        self.store = MessageStore(config, self.clock, self.store_host)
+        self.delay = DelayService(self.store, config, self.clock)
+        self.topics = TopicConfigManager(
+            self.root / "config",
+            config.defaultTopicQueueNums,
+            config.autoCreateTopicEnable,
+            self.delay.schedule_topic_queue_nums,
+            self.clock.now_ms,
+        )
+        self.offsets = ConsumerOffsetManager(self.root / "config")
+        self.consumers = ConsumerManager(config.clientChannelMaxIdleTimeSeconds * 1000)
+        self.producers = ProducerManager(config.clientChannelMaxIdleTimeSeconds * 1000)
+        self.locks = QueueLockManager()
+        self.hold = PullHoldService(self.clock)
+        self.processor = BrokerProcessor(self)
+        self.server = RemotingServer(
+            self.processor.handle,
+            self.bind_host,
+            config.listenPort,
+            name="broker",
+            sync_handler=self.processor.handle_sync,
+        )
+        self.server.close_callbacks.append(self._on_connection_closed)
+        self.local_register = local_register
+        self.ns_client: NamesrvClient | None = None
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.stopping = False
+        self._tasks: list[asyncio.Task[None]] = []
+        self.started_at = 0
+        self.put_count = 0
+        self.put_failures = 0
+        self.topics.on_change.append(self._topic_changed)
+
+    @property
+    def broker_addr(self) -> str:
+        return f"{self.config.brokerIP1}:{self.config.listenPort}"
+
+    # --- lifecycle ---------------------------------------------------------------------------------------
+    async def start(self) -> None:
+        self.loop = asyncio.get_running_loop()
+        self.hold.bind(self.loop)
+        self.started_at = self.clock.now_ms()
+        self.store.start()
+        self.store.add_arrival_listener(self.hold.on_arrival)
+        self.store.set_min_offset_guard(self.delay.min_needed_offset)
+        await self.delay.start()
+        await self.server.start()
+        self._register_event = asyncio.Event()
+        if self.local_register is None:
+            self.ns_client = NamesrvClient([a for a in self.config.namesrvAddr.split(";") if a.strip()])
+        self._tasks = [
+            asyncio.create_task(self._persist_loop(), name="offset-persist"),
+            asyncio.create_task(self._housekeeping_loop(), name="housekeeping"),
+            asyncio.create_task(self._register_loop(), name="register"),
+        ]
+        await self.register_all()
+        log.info(
+            "broker %s (%s) serving on %s, store %s, %s",
+            self.config.brokerName,
+            self.config.brokerClusterName,
+            self.server.address,
+            self.root,
+            self.config.flushDiskType,
+        )
+
+    async def shutdown(self) -> None:
+        if self.stopping:
+            return
+        self.stopping = True
+        self.hold.wake_all()
+        for t in self._tasks:
+            t.cancel()
+        for t in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await t
+        await self.unregister_all()
+        if self.ns_client is not None:
+            await self.ns_client.close()
+        # let answered pulls go out, then close the listener and every connection
+        await asyncio.sleep(0)
+        await self.server.stop()
+        try:
+            await self.delay.shutdown()
+        except Exception:
+            log.exception("delay service shutdown failed")
+        self._persist(force=True)
+        self.store.shutdown()
+        log.info("broker %s stopped", self.config.brokerName)
+
+    # --- periodic services --------------------------------------------------------------------------------
+    def _persist(self, force: bool = False) -> None:
+        try:
+            self.offsets.persist(force)
+        except OSError as e:
+            log.error("cannot persist consumer offsets: %s", e)
+        try:
+            if force:
+                self.topics.persist()
+        except OSError as e:
+            log.error("cannot persist topics: %s", e)
+
+    async def _persist_loop(self) -> None:
+        while True:
+            await self.clock.sleep(self.config.flushConsumerOffsetInterval / 1000)
+            self._persist()
+
+    async def _housekeeping_loop(self) -> None:
+        while True:
+            await self.clock.sleep(HOUSEKEEPING_INTERVAL_MS / 1000)
+            self.housekeeping()
+
+    def housekeeping(self) -> None:
+        now = self.clock.now_ms()
+        for group in self.consumers.expire(now):
+            log.info(
+                "consumer group %s: client(s) dropped after %d s without heartbeat",
+                group,
+                self.consumers.expire_ms // 1000,
+            )
+            self.notify_consumer_ids_changed(group)
+        self.producers.expire(now)
+
+    async def _register_loop(self) -> None:
+        period = max(1000, self.config.registerNameServerPeriod) / 1000
+        while True:
+            sleeper = asyncio.ensure_future(self.clock.sleep(period))
+            waiter = asyncio.ensure_future(self._register_event.wait())
+            try:
+                await asyncio.wait((sleeper, waiter), return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                sleeper.cancel()
+                waiter.cancel()
+            self._register_event.clear()
+            await self.register_all()
+
+    def _topic_changed(self, tc: TopicConfig) -> None:
+        # a new topic must be routable at once (the producer that auto-created it asks again soon)
+        if self.local_register is not None:
+            self._register_local()
+        elif self.loop is not None and hasattr(self, "_register_event"):
+            self._register_event.set()
+
+    def _register_body(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        return self.topics.snapshot(), dict(self.topics.data_version)
+
+    def _register_local(self) -> None:
+        assert self.local_register is not None
+        topics, version = self._register_body()
+        self.local_register(
+            self.config.brokerClusterName,
+            self.config.brokerName,
+            self.broker_addr,
+            self.config.brokerId,
+            f"{self.config.brokerIP1}:{self.config.haListenPort}",
+            topics,
+            version,
+            self.clock.now_ms(),
+            None,
+        )
+
+    async def register_all(self) -> None:
+        if self.local_register is not None:
+            self._register_local()
+            return
+        if self.ns_client is None:
+            return
+        topics, version = self._register_body()
+        await self.ns_client.register_broker(self.config, self.broker_addr, topics, version)
+
+    async def unregister_all(self) -> None:
+        if self.ns_client is not None:
+            await self.ns_client.unregister_broker(self.config, self.broker_addr)
+
+    # --- clients -------------------------------------------------------------------------------------------
+    def _on_connection_closed(self, conn: Connection) -> None:
+        for group in self.consumers.drop_connection(conn):
+            log.info("consumer group %s: a client left (connection %s closed)", group, conn.remote_addr)
+            self.notify_consumer_ids_changed(group)
+        self.producers.drop_connection(conn)
+
+    def notify_consumer_ids_changed(self, group: str) -> None:
+        if self.stopping:
+            return
+        for conn in self.consumers.connections(group):
+            cmd = RemotingCommand.request(
+                RequestCode.NOTIFY_CONSUMER_IDS_CHANGED, {"consumerGroup": group}, oneway=True
+            )
+            cmd.language = "JAVA"
+            conn.send_oneway(cmd)
+
+    # --- stats ---------------------------------------------------------------------------------------------
+    def stats_put(self, group: str, result: PutResult) -> None:
+        if result.ok:
+            self.put_count += result.append.msg_count if result.append else 1
+        else:
+            self.put_failures += 1
+
+    def runtime_info(self) -> dict[str, Any]:
+        return {
+            "brokerName": self.config.brokerName,
+            "brokerAddr": self.broker_addr,
+            "clusterName": self.config.brokerClusterName,
+            "brokerId": self.config.brokerId,
+            "bootTimestamp": self.started_at,
+            "putMessageTimesTotal": self.put_count,
+            "putMessageFailedTimes": self.put_failures,
+            "requestsTotal": self.server.requests,
+            "commitLogMaxOffset": self.store.max_phy_offset,
+            "commitLogMinOffset": self.store.min_phy_offset,
+            "heldPulls": self.hold.held,
+            "connections": len(self.server.connections()),
+            "topics": len(self.topics.table),
+            "consumerGroups": len(self.consumers.groups),
+            "flushDiskType": self.config.flushDiskType,
+            "uptimeSeconds": (self.clock.now_ms() - self.started_at) // 1000,
+        }

@@ -1,0 +1,193 @@
+"""Topic configuration: the broker's topic table, auto-creation and persistence (config/topics.json).
+
+System topics: TBW102 (the default topic auto-created topics inherit from; perm RW + INHERIT when
+autoCreateTopicEnable), SCHEDULE_TOPIC_XXXX (one queue per delay level), %RETRY%<group> (1 queue,
+created on a clustering consumer's heartbeat or on send-back) and %DLQ%<group> (1 queue).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from chronomq.message import (
+    DEFAULT_TOPIC,
+    DLQ_GROUP_TOPIC_PREFIX,
+    RETRY_GROUP_TOPIC_PREFIX,
+    SCHEDULE_TOPIC,
+    validate_topic,
+)
+from chronomq.remoting.codes import PERM_INHERIT, PERM_READ, PERM_WRITE
+
+from .persist import read_json, write_json_atomic
+
+log = logging.getLogger("chronomq.broker")
+
+PERM_RW = PERM_READ | PERM_WRITE
+
+
+@dataclass
+class TopicConfig:
+    topicName: str
+    readQueueNums: int = 4
+    writeQueueNums: int = 4
+    perm: int = PERM_RW
+    topicFilterType: str = "SINGLE_TAG"
+    topicSysFlag: int = 0
+    order: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> TopicConfig:
+        return cls(
+            topicName=str(d["topicName"]),
+            readQueueNums=int(d.get("readQueueNums", 4)),
+            writeQueueNums=int(d.get("writeQueueNums", 4)),
+            perm=int(d.get("perm", PERM_RW)),
+            topicFilterType=str(d.get("topicFilterType", "SINGLE_TAG")),
+            topicSysFlag=int(d.get("topicSysFlag", 0)),
+            order=bool(d.get("order", False)),
+        )
+
+
+class TopicError(ValueError):
+    pass
+
+
+class TopicConfigManager:
+    def __init__(
+        self,
+        config_dir: Path,
+        default_queue_nums: int,
+        auto_create: bool,
+        schedule_queue_nums: int,
+        now_ms: Callable[[], int],
+    ) -> None:
+        self.path = config_dir / "topics.json"
+        self.default_queue_nums = default_queue_nums
+        self.auto_create = auto_create
+        self._now_ms = now_ms
+        self._lock = threading.RLock()
+        self.table: dict[str, TopicConfig] = {}
+        self.data_version = {"timestamp": now_ms(), "counter": 0}
+        self.on_change: list[Callable[[TopicConfig], None]] = []
+        self._dirty = False
+        self._load()
+        # system topics (always present, their shape follows the current config)
+        default_perm = PERM_RW | (PERM_INHERIT if auto_create else 0)
+        self.table[DEFAULT_TOPIC] = TopicConfig(
+            DEFAULT_TOPIC, default_queue_nums, default_queue_nums, default_perm
+        )
+        self.table[SCHEDULE_TOPIC] = TopicConfig(
+            SCHEDULE_TOPIC, schedule_queue_nums, schedule_queue_nums, PERM_RW
+        )
+
+    def _load(self) -> None:
+        obj = read_json(self.path)
+        if not obj:
+            return
+        for name, d in (obj.get("topicConfigTable") or {}).items():
+            try:
+                self.table[name] = TopicConfig.from_json(d)
+            except (KeyError, TypeError, ValueError) as e:
+                log.error("topics.json: skipping bad entry %r: %s", name, e)
+        dv = obj.get("dataVersion")
+        if isinstance(dv, dict):
+            self.data_version = {
+                "timestamp": int(dv.get("timestamp", 0)),
+                "counter": int(dv.get("counter", 0)),
+            }
+
+    def persist(self) -> None:
+        with self._lock:
+            snapshot = {
+                "topicConfigTable": {n: t.to_json() for n, t in self.table.items()},
+                "dataVersion": dict(self.data_version),
+            }
+            self._dirty = False
+        write_json_atomic(self.path, snapshot)
+
+    def _changed(self, tc: TopicConfig) -> None:
+        self.data_version = {"timestamp": self._now_ms(), "counter": self.data_version["counter"] + 1}
+        self._dirty = True
+        self.persist()
+        for cb in self.on_change:
+            try:
+                cb(tc)
+            except Exception:
+                log.exception("topic change callback failed")
+
+    # --- lookups ------------------------------------------------------------------------------------------
+    def get(self, topic: str) -> TopicConfig | None:
+        return self.table.get(topic)
+
+    def snapshot(self) -> dict[str, dict[str, Any]]:
+        with self._lock:
+            return {n: t.to_json() for n, t in self.table.items()}
+
+    # --- creation -----------------------------------------------------------------------------------------
+    def update(self, tc: TopicConfig) -> TopicConfig:
+        reason = validate_topic(tc.topicName)
+        if reason:
+            raise TopicError(reason)
+        with self._lock:
+            old = self.table.get(tc.topicName)
+            if old == tc:
+                return old
+            self.table[tc.topicName] = tc
+            self._changed(tc)
+            log.info(
+                "topic %s %s: %d/%d queues, perm %d",
+                tc.topicName,
+                "updated" if old else "created",
+                tc.readQueueNums,
+                tc.writeQueueNums,
+                tc.perm,
+            )
+            return tc
+
+    def delete(self, topic: str) -> bool:
+        with self._lock:
+            tc = self.table.pop(topic, None)
+            if tc is None:
+                return False
+            self._changed(tc)
+            return True
+
+    def create_in_send(
+        self, topic: str, default_topic: str | None, client_queue_nums: int
+    ) -> TopicConfig | None:
+        """The topic a producer sends to; auto-created from the default topic (TBW102) when allowed.
+        Returns None when the topic does not exist and cannot be created."""
+        tc = self.table.get(topic)
+        if tc is not None:
+            return tc
+        if topic.startswith(RETRY_GROUP_TOPIC_PREFIX):
+            return self.create_system(topic, 1)
+        if topic.startswith(DLQ_GROUP_TOPIC_PREFIX):
+            return self.create_system(topic, 1)
+        with self._lock:
+            tc = self.table.get(topic)
+            if tc is not None:
+                return tc
+            default = self.table.get(default_topic or DEFAULT_TOPIC)
+            if default is None or not (default.perm & PERM_INHERIT) or not self.auto_create:
+                return None
+            nums = min(max(1, client_queue_nums or self.default_queue_nums), default.writeQueueNums)
+            return self.update(TopicConfig(topic, nums, nums, default.perm & ~PERM_INHERIT))
+
+    def create_system(self, topic: str, queue_nums: int, perm: int = PERM_RW) -> TopicConfig:
+        tc = self.table.get(topic)
+        if tc is not None:
+            return tc
+        with self._lock:
+            tc = self.table.get(topic)
+            if tc is not None:
+                return tc
+            return self.update(TopicConfig(topic, queue_nums, queue_nums, perm))
