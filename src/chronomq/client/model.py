@@ -1,0 +1,313 @@
+"""The client's data model: Message (what you send), SendResult, MessageQueue, ReceivedMessage,
+TopicRoute (name-server route data, protocol.md section 4)."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from enum import StrEnum
+from typing import Any
+
+from chronomq import message as m
+from chronomq.remoting.codes import PERM_READ, PERM_WRITE
+
+from .errors import InvalidMessage
+
+# property names a user may not set through ``properties=`` (the client/broker own them)
+_RESERVED = {m.PROPERTY_UNIQ_KEY, m.PROPERTY_REAL_TOPIC, m.PROPERTY_REAL_QUEUE_ID, m.PROPERTY_RETRY_TOPIC}
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class MessageQueue:
+    topic: str
+    broker_name: str
+    queue_id: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {"brokerName": self.broker_name, "queueId": self.queue_id, "topic": self.topic}
+
+    def __str__(self) -> str:
+        return f"{self.topic}@{self.broker_name}:{self.queue_id}"
+
+
+@dataclass(slots=True)
+class Message:
+    """A message to send.
+
+    ``body``: bytes (str is UTF-8 encoded). ``keys``: one key or several (stored space separated; query
+    them with Admin.query_messages). ``tags``: one tag (consumers filter with ``"tagA || tagB"``).
+    ``delay_level``: RocketMQ 4.x delay level (1..18: 1s 5s 10s 30s 1m ... 2h by default).
+    ``deliver_at`` / ``delay``: a delivery time (datetime or epoch ms) or a delay (timedelta or seconds);
+    they need the broker's arbitrary-time timer (a later issue) and are refused until it lands.
+    """
+
+    topic: str
+    body: bytes | str
+    keys: str | Sequence[str] | None = None
+    tags: str | None = None
+    properties: Mapping[str, str] | None = None
+    delay_level: int = 0
+    deliver_at: datetime | int | None = None
+    delay: timedelta | float | None = None
+    flag: int = 0
+
+    def body_bytes(self) -> bytes:
+        if isinstance(self.body, str):
+            return self.body.encode()
+        if isinstance(self.body, bytes | bytearray | memoryview):
+            return bytes(self.body)
+        raise InvalidMessage(f"message body must be bytes or str, not {type(self.body).__name__}")
+
+    def keys_list(self) -> list[str]:
+        if self.keys is None:
+            return []
+        if isinstance(self.keys, str):
+            return [k for k in self.keys.split(" ") if k]
+        return [str(k) for k in self.keys if str(k)]
+
+    def validate(self) -> None:
+        reason = m.validate_topic(self.topic) if isinstance(self.topic, str) else "the topic must be a str"
+        if reason:
+            raise InvalidMessage(f"invalid topic: {reason}")
+        if self.topic.startswith(m.RETRY_GROUP_TOPIC_PREFIX) or self.topic == m.SCHEDULE_TOPIC:
+            raise InvalidMessage(f"cannot send to the system topic {self.topic!r}")
+        if not isinstance(self.delay_level, int) or self.delay_level < 0:
+            raise InvalidMessage(f"delay_level must be an int >= 0, got {self.delay_level!r}")
+        for k, v in (self.properties or {}).items():
+            for s in (k, v):
+                if not isinstance(s, str) or "\x01" in s or "\x02" in s:
+                    raise InvalidMessage(f"property {k!r}={v!r}: names and values must be str without "
+                                         "\\x01/\\x02")
+        if self.tags is not None and (not isinstance(self.tags, str) or "\x01" in self.tags
+                                      or "\x02" in self.tags):
+            raise InvalidMessage(f"invalid tags {self.tags!r}")
+        if not self.body_bytes():
+            raise InvalidMessage("the message body is empty")
+
+    def wire_properties(self) -> dict[str, str]:
+        """The properties as sent on the wire (without UNIQ_KEY/WAIT, which the producer adds)."""
+        props: dict[str, str] = {}
+        for k, v in (self.properties or {}).items():
+            if k in _RESERVED:
+                raise InvalidMessage(f"property {k!r} is reserved")
+            props[k] = v
+        keys = self.keys_list()
+        if keys:
+            props[m.PROPERTY_KEYS] = " ".join(keys)
+        if self.tags:
+            props[m.PROPERTY_TAGS] = self.tags
+        if self.delay_level:
+            props[m.PROPERTY_DELAY_TIME_LEVEL] = str(self.delay_level)
+        props.update(self._deliver_time_properties())
+        return props
+
+    def _deliver_time_properties(self) -> dict[str, str]:
+        """Hook for arbitrary delivery times (deliver_at / delay). The broker's timer (a later issue) will
+        read ``TIMER_DELIVER_MS``; until it exists a deliver time would be silently ignored, so refuse."""
+        if self.deliver_at is None and self.delay is None:
+            return {}
+        if self.deliver_at is not None and self.delay is not None:
+            raise InvalidMessage("give deliver_at or delay, not both")
+        if self.delay_level:
+            raise InvalidMessage("give delay_level or deliver_at/delay, not both")
+        deliver_ms = deliver_time_ms(self.deliver_at, self.delay)
+        raise InvalidMessage(
+            f"deliver_at/delay (deliver at epoch ms {deliver_ms}) need the broker's arbitrary-time timer, "
+            "which is not available yet; use delay_level=1..18")
+
+
+def deliver_time_ms(deliver_at: datetime | int | None, delay: timedelta | float | None,
+                    now_ms: int | None = None) -> int:
+    """Epoch ms for a deliver_at (datetime or epoch ms) or a delay (timedelta or seconds)."""
+    if deliver_at is not None:
+        if isinstance(deliver_at, datetime):
+            if deliver_at.tzinfo is None:
+                raise InvalidMessage("deliver_at must be timezone-aware (e.g. datetime.now(timezone.utc))")
+            return int(deliver_at.timestamp() * 1000)
+        if isinstance(deliver_at, int) and not isinstance(deliver_at, bool):
+            return deliver_at
+        raise InvalidMessage(f"deliver_at must be a datetime or epoch ms, not {deliver_at!r}")
+    assert delay is not None
+    seconds = delay.total_seconds() if isinstance(delay, timedelta) else float(delay)
+    if seconds < 0:
+        raise InvalidMessage("delay must be >= 0")
+    base = now_ms if now_ms is not None else int(time.time() * 1000)
+    return base + int(seconds * 1000)
+
+
+class SendStatus(StrEnum):
+    OK = "SEND_OK"
+    FLUSH_DISK_TIMEOUT = "FLUSH_DISK_TIMEOUT"
+    FLUSH_SLAVE_TIMEOUT = "FLUSH_SLAVE_TIMEOUT"
+    SLAVE_NOT_AVAILABLE = "SLAVE_NOT_AVAILABLE"
+
+
+@dataclass(frozen=True, slots=True)
+class SendResult:
+    """``msg_id`` is the client message id (UNIQ_KEY, what consumers see as ``id``); ``offset_msg_id``
+    the broker's id (store host + commit-log offset, for Admin.get_message). For a batch, the ids of
+    every message, comma-joined, and ``queue_offset`` is the first message's offset."""
+
+    msg_id: str
+    offset_msg_id: str
+    queue: MessageQueue
+    queue_offset: int
+    status: SendStatus = SendStatus.OK
+    msg_ids: tuple[str, ...] = ()
+
+    @property
+    def topic(self) -> str:
+        return self.queue.topic
+
+    @property
+    def queue_id(self) -> int:
+        return self.queue.queue_id
+
+
+@dataclass(slots=True)
+class ReceivedMessage:
+    """A consumed message. ``id`` is the client id (UNIQ_KEY) when present, else the offset msg id.
+    ``topic`` is the original topic also for a retried message (``raw_topic`` is where it was read)."""
+
+    topic: str
+    body: bytes
+    id: str
+    offset_msg_id: str
+    queue: MessageQueue
+    queue_offset: int
+    commit_log_offset: int
+    properties: dict[str, str]
+    reconsume_times: int
+    born_timestamp: int
+    store_timestamp: int
+    born_host: tuple[str, int]
+    store_host: tuple[str, int]
+    flag: int = 0
+    sys_flag: int = 0
+    store_size: int = 0
+    raw_topic: str = ""
+
+    @property
+    def tags(self) -> str | None:
+        return self.properties.get(m.PROPERTY_TAGS)
+
+    @property
+    def keys(self) -> list[str]:
+        return [k for k in self.properties.get(m.PROPERTY_KEYS, "").split(" ") if k]
+
+    @property
+    def queue_id(self) -> int:
+        return self.queue.queue_id
+
+    @property
+    def delay_level(self) -> int:
+        try:
+            return int(self.properties.get(m.PROPERTY_DELAY_TIME_LEVEL, "0"))
+        except ValueError:
+            return 0
+
+    def get_property(self, name: str, default: str | None = None) -> str | None:
+        return self.properties.get(name, default)
+
+    def user_properties(self) -> dict[str, str]:
+        system = {m.PROPERTY_KEYS, m.PROPERTY_TAGS, m.PROPERTY_UNIQ_KEY, m.PROPERTY_WAIT_STORE_MSG_OK,
+                  m.PROPERTY_DELAY_TIME_LEVEL, m.PROPERTY_REAL_TOPIC, m.PROPERTY_REAL_QUEUE_ID,
+                  m.PROPERTY_RETRY_TOPIC, m.PROPERTY_ORIGIN_MESSAGE_ID, "MIN_OFFSET", "MAX_OFFSET",
+                  "CONSUME_START_TIME", m.PROPERTY_RECONSUME_TIME, m.PROPERTY_MAX_RECONSUME_TIMES}
+        return {k: v for k, v in self.properties.items() if k not in system}
+
+    @classmethod
+    def from_ext(cls, ext: m.MessageExt, broker_name: str) -> ReceivedMessage:
+        body = ext.inflated_body()
+        topic = ext.topic
+        if topic.startswith(m.RETRY_GROUP_TOPIC_PREFIX):
+            topic = ext.properties.get(m.PROPERTY_RETRY_TOPIC, topic)
+        offset_id = ext.msg_id
+        return cls(topic=topic, body=body, id=ext.properties.get(m.PROPERTY_UNIQ_KEY) or offset_id,
+                   offset_msg_id=offset_id, queue=MessageQueue(ext.topic, broker_name, ext.queue_id),
+                   queue_offset=ext.queue_offset, commit_log_offset=ext.commit_log_offset,
+                   properties=dict(ext.properties), reconsume_times=ext.reconsume_times,
+                   born_timestamp=ext.born_timestamp, store_timestamp=ext.store_timestamp,
+                   born_host=ext.born_host, store_host=ext.store_host, flag=ext.flag,
+                   sys_flag=ext.sys_flag & ~m.SYSFLAG_COMPRESSED, store_size=ext.store_size,
+                   raw_topic=ext.topic)
+
+
+@dataclass(slots=True)
+class QueueData:
+    broker_name: str
+    read_queue_nums: int
+    write_queue_nums: int
+    perm: int
+
+
+@dataclass(slots=True)
+class TopicRoute:
+    topic: str
+    queue_datas: list[QueueData] = field(default_factory=list)
+    broker_addrs: dict[str, dict[int, str]] = field(default_factory=dict)
+    order_topic_conf: str | None = None
+
+    @classmethod
+    def parse(cls, topic: str, body: bytes) -> TopicRoute:
+        try:
+            data = json.loads(body)
+        except (ValueError, UnicodeDecodeError) as e:
+            raise ValueError(f"route data for {topic!r} is not JSON: {e}") from None
+        route = cls(topic=topic, order_topic_conf=data.get("orderTopicConf") or None)
+        for q in data.get("queueDatas") or []:
+            route.queue_datas.append(QueueData(str(q["brokerName"]), int(q.get("readQueueNums", 0)),
+                                               int(q.get("writeQueueNums", 0)), int(q.get("perm", 6))))
+        for b in data.get("brokerDatas") or []:
+            addrs = {int(k): str(v) for k, v in (b.get("brokerAddrs") or {}).items()}
+            route.broker_addrs[str(b["brokerName"])] = addrs
+        return route
+
+    def master_addr(self, broker_name: str) -> str | None:
+        return self.broker_addrs.get(broker_name, {}).get(0)
+
+    def write_queues(self, topic: str | None = None) -> list[MessageQueue]:
+        t = topic or self.topic
+        out = []
+        for q in sorted(self.queue_datas, key=lambda q: q.broker_name):
+            if q.perm & PERM_WRITE and self.master_addr(q.broker_name):
+                out.extend(MessageQueue(t, q.broker_name, i) for i in range(q.write_queue_nums))
+        return out
+
+    def read_queues(self, topic: str | None = None) -> list[MessageQueue]:
+        t = topic or self.topic
+        out = []
+        for q in sorted(self.queue_datas, key=lambda q: q.broker_name):
+            if q.perm & PERM_READ:
+                out.extend(MessageQueue(t, q.broker_name, i) for i in range(q.read_queue_nums))
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"topic": self.topic,
+                "queues": [{"broker_name": q.broker_name, "read_queue_nums": q.read_queue_nums,
+                            "write_queue_nums": q.write_queue_nums, "perm": q.perm}
+                           for q in self.queue_datas],
+                "brokers": {n: {str(i): a for i, a in addrs.items()}
+                            for n, addrs in self.broker_addrs.items()}}
+
+
+def tag_set(expression: str | None) -> set[str] | None:
+    """``"*"``/empty -> None (everything); ``"a || b"`` -> {"a", "b"}."""
+    if expression is None:
+        return None
+    expr = expression.strip()
+    if not expr or expr == "*":
+        return None
+    tags = {t.strip() for t in expr.split("||") if t.strip()}
+    return tags or None
+
+
+def matches(tags: set[str] | None, msg_tag: str | None) -> bool:
+    return tags is None or (msg_tag is not None and msg_tag in tags)
+
+
+def ids_of(results: Iterable[SendResult]) -> list[str]:
+    return [r.msg_id for r in results]

@@ -1,0 +1,746 @@
+"""Unit tests of chronomq.client against an in-process fake name server + broker written with the
+sans-IO codec (FakeBroker below). The fake implements just the protocol.md behaviour the client needs,
+so these tests pin the client's side of each request."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import threading
+import time
+import zlib
+from collections import defaultdict
+from typing import Any
+
+import pytest
+from tests.conftest import async_wait_for, free_port
+
+from chronomq import message as m
+from chronomq.client import (
+    LATER,
+    Admin,
+    ClientClosed,
+    ConnectFailed,
+    InvalidMessage,
+    Message,
+    MessageQueue,
+    MessageTooLarge,
+    NoRouteError,
+    NotPermitted,
+    Producer,
+    PullStatus,
+    PushConsumer,
+    RequestTimeout,
+    SendFailed,
+    SimpleConsumer,
+    allocate_average,
+)
+from chronomq.client.model import TopicRoute
+from chronomq.remoting.client import RemotingClient, RemotingConnectError, RemotingTimeoutError
+from chronomq.remoting.codec import (
+    FrameDecoder,
+    FrameError,
+    RemotingCommand,
+    decode_batch_body,
+    encode,
+)
+from chronomq.remoting.codes import SEND_V2_FIELDS, RequestCode, ResponseCode
+
+
+class FakeBroker:
+    """Name server and broker on one port. Messages live in memory as encoded V1 records."""
+
+    def __init__(self, broker_name: str = "broker-a", queue_nums: int = 4) -> None:
+        self.port = free_port()
+        self.addr = f"127.0.0.1:{self.port}"
+        self.broker_name = broker_name
+        self.queue_nums = queue_nums
+        self.topics: dict[str, int] = {m.DEFAULT_TOPIC: 8}
+        self.perms: dict[str, int] = {}
+        self.log: list[bytes] = []  # commit log: records in order
+        self.phys: dict[int, int] = {}  # commit-log offset -> index in log
+        self.next_phys = 0
+        self.queues: dict[tuple[str, int], list[int]] = defaultdict(list)  # -> commit-log offsets
+        self.offsets: dict[tuple[str, str, int], int] = {}
+        self.groups: dict[str, dict[str, Any]] = defaultdict(dict)  # group -> clientID -> writer
+        self.requests: list[RemotingCommand] = []
+        self.silent_codes: set[int] = set()  # never answer these
+        self.busy_codes: dict[int, int] = {}  # code -> number of SYSTEM_BUSY answers left
+        self.locks: dict[tuple[str, MessageQueue], str] = {}
+        self.server: asyncio.AbstractServer | None = None
+        self.writers: set[asyncio.StreamWriter] = set()
+        self.arrival = asyncio.Event()
+
+    async def start(self) -> None:
+        self.server = await asyncio.start_server(self._conn, "127.0.0.1", self.port)
+
+    async def stop(self) -> None:
+        assert self.server is not None
+        self.server.close()
+        for w in list(self.writers):
+            w.close()
+        await self.server.wait_closed()
+
+    async def _conn(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.writers.add(writer)
+        dec = FrameDecoder()
+        try:
+            while data := await reader.read(65536):
+                for cmd in dec.feed(data):
+                    assert not isinstance(cmd, FrameError)
+                    if cmd.is_response:
+                        continue
+                    asyncio.get_running_loop().create_task(self._answer(cmd, writer))
+        except (ConnectionError, OSError):
+            pass
+        finally:
+            self.writers.discard(writer)
+            for clients in self.groups.values():
+                for cid in [c for c, w in clients.items() if w is writer]:
+                    del clients[cid]
+
+    async def _answer(self, cmd: RemotingCommand, writer: asyncio.StreamWriter) -> None:
+        self.requests.append(cmd)
+        if cmd.code in self.silent_codes:
+            return
+        if self.busy_codes.get(cmd.code, 0) > 0:
+            self.busy_codes[cmd.code] -= 1
+            resp = cmd.response(ResponseCode.SYSTEM_BUSY, remark="busy, try later")
+        else:
+            handler = getattr(self, f"_h{cmd.code}", None)
+            if handler is None:
+                resp = cmd.response(ResponseCode.REQUEST_CODE_NOT_SUPPORTED, remark="nope")
+            else:
+                resp = handler(cmd, writer)
+                if asyncio.iscoroutine(resp):
+                    resp = await resp
+        if not cmd.is_oneway and not writer.is_closing():
+            writer.write(encode(resp))
+
+    # --- helpers -----------------------------------------------------------------------------------
+    def route_body(self, topic: str) -> bytes:
+        n = self.topics[topic]
+        return json.dumps({"orderTopicConf": None,
+                           "queueDatas": [{"brokerName": self.broker_name, "readQueueNums": n,
+                                           "writeQueueNums": n, "perm": self.perms.get(topic, 6),
+                                           "topicSysFlag": 0}],
+                           "brokerDatas": [{"cluster": "c", "brokerName": self.broker_name,
+                                            "brokerAddrs": {"0": self.addr}}],
+                           "filterServerTable": {}}).encode()
+
+    def put(self, ext: m.MessageExt) -> m.MessageExt:
+        q = self.queues[(ext.topic, ext.queue_id)]
+        ext.queue_offset = len(q)
+        ext.commit_log_offset = self.next_phys
+        ext.store_timestamp = int(time.time() * 1000)
+        ext.store_host = ("127.0.0.1", self.port)
+        rec = bytes(m.encode_record(ext))
+        self.phys[self.next_phys] = len(self.log)
+        self.log.append(rec)
+        q.append(self.next_phys)
+        self.next_phys += len(rec)
+        self.arrival.set()
+        return ext
+
+    def messages(self, topic: str, qid: int | None = None) -> list[m.MessageExt]:
+        out = []
+        for (t, q), offs in sorted(self.queues.items()):
+            if t == topic and (qid is None or q == qid):
+                out += [m.decode_record(self.log[self.phys[o]]) for o in offs]
+        return out
+
+    # --- name server ---------------------------------------------------------------------------------
+    def _h105(self, cmd: RemotingCommand, w: Any) -> RemotingCommand:
+        topic = cmd.ext_str("topic") or ""
+        if topic not in self.topics:
+            return cmd.response(ResponseCode.TOPIC_NOT_EXIST, remark=f"No topic route info for {topic}")
+        return cmd.response(body=self.route_body(topic))
+
+    def _h106(self, cmd: RemotingCommand, w: Any) -> RemotingCommand:
+        return cmd.response(body=json.dumps({"brokerAddrTable": {self.broker_name: {
+            "cluster": "c", "brokerName": self.broker_name, "brokerAddrs": {"0": self.addr}}},
+            "clusterAddrTable": {"c": [self.broker_name]}}).encode())
+
+    def _h206(self, cmd: RemotingCommand, w: Any) -> RemotingCommand:
+        return cmd.response(body=json.dumps({"topicList": sorted(self.topics)}).encode())
+
+    # --- broker --------------------------------------------------------------------------------------
+    def _h17(self, cmd: RemotingCommand, w: Any) -> RemotingCommand:
+        self.topics[cmd.require_str("topic")] = cmd.ext_int("writeQueueNums")
+        return cmd.response()
+
+    def _send(self, cmd: RemotingCommand, batch: bool) -> RemotingCommand:
+        ext = {SEND_V2_FIELDS.get(k, k): v for k, v in cmd.ext_fields.items()}
+        c = RemotingCommand(code=cmd.code, ext_fields=ext)
+        topic = c.require_str("topic")
+        if self.perms.get(topic, 6) & 2 == 0:
+            return cmd.response(ResponseCode.NO_PERMISSION, remark=f"topic {topic} is not writable")
+        if topic not in self.topics:
+            self.topics[topic] = min(c.ext_int("defaultTopicQueueNums"), self.queue_nums)
+        qid = c.ext_int("queueId")
+        items = decode_batch_body(cmd.body) if batch else None
+        base = dict(sys_flag=c.ext_int("sysFlag"), born_timestamp=c.ext_int("bornTimestamp"), queue_id=qid,
+                    born_host=("127.0.0.1", 1))
+        if items is None:
+            exts = [self.put(m.MessageExt(topic=topic, body=cmd.body, flag=c.ext_int("flag"),
+                                          properties=m.decode_properties(c.ext_str("properties", "")),
+                                          **base))]
+        else:
+            exts = [self.put(m.MessageExt(topic=topic, body=it.body, flag=it.flag, properties=it.properties,
+                                          **base)) for it in items]
+        return cmd.response(ext_fields={"msgId": ",".join(x.msg_id for x in exts), "queueId": qid,
+                                        "queueOffset": exts[0].queue_offset})
+
+    def _h10(self, cmd: RemotingCommand, w: Any) -> RemotingCommand:
+        return self._send(cmd, cmd.ext_str("batch") in ("1", "true"))
+
+    def _h310(self, cmd: RemotingCommand, w: Any) -> RemotingCommand:
+        return self._send(cmd, False)
+
+    def _h320(self, cmd: RemotingCommand, w: Any) -> RemotingCommand:
+        return self._send(cmd, True)
+
+    async def _h11(self, cmd: RemotingCommand, w: Any) -> RemotingCommand:
+        topic, qid, off = cmd.require_str("topic"), cmd.ext_int("queueId"), cmd.ext_int("queueOffset")
+        q = self.queues[(topic, qid)]
+        if off == len(q) and cmd.ext_int("sysFlag") & 2:
+            deadline = time.monotonic() + min(cmd.ext_int("suspendTimeoutMillis") / 1000, 1.0)
+            while len(q) == off and time.monotonic() < deadline:
+                self.arrival.clear()
+                try:
+                    await asyncio.wait_for(self.arrival.wait(), deadline - time.monotonic())
+                except TimeoutError:
+                    break
+        ext = {"minOffset": 0, "maxOffset": len(q), "suggestWhichBrokerId": 0}
+        if off > len(q):
+            return cmd.response(ResponseCode.PULL_OFFSET_MOVED, {**ext, "nextBeginOffset": len(q)})
+        if off == len(q):
+            return cmd.response(ResponseCode.PULL_NOT_FOUND, {**ext, "nextBeginOffset": off})
+        sel = q[off: off + cmd.ext_int("maxMsgNums")]
+        body = b"".join(self.log[self.phys[o]] for o in sel)
+        return cmd.response(ResponseCode.SUCCESS, {**ext, "nextBeginOffset": off + len(sel)}, body)
+
+    def _h14(self, cmd: RemotingCommand, w: Any) -> RemotingCommand:
+        key = (cmd.require_str("consumerGroup"), cmd.require_str("topic"), cmd.ext_int("queueId"))
+        if key in self.offsets:
+            return cmd.response(ext_fields={"offset": self.offsets[key]})
+        return cmd.response(ResponseCode.QUERY_NOT_FOUND)
+
+    def _h15(self, cmd: RemotingCommand, w: Any) -> RemotingCommand:
+        key = (cmd.require_str("consumerGroup"), cmd.require_str("topic"), cmd.ext_int("queueId"))
+        self.offsets[key] = cmd.ext_int("commitOffset")
+        return cmd.response()
+
+    def _h30(self, cmd: RemotingCommand, w: Any) -> RemotingCommand:
+        return cmd.response(ext_fields={"offset": len(self.queues[(cmd.require_str("topic"),
+                                                                   cmd.ext_int("queueId"))])})
+
+    def _h31(self, cmd: RemotingCommand, w: Any) -> RemotingCommand:
+        return cmd.response(ext_fields={"offset": 0})
+
+    def _h29(self, cmd: RemotingCommand, w: Any) -> RemotingCommand:
+        ts = cmd.ext_int("timestamp")
+        msgs = self.messages(cmd.require_str("topic"), cmd.ext_int("queueId"))
+        off = next((x.queue_offset for x in msgs if x.store_timestamp >= ts), len(msgs))
+        return cmd.response(ext_fields={"offset": off})
+
+    def _h33(self, cmd: RemotingCommand, w: Any) -> RemotingCommand:
+        idx = self.phys.get(cmd.ext_int("offset"))
+        if idx is None:
+            return cmd.response(ResponseCode.SYSTEM_ERROR, remark="no message at that offset")
+        return cmd.response(body=self.log[idx])
+
+    def _h12(self, cmd: RemotingCommand, w: Any) -> RemotingCommand:
+        key, topic = cmd.require_str("key"), cmd.require_str("topic")
+        hits = [x for x in self.messages(topic) if key in x.keys or x.uniq_key == key]
+        if not hits:
+            return cmd.response(ResponseCode.QUERY_NOT_FOUND)
+        return cmd.response(body=b"".join(self.log[self.phys[x.commit_log_offset]] for x in hits))
+
+    def _h34(self, cmd: RemotingCommand, w: Any) -> RemotingCommand:
+        data = json.loads(cmd.body)
+        for c in data.get("consumerDataSet") or []:
+            self.groups[c["groupName"]][data["clientID"]] = w
+            for s in c["subscriptionDataSet"]:
+                if s["topic"].startswith(m.RETRY_GROUP_TOPIC_PREFIX):
+                    self.topics.setdefault(s["topic"], 1)
+        return cmd.response()
+
+    def _h35(self, cmd: RemotingCommand, w: Any) -> RemotingCommand:
+        self.groups[cmd.ext_str("consumerGroup", "") or ""].pop(cmd.ext_str("clientID", "") or "", None)
+        return cmd.response()
+
+    def _h38(self, cmd: RemotingCommand, w: Any) -> RemotingCommand:
+        ids = sorted(self.groups.get(cmd.require_str("consumerGroup"), {}))
+        return cmd.response(body=json.dumps({"consumerIdList": ids}).encode())
+
+    def _h36(self, cmd: RemotingCommand, w: Any) -> RemotingCommand:
+        group = cmd.require_str("group")
+        old = m.decode_record(self.log[self.phys[cmd.ext_int("offset")]])
+        props = dict(old.properties)
+        props.setdefault(m.PROPERTY_RETRY_TOPIC, old.topic)
+        dead = old.reconsume_times >= cmd.ext_int("maxReconsumeTimes", 16)
+        topic = (m.DLQ_GROUP_TOPIC_PREFIX if dead else m.RETRY_GROUP_TOPIC_PREFIX) + group
+        self.topics.setdefault(topic, 1)
+        self.put(m.MessageExt(topic=topic, body=old.body, properties=props, sys_flag=old.sys_flag,
+                              reconsume_times=old.reconsume_times + 1, born_timestamp=old.born_timestamp))
+        return cmd.response()
+
+    def _h41(self, cmd: RemotingCommand, w: Any) -> RemotingCommand:
+        data = json.loads(cmd.body)
+        ok = []
+        for q in data["mqSet"]:
+            mq = MessageQueue(q["topic"], q["brokerName"], q["queueId"])
+            owner = self.locks.setdefault((data["consumerGroup"], mq), data["clientId"])
+            if owner == data["clientId"]:
+                ok.append(q)
+        return cmd.response(body=json.dumps({"lockOKMQSet": ok}).encode())
+
+    def _h42(self, cmd: RemotingCommand, w: Any) -> RemotingCommand:
+        data = json.loads(cmd.body)
+        for q in data["mqSet"]:
+            mq = MessageQueue(q["topic"], q["brokerName"], q["queueId"])
+            if self.locks.get((data["consumerGroup"], mq)) == data["clientId"]:
+                del self.locks[(data["consumerGroup"], mq)]
+        return cmd.response()
+
+    def _h9001(self, cmd: RemotingCommand, w: Any) -> RemotingCommand:
+        return cmd.response(body=json.dumps({"levels": [], "early_deliveries": 0}).encode())
+
+
+@pytest.fixture
+async def broker():
+    b = FakeBroker()
+    await b.start()
+    yield b
+    await b.stop()
+
+
+def codes(b: FakeBroker) -> list[int]:
+    return [c.code for c in b.requests]
+
+
+# --- remoting transport -------------------------------------------------------------------------------
+async def test_remoting_multiplexes_out_of_order_and_recovers_after_timeout():
+    port = free_port()
+    conns = []
+
+    async def serve(reader, writer):
+        conns.append(writer)
+        dec = FrameDecoder()
+        while data := await reader.read(65536):
+            cmds = dec.feed(data)
+            for cmd in reversed(cmds):  # answer in reverse order
+                if cmd.code == 999:
+                    continue  # never answered
+                writer.write(encode(cmd.response(ext_fields={"echo": cmd.ext_str("n")})))
+
+    server = await asyncio.start_server(serve, "127.0.0.1", port)
+    client = RemotingClient()
+    addr = f"127.0.0.1:{port}"
+    try:
+        results = await asyncio.gather(*(client.invoke(addr, RemotingCommand.request(1, {"n": i}), 2.0)
+                                         for i in range(50)))
+        assert [r.ext_str("echo") for r in results] == [str(i) for i in range(50)]
+        assert len(conns) == 1  # one connection per address
+        with pytest.raises(RemotingTimeoutError):
+            await client.invoke(addr, RemotingCommand.request(999), 0.2)
+        r = await client.invoke(addr, RemotingCommand.request(1, {"n": "x"}), 2.0)
+        assert r.ext_str("echo") == "x"
+        assert len(conns) == 2  # the timed-out connection was replaced
+    finally:
+        await client.close()
+        server.close()
+        await server.wait_closed()
+    with pytest.raises(RemotingConnectError):
+        await RemotingClient().invoke(f"127.0.0.1:{free_port()}", RemotingCommand.request(1), 1.0)
+
+
+async def test_remoting_dispatches_server_requests_to_handler():
+    port = free_port()
+    got: list[RemotingCommand] = []
+    answered = asyncio.Event()
+    answer: list[RemotingCommand] = []
+
+    async def serve(reader, writer):
+        writer.write(encode(RemotingCommand.request(RequestCode.NOTIFY_CONSUMER_IDS_CHANGED,
+                                                    {"consumerGroup": "g"})))
+        dec = FrameDecoder()
+        while data := await reader.read(65536):
+            for cmd in dec.feed(data):
+                if cmd.is_response:
+                    answer.append(cmd)
+                    answered.set()
+                else:
+                    writer.write(encode(cmd.response()))
+
+    async def handler(addr, cmd):
+        got.append(cmd)
+        return cmd.response(ResponseCode.SUCCESS)
+
+    server = await asyncio.start_server(serve, "127.0.0.1", port)
+    client = RemotingClient(handler)
+    try:
+        await client.invoke(f"127.0.0.1:{port}", RemotingCommand.request(1), 2.0)
+        await asyncio.wait_for(answered.wait(), 5)
+        assert got[0].code == RequestCode.NOTIFY_CONSUMER_IDS_CHANGED
+        assert answer[0].opaque == got[0].opaque and answer[0].is_response
+    finally:
+        await client.close()
+        server.close()
+        await server.wait_closed()
+
+
+# --- model ---------------------------------------------------------------------------------------------
+def test_allocate_average_matches_rocketmq():
+    mqs = [MessageQueue("T", "b", i) for i in range(5)]
+    got = {c: allocate_average(mqs, ["c1", "c2"], c) for c in ("c1", "c2")}
+    assert [q.queue_id for q in got["c1"]] == [0, 1, 2]
+    assert [q.queue_id for q in got["c2"]] == [3, 4]
+    three = [allocate_average(mqs[:2], ["a", "b", "c"], c) for c in "abc"]
+    assert [len(x) for x in three] == [1, 1, 0]
+    assert allocate_average(mqs, ["a"], "zzz") == []
+
+
+def test_route_parse_numeric_keys_and_perms():
+    body = json.dumps({"queueDatas": [{"brokerName": "b", "readQueueNums": 2, "writeQueueNums": 3,
+                                       "perm": 4}],
+                       "brokerDatas": [{"brokerName": "b", "brokerAddrs": {0: "h:1", "1": "h:2"}}]})
+    r = TopicRoute.parse("T", body.encode())
+    assert r.master_addr("b") == "h:1"
+    assert r.write_queues() == []  # read-only topic
+    assert [q.queue_id for q in r.read_queues()] == [0, 1]
+
+
+def test_message_validation():
+    with pytest.raises(InvalidMessage):
+        Message("bad topic!", b"x").validate()
+    with pytest.raises(InvalidMessage):
+        Message("T", b"").validate()
+    with pytest.raises(InvalidMessage):
+        Message("T", b"x", properties={"UNIQ_KEY": "x"}).wire_properties()
+    with pytest.raises(InvalidMessage, match="timer"):
+        Message("T", b"x", delay=5).wire_properties()
+    p = Message("T", "x", keys=["k1", "k2"], tags="A", delay_level=2, properties={"u": "v"}).wire_properties()
+    assert p == {"u": "v", "KEYS": "k1 k2", "TAGS": "A", "DELAY": "2"}
+
+
+# --- producer ------------------------------------------------------------------------------------------
+async def test_producer_send_autocreates_and_round_robins(broker):
+    async with Producer("pg", broker.addr) as p:
+        results = [await p.send(Message("NewTopic", f"m{i}".encode(), keys="k", tags="t",
+                                        properties={"a": "b"})) for i in range(8)]
+    assert {r.queue_id for r in results} == {0, 1, 2, 3}
+    assert all(r.queue_offset == 1 for r in results[4:])
+    stored = broker.messages("NewTopic")
+    assert len(stored) == 8
+    x = stored[0]
+    assert x.properties["KEYS"] == "k" and x.properties["TAGS"] == "t" and x.properties["a"] == "b"
+    assert x.properties["UNIQ_KEY"] in {r.msg_id for r in results}
+    assert results[0].offset_msg_id == m.create_offset_msg_id(("127.0.0.1", broker.port), 0)
+    c = codes(broker)
+    assert c[:2] == [105, 105]  # topic unknown, then TBW102
+    assert RequestCode.UNREGISTER_CLIENT in c
+
+
+async def test_producer_compresses_large_bodies_and_refuses_too_large(broker):
+    broker.topics["T"] = 1
+    body = b"abc" * 5000
+    async with Producer("pg", broker.addr, max_message_size=100_000) as p:
+        await p.send(Message("T", body))
+        x = broker.messages("T")[0]
+        assert x.sys_flag & m.SYSFLAG_COMPRESSED and zlib.decompress(x.body) == body
+        with pytest.raises(MessageTooLarge):
+            await p.send(Message("T", os.urandom(200_000)))
+
+
+async def test_producer_retries_busy_broker_and_reports_failures(broker):
+    broker.topics["T"] = 2
+    broker.busy_codes[RequestCode.SEND_MESSAGE_V2] = 1
+    async with Producer("pg", broker.addr, retries=2) as p:
+        r = await p.send(Message("T", b"x"))
+        assert r.queue_offset == 0
+        broker.busy_codes[RequestCode.SEND_MESSAGE_V2] = 10
+        with pytest.raises(SendFailed) as ei:
+            await p.send(Message("T", b"x"))
+        assert len(ei.value.attempts) == 3 and "SYSTEM_BUSY" in str(ei.value)
+        broker.perms["T"] = 4  # read only: no writable queue
+        p._instance.routes.clear()
+        with pytest.raises(NoRouteError):
+            await p.send(Message("T", b"x"))
+
+
+async def test_producer_timeout_is_typed(broker):
+    broker.topics["T"] = 1
+    broker.silent_codes.add(RequestCode.SEND_MESSAGE_V2)
+    async with Producer("pg", broker.addr, send_timeout=0.3, retries=0) as p:
+        with pytest.raises(RequestTimeout):
+            await p.send(Message("T", b"x"))
+
+
+async def test_producer_no_permission_from_broker(broker):
+    broker.topics["T"] = 1
+    async with Producer("pg", broker.addr, retries=0) as p:
+        await p.send(Message("T", b"x"))  # route cached as writable
+        broker.perms["T"] = 4
+        with pytest.raises(NotPermitted):
+            await p.send(Message("T", b"x"))
+
+
+async def test_producer_batch_oneway_ordered_and_concurrent(broker):
+    broker.topics["T"] = 4
+    async with Producer("pg", broker.addr) as p:
+        r = await p.send_batch([Message("T", f"b{i}", keys=f"k{i}", tags="B") for i in range(5)])
+        assert len(r.msg_ids) == 5 and len(r.offset_msg_id.split(",")) == 5
+        got = broker.messages("T", r.queue_id)
+        assert [x.body for x in got] == [f"b{i}".encode() for i in range(5)]
+        assert [x.uniq_key for x in got] == list(r.msg_ids)
+        with pytest.raises(InvalidMessage):
+            await p.send_batch([Message("T", b"x"), Message("U", b"y")])
+        await p.send_oneway(Message("T", b"one"))
+        await async_wait_for(lambda: any(x.body == b"one" for x in broker.messages("T")))
+        ordered = [await p.send_ordered(Message("T", f"o{i}"), key="order-1") for i in range(6)]
+        assert len({r.queue_id for r in ordered}) == 1
+        many = await asyncio.gather(*(p.send(Message("T", f"c{i}")) for i in range(200)))
+        assert len({r.msg_id for r in many}) == 200
+    with pytest.raises(ClientClosed):
+        await p.send(Message("T", b"x"))
+
+
+async def test_producer_unreachable_name_server_is_typed():
+    async with Producer("pg", f"127.0.0.1:{free_port()}", retries=0) as p:
+        with pytest.raises(ConnectFailed):
+            await p.send(Message("T", b"x"))
+
+
+# --- simple consumer / admin ---------------------------------------------------------------------------
+async def test_simple_consumer_pull_and_offsets(broker):
+    broker.topics["T"] = 1
+    async with Producer("pg", broker.addr) as p:
+        for i in range(5):
+            await p.send(Message("T", f"m{i}", tags="A" if i % 2 else "B"))
+    async with SimpleConsumer("sg", broker.addr) as c:
+        (q,) = await c.queues("T")
+        res = await c.pull(q, 0, 3)
+        assert res.status == PullStatus.FOUND and [x.body for x in res.messages] == [b"m0", b"m1", b"m2"]
+        assert res.next_offset == 3 and res.max_offset == 5
+        res = await c.pull(q, 0, 32, expression="A")
+        assert [x.body for x in res.messages] == [b"m1", b"m3"]
+        res = await c.pull(q, 5, 32)
+        assert res.status == PullStatus.NO_NEW_MSG
+        res = await c.pull(q, 9, 32)
+        assert res.status == PullStatus.OFFSET_ILLEGAL and res.next_offset == 5
+        assert await c.max_offset(q) == 5 and await c.min_offset(q) == 0
+        assert await c.offset_for_timestamp(q, 0) == 0
+        assert await c.committed_offset(q) is None
+        await c.commit_offset(q, 4)
+        assert await c.committed_offset(q) == 4
+        t0 = time.monotonic()
+        waiter = asyncio.ensure_future(c.pull(q, 5, 32, timeout=5))
+        await asyncio.sleep(0.05)
+        broker.put(m.MessageExt(topic="T", body=b"late", queue_id=0))
+        res = await waiter
+        assert [x.body for x in res.messages] == [b"late"] and time.monotonic() - t0 < 4
+        with pytest.raises(NoRouteError):
+            await c.queues("Missing")
+
+
+async def test_admin_topics_progress_lookup_reset_dlq_and_stats(broker):
+    async with Admin(broker.addr) as a:
+        assert await a.create_topic("AdminT", 2) == ["broker-a"]
+        assert "AdminT" in await a.list_topics()
+        assert len(await a.queues("AdminT")) == 2
+        async with Producer("pg", broker.addr) as p:
+            rs = [await p.send(Message("AdminT", f"m{i}", keys=f"key{i} common")) for i in range(6)]
+        got = await a.get_message(rs[0].offset_msg_id)
+        assert got.body == b"m0" and got.id == rs[0].msg_id
+        by_client_id = await a.get_message(rs[1].msg_id, topic="AdminT")
+        assert by_client_id.body == b"m1"
+        common = await a.query_messages("AdminT", "common")
+        assert {x.body for x in common} == {f"m{i}".encode() for i in range(6)}
+        assert [x.body for x in await a.query_messages("AdminT", "key3")] == [b"m3"]
+        prog = await a.group_progress("G", "AdminT")
+        assert sum(r.lag for r in prog) == 6 and all(r.consumer_offset == -1 for r in prog)
+        reset = await a.reset_offsets("G", "AdminT", 0)
+        assert set(reset.values()) == {0}
+        prog = await a.group_progress("G", "AdminT")
+        assert all(r.consumer_offset == 0 for r in prog)
+        # DLQ redrive: park two messages in %DLQ%G, move them back once
+        broker.topics["%DLQ%G"] = 1
+        for i in range(2):
+            broker.put(m.MessageExt(topic="%DLQ%G", body=f"dead{i}".encode(),
+                                    properties={"RETRY_TOPIC": "AdminT", "TAGS": "x", "u": "1"}))
+        assert await a.redrive_dlq("G") == 2
+        assert await a.redrive_dlq("G") == 0
+        back = [x for x in broker.messages("AdminT") if x.body.startswith(b"dead")]
+        assert len(back) == 2 and back[0].properties["u"] == "1" and back[0].tags == "x"
+        assert "RETRY_TOPIC" not in back[0].properties
+        assert await a.delay_stats() == {"broker-a": {"levels": [], "early_deliveries": 0}}
+
+
+# --- push consumer -------------------------------------------------------------------------------------
+async def test_push_consumer_consumes_retries_and_commits(broker):
+    broker.topics["T"] = 2
+    got: list[tuple[str, int]] = []
+    fails = {"m1"}
+
+    async def listener(msg):
+        body = msg.body.decode()
+        got.append((body, msg.reconsume_times))
+        if body in fails and msg.reconsume_times == 0:
+            return LATER
+        return None
+
+    async with Producer("pg", broker.addr) as p:
+        for i in range(4):
+            await p.send(Message("T", f"m{i}", tags="A"))
+    c = PushConsumer("G", {"T": "A"}, listener, broker.addr, consume_from="first",
+                     rebalance_interval=0.2, offset_commit_interval=0.2, long_poll_timeout=0.5)
+    async with c:
+        await async_wait_for(lambda: len(got) >= 5, message="4 deliveries + 1 retry")
+        assert ("m1", 1) in got  # redelivered from %RETRY%G with the original topic
+        assert len(c.assigned_queues()) == 3  # 2 queues of T + the retry queue
+        await async_wait_for(lambda: broker.offsets.get(("G", "T", 0)) == 2
+                             and broker.offsets.get(("G", "T", 1)) == 2, message="offsets committed")
+    hb = [json.loads(x.body) for x in broker.requests if x.code == RequestCode.HEART_BEAT]
+    subs = {s["topic"] for s in hb[0]["consumerDataSet"][0]["subscriptionDataSet"]}
+    assert subs == {"T", "%RETRY%G"}
+    assert broker.requests[-1].code == RequestCode.UNREGISTER_CLIENT
+
+
+async def test_push_consumers_split_queues_and_take_over(broker):
+    broker.topics["T"] = 4
+    seen: dict[str, list[bytes]] = {"a": [], "b": []}
+
+    def make(name):
+        return PushConsumer("G2", "T", lambda msg: seen[name].append(msg.body), broker.addr,
+                            rebalance_interval=0.2, long_poll_timeout=0.3, offset_commit_interval=0.2)
+
+    a, b = make("a"), make("b")
+    await a.start()
+    await b.start()
+    try:
+        await async_wait_for(lambda: len([q for q in a.assigned_queues() if q.topic == "T"]) == 2
+                             and len([q for q in b.assigned_queues() if q.topic == "T"]) == 2,
+                             message="2+2 split")
+        await b.close()
+        await async_wait_for(lambda: len([q for q in a.assigned_queues() if q.topic == "T"]) == 4,
+                             message="takeover")
+        async with Producer("pg", broker.addr) as p:
+            for i in range(8):
+                await p.send(Message("T", f"x{i}"))
+        await async_wait_for(lambda: len(seen["a"]) == 8)
+    finally:
+        await a.close()
+        await b.close()
+
+
+async def test_push_consumer_flow_control_and_orderly(broker):
+    broker.topics["T"] = 1
+    async with Producer("pg", broker.addr) as p:
+        for i in range(30):
+            await p.send(Message("T", f"{i}"))
+    gate = asyncio.Event()
+    order: list[int] = []
+    fail_once = {5}
+
+    async def listener(msg):
+        await gate.wait()
+        n = int(msg.body)
+        if n in fail_once:
+            fail_once.discard(n)
+            return "later"
+        order.append(n)
+
+    c = PushConsumer("G3", "T", listener, broker.addr, consume_from="first", orderly=True,
+                     max_inflight_per_queue=4, pull_batch_size=2, orderly_retry_delay=0.05,
+                     rebalance_interval=0.2, long_poll_timeout=0.3)
+    async with c:
+        await async_wait_for(lambda: c._pqs and len(next(iter(c._pqs.values())).msgs) >= 4)
+        pq = next(q for q in c._pqs.values() if q.mq.topic == "T")
+        assert len(pq.msgs) <= 4 + 1  # capped (one pull batch may straddle the cap)
+        gate.set()
+        await async_wait_for(lambda: len(order) == 30)
+    assert order == list(range(30))  # in order, the failed one re-consumed locally before the next
+    assert broker.locks == {}  # unlocked on close
+    assert RequestCode.CONSUMER_SEND_MSG_BACK not in codes(broker)
+
+
+async def test_push_consumer_broadcasting_gets_everything(broker):
+    broker.topics["T"] = 2
+    seen: dict[str, list[bytes]] = {"a": [], "b": []}
+    def collector(name):
+        return lambda msg: seen[name].append(msg.body)
+
+    cs = [PushConsumer("GB", "T", collector(n), broker.addr, broadcasting=True, long_poll_timeout=0.3,
+                       rebalance_interval=0.2) for n in "ab"]
+    for c in cs:
+        await c.start()
+    try:
+        async with Producer("pg", broker.addr) as p:
+            for i in range(6):
+                await p.send(Message("T", f"x{i}"))
+        await async_wait_for(lambda: len(seen["a"]) == 6 and len(seen["b"]) == 6)
+        assert all(len(c.assigned_queues()) == 2 for c in cs)  # no retry topic in broadcasting
+    finally:
+        for c in cs:
+            await c.close()
+
+
+async def test_push_consumer_notify_triggers_rebalance(broker):
+    broker.topics["T"] = 2
+    a = PushConsumer("GN", "T", lambda msg: None, broker.addr, rebalance_interval=60, long_poll_timeout=0.3)
+    b = PushConsumer("GN", "T", lambda msg: None, broker.addr, rebalance_interval=60, long_poll_timeout=0.3)
+    await a.start()
+    try:
+        assert len([q for q in a.assigned_queues() if q.topic == "T"]) == 2
+        await b.start()
+        for w in list(broker.groups["GN"].values()):
+            w.write(encode(RemotingCommand.request(RequestCode.NOTIFY_CONSUMER_IDS_CHANGED,
+                                                   {"consumerGroup": "GN"})))
+        await async_wait_for(lambda: len([q for q in a.assigned_queues() if q.topic == "T"]) == 1,
+                             timeout=5, message="rebalance on notify, not on the 60 s timer")
+    finally:
+        await b.close()
+        await a.close()
+
+
+# --- blocking facade -----------------------------------------------------------------------------------
+def test_blocking_facade_and_no_leaked_threads():
+    before = {t.name for t in threading.enumerate()}
+    loop = asyncio.new_event_loop()
+    b = FakeBroker()
+    ready = threading.Event()
+
+    def serve():
+        asyncio.set_event_loop(loop)
+        loop.run_until_complete(b.start())
+        ready.set()
+        loop.run_forever()
+
+    t = threading.Thread(target=serve)
+    t.start()
+    ready.wait(5)
+    try:
+        got: list[bytes] = []
+        with Producer("pg", b.addr) as p:
+            r = p.send(Message("BT", b"hello"))
+            assert r.queue_offset == 0
+            p.send_batch([Message("BT", b"a"), Message("BT", b"b")])
+            with PushConsumer("BG", "BT", lambda msg: got.append(msg.body), b.addr, consume_from="first",
+                              long_poll_timeout=0.3) as c:
+                wait_until = time.monotonic() + 10
+                while len(got) < 3 and time.monotonic() < wait_until:
+                    time.sleep(0.01)
+                assert sorted(got) == [b"a", b"b", b"hello"]
+                assert c.assigned_queues()
+        with SimpleConsumer("sg", b.addr) as s, Admin(b.addr) as a:
+            qs = s.queues("BT")
+            assert sum(s.max_offset(q) for q in qs) == 3
+            assert "BT" in a.list_topics()
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        t.join(5)
+    leaked = {t.name for t in threading.enumerate()} - before
+    assert not [n for n in leaked if n.startswith("chronomq")], leaked
