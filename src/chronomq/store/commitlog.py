@@ -1,0 +1,229 @@
+"""The commit log: append-only segment files of ``mappedFileSizeCommitLog`` bytes, each named by the
+20-digit physical offset of its first byte. Records are RocketMQ's V1 stored layout (message.py,
+protocol.md 3.1), encoded outside the lock and copied in once; a record never spans two segments: when
+the rest of a segment is too small, a blank record (TOTALSIZE = rest, BLANK_MAGIC) fills it and the log
+rolls to a new segment.
+
+mmap versus pwrite (measured on this box, 2 cores, ext4 on virtio, Python 3.11, 1 KiB records,
+single writer, bench/store_append.py --raw-compare):
+  mmap slice copy into a pre-sized shared mapping ........ ~2.4 GB/s (~0.4 us per 1 KiB record)
+  os.pwrite per record ................................... ~0.75 GB/s (~1.4 us per record: one syscall each)
+  os.pwrite of 64 KiB batches (write-behind buffer) ...... ~2.1 GB/s, but a second copy and a buffer flush
+                                                             point before readers may see the bytes
+mmap won: one memcpy per put, reads are slices of the same mapping (no syscall), and msync of the
+dirty range gives SYNC_FLUSH durability. See bench/store_append.py for the live comparison.
+"""
+
+from __future__ import annotations
+
+import bisect
+import os
+import struct
+import threading
+import zlib
+from collections.abc import Iterator
+
+from chronomq.message import (
+    BLANK_MAGIC,
+    MAGIC_V1,
+    POS_BODY,
+    POS_PHYSICALOFFSET,
+    POS_STORETIMESTAMP,
+    RECORD_FIXED_SIZE,
+    SYSFLAG_BORNHOST_V6,
+    SYSFLAG_STOREHOST_V6,
+    MessageExt,
+    validate_topic,
+)
+from chronomq.store.mapped import MappedFile
+
+HEAD = struct.Struct(">iiiiiqqiq8sq8siqi")  # the record up to and including BODYLENGTH
+I32 = struct.Struct(">i")
+I64 = struct.Struct(">q")
+H16 = struct.Struct(">H")
+QQ = struct.Struct(">qq")
+PATCH = struct.Struct(">qq")  # queue offset + physical offset (adjacent fields at 20 and 28)
+BLANK_HEAD = struct.Struct(">ii")
+_HOST_MASK = ~(SYSFLAG_BORNHOST_V6 | SYSFLAG_STOREHOST_V6)
+MIN_BLANK = 8
+
+
+def pack_host(host: tuple[str, int]) -> bytes:
+    import socket
+
+    ip, port = host
+    try:
+        raw = socket.inet_aton(ip)
+    except OSError:
+        raw = b"\x00\x00\x00\x00"
+    return raw + I32.pack(port)
+
+
+def encode(msg: MessageExt, topic_b: bytes, props_b: bytes, store_host_b: bytes, born_host_b: bytes
+           ) -> bytearray:
+    """The record for ``msg`` with queue offset, physical offset and store time left 0 (patched later).
+    The body CRC is always computed here (never trusted from the caller's object)."""
+    body = msg.body
+    total = RECORD_FIXED_SIZE + len(body) + len(topic_b) + len(props_b)
+    head = HEAD.pack(total, MAGIC_V1, zlib.crc32(body) & 0x7FFFFFFF, msg.queue_id, msg.flag, 0, 0,
+                     msg.sys_flag & _HOST_MASK, msg.born_timestamp, born_host_b, 0, store_host_b,
+                     msg.reconsume_times, msg.prepared_transaction_offset, len(body))
+    return bytearray(b"".join((head, body, bytes((len(topic_b),)), topic_b, H16.pack(len(props_b)),
+                                props_b)))
+
+
+def check_record(mm, r: int, seg_start: int, seg_size: int, check_crc: bool) -> int:
+    """Validate the record at relative position ``r`` of a segment. Returns its size (> 0), 0 at the
+    clean end of the data (zeros), -1 for a blank filler that ends the segment, or -2 when the bytes are
+    not a whole valid record (torn or corrupt)."""
+    if r + MIN_BLANK > seg_size:
+        return -1 if r == seg_size else -2
+    total, magic = BLANK_HEAD.unpack_from(mm, r)
+    if total == 0 and magic == 0:
+        return 0
+    if magic == BLANK_MAGIC:
+        return -1 if total == seg_size - r else -2
+    if magic != MAGIC_V1 or total < RECORD_FIXED_SIZE or r + total > seg_size:
+        return -2
+    (_, _, crc, queue_id, _, queue_off, phys, _, _, _, _, _, _, _, body_len) = HEAD.unpack_from(mm, r)
+    if phys != seg_start + r or queue_id < 0 or queue_off < 0 or body_len < 0:
+        return -2
+    p = r + POS_BODY + body_len
+    if p + 3 > r + total:
+        return -2
+    tlen = mm[p]
+    tp = p + 1
+    if tp + tlen + 2 > r + total:
+        return -2
+    plen = H16.unpack_from(mm, tp + tlen)[0]
+    if tp + tlen + 2 + plen != r + total:
+        return -2
+    try:
+        if validate_topic(mm[tp : tp + tlen].decode()) is not None:
+            return -2
+        if plen and b"\x00" in mm[tp + tlen + 2 : r + total]:
+            return -2  # a torn write leaves zeros where the properties text should be
+    except UnicodeDecodeError:
+        return -2
+    if check_crc and (zlib.crc32(mm[r + POS_BODY : r + POS_BODY + body_len]) & 0x7FFFFFFF) != crc:
+        return -2
+    return total
+
+
+class CommitLog:
+    """Segments plus the write position. ``lock`` serialises appends (the store's put path holds it)."""
+
+    def __init__(self, directory: str, segment_size: int) -> None:
+        self.dir = directory
+        self.seg_size = segment_size
+        self.segments: list[MappedFile] = []
+        self.starts: list[int] = []
+        self.wrote = 0  # max physical offset: the end of the last record written
+        self.lock = threading.Lock()
+        self.seg_lock = threading.Lock()  # guards the segment list (roll, clean)
+        os.makedirs(directory, exist_ok=True)
+
+    # --- files --------------------------------------------------------------------------------------
+    def load(self) -> None:
+        names = sorted(n for n in os.listdir(self.dir) if n.isdigit() and len(n) == 20)
+        for n in names:
+            start = int(n)
+            if self.segments and start != self.segments[-1].end:
+                # A gap (a lost middle file) makes everything after it unreachable; keep the prefix.
+                os.replace(os.path.join(self.dir, n), os.path.join(self.dir, n + ".orphan"))
+                continue
+            mf = MappedFile(os.path.join(self.dir, n), start, self.seg_size)
+            self.segments.append(mf)
+            self.starts.append(start)
+
+    def new_segment(self, start: int) -> MappedFile:
+        mf = MappedFile(os.path.join(self.dir, f"{start:020d}"), start, self.seg_size)
+        with self.seg_lock:
+            self.segments = [*self.segments, mf]
+            self.starts = [*self.starts, start]
+        return mf
+
+    def segment_for(self, offset: int) -> MappedFile | None:
+        starts = self.starts
+        i = bisect.bisect_right(starts, offset) - 1
+        if i < 0:
+            return None
+        segs = self.segments
+        if i >= len(segs):
+            return None
+        seg = segs[i]
+        return seg if seg.start <= offset < seg.end else None
+
+    @property
+    def min_offset(self) -> int:
+        segs = self.segments
+        return segs[0].start if segs else self.wrote
+
+    # --- reads --------------------------------------------------------------------------------------
+    def read(self, offset: int, size: int) -> bytes | None:
+        seg = self.segment_for(offset)
+        if seg is None or offset + size > self.wrote:
+            return None
+        r = offset - seg.start
+        try:
+            return seg.mm[r : r + size]
+        except ValueError:
+            return None  # the segment was cleaned meanwhile
+
+    def record_at(self, offset: int) -> bytes | None:
+        """The whole record starting at ``offset``, or None (out of range, blank filler, not a record)."""
+        seg = self.segment_for(offset)
+        if seg is None or offset + RECORD_FIXED_SIZE > self.wrote:
+            return None
+        r = offset - seg.start
+        try:
+            total, magic = BLANK_HEAD.unpack_from(seg.mm, r)
+            if magic != MAGIC_V1 or total < RECORD_FIXED_SIZE or r + total > seg.file_size:
+                return None
+            if I64.unpack_from(seg.mm, r + POS_PHYSICALOFFSET)[0] != offset:
+                return None
+            return seg.mm[r : r + total]
+        except (ValueError, struct.error):
+            return None
+
+    def store_time_at(self, offset: int) -> int | None:
+        seg = self.segment_for(offset)
+        if seg is None:
+            return None
+        try:
+            return I64.unpack_from(seg.mm, offset - seg.start + POS_STORETIMESTAMP)[0]
+        except (ValueError, struct.error):
+            return None
+
+    def iter_records(self, start: int) -> Iterator[tuple[int, bytes]]:
+        """(offset, record bytes) from ``start`` (a record boundary) to the write position."""
+        off = max(start, self.min_offset)
+        while off < self.wrote:
+            seg = self.segment_for(off)
+            if seg is None:
+                return
+            r = off - seg.start
+            try:
+                total, magic = BLANK_HEAD.unpack_from(seg.mm, r) if r + 8 <= seg.file_size else (0, 0)
+            except ValueError:
+                return
+            if magic == MAGIC_V1 and total >= RECORD_FIXED_SIZE:
+                yield off, seg.mm[r : r + total]
+                off += total
+            else:  # blank filler or end of segment
+                off = seg.end
+
+    # --- flush --------------------------------------------------------------------------------------
+    def flush(self) -> int:
+        """msync everything written; returns the flushed physical offset."""
+        wrote = self.wrote
+        for seg in self.segments:
+            if seg.start >= wrote:
+                break
+            if seg.flushed < seg.written:
+                seg.flush()
+        return wrote
+
+    def close(self) -> None:
+        for seg in self.segments:
+            seg.close()

@@ -1,0 +1,223 @@
+"""Consume queues: per (topic, queueId), 20-byte units (commit-log offset int64, size int32, tagsCode
+int64) in segment files of ``mappedFileSizeConsumeQueue`` bytes named by the 20-digit byte offset of
+their first unit (RocketMQ's layout). Logical queue offset = unit index. A unit with size 0 marks the end.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import threading
+from collections.abc import Callable
+
+from chronomq.store.mapped import MappedFile
+from chronomq.store.types import CQUnit
+
+UNIT = struct.Struct(">qiq")
+UNIT_SIZE = 20
+
+
+class ConsumeQueue:
+    def __init__(self, root: str, topic: str, queue_id: int, file_size: int) -> None:
+        self.topic = topic
+        self.queue_id = queue_id
+        self.dir = os.path.join(root, topic, str(queue_id))
+        self.file_size = file_size
+        self.units_per_file = file_size // UNIT_SIZE
+        self.files: list[MappedFile] = []
+        self.max_offset = 0  # next logical offset to write
+        self.min_offset = 0  # first logical offset still readable
+        self.lock = threading.Lock()
+        self.dirty = False
+
+    # --- files --------------------------------------------------------------------------------------
+    def load(self) -> None:
+        if not os.path.isdir(self.dir):
+            return
+        names = sorted(n for n in os.listdir(self.dir) if n.isdigit() and len(n) == 20)
+        for n in names:
+            start = int(n)
+            if start % UNIT_SIZE or (self.files and start != self.files[-1].end):
+                break
+            self.files.append(MappedFile(os.path.join(self.dir, n), start, self.file_size))
+        if not self.files:
+            return
+        self.min_offset = self.files[0].start // UNIT_SIZE
+        # The end: the first unit of size 0 (units are written contiguously, so binary search works).
+        last = self.files[-1]
+        lo, hi = 0, self.units_per_file
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if UNIT.unpack_from(last.mm, mid * UNIT_SIZE)[1] > 0:
+                lo = mid + 1
+            else:
+                hi = mid
+        last.written = last.flushed = lo * UNIT_SIZE
+        for f in self.files[:-1]:
+            f.written = f.flushed = f.file_size
+        self.max_offset = last.start // UNIT_SIZE + lo
+
+    def _file_for(self, offset: int) -> MappedFile | None:
+        files = self.files
+        if not files:
+            return None
+        i = offset // self.units_per_file - files[0].start // self.file_size
+        if 0 <= i < len(files):
+            return files[i]
+        return None
+
+    def _ensure_dir(self) -> None:
+        os.makedirs(self.dir, exist_ok=True)
+
+    # --- writes (dispatcher thread) -----------------------------------------------------------------
+    def append_units(self, first_offset: int, packed: bytes | bytearray, count: int) -> None:
+        """Write ``count`` packed units whose first logical offset is ``first_offset``. Units already
+        present (re-dispatch after recovery) are skipped; a gap is filled with empty units."""
+        with self.lock:
+            if first_offset < self.max_offset:
+                skip = self.max_offset - first_offset
+                if skip >= count:
+                    return
+                packed = packed[skip * UNIT_SIZE :]
+                count -= skip
+                first_offset = self.max_offset
+            elif first_offset > self.max_offset:
+                gap = first_offset - self.max_offset
+                self._write(self.max_offset, bytes(gap * UNIT_SIZE))
+                if self.max_offset == self.min_offset + gap and gap:
+                    self.min_offset = first_offset
+            self._write(first_offset, packed)
+            self.dirty = True
+
+    def _write(self, offset: int, data: bytes | bytearray) -> None:
+        pos = 0
+        n = len(data)
+        while pos < n:
+            f = self._file_for(offset)
+            if f is None:
+                self._ensure_dir()
+                start = (offset // self.units_per_file) * self.file_size
+                f = MappedFile(os.path.join(self.dir, f"{start:020d}"), start, self.file_size)
+                if not self.files:
+                    self.min_offset = start // UNIT_SIZE
+                self.files.append(f)
+            r = offset * UNIT_SIZE - f.start
+            chunk = min(n - pos, f.file_size - r)
+            f.mm[r : r + chunk] = data[pos : pos + chunk]
+            f.written = r + chunk
+            pos += chunk
+            offset += chunk // UNIT_SIZE
+        self.max_offset = offset
+
+    def truncate_from_phys(self, phys: int) -> None:
+        """Drop every unit whose commit-log offset is >= ``phys`` (recovery)."""
+        with self.lock:
+            lo, hi = self.min_offset, self.max_offset
+            while lo < hi:
+                mid = (lo + hi) // 2
+                u = self._unit(mid)
+                if u is not None and u[0] < phys:
+                    lo = mid + 1
+                else:
+                    hi = mid
+            if lo >= self.max_offset:
+                return
+            # zero [lo, max): whole files after the one holding lo go away
+            keep = []
+            for f in self.files:
+                first = f.start // UNIT_SIZE
+                if first >= lo and first > self.min_offset:
+                    f.destroy()
+                    continue
+                keep.append(f)
+                if first <= lo < first + self.units_per_file:
+                    f.zero_tail((lo - first) * UNIT_SIZE)
+            self.files = keep
+            self.max_offset = lo
+            if not self.files:
+                self.min_offset = lo
+
+    def flush(self) -> None:
+        if not self.dirty:
+            return
+        self.dirty = False
+        for f in list(self.files):
+            if f.flushed < f.written:
+                f.flush()
+
+    # --- reads --------------------------------------------------------------------------------------
+    def _unit(self, offset: int) -> tuple[int, int, int] | None:
+        f = self._file_for(offset)
+        if f is None:
+            return None
+        try:
+            return UNIT.unpack_from(f.mm, offset * UNIT_SIZE - f.start)
+        except ValueError:
+            return None
+
+    def units(self, offset: int, max_count: int) -> list[tuple[int, int, int]]:
+        """Raw (phys, size, tagsCode) units from ``offset`` (clamped to [min, max))."""
+        out: list[tuple[int, int, int]] = []
+        offset = max(offset, self.min_offset)
+        end = min(self.max_offset, offset + max_count)
+        while offset < end:
+            f = self._file_for(offset)
+            if f is None:
+                break
+            r = offset * UNIT_SIZE - f.start
+            n = min(end - offset, (f.file_size - r) // UNIT_SIZE)
+            try:
+                out.extend(UNIT.iter_unpack(f.mm[r : r + n * UNIT_SIZE]))
+            except ValueError:
+                break
+            offset += n
+        return out
+
+    def cq_units(self, offset: int, max_count: int) -> list[CQUnit]:
+        start = max(offset, self.min_offset)
+        return [CQUnit(start + i, p, s, t) for i, (p, s, t) in enumerate(self.units(start, max_count))]
+
+    def offset_by_time(self, ts: int, store_time: Callable[[int], int | None]) -> int:
+        """The first logical offset whose message's store time is >= ``ts`` (max offset if none)."""
+        lo, hi = self.min_offset, self.max_offset
+        while lo < hi:
+            mid = (lo + hi) // 2
+            u = self._unit(mid)
+            t = store_time(u[0]) if u is not None else None
+            if t is None or t < ts:  # message gone: treat it as older than anything asked for
+                lo = mid + 1
+            else:
+                hi = mid
+        return lo
+
+    # --- cleaning -----------------------------------------------------------------------------------
+    def clean_below(self, min_phys: int) -> int:
+        """Drop whole files whose every unit points below ``min_phys`` (never the last file) and move the
+        min offset to the first unit at or above it. Returns the number of files deleted."""
+        deleted = 0
+        with self.lock:
+            while len(self.files) > 1:
+                f = self.files[0]
+                last = UNIT.unpack_from(f.mm, f.file_size - UNIT_SIZE)
+                if last[1] > 0 and last[0] < min_phys:
+                    f.destroy()
+                    self.files = self.files[1:]
+                    deleted += 1
+                else:
+                    break
+            if self.files:
+                first = self.files[0].start // UNIT_SIZE
+                lo, hi = max(first, self.min_offset), self.max_offset
+                while lo < hi:
+                    mid = (lo + hi) // 2
+                    u = self._unit(mid)
+                    if u is not None and u[0] < min_phys:
+                        lo = mid + 1
+                    else:
+                        hi = mid
+                self.min_offset = lo
+        return deleted
+
+    def close(self) -> None:
+        for f in self.files:
+            f.close()

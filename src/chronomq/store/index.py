@@ -1,0 +1,172 @@
+"""IndexFile: a hash index from "topic#key" (each KEYS word and the UNIQ_KEY) to commit-log offsets.
+
+RocketMQ's layout: a 40-byte header (begin/end store timestamp, begin/end physical offset, used slots,
+entry count), ``maxHashSlotNum`` 4-byte slots holding the newest entry number of their chain, then
+``maxIndexNum`` 20-byte entries (key hash int32, physical offset int64, seconds since the file's begin
+timestamp int32, previous entry in the chain int32). Entry 0 is unused so 0 means "none". Files are
+named by the 20-digit physical offset of their first entry; a full file is followed by a new one.
+
+Lookups return candidate offsets only: the caller reads each record and checks its topic, keys and
+store time (hash collisions, and entries left by a crash past the recovered end, are filtered there).
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import threading
+import zlib
+
+from chronomq.store.mapped import MappedFile
+
+HEADER = struct.Struct(">qqqqii")
+HEADER_SIZE = 40
+ENTRY = struct.Struct(">iqii")
+ENTRY_SIZE = 20
+I32 = struct.Struct(">i")
+
+
+def key_hash(key: str) -> int:
+    return zlib.crc32(key.encode()) & 0x7FFFFFFF
+
+
+class IndexFile:
+    def __init__(self, path: str, slot_num: int, index_num: int) -> None:
+        self.slot_num = slot_num
+        self.index_num = index_num
+        self.size = HEADER_SIZE + slot_num * 4 + index_num * ENTRY_SIZE
+        self.mf = MappedFile(path, int(os.path.basename(path)), self.size)
+        self.mm = self.mf.mm
+        self.entries_at = HEADER_SIZE + slot_num * 4
+        self.dirty = False
+        (self.begin_ts, self.end_ts, self.begin_phy, self.end_phy, self.slots_used,
+         self.count) = HEADER.unpack_from(self.mm, 0)
+        if self.count <= 0 or self.count > index_num:
+            self.count = 1
+            self.begin_ts = self.end_ts = 0
+            self.begin_phy = self.end_phy = -1
+
+    @property
+    def full(self) -> bool:
+        return self.count >= self.index_num
+
+    def put(self, h: int, phys: int, ts: int) -> None:
+        mm = self.mm
+        if self.count == 1:
+            self.begin_ts = ts
+            self.begin_phy = phys
+        slot_pos = HEADER_SIZE + (h % self.slot_num) * 4
+        prev = I32.unpack_from(mm, slot_pos)[0]
+        if prev <= 0 or prev >= self.count:
+            prev = 0
+            self.slots_used += 1
+        tdiff = (ts - self.begin_ts) // 1000
+        n = self.count
+        ENTRY.pack_into(mm, self.entries_at + n * ENTRY_SIZE, h, phys, tdiff, prev)
+        I32.pack_into(mm, slot_pos, n)
+        self.count = n + 1
+        self.end_ts = ts
+        self.end_phy = phys
+
+    def write_header(self) -> None:
+        HEADER.pack_into(self.mm, 0, self.begin_ts, self.end_ts, self.begin_phy, self.end_phy,
+                         self.slots_used, self.count)
+        self.dirty = True
+
+    def lookup(self, h: int, begin_ts: int, end_ts: int, limit: int, out: list[int]) -> None:
+        mm = self.mm
+        n = I32.unpack_from(mm, HEADER_SIZE + (h % self.slot_num) * 4)[0]
+        count = self.count
+        seen = 0
+        lo_s = (begin_ts - self.begin_ts) // 1000 - 1
+        hi_s = (end_ts - self.begin_ts) // 1000 + 1
+        while 0 < n < count and len(out) < limit and seen < count:
+            eh, phys, tdiff, prev = ENTRY.unpack_from(mm, self.entries_at + n * ENTRY_SIZE)
+            seen += 1
+            if tdiff < lo_s:
+                break  # chains run newest to oldest
+            if eh == h and tdiff <= hi_s:
+                out.append(phys)
+            if prev >= n:
+                break
+            n = prev
+
+
+class IndexService:
+    """All index files; the dispatcher thread writes, any thread queries."""
+
+    def __init__(self, directory: str, slot_num: int, index_num: int) -> None:
+        self.dir = directory
+        self.slot_num = max(1, slot_num)
+        self.index_num = max(2, index_num)
+        self.files: list[IndexFile] = []
+        self.lock = threading.Lock()
+        os.makedirs(directory, exist_ok=True)
+
+    def load(self) -> None:
+        for n in sorted(x for x in os.listdir(self.dir) if x.isdigit() and len(x) == 20):
+            path = os.path.join(self.dir, n)
+            self.files.append(IndexFile(path, self.slot_num, self.index_num))
+
+    def _active(self, phys: int) -> IndexFile:
+        if not self.files or self.files[-1].full:
+            if self.files:
+                self.files[-1].write_header()
+            f = IndexFile(os.path.join(self.dir, f"{phys:020d}"), self.slot_num, self.index_num)
+            with self.lock:
+                self.files = [*self.files, f]
+        return self.files[-1]
+
+    def put_batch(self, items: list[tuple[int, int, str, list[str] | None, str | None]]) -> None:
+        """items: (phys, store_ts, topic, keys, uniq_key)."""
+        f = None
+        for phys, ts, topic, keys, uniq in items:
+            if f is None or f.full:
+                f = self._active(phys)
+            if uniq:
+                f.put(key_hash(topic + "#" + uniq), phys, ts)
+            if keys:
+                for k in keys:
+                    if f.full:
+                        f = self._active(phys)
+                    f.put(key_hash(topic + "#" + k), phys, ts)
+        if f is not None:
+            f.write_header()
+
+    def query(self, topic: str, key: str, limit: int, begin_ts: int, end_ts: int) -> list[int]:
+        h = key_hash(topic + "#" + key)
+        out: list[int] = []
+        for f in reversed(self.files):
+            if len(out) >= limit:
+                break
+            if f.count <= 1 or f.end_ts < begin_ts or f.begin_ts > end_ts:
+                continue
+            try:
+                f.lookup(h, begin_ts, end_ts, limit, out)
+            except ValueError:
+                continue  # deleted meanwhile
+        return out
+
+    def flush(self) -> None:
+        for f in list(self.files):
+            if f.dirty and not f.mf.closed:
+                f.dirty = False
+                try:
+                    f.mm.flush()
+                except ValueError:
+                    pass
+
+    def clean_below(self, min_phys: int) -> int:
+        deleted = 0
+        with self.lock:
+            while len(self.files) > 1 and self.files[0].end_phy < min_phys:
+                self.files[0].mf.destroy()
+                self.files = self.files[1:]
+                deleted += 1
+        return deleted
+
+    def close(self) -> None:
+        for f in self.files:
+            if not f.mf.closed:
+                f.write_header()
+            f.mf.close()

@@ -1,0 +1,76 @@
+"""A fixed-size file mapped into memory: the building block of commit-log, consume-queue and index files.
+
+Writes are memory copies into the shared mapping (the page cache); ``flush`` makes a byte range durable
+with msync. A file found shorter than its nominal size (truncated by a crash or by hand) is extended with
+zeros on open, so every file of a kind has the same size and a zero TOTALSIZE marks its end.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import threading
+
+PAGE = mmap.PAGESIZE
+
+
+class MappedFile:
+    __slots__ = ("_lock", "closed", "fd", "file_size", "flushed", "mm", "path", "start", "was_short",
+                 "written")
+
+    def __init__(self, path: str, start: int, file_size: int) -> None:
+        self.path = path
+        self.start = start  # logical/physical offset of the first byte
+        self.file_size = file_size
+        self.fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        size = os.fstat(self.fd).st_size
+        self.was_short = 0 < size < file_size
+        if size != file_size:
+            os.ftruncate(self.fd, file_size)
+        self.mm = mmap.mmap(self.fd, file_size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        self.written = 0  # bytes written (relative), maintained by the owner
+        self.flushed = 0  # bytes known durable (relative)
+        self.closed = False
+        self._lock = threading.Lock()
+
+    @property
+    def end(self) -> int:
+        return self.start + self.file_size
+
+    def flush(self, upto: int | None = None) -> int:
+        """msync [flushed, upto) (relative; default: everything written). Returns the new flushed mark."""
+        with self._lock:
+            target = self.written if upto is None else min(upto, self.written)
+            if target > self.flushed and not self.closed:
+                lo = self.flushed - (self.flushed % PAGE)
+                self.mm.flush(lo, target - lo)
+                self.flushed = target
+            return self.flushed
+
+    def zero_tail(self, pos: int) -> None:
+        """Make every byte from ``pos`` (relative) to the end zero, cheaply (truncate + extend)."""
+        with self._lock:
+            self.mm.close()
+            os.ftruncate(self.fd, pos)
+            os.ftruncate(self.fd, self.file_size)
+            self.mm = mmap.mmap(self.fd, self.file_size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+            self.written = min(self.written, pos)
+            self.flushed = min(self.flushed, pos)
+
+    def close(self) -> None:
+        with self._lock:
+            if self.closed:
+                return
+            self.closed = True
+            try:
+                self.mm.close()
+            except BufferError:
+                pass  # a reader still holds a view; the mapping goes when it is released
+            os.close(self.fd)
+
+    def destroy(self) -> None:
+        self.close()
+        try:
+            os.unlink(self.path)
+        except FileNotFoundError:
+            pass

@@ -1,0 +1,281 @@
+"""MessageStore facade: put/get, consume queues, index, dispatcher, flush futures, bad input."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from chronomq.clock import VirtualClock
+from chronomq.config import BrokerConfig
+from chronomq.message import SCHEDULE_TOPIC, MessageExt, decode_record, decode_records, tags_code
+from chronomq.store import GetStatus, MessageStore, PutStatus
+
+
+def make_config(tmp_path, **kw) -> BrokerConfig:
+    base = dict(storePathRootDir=str(tmp_path / "store"), mappedFileSizeCommitLog=16 * 1024,
+                mappedFileSizeConsumeQueue=20 * 32, maxHashSlotNum=64, maxIndexNum=128,
+                messageDelayLevel="1s 5s 10s")
+    base.update(kw)
+    return BrokerConfig(**base)
+
+
+@pytest.fixture
+def clock() -> VirtualClock:
+    return VirtualClock()
+
+
+@pytest.fixture
+def store(tmp_path, clock):
+    s = MessageStore(make_config(tmp_path), clock, ("10.0.0.7", 10911))
+    s.start()
+    yield s
+    s.shutdown()
+
+
+def msg(topic="TopicA", body=b"hello", qid=0, **props) -> MessageExt:
+    return MessageExt(topic=topic, body=body, queue_id=qid, properties=dict(props),
+                      born_timestamp=123, born_host=("192.168.1.2", 5555))
+
+
+def test_put_then_get_returns_the_stored_record(store, clock):
+    r = store.put_message(msg(body=b"abc", TAGS="t1", KEYS="k1 k2", UNIQ_KEY="U1"))
+    assert r.ok and r.flushed is None
+    a = r.append
+    assert a.wrote_offset == 0 and a.queue_offset == 0 and a.store_timestamp == clock.now_ms()
+    assert store.wait_dispatched(a.wrote_offset, 5)
+    g = store.get_message("TopicA", 0, 0, 32)
+    assert g.status is GetStatus.FOUND and g.next_begin_offset == 1 and g.max_offset == 1
+    m = decode_record(g.messages[0], check_crc=True)
+    assert (m.topic, m.body, m.queue_id, m.queue_offset, m.commit_log_offset) == ("TopicA", b"abc", 0, 0, 0)
+    assert m.store_host == ("10.0.0.7", 10911) and m.born_host == ("192.168.1.2", 5555)
+    assert m.properties == {"TAGS": "t1", "KEYS": "k1 k2", "UNIQ_KEY": "U1"}
+    assert m.msg_id == a.msg_id
+    assert store.read_record(0) == g.messages[0]
+    assert store.look_message_by_offset(0).body == b"abc"
+    [u] = store.get_cq_units("TopicA", 0, 0, 10)
+    assert (u.queue_offset, u.commit_log_offset, u.size, u.tags_code) == (0, 0, m.store_size, tags_code("t1"))
+
+
+def test_get_statuses(store):
+    assert store.get_message("Nope", 0, 0, 1).status is GetStatus.NO_MATCHED_LOGIC_QUEUE
+    for i in range(3):
+        store.put_message(msg(body=bytes([i])))
+    store.wait_dispatched(store.max_phy_offset, 5)
+    assert store.get_message("TopicA", 0, 3, 1).status is GetStatus.OFFSET_OVERFLOW_ONE
+    assert store.get_message("TopicA", 0, 9, 1).status is GetStatus.OFFSET_OVERFLOW_BADLY
+    g = store.get_message("TopicA", 0, 1, 1)
+    assert g.status is GetStatus.FOUND and g.next_begin_offset == 2
+    assert decode_record(g.messages[0]).body == b"\x01"
+    g = store.get_message("TopicA", 0, 0, 10, tag_filter=lambda tc: False)
+    assert g.status is GetStatus.NO_MATCHED_MESSAGE and g.next_begin_offset == 3
+    # max_bytes bounds a pull, but at least one message is returned
+    g = store.get_message("TopicA", 0, 0, 10, max_bytes=1)
+    assert g.message_count == 1
+
+
+def test_tag_filter_uses_tags_code(store):
+    for i in range(6):
+        store.put_message(msg(body=bytes([i]), TAGS="a" if i % 2 else "b"))
+    store.wait_dispatched(store.max_phy_offset, 5)
+    want = tags_code("a")
+    g = store.get_message("TopicA", 0, 0, 32, tag_filter=lambda tc: tc == want)
+    assert [decode_record(b).body for b in g.messages] == [b"\x01", b"\x03", b"\x05"]
+
+
+def test_segments_roll_without_splitting_records(store):
+    body = b"z" * 3000
+    offs = [store.put_message(msg(body=body, qid=i % 2)).append.wrote_offset for i in range(20)]
+    seg = 16 * 1024
+    for o in offs:
+        assert o // seg == (o + 3000 + 91 + 6 - 1) // seg  # wholly inside one segment
+    assert len(store._cl.segments) > 3
+    msgs = list(store.iter_messages(0))
+    assert [m.commit_log_offset for m in msgs] == offs
+    store.wait_dispatched(store.max_phy_offset, 5)
+    assert store.get_max_offset_in_queue("TopicA", 0) == 10
+    got = store.get_message("TopicA", 1, 0, 32, max_bytes=1 << 20)
+    assert [decode_record(b).commit_log_offset for b in got.messages] == offs[1::2]
+
+
+def test_consume_queue_files_roll(store):
+    # 32 units per CQ file: 100 entries use 4 files
+    for i in range(100):
+        store.put_message(msg(body=str(i).encode()))
+    store.wait_dispatched(store.max_phy_offset, 5)
+    units = store.get_cq_units("TopicA", 0, 0, 200)
+    assert [u.queue_offset for u in units] == list(range(100))
+    g = store.get_message("TopicA", 0, 30, 5)
+    assert [decode_record(b).body for b in g.messages] == [b"30", b"31", b"32", b"33", b"34"]
+
+
+def test_offset_by_time_and_earliest(store, clock):
+    t0 = clock.now_ms()
+    for i in range(10):
+        store.put_message(msg(body=bytes([i])))
+        clock.advance_sync(1000)
+    store.wait_dispatched(store.max_phy_offset, 5)
+    assert store.get_earliest_message_time("TopicA", 0) == t0
+    assert store.get_offset_in_queue_by_time("TopicA", 0, t0 - 5) == 0
+    assert store.get_offset_in_queue_by_time("TopicA", 0, t0 + 3000) == 3
+    assert store.get_offset_in_queue_by_time("TopicA", 0, t0 + 3001) == 4
+    assert store.get_offset_in_queue_by_time("TopicA", 0, t0 + 99_000) == 10
+    assert store.get_earliest_message_time("Nope", 0) == -1
+
+
+def test_query_by_key_and_uniq_key(store, clock):
+    t0 = clock.now_ms()
+    for i in range(300):  # 128 entries per index file: several files
+        store.put_message(msg(body=str(i).encode(), KEYS=f"order-{i % 7} all", UNIQ_KEY=f"U{i}"))
+        clock.advance_sync(10)
+    store.put_message(msg(topic="Other", KEYS="all"))
+    store.wait_dispatched(store.max_phy_offset, 5)
+    got = store.query_message("TopicA", "order-3", 1000, 0, 2**62)
+    assert [int(m.body) for m in got] == [i for i in range(300) if i % 7 == 3]
+    assert [m.body for m in store.query_message("TopicA", "U42", 10, 0, 2**62)] == [b"42"]
+    newest = store.query_message("TopicA", "all", 5, 0, 2**62)
+    assert [int(m.body) for m in newest] == [295, 296, 297, 298, 299]
+    window = store.query_message("TopicA", "all", 1000, t0 + 1000, t0 + 1990)
+    assert [int(m.body) for m in window] == list(range(100, 200))
+    assert store.query_message("TopicA", "missing", 10, 0, 2**62) == []
+    assert len(store.query_message("Other", "all", 10, 0, 2**62)) == 1
+
+
+def test_schedule_topic_tags_code_is_deliver_time(store, clock):
+    r = store.put_message(msg(topic=SCHEDULE_TOPIC, qid=1, DELAY="2", REAL_TOPIC="TopicA", REAL_QID="0"))
+    r9 = store.put_message(msg(topic=SCHEDULE_TOPIC, qid=2, DELAY="9"))
+    store.wait_dispatched(store.max_phy_offset, 5)
+    [u] = store.get_cq_units(SCHEDULE_TOPIC, 1, 0, 10)
+    assert u.tags_code == r.append.store_timestamp + 5000
+    [u9] = store.get_cq_units(SCHEDULE_TOPIC, 2, 0, 10)
+    assert u9.tags_code == r9.append.store_timestamp + 10_000  # clamped to the last level
+
+
+def test_batch_put_contiguous(store):
+    msgs = [msg(body=bytes([i]), qid=3) for i in range(5)]
+    r = store.put_messages(msgs)
+    assert r.ok and r.append.msg_count == 5 and r.append.queue_offset == 0
+    assert len(r.append.msg_id.split(",")) == 5
+    store.wait_dispatched(store.max_phy_offset, 5)
+    assert [u.queue_offset for u in store.get_cq_units("TopicA", 3, 0, 10)] == [0, 1, 2, 3, 4]
+    bad = store.put_messages([msg(qid=1), msg(qid=2)])
+    assert bad.status is PutStatus.MESSAGE_ILLEGAL
+
+
+@pytest.mark.parametrize("m, status, words", [
+    (msg(topic="bad topic"), PutStatus.MESSAGE_ILLEGAL, "characters"),
+    (msg(topic="x" * 128), PutStatus.MESSAGE_ILLEGAL, "longer"),
+    (msg(topic=""), PutStatus.MESSAGE_ILLEGAL, "empty"),
+    (msg(body=b"x" * 5000), PutStatus.MESSAGE_ILLEGAL, "maxMessageSize"),
+    (msg(big="v" * 40000), PutStatus.PROPERTIES_SIZE_EXCEEDED, "properties"),
+    (msg(**{"k\x01": "v"}), PutStatus.MESSAGE_ILLEGAL, "separator"),
+    (msg(qid=-1), PutStatus.MESSAGE_ILLEGAL, "queue id"),
+])
+def test_bad_input_writes_nothing(tmp_path, clock, m, status, words):
+    s = MessageStore(make_config(tmp_path, maxMessageSize=4096), clock)
+    s.start()
+    try:
+        r = s.put_message(m)
+        assert r.status is status and words in r.error
+        assert s.max_phy_offset == 0 and s.topics() == []
+        assert s.put_message(msg()).ok  # the store still works
+    finally:
+        s.shutdown()
+
+
+def test_record_larger_than_segment_is_rejected(tmp_path, clock):
+    s = MessageStore(make_config(tmp_path, maxMessageSize=64 * 1024), clock)
+    s.start()
+    try:
+        r = s.put_message(msg(body=b"x" * 20000))
+        assert r.status is PutStatus.MESSAGE_ILLEGAL and "segment" in r.error
+    finally:
+        s.shutdown()
+
+
+def test_put_after_shutdown_is_service_not_available(tmp_path, clock):
+    s = MessageStore(make_config(tmp_path), clock)
+    s.start()
+    s.shutdown()
+    assert s.put_message(msg()).status is PutStatus.SERVICE_NOT_AVAILABLE
+
+
+def test_arrival_listener_sees_new_max_offset(store):
+    seen = []
+    ev = threading.Event()
+
+    def listener(topic, qid, max_offset, ts):
+        seen.append((topic, qid, max_offset))
+        if max_offset == 3:
+            ev.set()
+
+    store.add_arrival_listener(listener)
+    for _ in range(3):
+        store.put_message(msg(qid=2))
+    assert ev.wait(5)
+    assert seen[-1] == ("TopicA", 2, 3)
+    assert all(t == "TopicA" and q == 2 for t, q, _ in seen)
+
+
+def test_sync_flush_group_commit(tmp_path, clock):
+    cfg = make_config(tmp_path, flushDiskType="SYNC_FLUSH", mappedFileSizeCommitLog=1 << 20)
+    s = MessageStore(cfg, clock)
+    s.start()
+    try:
+        results = []
+        lock = threading.Lock()
+
+        def writer(k):
+            for i in range(50):
+                r = s.put_message_and_wait(msg(body=f"{k}-{i}".encode(), qid=k % 4))
+                with lock:
+                    results.append(r)
+
+        threads = [threading.Thread(target=writer, args=(k,)) for k in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        assert len(results) == 400 and all(r.ok for r in results)
+        assert all(r.flushed.done() and r.flushed.result() for r in results)
+        assert s._cl_flushed >= max(r.append.wrote_offset + r.append.wrote_bytes for r in results)
+        nowait = s.put_message(msg(WAIT="false"))
+        assert nowait.ok and nowait.flushed is None
+    finally:
+        s.shutdown()
+
+
+def test_clean_restart_keeps_everything(tmp_path, clock):
+    cfg = make_config(tmp_path)
+    s = MessageStore(cfg, clock)
+    s.start()
+    for i in range(40):
+        s.put_message(msg(body=b"b" * 700, qid=i % 3, KEYS=f"k{i}"))
+    s.shutdown()
+    s2 = MessageStore(cfg, clock)
+    s2.start()
+    try:
+        assert not s2.recovered_abnormally
+        assert [s2.get_max_offset_in_queue("TopicA", q) for q in range(3)] == [14, 13, 13]
+        assert s2.query_message("TopicA", "k7", 5, 0, 2**62)[0].queue_offset == 2
+        g = s2.get_message("TopicA", 1, 0, 32, max_bytes=1 << 20)
+        assert [m.queue_offset for m in decode_records(b"".join(g.messages))] == list(range(13))
+        r = s2.put_message(msg(qid=1))
+        assert r.append.queue_offset == 13 and r.append.wrote_offset == s.max_phy_offset
+    finally:
+        s2.shutdown()
+
+
+def test_store_times_never_go_backwards(store, clock):
+    a = store.put_message(msg()).append.store_timestamp
+    clock._now -= 5000  # a wall clock stepping back
+    b = store.put_message(msg()).append.store_timestamp
+    assert b >= a
+
+
+def test_topics_and_queue_ids(store):
+    store.put_message(msg(topic="T1", qid=2))
+    store.put_message(msg(topic="T2", qid=0))
+    store.put_message(msg(topic="T1", qid=0))
+    store.wait_dispatched(store.max_phy_offset, 5)
+    assert store.topics() == ["T1", "T2"] and store.queue_ids("T1") == [0, 2]
