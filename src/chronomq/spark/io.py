@@ -1,0 +1,462 @@
+"""Talking to chronomq from Spark: queue discovery and offset resolution (driver side), reading one
+queue range into Arrow batches and writing rows through a batched async producer (executor side).
+
+Everything here goes through chronomq.client's blocking facade (one background event-loop thread per
+Python process, shared), so it works the same in Spark's planner worker, its executors and tests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import re
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import pyarrow as pa
+
+from chronomq.client import (
+    Admin,
+    ClientError,
+    Message,
+    MessageQueue,
+    NoRouteError,
+    Producer,
+    PullStatus,
+    SimpleConsumer,
+)
+from chronomq.message import DEFAULT_TOPIC, SCHEDULE_TOPIC
+
+from .offsets import QueueKey, QueueRange
+from .options import EARLIEST, LATEST, OffsetSpec, ReadOptions, WriteOptions
+from .schema import DEFAULT_LEVELS_MS, messages_to_batch, row_uniq_key, to_epoch_ms
+
+log = logging.getLogger("chronomq.spark")
+T = TypeVar("T")
+
+READER_GROUP = "chronomq_spark_reader"
+# Topics a subscribePattern never matches (name them with 'subscribe' to read them anyway).
+SYSTEM_TOPICS = {SCHEDULE_TOPIC, DEFAULT_TOPIC, "OFFSET_MOVED_EVENT", "SELF_TEST_TOPIC", "BenchmarkTest",
+                 "TRANS_CHECK_MAX_TIME_TOPIC", "RMQ_SYS_TRANS_HALF_TOPIC", "RMQ_SYS_TRACE_TOPIC"}
+
+
+class ChronomqSparkError(RuntimeError):
+    """A failure of the chronomq data source that the user must act on (the message says what to do)."""
+
+
+class DataLossError(ChronomqSparkError):
+    """Requested offsets are no longer on the broker (cleaned away) and failOnDataLoss is true."""
+
+
+def key_of(mq: MessageQueue) -> QueueKey:
+    return (mq.topic, mq.broker_name, mq.queue_id)
+
+
+def _run(proxy: Any, make: Callable[[Any], Awaitable[T]], timeout: float | None = None) -> T:
+    """Run ``make(async_client)`` on the client's loop thread and wait for it."""
+    fut = asyncio.run_coroutine_threadsafe(_call(make, proxy.async_client), proxy.loop)
+    return fut.result(timeout)
+
+
+async def _call(make: Callable[[Any], Awaitable[T]], client: Any) -> T:
+    return await make(client)
+
+
+# --- driver side: queues and offsets ----------------------------------------------------------------------
+class Metadata:
+    """Queue discovery and offset lookups for the driver (batch planning, the stream reader)."""
+
+    def __init__(self, opts: ReadOptions) -> None:
+        self.opts = opts
+        self._consumer: Any = None
+        self._admin: Any = None
+
+    def _c(self) -> Any:
+        if self._consumer is None:
+            self._consumer = SimpleConsumer(READER_GROUP, self.opts.namesrv,
+                                            request_timeout=self.opts.request_timeout_s).blocking()
+        return self._consumer
+
+    def _a(self) -> Any:
+        if self._admin is None:
+            self._admin = Admin(self.opts.namesrv, request_timeout=self.opts.request_timeout_s).blocking()
+        return self._admin
+
+    def close(self) -> None:
+        for proxy in (self._consumer, self._admin):
+            if proxy is not None:
+                try:
+                    proxy.close()
+                except Exception as e:  # closing must not hide the real outcome
+                    log.debug("closing a chronomq client failed: %s", e)
+        self._consumer = self._admin = None
+
+    # topics and queues
+    def topics(self) -> list[str]:
+        named = self.opts.named_topics()
+        if named is not None:
+            return named
+        assert self.opts.subscribe_pattern is not None
+        rx = re.compile(self.opts.subscribe_pattern)
+        admin = self._a()
+        names = set(admin.list_topics())
+        try:
+            hidden = set(admin.brokers())  # brokers register their own names as topics in RocketMQ
+        except ClientError:
+            hidden = set()
+        return sorted(t for t in names if rx.fullmatch(t) and t not in SYSTEM_TOPICS and t not in hidden
+                      and not t.startswith("rmq_sys_"))
+
+    def queues(self, *, missing_ok: bool) -> list[MessageQueue]:
+        c = self._c()
+        out: list[MessageQueue] = []
+        for topic in self.topics():
+            try:
+                qs = c.queues(topic, refresh=True)
+            except NoRouteError as e:
+                if missing_ok or self.opts.subscribe_pattern is not None:
+                    log.info("chronomq: topic %s has no route yet (%s)", topic, e)
+                    continue
+                raise ChronomqSparkError(f"cannot read topic {topic!r}: {e}") from None
+            if self.opts.assign is not None:
+                wanted = self.opts.assign.get(topic, {})
+                have = {(q.broker_name, q.queue_id) for q in qs}
+                missing = sorted((b, q) for b, ids in wanted.items() for q in ids if (b, q) not in have)
+                if missing and not missing_ok:
+                    raise ChronomqSparkError(f"option 'assign': topic {topic!r} has no queue(s) {missing}; "
+                                             f"it has {sorted(have)}")
+                qs = [q for q in qs if q.queue_id in wanted.get(q.broker_name, ())]
+            out.extend(qs)
+        return sorted(out)
+
+    def bounds(self, queues: Sequence[MessageQueue]) -> dict[QueueKey, tuple[int, int]]:
+        """(min offset, max offset) of every queue, asked concurrently."""
+        if not queues:
+            return {}
+
+        async def ask(c: Any) -> list[tuple[int, int]]:
+            async def one(q: MessageQueue) -> tuple[int, int]:
+                lo, hi = await asyncio.gather(c.min_offset(q), c.max_offset(q))
+                return lo, hi
+            return await asyncio.gather(*(one(q) for q in queues))
+
+        res = _run(self._c(), ask)
+        return {key_of(q): r for q, r in zip(queues, res, strict=True)}
+
+    def offsets_for_time(self, queues: Sequence[MessageQueue], ts: int) -> dict[QueueKey, int]:
+        async def ask(c: Any) -> list[int]:
+            return await asyncio.gather(*(c.offset_for_timestamp(q, ts) for q in queues))
+
+        res = _run(self._c(), ask) if queues else []
+        return {key_of(q): int(r) for q, r in zip(queues, res, strict=True)}
+
+    def levels_ms(self) -> list[int]:
+        """The broker's delay-level table (chronomq's stats request), else RocketMQ's default table."""
+        try:
+            stats = self._a().delay_stats()
+            for s in stats.values():
+                levels = sorted(s.get("levels") or [], key=lambda x: x["level"])
+                if levels:
+                    return [int(x["delay_ms"]) for x in levels]
+        except Exception as e:
+            log.debug("chronomq: delay stats unavailable (%s); using the default level table", e)
+        return list(DEFAULT_LEVELS_MS)
+
+    # resolving an offset spec against the broker
+    def resolve(self, spec: OffsetSpec, queues: Sequence[MessageQueue],
+                bounds: dict[QueueKey, tuple[int, int]], default: int, name: str,
+                timestamp: int | None = None) -> dict[QueueKey, int]:
+        """Concrete offsets per queue. Queues a JSON spec does not name get ``default`` (-2/-1).
+        Offsets below a queue's min are data loss (failOnDataLoss), above its max are clamped."""
+        by_time = self.offsets_for_time(queues, timestamp) if timestamp is not None else {}
+        out: dict[QueueKey, int] = {}
+        for q in queues:
+            k = key_of(q)
+            lo, hi = bounds[k]
+            if timestamp is not None:
+                out[k] = min(max(by_time[k], lo), hi)
+                continue
+            want = spec.for_queue(*k)
+            if want is None:
+                want = default
+            if want == EARLIEST:
+                out[k] = lo
+            elif want == LATEST:
+                out[k] = hi
+            elif want < lo:
+                msg = (f"{name}: {q} offset {want} is no longer available (the oldest retained offset is "
+                       f"{lo}: older messages were cleaned)")
+                if self.opts.fail_on_data_loss:
+                    raise DataLossError(msg + "; set failOnDataLoss=false to start at the oldest retained "
+                                        "message instead")
+                log.warning("chronomq: %s; starting at %d (failOnDataLoss=false)", msg, lo)
+                out[k] = lo
+            elif want > hi:
+                log.warning("chronomq: %s: %s offset %d is beyond the end of the queue (%d); using %d",
+                            name, q, want, hi, hi)
+                out[k] = hi
+            else:
+                out[k] = want
+        return out
+
+
+# --- executor side: reading one range ----------------------------------------------------------------------
+@dataclass(frozen=True)
+class ReadSettings:
+    """What an executor needs to read (picklable, small)."""
+
+    namesrv: str
+    tag_expression: str
+    fail_on_data_loss: bool
+    pull_batch_size: int
+    request_timeout_s: float
+    levels_ms: tuple[int, ...] = field(default_factory=lambda: tuple(DEFAULT_LEVELS_MS))
+    rows_per_batch: int = 4096
+
+    @classmethod
+    def of(cls, opts: ReadOptions, levels_ms: Sequence[int]) -> ReadSettings:
+        return cls(opts.namesrv, opts.tag_expression, opts.fail_on_data_loss, opts.pull_batch_size,
+                   opts.request_timeout_s, tuple(levels_ms))
+
+
+def read_range(settings: ReadSettings, qr: QueueRange, schema: pa.Schema) -> Iterator[pa.RecordBatch]:
+    """Every message of ``[qr.start, qr.end)`` (matching the tag expression) as Arrow batches.
+
+    Pulls are pipelined: the next pull is in flight while the previous answer is converted."""
+    if qr.end <= qr.start:
+        return
+    mq = MessageQueue(qr.topic, qr.broker, qr.queue_id)
+    proxy = SimpleConsumer(READER_GROUP, settings.namesrv,
+                           request_timeout=settings.request_timeout_s).blocking()
+    try:
+        offset = qr.start
+        pending: list[Any] = []
+        npending = 0
+
+        def pull_at(off: int) -> Any:
+            n = min(settings.pull_batch_size, qr.end - off)
+            return proxy.submit("pull", mq, off, n, expression=settings.tag_expression)
+
+        fut = pull_at(offset)
+        while True:
+            res = fut.result(settings.request_timeout_s + 30)
+            fut = None
+            if res.status == PullStatus.FOUND:
+                msgs = [m for m in res.messages if qr.start <= m.queue_offset < qr.end]
+                nxt = max(res.next_offset, offset + 1)
+            elif res.status == PullStatus.NO_MATCHED_MSG:
+                msgs = []
+                nxt = res.next_offset
+                if nxt <= offset:
+                    raise ChronomqSparkError(f"reading {mq}: the broker made no progress at offset {offset} "
+                                             f"(next offset {nxt})")
+            elif res.status == PullStatus.OFFSET_ILLEGAL and offset < res.min_offset:
+                nxt = _lost(settings, mq, offset, min(res.min_offset, qr.end), qr.end)
+                msgs = []
+            else:
+                # NO_NEW_MSG or an offset beyond the end: the planned messages are not there (any more)
+                msgs = []
+                if offset < res.min_offset:
+                    nxt = _lost(settings, mq, offset, min(res.min_offset, qr.end), qr.end)
+                else:
+                    _lost(settings, mq, offset, qr.end, qr.end, beyond=res.max_offset)
+                    nxt = qr.end
+            offset = nxt
+            if offset < qr.end:
+                fut = pull_at(offset)  # in flight while we convert
+            if msgs:
+                pending.extend(msgs)
+                npending += len(msgs)
+                if npending >= settings.rows_per_batch:
+                    yield messages_to_batch(pending, qr.topic, qr.broker, qr.queue_id, settings.levels_ms,
+                                            schema)
+                    pending, npending = [], 0
+            if fut is None:
+                break
+        if pending:
+            yield messages_to_batch(pending, qr.topic, qr.broker, qr.queue_id, settings.levels_ms, schema)
+    finally:
+        proxy.close()
+
+
+def _lost(settings: ReadSettings, mq: MessageQueue, frm: int, to: int, end: int,
+          beyond: int | None = None) -> int:
+    if beyond is not None:
+        what = (f"{mq}: offsets {frm}..{end - 1} were planned but the queue now ends at {beyond} "
+                "(the broker lost or truncated them)")
+    else:
+        what = f"{mq}: offsets {frm}..{to - 1} were cleaned away before they could be read"
+    if settings.fail_on_data_loss:
+        raise DataLossError(f"data loss: {what}. Set failOnDataLoss=false to skip them (they are logged)")
+    log.warning("chronomq: data loss skipped (failOnDataLoss=false): %s", what)
+    return to
+
+
+# --- executor side: writing ---------------------------------------------------------------------------------
+@dataclass
+class WriteStats:
+    rows: int = 0
+    topics: dict[str, int] = field(default_factory=dict)
+
+
+class _PresetIds:
+    """Feeds caller-chosen UNIQ_KEYs to a Producer whose Message type has no ``uniq_key`` field yet
+    (see /tmp/brief/client-requests.md). Ids are pushed right before a send and consumed synchronously
+    by the producer's message preparation (before its first await), so concurrent sends cannot mix."""
+
+    def __init__(self, fallback: Any) -> None:
+        self.fallback = fallback
+        self.pending: collections.deque[str] = collections.deque()
+
+    def next(self) -> str:
+        return self.pending.popleft() if self.pending else self.fallback.next()
+
+
+_HAS_UNIQ_FIELD = "uniq_key" in getattr(Message, "__dataclass_fields__", {})
+
+
+def _column(batch: pa.RecordBatch, name: str) -> list[Any] | None:
+    idx = batch.schema.get_field_index(name)
+    if idx < 0:
+        return None
+    return batch.column(idx).to_pylist()
+
+
+def batch_to_messages(batch: pa.RecordBatch, topic_option: str | None) -> list[tuple[Message, bool]]:
+    """Arrow rows -> (client Message, is_delayed). Raises ValueError with the row's problem."""
+    n = batch.num_rows
+    values = _column(batch, "value") or [None] * n
+    topics = _column(batch, "topic")
+    key = _column(batch, "key")
+    keys = _column(batch, "keys")
+    tags = _column(batch, "tags")
+    props = _column(batch, "properties")
+    delay_level = _column(batch, "delay_level")
+    delay_ms = _column(batch, "delay_ms")
+    deliver_at = _column(batch, "deliver_at")
+    out: list[tuple[Message, bool]] = []
+    for i in range(n):
+        v = values[i]
+        if v is None:
+            raise ValueError(f"row {i}: 'value' is null (a message needs a body)")
+        topic = topic_option or (topics[i] if topics is not None else None)
+        if not topic:
+            raise ValueError(f"row {i}: no topic (the 'topic' column is null and no 'topic' option is set)")
+        ks: list[str] = []
+        if key is not None and key[i] is not None:
+            k = key[i]
+            ks.append(k.decode() if isinstance(k, bytes | bytearray) else str(k))
+        if keys is not None and keys[i] is not None:
+            kv = keys[i]
+            more = kv.split(" ") if isinstance(kv, str) else [str(x) for x in kv if x is not None]
+            ks.extend(x for x in more if x and x not in ks)
+        p = props[i] if props is not None else None
+        pmap = dict(p) if p else None
+        if pmap and any(val is None for val in pmap.values()):
+            pmap = {a: b for a, b in pmap.items() if b is not None}
+        kwargs: dict[str, Any] = {}
+        delayed = False
+        if delay_level is not None and delay_level[i]:
+            kwargs["delay_level"] = int(delay_level[i])
+            delayed = True
+        if delay_ms is not None and delay_ms[i] is not None:
+            kwargs["delay"] = int(delay_ms[i]) / 1000.0
+            delayed = True
+        if deliver_at is not None and deliver_at[i] is not None:
+            kwargs["deliver_at"] = to_epoch_ms(deliver_at[i])
+            delayed = True
+        msg = Message(topic, v if isinstance(v, bytes) else (v.encode() if isinstance(v, str) else bytes(v)),
+                      keys=ks or None, tags=tags[i] if tags is not None else None, properties=pmap,
+                      **kwargs)
+        out.append((msg, delayed))
+    return out
+
+
+def write_rows(opts: WriteOptions, batches: Iterator[pa.RecordBatch], query_id: str, batch_id: int,
+               partition_id: int) -> WriteStats:
+    """Send every row of a Spark task, with a deterministic UNIQ_KEY per row. Non-delayed rows go in
+    batched sends of up to ``batchSize`` per topic, delayed rows one by one (the broker parks each
+    by its own level); at most ``maxInFlight`` sends are outstanding. The first failure fails the task
+    (Spark retries it: at-least-once, the same UNIQ_KEYs are sent again)."""
+    stats = WriteStats()
+    proxy = Producer(opts.producer_group, opts.namesrv, send_timeout=opts.request_timeout_s).blocking()
+    producer = proxy.async_client
+    preset: _PresetIds | None = None
+    if not _HAS_UNIQ_FIELD:
+        preset = _PresetIds(producer._ids)
+        producer._ids = preset
+    sem_holder: dict[str, asyncio.Semaphore] = {}
+
+    async def send(msgs: list[Message], ids: list[str], single: bool) -> None:
+        sem = sem_holder.get("s")
+        if sem is None:
+            sem = sem_holder["s"] = asyncio.Semaphore(opts.max_in_flight)
+        async with sem:
+            if _HAS_UNIQ_FIELD:
+                for m_, u in zip(msgs, ids, strict=True):
+                    m_.uniq_key = u  # type: ignore[attr-defined]
+            elif preset is not None:
+                preset.pending.extend(ids)
+            try:
+                coro = producer.send(msgs[0]) if single else producer.send_batch(msgs)
+                await coro
+            except BaseException:
+                if preset is not None:
+                    preset.pending.clear()
+                raise
+
+    futures: collections.deque[Any] = collections.deque()
+
+    def submit(msgs: list[Message], ids: list[str], single: bool) -> None:
+        futures.append(asyncio.run_coroutine_threadsafe(send(msgs, ids, single), proxy.loop))
+        while len(futures) > opts.max_in_flight * 4:
+            _wait(futures.popleft())
+
+    def _wait(f: Any) -> None:
+        try:
+            f.result(opts.request_timeout_s * 4 + 30)
+        except ClientError as e:
+            raise ChronomqSparkError(f"chronomq write failed (Spark will retry the task; rows already sent "
+                                     f"are sent again with the same UNIQ_KEY): {e}") from e
+
+    try:
+        row = 0
+        for batch in batches:
+            if batch.num_rows == 0:
+                continue
+            try:
+                items = batch_to_messages(batch, opts.topic)
+            except (ValueError, ClientError) as e:
+                raise ChronomqSparkError(f"chronomq write: {e}") from e
+            per_topic: dict[str, tuple[list[Message], list[str]]] = {}
+            for msg, delayed in items:
+                uid = row_uniq_key(query_id, batch_id, partition_id, row)
+                row += 1
+                stats.topics[msg.topic] = stats.topics.get(msg.topic, 0) + 1
+                try:
+                    msg.validate()
+                    msg.wire_properties()
+                except ClientError as e:
+                    raise ChronomqSparkError(f"chronomq write: row {row - 1}: {e}") from e
+                if delayed:
+                    submit([msg], [uid], True)
+                    continue
+                ms, ids = per_topic.setdefault(msg.topic, ([], []))
+                ms.append(msg)
+                ids.append(uid)
+                if len(ms) >= opts.batch_size:
+                    submit(ms, ids, False)
+                    per_topic[msg.topic] = ([], [])
+            for ms, ids in per_topic.values():
+                if ms:
+                    submit(ms, ids, False)
+        while futures:
+            _wait(futures.popleft())
+        stats.rows = row
+        return stats
+    finally:
+        for f in futures:
+            f.cancel()
+        proxy.close()

@@ -1,0 +1,198 @@
+"""The row schema of the ``chronomq`` source, the conversion of received messages into Arrow record
+batches, the write-side column rules, and the deterministic UNIQ_KEY of a written row."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable, Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+import pyarrow as pa
+from pyspark.sql.types import (
+    ArrayType,
+    BinaryType,
+    DataType,
+    IntegerType,
+    LongType,
+    MapType,
+    StringType,
+    StructField,
+    StructType,
+    TimestampType,
+)
+
+from chronomq.message import (
+    PROPERTY_DELAY_TIME_LEVEL,
+    PROPERTY_KEYS,
+    PROPERTY_TIMER_DELIVER_MS,
+    SCHEDULE_TOPIC,
+)
+
+# The RocketMQ 4.x default level table (protocol.md 5.1), used when the broker cannot tell us its own.
+DEFAULT_LEVELS_MS = [1000, 5000, 10000, 30000, 60000, 120000, 180000, 240000, 300000, 360000, 420000,
+                     480000, 540000, 600000, 1200000, 1800000, 3600000, 7200000]
+# Intended deliver time (epoch ms) a broker may stamp on a delivered delayed message.
+PROPERTY_DELIVER_MS = "__CHRONOMQ_DELIVER_MS"
+
+READ_SCHEMA = StructType([
+    StructField("key", BinaryType(), True),
+    StructField("value", BinaryType(), True),
+    StructField("topic", StringType(), True),
+    StructField("partition", IntegerType(), True),
+    StructField("offset", LongType(), True),
+    StructField("timestamp", TimestampType(), True),
+    StructField("broker", StringType(), True),
+    StructField("msg_id", StringType(), True),
+    StructField("tags", StringType(), True),
+    StructField("keys", ArrayType(StringType(), True), True),
+    StructField("properties", MapType(StringType(), StringType(), True), True),
+    StructField("born_timestamp", TimestampType(), True),
+    StructField("reconsume_times", IntegerType(), True),
+    StructField("deliver_time", TimestampType(), True),
+])
+
+
+def arrow_schema(schema: StructType = READ_SCHEMA) -> pa.Schema:
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    return to_arrow_schema(schema, timezone="UTC")
+
+
+def deliver_ms(topic: str, props: dict[str, str], store_ms: int, levels_ms: Sequence[int]) -> int | None:
+    """The intended delivery time of a delayed message, when the message tells it:
+    a stamped deliver time, a timer deliver time, or (parked in SCHEDULE_TOPIC_XXXX) store time + the
+    level's delay."""
+    for name in (PROPERTY_DELIVER_MS, PROPERTY_TIMER_DELIVER_MS):
+        raw = props.get(name)
+        if raw:
+            try:
+                return int(raw)
+            except ValueError:
+                pass
+    if topic == SCHEDULE_TOPIC and levels_ms:
+        try:
+            level = int(props.get(PROPERTY_DELAY_TIME_LEVEL, "0"))
+        except ValueError:
+            return None
+        if level > 0:
+            return store_ms + levels_ms[min(level, len(levels_ms)) - 1]
+    return None
+
+
+def messages_to_batch(msgs: Sequence[Any], topic: str, broker: str, queue_id: int,
+                      levels_ms: Sequence[int], schema: pa.Schema) -> pa.RecordBatch:
+    """Received messages (chronomq.client.ReceivedMessage-like: body, properties, queue_offset,
+    store_timestamp, born_timestamp, reconsume_times, id) of one queue -> one Arrow batch."""
+    keys_col: list[bytes | None] = []
+    keys_list: list[list[str]] = []
+    props_col: list[list[tuple[str, str]]] = []
+    deliver: list[int | None] = []
+    for mm in msgs:
+        props = mm.properties
+        ks = [k for k in props.get(PROPERTY_KEYS, "").split(" ") if k]
+        keys_list.append(ks)
+        keys_col.append(ks[0].encode() if ks else None)
+        props_col.append(list(props.items()))
+        deliver.append(deliver_ms(topic, props, mm.store_timestamp, levels_ms))
+    n = len(msgs)
+    cols = [
+        pa.array(keys_col, type=pa.binary()),
+        pa.array([mm.body for mm in msgs], type=pa.binary()),
+        pa.array([topic] * n, type=pa.string()),
+        pa.array([queue_id] * n, type=pa.int32()),
+        pa.array([mm.queue_offset for mm in msgs], type=pa.int64()),
+        _ts([mm.store_timestamp for mm in msgs]),
+        pa.array([broker] * n, type=pa.string()),
+        pa.array([mm.id for mm in msgs], type=pa.string()),
+        pa.array([mm.properties.get("TAGS") for mm in msgs], type=pa.string()),
+        pa.array(keys_list, type=schema.field("keys").type),
+        pa.array(props_col, type=schema.field("properties").type),
+        _ts([mm.born_timestamp for mm in msgs]),
+        pa.array([mm.reconsume_times for mm in msgs], type=pa.int32()),
+        _ts(deliver),
+    ]
+    return pa.RecordBatch.from_arrays(cols, schema=schema)
+
+
+def _ts(values_ms: Iterable[int | None]) -> pa.Array:
+    return pa.array([None if v is None else v * 1000 for v in values_ms], type=pa.timestamp("us", tz="UTC"))
+
+
+# --- writing --------------------------------------------------------------------------------------------
+# Columns the writer uses; columns the reader produces are accepted and ignored (so a DataFrame read from
+# chronomq can be written back), anything else is refused (a typo must not be silently dropped).
+WRITE_COLUMNS = {"value", "topic", "key", "keys", "tags", "properties", "delay_level", "delay_ms",
+                 "deliver_at"}
+IGNORED_COLUMNS = {f.name for f in READ_SCHEMA.fields} - WRITE_COLUMNS
+
+
+class WriteSchemaError(ValueError):
+    """The DataFrame given to the writer does not have usable columns (the message says which)."""
+
+
+def _is_text_or_binary(t: DataType) -> bool:
+    return isinstance(t, StringType | BinaryType)
+
+
+def validate_write_schema(schema: StructType, topic_option: str | None) -> None:
+    fields = {f.name: f.dataType for f in schema.fields}
+    lower = {n.lower(): n for n in fields}
+    if "value" not in fields:
+        hint = f" (found {lower['value']!r}: column names are case-sensitive)" if "value" in lower else ""
+        raise WriteSchemaError("the DataFrame needs a 'value' column (binary or string) to write to chronomq"
+                               + hint)
+    unknown = sorted(n for n in fields if n not in WRITE_COLUMNS and n not in IGNORED_COLUMNS)
+    if unknown:
+        raise WriteSchemaError(
+            f"column(s) {unknown} are not understood by the chronomq writer; it uses "
+            f"{sorted(WRITE_COLUMNS)} (and ignores the reader's {sorted(IGNORED_COLUMNS)}). "
+            "Put extra fields into the 'properties' map or drop them")
+    checks: list[tuple[str, bool, str]] = [
+        ("value", _is_text_or_binary(fields["value"]), "binary or string"),
+    ]
+    if "topic" in fields:
+        checks.append(("topic", isinstance(fields["topic"], StringType), "string"))
+    if "key" in fields:
+        checks.append(("key", _is_text_or_binary(fields["key"]), "binary or string"))
+    if "keys" in fields:
+        t = fields["keys"]
+        checks.append(("keys", isinstance(t, StringType) or (isinstance(t, ArrayType)
+                                                             and isinstance(t.elementType, StringType)),
+                       "array<string> or string (space separated)"))
+    if "tags" in fields:
+        checks.append(("tags", isinstance(fields["tags"], StringType), "string"))
+    if "properties" in fields:
+        t = fields["properties"]
+        checks.append(("properties", isinstance(t, MapType) and isinstance(t.keyType, StringType)
+                       and isinstance(t.valueType, StringType), "map<string,string>"))
+    for name in ("delay_level", "delay_ms"):
+        if name in fields:
+            checks.append((name, isinstance(fields[name], IntegerType | LongType), "int or bigint"))
+    if "deliver_at" in fields:
+        checks.append(("deliver_at", isinstance(fields["deliver_at"], TimestampType | LongType),
+                       "timestamp or bigint epoch ms"))
+    for name, ok, expected in checks:
+        if not ok:
+            raise WriteSchemaError(f"column {name!r} has type {fields[name].simpleString()}; "
+                                   f"the chronomq writer expects {expected}")
+    delays = [n for n in ("delay_level", "delay_ms", "deliver_at") if n in fields]
+    if len(delays) > 1:
+        raise WriteSchemaError(f"give one per-row delay column, not {delays}")
+    if topic_option is None and "topic" not in fields:
+        raise WriteSchemaError("no topic: add a 'topic' column or set .option('topic', ...)")
+
+
+def row_uniq_key(query_id: str, batch_id: int, partition_id: int, row_index: int) -> str:
+    """A deterministic UNIQ_KEY (32 upper-case hex characters, the shape RocketMQ ids have) for the
+    row_index-th row of a Spark partition in a batch of a query: a retried task re-sends the same ids."""
+    h = hashlib.blake2b(f"{query_id}\x00{batch_id}\x00{partition_id}\x00{row_index}".encode(), digest_size=16)
+    return h.hexdigest().upper()
+
+
+def to_epoch_ms(value: Any) -> int:
+    if isinstance(value, datetime):
+        if value.tzinfo is None:
+            value = value.replace(tzinfo=UTC)
+        return int(value.timestamp() * 1000)
+    return int(value)

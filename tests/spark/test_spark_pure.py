@@ -1,0 +1,285 @@
+"""Unit tests of the pure parts of chronomq.spark: options, offset JSON, rate limiting, planning, UNIQ_KEY,
+the write-schema rules and the Arrow conversion. No JVM, no broker."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+import pytest
+
+pytest.importorskip("pyspark")
+pytest.importorskip("pyarrow")
+
+import itertools
+
+from pyspark.sql.types import (
+    ArrayType,
+    BinaryType,
+    IntegerType,
+    LongType,
+    MapType,
+    StringType,
+    StructField,
+    StructType,
+    TimestampType,
+)
+
+from chronomq.spark.offsets import (
+    OffsetFormatError,
+    QueueRange,
+    offsets_from_json,
+    offsets_to_json,
+    plan_ranges,
+    rate_limit,
+)
+from chronomq.spark.options import (
+    EARLIEST,
+    LATEST,
+    OptionError,
+    parse_read_options,
+    parse_write_options,
+)
+from chronomq.spark.schema import (
+    DEFAULT_LEVELS_MS,
+    READ_SCHEMA,
+    WriteSchemaError,
+    arrow_schema,
+    deliver_ms,
+    messages_to_batch,
+    row_uniq_key,
+    validate_write_schema,
+)
+
+pytestmark = pytest.mark.spark
+NS = {"namesrv": "127.0.0.1:9876"}
+
+
+def read(streaming: bool = False, **kw: str):
+    return parse_read_options({**NS, **kw}, streaming)
+
+
+# --- options ----------------------------------------------------------------------------------------------
+def test_subscribe_and_defaults() -> None:
+    o = read(subscribe="a, b,a")
+    assert o.subscribe == ("a", "b")
+    assert o.starting.kind == "earliest" and o.ending.kind == "latest"
+    assert o.fail_on_data_loss is True and o.tag_expression == "*"
+    s = read(True, subscribe="a")
+    assert s.starting.kind == "latest"
+
+
+def test_keys_are_case_insensitive_and_alias() -> None:
+    o = parse_read_options({"NameServer": "h:1;h2:2", "SUBSCRIBE": "t", "FailOnDataLoss": "FALSE"}, False)
+    assert o.namesrv == "h:1;h2:2" and o.fail_on_data_loss is False
+
+
+@pytest.mark.parametrize("kw, text", [
+    ({}, "exactly one of"),
+    ({"subscribe": "a", "assign": '{"a": {"b": [0]}}'}, "exactly one of"),
+    ({"subscribe": "a", "startingOffset": "earliest"}, "unknown read option"),
+    ({"subscribePattern": "("}, "not a valid regular expression"),
+    ({"subscribe": "bad topic!"}, "characters outside"),
+    ({"assign": "[1]"}, "JSON object"),
+    ({"assign": '{"t": {"b": [-1]}}'}, "queue ids"),
+    ({"subscribe": "t", "startingOffsets": "latest"}, "not allowed in a batch"),
+    ({"subscribe": "t", "endingOffsets": "earliest"}, "not allowed in a batch"),
+    ({"subscribe": "t", "startingOffsets": '{"t": {"b": {"0": -1}}}'}, r"-1 \(latest\) is not allowed"),
+    ({"subscribe": "t", "endingOffsets": '{"t": {"b": {"0": -2}}}'}, r"-2 \(earliest\) is not allowed"),
+    ({"subscribe": "t", "startingOffsets": '{"t": {"b": {"x": 1}}}'}, "not an integer"),
+    ({"subscribe": "t", "startingOffsets": '{"t": {"b": {"0": -3}}}'}, "must be an integer >= 0"),
+    ({"subscribe": "t", "startingOffsets": '{"u": {"b": {"0": 1}}}'}, "not subscribed"),
+    ({"subscribe": "t", "startingOffsets": "soon"}, "must be 'earliest'"),
+    ({"subscribe": "t", "startingOffsets": "{oops"}, "not valid JSON"),
+    ({"subscribe": "t", "maxOffsetsPerTrigger": "10"}, "streaming queries only"),
+    ({"subscribe": "t", "minPartitions": "0"}, "must be >= 1"),
+    ({"subscribe": "t", "failOnDataLoss": "maybe"}, "true or false"),
+    ({"subscribe": "t", "startingTimestamp": "x"}, "not an integer"),
+    ({"subscribe": "t", "startingTimestamp": "5", "startingOffsets": "earliest"}, "not both"),
+    ({"assign": '{"t": {"b": [0]}}', "startingOffsets": '{"t": {"b": {"1": 3}}}'}, "not in 'assign'"),
+])
+def test_bad_read_options(kw: dict[str, str], text: str) -> None:
+    with pytest.raises(OptionError, match=text):
+        read(**kw)
+
+
+def test_namesrv_required_and_checked() -> None:
+    with pytest.raises(OptionError, match="required"):
+        parse_read_options({"subscribe": "t"}, False)
+    with pytest.raises(OptionError, match="not host:port"):
+        parse_read_options({"namesrv": "localhost", "subscribe": "t"}, False)
+    with pytest.raises(OptionError, match="differ"):
+        parse_read_options({"namesrv": "a:1", "nameServer": "b:2", "subscribe": "t"}, False)
+
+
+def test_streaming_only_and_batch_only_options() -> None:
+    with pytest.raises(OptionError, match="batch queries only"):
+        read(True, subscribe="t", endingOffsets="latest")
+    assert read(True, subscribe="t", maxOffsetsPerTrigger="7").max_offsets_per_trigger == 7
+
+
+def test_json_offsets_and_assign() -> None:
+    o = read(assign='{"t": {"broker-a": [2, 0, 2]}}',
+             startingOffsets='{"t": {"broker-a": {"0": 5, "2": -2}}}',
+             endingOffsets='{"t": {"broker-a": {"0": 9}}}')
+    assert o.assign == {"t": {"broker-a": (0, 2)}}
+    assert o.starting.for_queue("t", "broker-a", 0) == 5
+    assert o.starting.for_queue("t", "broker-a", 2) == EARLIEST
+    assert o.starting.for_queue("t", "broker-a", 1) is None
+    assert o.ending.for_queue("t", "broker-a", 0) == 9
+    assert read(subscribe="t").ending.for_queue("t", "x", 3) == LATEST
+
+
+def test_spark_injected_options_are_accepted() -> None:
+    read(subscribe="t", path="/x", checkpointLocation="/c", **{"spark.foo": "1"})
+
+
+def test_write_options() -> None:
+    w = parse_write_options({**NS, "topic": "t", "batchSize": "10", "writeId": "job-7"})
+    assert (w.topic, w.batch_size, w.write_id, w.max_in_flight) == ("t", 10, "job-7", 8)
+    with pytest.raises(OptionError, match="unknown write option"):
+        parse_write_options({**NS, "topics": "t"})
+    with pytest.raises(OptionError, match="option 'topic'"):
+        parse_write_options({**NS, "topic": "a b"})
+    with pytest.raises(OptionError, match="must be <= 4096"):
+        parse_write_options({**NS, "batchSize": "100000"})
+
+
+# --- offsets ------------------------------------------------------------------------------------------------
+def test_offsets_json_roundtrip_through_text() -> None:
+    offs = {("t", "b", 0): 5, ("t", "b", 10): 7, ("u", "c", 1): 0}
+    data = json.loads(json.dumps(offsets_to_json(offs)))
+    assert data == {"t": {"b": {"0": 5, "10": 7}}, "u": {"c": {"1": 0}}}
+    assert offsets_from_json(data) == offs
+
+
+@pytest.mark.parametrize("bad", [[], {"t": 1}, {"t": {"b": []}}, {"t": {"b": {"x": 1}}},
+                                 {"t": {"b": {"0": -1}}}, {"t": {"b": {"0": True}}}])
+def test_offsets_from_json_rejects(bad: object) -> None:
+    with pytest.raises(OffsetFormatError):
+        offsets_from_json(bad)
+
+
+def q(i: int) -> tuple[str, str, int]:
+    return ("t", "b", i)
+
+
+def test_rate_limit_proportional_exact_total() -> None:
+    start = {q(0): 0, q(1): 100, q(2): 0}
+    latest = {q(0): 600, q(1): 400, q(2): 100}  # backlog 600 / 300 / 100
+    end = rate_limit(start, latest, 100)
+    assert {k: end[k] - start[k] for k in start} == {q(0): 60, q(1): 30, q(2): 10}
+    assert sum(end[k] - start[k] for k in start) == 100
+
+
+def test_rate_limit_under_limit_and_new_queues() -> None:
+    start = {q(0): 0}
+    latest = {q(0): 5, q(1): 3}
+    assert rate_limit(start, latest, 10) == latest
+
+
+def test_rate_limit_never_exceeds_and_does_not_starve() -> None:
+    start = {q(i): 0 for i in range(4)}
+    latest = {q(i): 10 for i in range(4)}
+    seen: set[tuple[str, str, int]] = set()
+    for _ in range(8):
+        end = rate_limit(start, latest, 1)
+        moved = [k for k in start if end[k] != start[k]]
+        assert len(moved) == 1 and sum(end[k] - start[k] for k in start) == 1
+        seen.update(moved)
+        start = end
+    assert seen == set(start)
+
+
+def test_plan_ranges_one_per_nonempty_queue() -> None:
+    start = {q(0): 0, q(1): 5, q(2): 3}
+    end = {q(0): 10, q(1): 5, q(2): 4}
+    assert plan_ranges(start, end) == [QueueRange("t", "b", 0, 0, 10), QueueRange("t", "b", 2, 3, 4)]
+
+
+def test_plan_ranges_split_by_min_partitions() -> None:
+    start = {q(0): 0, q(1): 0}
+    end = {q(0): 100, q(1): 10}
+    ranges = plan_ranges(start, end, min_partitions=6)
+    assert len(ranges) >= 6
+    covered: dict[int, list[tuple[int, int]]] = {}
+    for r in ranges:
+        covered.setdefault(r.queue_id, []).append((r.start, r.end))
+    for qid, spans in covered.items():
+        spans.sort()
+        assert spans[0][0] == 0 and spans[-1][1] == end[q(qid)]
+        assert all(a[1] == b[0] for a, b in itertools.pairwise(spans))
+    assert len(covered[0]) > len(covered[1])
+
+
+# --- schema and rows ---------------------------------------------------------------------------------
+def test_uniq_key_is_deterministic_and_distinct() -> None:
+    a = row_uniq_key("q", 3, 1, 7)
+    assert a == row_uniq_key("q", 3, 1, 7) and len(a) == 32 and a == a.upper()
+    int(a, 16)
+    others = {row_uniq_key("q", 3, 1, 8), row_uniq_key("q", 4, 1, 7), row_uniq_key("q", 3, 2, 7),
+              row_uniq_key("r", 3, 1, 7)}
+    assert a not in others and len(others) == 4
+
+
+def schema(*fields: tuple[str, object]) -> StructType:
+    return StructType([StructField(n, t, True) for n, t in fields])  # type: ignore[arg-type]
+
+
+def test_write_schema_rules() -> None:
+    validate_write_schema(schema(("value", StringType())), "t")
+    validate_write_schema(schema(("value", BinaryType()), ("topic", StringType()), ("key", StringType()),
+                                 ("keys", ArrayType(StringType())), ("tags", StringType()),
+                                 ("properties", MapType(StringType(), StringType())),
+                                 ("delay_level", IntegerType()), ("offset", LongType())), None)
+    cases = [
+        (schema(("body", StringType())), "needs a 'value' column"),
+        (schema(("Value", StringType())), "case-sensitive"),
+        (schema(("value", StringType()), ("tag", StringType())), "not understood"),
+        (schema(("value", IntegerType())), "expects binary or string"),
+        (schema(("value", StringType()), ("properties", MapType(StringType(), IntegerType()))), "map<string"),
+        (schema(("value", StringType()), ("delay_level", StringType())), "int or bigint"),
+        (schema(("value", StringType()), ("delay_level", IntegerType()), ("delay_ms", LongType())),
+         "one per-row"),
+        (schema(("value", StringType()), ("deliver_at", StringType())), "timestamp"),
+    ]
+    for sch, text in cases:
+        with pytest.raises(WriteSchemaError, match=text):
+            validate_write_schema(sch, "t")
+    with pytest.raises(WriteSchemaError, match="no topic"):
+        validate_write_schema(schema(("value", StringType())), None)
+
+
+def test_deliver_time_rules() -> None:
+    assert deliver_ms("SCHEDULE_TOPIC_XXXX", {"DELAY": "2"}, 1000, DEFAULT_LEVELS_MS) == 6000
+    assert deliver_ms("SCHEDULE_TOPIC_XXXX", {"DELAY": "99"}, 0, [10, 20]) == 20
+    assert deliver_ms("t", {"TIMER_DELIVER_MS": "123"}, 0, DEFAULT_LEVELS_MS) == 123
+    assert deliver_ms("t", {"DELAY": "2"}, 0, DEFAULT_LEVELS_MS) is None
+
+
+@dataclass
+class FakeMsg:
+    body: bytes
+    queue_offset: int
+    properties: dict[str, str] = field(default_factory=dict)
+    store_timestamp: int = 1_700_000_000_123
+    born_timestamp: int = 1_700_000_000_000
+    reconsume_times: int = 0
+    id: str = "ID"
+
+
+def test_messages_to_batch_matches_spark_schema() -> None:
+    sch = arrow_schema()
+    msgs = [FakeMsg(b"v0", 4, {"KEYS": "k1 k2", "TAGS": "a", "x": "y"}), FakeMsg(b"v1", 5)]
+    batch = messages_to_batch(msgs, "t", "broker-a", 3, DEFAULT_LEVELS_MS, sch)
+    assert batch.schema.equals(sch)
+    rows = batch.to_pylist()
+    assert rows[0]["key"] == b"k1" and rows[0]["keys"] == ["k1", "k2"] and rows[0]["tags"] == "a"
+    assert dict(rows[0]["properties"])["x"] == "y"
+    assert rows[1]["key"] is None and rows[1]["keys"] == [] and rows[1]["offset"] == 5
+    assert rows[0]["partition"] == 3 and rows[0]["broker"] == "broker-a" and rows[0]["topic"] == "t"
+    assert int(rows[0]["timestamp"].timestamp() * 1000) == 1_700_000_000_123
+    assert rows[0]["deliver_time"] is None
+    assert [f.name for f in READ_SCHEMA.fields][:6] == ["key", "value", "topic", "partition", "offset",
+                                                          "timestamp"]
+    assert isinstance(READ_SCHEMA["timestamp"].dataType, TimestampType)
