@@ -104,7 +104,7 @@ class PushConsumer(SyncContextMixin):
                  long_poll_timeout: float = 15.0, rebalance_interval: float = 10.0,
                  offset_commit_interval: float = 5.0, heartbeat_interval: float = 30.0,
                  route_refresh_interval: float = 30.0, lock_interval: float = 20.0,
-                 max_reconsume_times: int = 16, retry_delay_level: int = 0,
+                 max_reconsume_times: int | None = None, retry_delay_level: int = 0,
                  orderly_retry_delay: float = 1.0, shutdown_timeout: float = 10.0,
                  request_timeout: float = 3.0, instance_name: str | None = None) -> None:
         if not group:
@@ -498,8 +498,9 @@ class PushConsumer(SyncContextMixin):
         except ClientError:
             addr = f"{msg.store_host[0]}:{msg.store_host[1]}"
         ext = {"offset": msg.commit_log_offset, "group": self.group, "delayLevel": self.retry_delay_level,
-               "originMsgId": msg.id, "originTopic": msg.topic, "unitMode": "false",
-               "maxReconsumeTimes": self.max_reconsume_times}
+               "originMsgId": msg.id, "originTopic": msg.topic, "unitMode": "false"}
+        if self.max_reconsume_times is not None:  # else the broker's maxReconsumeTimes applies
+            ext["maxReconsumeTimes"] = self.max_reconsume_times
         try:
             cmd = self._instance.request(RequestCode.CONSUMER_SEND_MSG_BACK, ext)
             await self._instance.invoke_ok(addr, cmd, 3.0, f"send back message {msg.id}")

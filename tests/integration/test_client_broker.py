@@ -1,0 +1,301 @@
+"""chronomq.client against a real `chronomq start` on loopback (tests/compat/harness.ChronomqProcess):
+every client API, consumer-group failover, and a broker restart during sends and consumption."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from chronomq.client import (
+    LATER,
+    Admin,
+    ClientError,
+    InvalidMessage,
+    Message,
+    MessageTooLarge,
+    Producer,
+    PullStatus,
+    PushConsumer,
+    ReceivedMessage,
+    SimpleConsumer,
+)
+from tests.compat.harness import ChronomqProcess
+from tests.conftest import async_wait_for
+
+FAST = {"messageDelayLevel": "300ms 300ms 300ms 300ms 300ms 300ms 300ms 300ms", "maxReconsumeTimes": "2"}
+CONSUMER_OPTS = dict(rebalance_interval=0.5, offset_commit_interval=0.5, long_poll_timeout=2.0)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ChronomqProcess]:
+    p = ChronomqProcess(tmp_path_factory.mktemp("client") / "data", FAST)
+    p.start()
+    try:
+        yield p
+    finally:
+        p.stop()
+
+
+async def test_producer_every_send_kind(server: ChronomqProcess) -> None:
+    ns = server.namesrv_addr
+    async with Producer("PG_all", ns) as p:
+        r = await p.send(Message("CliSend", b"one", keys=["k1", "k2"], tags="A", properties={"u": "1"}))
+        batch = await p.send_batch([Message("CliSend", f"b{i}", tags="B") for i in range(4)])
+        await p.send_oneway(Message("CliSend", b"oneway", tags="O"))
+        many = await asyncio.gather(*(p.send(Message("CliSend", f"c{i}", tags="C")) for i in range(200)))
+        ordered = [await p.send_ordered(Message("CliSend", f"o{i}", tags="O2"), key="acct-7")
+                   for i in range(10)]
+        big = os.urandom(64) * 2000  # compressible, > 4 KiB
+        rbig = await p.send(Message("CliSend", big, tags="BIG"))
+        delayed = await p.send(Message("CliSend", b"later", tags="D", delay_level=1))
+        with pytest.raises(MessageTooLarge):
+            await p.send(Message("CliSend", os.urandom(5 * 1024 * 1024)))
+        with pytest.raises(InvalidMessage):
+            await p.send(Message("bad topic", b"x"))
+    assert len({x.msg_id for x in many}) == 200
+    assert len({x.queue_id for x in ordered}) == 1
+    first = ordered[0].queue_offset
+    assert [x.queue_offset for x in ordered] == list(range(first, first + 10))
+    assert len(batch.msg_ids) == 4
+    async with SimpleConsumer("SC_all", ns) as c:
+        got: dict[str, ReceivedMessage] = {}
+        deadline = time.monotonic() + 15
+        while len(got) < 218 and time.monotonic() < deadline:
+            for q in await c.queues("CliSend", refresh=True):
+                res = await c.pull(q, 0, 512)
+                for x in res.messages:
+                    got[x.id] = x
+    assert got[r.msg_id].body == b"one" and got[r.msg_id].keys == ["k1", "k2"]
+    assert got[r.msg_id].tags == "A" and got[r.msg_id].user_properties() == {"u": "1"}
+    assert got[rbig.msg_id].body == big
+    assert [got[i].body for i in batch.msg_ids] == [f"b{i}".encode() for i in range(4)]
+    assert {got[x.msg_id].body for x in many} == {f"c{i}".encode() for i in range(200)}
+    assert any(x.body == b"oneway" for x in got.values())
+    d = got[delayed.msg_id]  # delivered by the schedule service on the real topic
+    assert d.topic == "CliSend" and d.store_timestamp - d.born_timestamp >= 250
+
+
+async def test_push_consumer_retry_dlq_and_redrive(server: ChronomqProcess) -> None:
+    ns = server.namesrv_addr
+    deliveries: list[tuple[bytes, int, str]] = []
+    redriven = asyncio.Event()
+
+    def listener(msg: ReceivedMessage):
+        deliveries.append((msg.body, msg.reconsume_times, msg.topic))
+        if msg.body == b"poison" and msg.get_property("DLQ_REDRIVE_FROM") is None:
+            return LATER
+        if msg.body == b"poison":
+            redriven.set()
+        if msg.body == b"raises" and msg.reconsume_times == 0:
+            raise RuntimeError("boom")
+        return None
+
+    async with Producer("PG_retry", ns) as p:
+        await p.send(Message("CliRetry", b"poison", keys="poison-key"))
+        await p.send(Message("CliRetry", b"raises"))
+        await p.send(Message("CliRetry", b"fine"))
+    async with PushConsumer("CG_retry", {"CliRetry": "*"}, listener, ns, consume_from="first",
+                            **CONSUMER_OPTS):
+        await async_wait_for(lambda: [r for b, r, _ in deliveries if b == b"poison"] == [0, 1, 2],
+                             timeout=30, message="poison delivered 3 times (reconsume 0, 1, 2)")
+        await async_wait_for(lambda: (b"raises", 1, "CliRetry") in deliveries, timeout=20)
+        assert all(t == "CliRetry" for _, _, t in deliveries)  # retried copies show the original topic
+        async with Admin(ns) as a:
+            await async_wait_for(lambda: _dlq_size(a), timeout=20, message="poison in %DLQ%CG_retry")
+            assert await a.redrive_dlq("CG_retry") == 1
+            assert await a.redrive_dlq("CG_retry") == 0
+        await asyncio.wait_for(redriven.wait(), 20)
+    assert [b for b, _, _ in deliveries].count(b"fine") == 1
+
+
+async def _dlq_size(a: Admin) -> int:
+    try:
+        rows = await a.group_progress("CG_retry", "%DLQ%CG_retry")
+    except ClientError:
+        return 0
+    return sum(r.broker_offset for r in rows if r.queue.topic.startswith("%DLQ%"))
+
+
+async def test_simple_consumer_offsets_and_long_poll(server: ChronomqProcess) -> None:
+    ns = server.namesrv_addr
+    async with Admin(ns) as a:
+        await a.create_topic("CliPull", 1)
+    async with Producer("PG_pull", ns) as p, SimpleConsumer("SC_pull", ns) as c:
+        first = await p.send(Message("CliPull", b"m0", tags="X"))
+        for i in range(1, 5):
+            await p.send(Message("CliPull", f"m{i}", tags="Y" if i % 2 else "X"))
+        (q,) = await c.queues("CliPull")
+        assert await c.min_offset(q) == 0 and await c.max_offset(q) == 5
+        res = await c.pull(q, 0, 2)
+        assert [x.body for x in res.messages] == [b"m0", b"m1"] and res.next_offset == 2
+        res = await c.pull(q, 0, 32, expression="X")
+        assert [x.body for x in res.messages] == [b"m0", b"m2", b"m4"]
+        assert (await c.pull(q, 5, 32)).status == PullStatus.NO_NEW_MSG
+        assert (await c.pull(q, 99, 32)).status == PullStatus.OFFSET_ILLEGAL
+        assert await c.offset_for_timestamp(q, 0) == 0
+        assert await c.offset_for_timestamp(q, int(time.time() * 1000) + 60_000) == 5
+        assert await c.earliest_store_time(q) >= first.queue_offset
+        assert await c.committed_offset(q) in (None, 0)
+        await c.commit_offset(q, 3)
+        assert await c.committed_offset(q) == 3
+        waiter = asyncio.ensure_future(c.pull(q, 5, 32, timeout=10))
+        await asyncio.sleep(0.2)
+        assert not waiter.done()  # held by the broker (long polling)
+        t0 = time.monotonic()
+        await p.send(Message("CliPull", b"wake"))
+        res = await asyncio.wait_for(waiter, 10)
+        assert [x.body for x in res.messages] == [b"wake"] and time.monotonic() - t0 < 5
+
+
+async def test_admin_every_call(server: ChronomqProcess) -> None:
+    ns = server.namesrv_addr
+    async with Admin(ns) as a:
+        assert await a.create_topic("CliAdmin", 3)
+        assert "CliAdmin" in await a.list_topics()
+        route = await a.route("CliAdmin")
+        assert len(route.read_queues()) == 3 and route.master_addr("broker-a") == server.broker_addr
+        async with Producer("PG_admin", ns) as p:
+            sent = [await p.send(Message("CliAdmin", f"a{i}", keys=f"order-{i} shared")) for i in range(6)]
+        assert (await a.get_message(sent[2].offset_msg_id)).body == b"a2"
+        assert (await a.get_message(sent[3].msg_id, topic="CliAdmin")).body == b"a3"
+        assert [x.body for x in await a.query_messages("CliAdmin", "order-4")] == [b"a4"]
+        assert len(await a.query_messages("CliAdmin", "shared")) == 6
+        seen: list[bytes] = []
+        async with PushConsumer("CG_admin", "CliAdmin", lambda m: seen.append(m.body), ns,
+                                consume_from="first", **CONSUMER_OPTS):
+            await async_wait_for(lambda: len(seen) == 6)
+        rows = [r for r in await a.group_progress("CG_admin", "CliAdmin") if r.queue.topic == "CliAdmin"]
+        assert len(rows) == 3 and sum(r.lag for r in rows) == 0 and sum(r.consumer_offset for r in rows) == 6
+        reset = await a.reset_offsets("CG_admin", "CliAdmin", 0)
+        assert set(reset.values()) == {0}
+        rows = [r for r in await a.group_progress("CG_admin", "CliAdmin") if r.queue.topic == "CliAdmin"]
+        assert sum(r.lag for r in rows) == 6
+        again: list[bytes] = []
+        async with PushConsumer("CG_admin", "CliAdmin", lambda m: again.append(m.body), ns, **CONSUMER_OPTS):
+            await async_wait_for(lambda: len(again) == 6, message="re-consumed after the reset")
+        stats = await a.delay_stats()
+        assert stats["broker-a"]["levels"][0]["delay_ms"] == 300
+
+
+async def test_consumer_group_failover(server: ChronomqProcess) -> None:
+    ns = server.namesrv_addr
+    async with Admin(ns) as a:
+        await a.create_topic("CliFail", 4)
+    got: dict[str, list[bytes]] = {"a": [], "b": []}
+
+    def consumer(name: str) -> PushConsumer:
+        return PushConsumer("CG_fail", "CliFail", lambda m: got[name].append(m.body), ns, **CONSUMER_OPTS)
+
+    def mine(c: PushConsumer) -> int:
+        return len([q for q in c.assigned_queues() if q.topic == "CliFail"])
+
+    a, b = consumer("a"), consumer("b")
+    await a.start()
+    await b.start()
+    try:
+        await async_wait_for(lambda: mine(a) == 2 and mine(b) == 2, timeout=20, message="2+2 split")
+        async with Producer("PG_fail", ns) as p:
+            for i in range(40):
+                await p.send(Message("CliFail", f"x{i}"))
+            await async_wait_for(lambda: len(got["a"]) + len(got["b"]) == 40, timeout=20)
+            assert got["a"] and got["b"]
+            await b.close()  # b leaves: a takes its queues over
+            await async_wait_for(lambda: mine(a) == 4, timeout=20, message="takeover")
+            for i in range(40, 80):
+                await p.send(Message("CliFail", f"x{i}"))
+        await async_wait_for(lambda: len(set(got["a"]) | set(got["b"])) == 80, timeout=20)
+    finally:
+        await a.close()
+        await b.close()
+
+
+async def test_orderly_and_broadcasting(server: ChronomqProcess) -> None:
+    ns = server.namesrv_addr
+    async with Admin(ns) as a:
+        await a.create_topic("CliOrder", 2)
+    order: dict[str, list[int]] = {}
+    failed = set()
+
+    def listener(m: ReceivedMessage):
+        key, n = m.keys[0], int(m.body)
+        if n == 3 and key not in failed:
+            failed.add(key)
+            return LATER  # orderly: retried locally, before the next message of the queue
+        order.setdefault(key, []).append(n)
+
+    bc: dict[str, list[bytes]] = {"x": [], "y": []}
+    async with PushConsumer("CG_order", "CliOrder", listener, ns, orderly=True, orderly_retry_delay=0.05,
+                            consume_from="first", **CONSUMER_OPTS), \
+            PushConsumer("CG_bc", "CliOrder", lambda m: bc["x"].append(m.body), ns, broadcasting=True,
+                         **CONSUMER_OPTS), \
+            PushConsumer("CG_bc", "CliOrder", lambda m: bc["y"].append(m.body), ns, broadcasting=True,
+                         **CONSUMER_OPTS):
+        async with Producer("PG_order", ns) as p:
+            for n in range(10):
+                for key in ("k1", "k2"):
+                    await p.send_ordered(Message("CliOrder", str(n), keys=key), key=key)
+        await async_wait_for(lambda: all(len(order.get(k, [])) == 10 for k in ("k1", "k2")), timeout=20)
+        await async_wait_for(lambda: len(bc["x"]) == 20 and len(bc["y"]) == 20, timeout=20)
+    assert order == {"k1": list(range(10)), "k2": list(range(10))}
+
+
+def test_blocking_facade_against_broker(server: ChronomqProcess) -> None:
+    ns = server.namesrv_addr
+    got: list[bytes] = []
+    with Producer("PG_block", ns) as p:
+        r = p.send(Message("CliBlock", b"sync"))
+        assert r.queue_offset >= 0
+        with PushConsumer("CG_block", "CliBlock", lambda m: got.append(m.body), ns, consume_from="first",
+                          **CONSUMER_OPTS):
+            deadline = time.monotonic() + 20
+            while not got and time.monotonic() < deadline:
+                time.sleep(0.02)
+    assert got == [b"sync"]
+    assert not [t for t in threading.enumerate() if t.name.startswith("chronomq")]
+
+
+@pytest.mark.parametrize("kill", [False, True], ids=["clean-restart", "sigkill-restart"])
+async def test_broker_restart_during_sends_and_consumption(tmp_path: Path, kill: bool) -> None:
+    server = ChronomqProcess(tmp_path / "data", {"flushDiskType": "SYNC_FLUSH"})
+    server.start()
+    ns = server.namesrv_addr
+    acked: set[str] = set()
+    consumed: set[str] = set()
+    stop = asyncio.Event()
+    failures: list[ClientError] = []
+
+    async def produce(p: Producer) -> None:
+        i = 0
+        while not stop.is_set() and i < 5000:
+            try:
+                r = await p.send(Message("CliRestart", f"r{i}"), timeout=2)
+                acked.add(r.msg_id)
+            except ClientError as e:
+                failures.append(e)
+                await asyncio.sleep(0.05)  # broker down: keep trying (only acked sends count)
+            i += 1
+
+    try:
+        async with Producer("PG_restart", ns, retries=1) as p, \
+                PushConsumer("CG_restart", "CliRestart", lambda m: consumed.add(m.id), ns,
+                             consume_from="first", **CONSUMER_OPTS):
+            task = asyncio.ensure_future(produce(p))
+            await async_wait_for(lambda: len(consumed) >= 50, timeout=20, message="traffic before restart")
+            await asyncio.to_thread(server.stop, kill)
+            n_before = len(acked)
+            await asyncio.to_thread(server.start)
+            await async_wait_for(lambda: len(acked) >= n_before + 50, timeout=30, message="sends resume")
+            stop.set()
+            await task
+            await async_wait_for(lambda: acked <= consumed, timeout=40,
+                                 message="every acknowledged message consumed after the restart")
+            assert failures, "the restart should have made some sends fail"
+    finally:
+        stop.set()
+        server.stop()
