@@ -1,0 +1,147 @@
+"""``python -m bench.compare [--quick | --full]``: chronomq (ASYNC_FLUSH and SYNC_FLUSH) against a Redis
+sorted-set delay queue and RabbitMQ TTL + dead-letter, same workloads, same machine, one run.
+
+Prints the table, writes bench/results/compare-<run>.json (raw results) and .png (chart); with
+``--write-readme`` also records the run in bench/compare/README.md."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import platform
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from .base import Peer
+from .chronomq_peer import ChronomqPeer
+from .procs import APT_LINE, PeerUnavailable
+from .rabbit_peer import RabbitPeer
+from .redis_peer import RedisPeer
+from .report import render_rich, update_readme, write_chart, write_json
+from .runner import WORKLOADS, run_system
+from .workloads import PLANS, Plan
+
+HERE = Path(__file__).resolve().parent
+RESULTS = HERE.parent / "results"
+SYSTEMS: dict[str, Callable[[Path], Peer]] = {
+    "chronomq_async": lambda d: ChronomqPeer(d, "ASYNC_FLUSH"),
+    "chronomq_sync": lambda d: ChronomqPeer(d, "SYNC_FLUSH"),
+    "redis": RedisPeer,
+    "rabbitmq": RabbitPeer,
+}
+
+
+def machine_info() -> dict[str, Any]:
+    info: dict[str, Any] = {"cpus": os.cpu_count(), "python": platform.python_version(),
+                            "os": f"{platform.system()} {platform.release()}", "hostname": platform.node()}
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                info["cpu_model"] = line.split(":", 1)[1].strip()
+                break
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                info["mem_gib"] = round(int(line.split()[1]) / (1 << 20), 1)
+        rel = Path("/etc/os-release")
+        if rel.exists():
+            for line in rel.read_text().splitlines():
+                if line.startswith("PRETTY_NAME="):
+                    info["os"] += f" ({line.split('=', 1)[1].strip(chr(34))})"
+    except OSError:
+        pass
+    return info
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="python -m bench.compare", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    mode = ap.add_mutually_exclusive_group()
+    mode.add_argument("--quick", action="store_const", const="quick", dest="mode",
+                      help="scaled-down counts, under 10 minutes on 2 cores (default)")
+    mode.add_argument("--full", action="store_const", const="full", dest="mode",
+                      help="the issue's counts (1,000,000 scheduled, 10,000,000 pending, ...): hours")
+    mode.add_argument("--tiny", action="store_const", const="tiny", dest="mode",
+                      help="seconds-long smoke run (tests)")
+    ap.add_argument("--systems", default=",".join(SYSTEMS),
+                    help=f"comma-separated subset of {', '.join(SYSTEMS)}")
+    ap.add_argument("--workloads", default=",".join(WORKLOADS), help=f"subset of {', '.join(WORKLOADS)}")
+    ap.add_argument("--pending", type=int, help="override the pending-scale count (workload 5)")
+    ap.add_argument("--out", type=Path, default=RESULTS,
+                    help="directory for the JSON and PNG (bench/results)")
+    ap.add_argument("--workdir", type=Path, help="parent of the temporary data dirs (default: system temp)")
+    ap.add_argument("--keep", action="store_true", help="keep the data dirs afterwards")
+    ap.add_argument("--no-chart", action="store_true")
+    ap.add_argument("--write-readme", action="store_true", help="record this run in bench/compare/README.md")
+    ap.set_defaults(mode="quick")
+    return ap.parse_args(argv)
+
+
+def run(args: argparse.Namespace, log: Callable[[str], None] = print) -> dict[str, Any]:
+    plan: Plan = PLANS[args.mode]
+    if args.pending:
+        plan = dataclasses.replace(plan, pending_count=args.pending)
+    names = [s.strip() for s in args.systems.split(",") if s.strip()]
+    unknown = [s for s in names if s not in SYSTEMS]
+    if unknown:
+        raise SystemExit(f"unknown system(s) {unknown}; choose from {list(SYSTEMS)}")
+    only = tuple(w.strip() for w in args.workloads.split(",") if w.strip())
+    run_id = datetime.now(UTC).strftime("%Y%m%dT%H%M%S")
+    started = time.monotonic()
+    results: dict[str, Any] = {"meta": {"run": run_id, "mode": plan.mode, "plan": plan.to_dict(),
+                                        "started": datetime.now(UTC).isoformat(timespec="seconds"),
+                                        "machine": machine_info(), "argv": sys.argv[1:],
+                                        "workloads": list(only)},
+                               "systems": {}}
+    parent = Path(tempfile.mkdtemp(prefix=f"chronomq-compare-{run_id}-", dir=args.workdir))
+    log(f"run {run_id}, {plan.mode} mode, data under {parent}")
+    try:
+        for name in names:
+            peer = SYSTEMS[name](parent / name)
+            try:
+                peer.check()
+            except PeerUnavailable as e:
+                log(f"skipping {peer.label}: {e}")
+                if "apt-get" in str(e):
+                    log(f"  to include it: {APT_LINE}")
+                results["systems"][name] = {"system": peer.describe(), "status": "skipped", "reason": str(e)}
+                continue
+            log(f"== {peer.label} ({peer.durability})")
+            results["systems"][name] = run_system(peer, plan, run_id, log, only)
+            log(f"== {peer.label} done in {results['systems'][name].get('total_s', 0):.0f} s")
+    finally:
+        results["meta"]["elapsed_s"] = time.monotonic() - started
+        results["meta"]["finished"] = datetime.now(UTC).isoformat(timespec="seconds")
+        if not args.keep:
+            shutil.rmtree(parent, ignore_errors=True)
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    results = run(args)
+    out: Path = args.out
+    json_path = write_json(results, out / f"compare-{results['meta']['run']}.json")
+    print(render_rich(results))
+    print(f"raw results: {json_path}")
+    if not args.no_chart:
+        try:
+            png = out / f"compare-{results['meta']['run']}.png"
+            print(f"chart: {write_chart(results, png)}")
+        except PeerUnavailable as e:
+            print(f"no chart: {e}")
+    if args.write_readme:
+        update_readme(HERE / "README.md", results)
+        print(f"recorded in {HERE / 'README.md'}")
+    print(f"total {results['meta']['elapsed_s']:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

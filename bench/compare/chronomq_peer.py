@@ -1,0 +1,206 @@
+"""chronomq from this checkout: ``chronomq start`` (contract A) through the compat harness's
+ChronomqProcess (contract C), driven with chronomq's own client (chronomq.client): an asyncio Producer
+with a window of concurrent sends per batch, and a PushConsumer with a coroutine listener.
+
+RocketMQ 4.x delayed messages use fixed delay levels (``messageDelayLevel``). Its documented way to get
+other delays is to configure the level table, so the bench runs the broker with 1 s steps up to 40 s and
+coarser levels up to 2 h (LEVELS below); each message takes the smallest level that reaches its intended
+due time, and its real due time (send time + level delay) is what lateness is measured against. When the
+client accepts arbitrary delivery times (``Message(deliver_at=...)``, the timer issue), they are used
+instead."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from .base import Consumer, PayloadFn, Peer, Producer, Sink
+from .procs import PeerUnavailable
+from .workloads import now_ms, quantize_to_level
+
+REPO = Path(__file__).resolve().parents[2]
+LEVELS = " ".join([f"{s}s" for s in range(1, 41)] + ["50s", "1m", "2m", "5m", "10m", "30m", "1h", "2h"])
+SEND_WINDOW = 256      # concurrent sends in flight per producer
+QUEUES = 4
+
+
+def _levels_ms() -> list[int]:
+    from chronomq.config import parse_delay_levels
+
+    return parse_delay_levels(LEVELS)
+
+
+def _client() -> Any:
+    try:
+        import chronomq.client as client
+    except ImportError as e:  # the client is another helper's work in progress
+        raise PeerUnavailable(f"chronomq.client is not importable yet: {e}") from e
+    for name in ("Producer", "PushConsumer", "Admin", "Message"):
+        if not hasattr(client, name):
+            raise PeerUnavailable(f"chronomq.client has no {name} yet")
+    return client
+
+
+def supports_deliver_at() -> bool:
+    """True once the client (and so the broker's timer) accepts arbitrary delivery times."""
+    client = _client()
+    try:
+        client.Message(topic="T", body=b"x", deliver_at=now_ms() + 60_000).wire_properties()
+    except Exception:
+        return False
+    return True
+
+
+def topic_of(dest: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_" else "_" for c in dest)[:120]
+
+
+class ChronomqProducer(Producer):
+    def __init__(self, namesrv: str, dest: str, payload: PayloadFn, levels_ms: list[int] | None) -> None:
+        self.client = _client()
+        self.topic = topic_of(dest)
+        self.payload = payload
+        self.levels_ms = levels_ms
+        self.proxy = self.client.Producer(f"cmp_p_{self.topic}"[:100], namesrv=namesrv, send_timeout=10.0,
+                                          retries=2).blocking()
+        self.producer = self.proxy.async_client
+
+    async def _send_all(self, msgs: list[Any]) -> None:
+        sem = asyncio.Semaphore(SEND_WINDOW)
+
+        async def one(msg: Any) -> None:
+            async with sem:
+                await self.producer.send(msg)
+
+        await asyncio.gather(*(one(x) for x in msgs))
+
+    def schedule(self, items: Sequence[tuple[int, int]]) -> list[int]:
+        send_ms = now_ms()  # before anything of this batch reaches the broker: store time >= send_ms
+        msgs, dues = [], []
+        for seq, due in items:
+            if self.levels_ms is None:
+                real = due
+                msg = self.client.Message(topic=self.topic, body=self.payload(seq, real), deliver_at=due)
+            else:
+                level, real = quantize_to_level(self.levels_ms, send_ms, due)
+                msg = self.client.Message(topic=self.topic, body=self.payload(seq, real), delay_level=level)
+            msgs.append(msg)
+            dues.append(real)
+        asyncio.run_coroutine_threadsafe(self._send_all(msgs), self.proxy.loop).result(300)
+        return dues
+
+    def close(self) -> None:
+        self.proxy.close()
+
+
+class ChronomqConsumer(Consumer):
+    def __init__(self, namesrv: str, dest: str, sink: Sink) -> None:
+        client = _client()
+        self.sink = sink
+        topic = topic_of(dest)
+
+        async def listener(msg: Any) -> Any:
+            sink(msg.body, now_ms())
+            return client.SUCCESS
+
+        consumer = client.PushConsumer(f"cmp_c_{topic}"[:100], {topic: "*"}, listener, namesrv=namesrv,
+                                       consume_from="first", concurrency=64, pull_batch_size=32,
+                                       long_poll_timeout=5.0)
+        self.proxy = consumer.blocking()
+
+    def close(self) -> None:
+        self.proxy.close()
+
+
+class ChronomqPeer(Peer):
+    name = "chronomq"
+    client = "chronomq.client (asyncio Producer, 256 sends in flight; PushConsumer)"
+
+    def __init__(self, workdir: Path, flush: str = "ASYNC_FLUSH") -> None:
+        super().__init__(workdir)
+        if flush not in ("ASYNC_FLUSH", "SYNC_FLUSH"):
+            raise ValueError(f"flush must be ASYNC_FLUSH or SYNC_FLUSH, not {flush!r}")
+        self.flush = flush
+        self.name = f"chronomq_{'sync' if flush == 'SYNC_FLUSH' else 'async'}"
+        self.label = f"chronomq {'SYNC' if flush == 'SYNC_FLUSH' else 'ASYNC'}"
+        self.durability = f"flushDiskType={flush}"
+        self.proc: Any = None
+        self._admin: Any = None
+
+    def check(self) -> None:
+        _client()
+        if str(REPO) not in sys.path:
+            sys.path.insert(0, str(REPO))
+        try:
+            from tests.compat.harness import ChronomqProcess  # noqa: F401
+        except ImportError as e:
+            raise PeerUnavailable(f"tests/compat/harness.py (ChronomqProcess) is not importable: {e}") from e
+        self.levels_ms = None if supports_deliver_at() else _levels_ms()
+
+    def version(self) -> str:
+        try:
+            from chronomq import __version__
+        except ImportError:
+            return ""
+        rev = ""
+        with contextlib.suppress(OSError):
+            head = (REPO / ".git" / "HEAD").read_text().strip()
+            if head.startswith("ref: "):
+                rev = (REPO / ".git" / head[5:]).read_text().strip()[:10]
+            else:
+                rev = head[:10]
+        return f"chronomq {__version__} ({rev})" if rev else f"chronomq {__version__}"
+
+    def start(self) -> None:
+        self.check()
+        from tests.compat.harness import ChronomqProcess
+
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        overrides = {"flushDiskType": self.flush}
+        if self.levels_ms is not None:
+            overrides["messageDelayLevel"] = LEVELS
+        self.proc = ChronomqProcess(self.data_dir, overrides)
+        self.proc.start(timeout=60)
+
+    @property
+    def namesrv(self) -> str:
+        return self.proc.namesrv_addr
+
+    def stop(self) -> None:
+        if self._admin is not None:
+            with contextlib.suppress(Exception):
+                self._admin.close()
+            self._admin = None
+        if self.proc is not None:
+            self.proc.stop(timeout=60)
+
+    def kill9(self) -> None:
+        self.proc.stop(kill=True)
+
+    def restart(self) -> None:
+        self.proc.start(timeout=120)
+
+    def server_pids(self) -> list[int]:
+        pid = self.proc.pid if self.proc is not None else None
+        return [pid] if pid is not None and self.proc.running else []
+
+    def log_tail(self) -> str:
+        return self.proc.log_tail() if self.proc is not None else ""
+
+    def _create_topic(self, topic: str) -> None:
+        client = _client()
+        if self._admin is None:
+            self._admin = client.Admin(self.namesrv).blocking()
+        self._admin.create_topic(topic, QUEUES)
+
+    def producer(self, dest: str, payload: PayloadFn) -> Producer:
+        self._create_topic(topic_of(dest))
+        return ChronomqProducer(self.namesrv, dest, payload, self.levels_ms)
+
+    def consumer(self, dest: str, sink: Sink) -> Consumer:
+        self._create_topic(topic_of(dest))
+        return ChronomqConsumer(self.namesrv, dest, sink)

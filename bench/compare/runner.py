@@ -1,0 +1,251 @@
+"""The six workloads, run against one system. Each load loop is bounded by its message count and by the
+plan's time cap; each wait is bounded by the last due time plus the plan's grace period."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from .base import Consumer, Peer, Producer
+from .procs import disk_usage, tree_rss
+from .workloads import Plan, Recorder, lead_ms_for, make_payload, now_ms, spread_dues
+
+WORKLOADS = ("schedule", "spread", "burst", "hol", "restart", "pending")
+Log = Callable[[str], None]
+
+
+@dataclass
+class Ctx:
+    peer: Peer
+    plan: Plan
+    run: str
+    log: Log
+    rate: float | None = None  # scheduling rate measured by workload 1 (sizes the lead of later ones)
+    notes: list[str] = field(default_factory=list)
+
+
+def _payload_fn(ctx: Ctx, wl: str) -> Callable[[int, int], bytes]:
+    run, size = ctx.run, ctx.plan.payload_size
+    return lambda seq, due: make_payload(run, wl, seq, due, size)
+
+
+def load(producer: Producer, seqs: range, due_of: Callable[[int], int], batch: int,
+         cap_s: float) -> dict[str, Any]:
+    """Schedule ``seqs`` in batches (bounded by count and by ``cap_s``). Returns sent (seq -> real due),
+    elapsed seconds and whether the time cap cut it short."""
+    sent: dict[int, int] = {}
+    t0 = time.monotonic()
+    capped = False
+    for start in range(seqs.start, seqs.stop, batch):
+        if time.monotonic() - t0 > cap_s:
+            capped = True
+            break
+        chunk = [(s, due_of(s)) for s in range(start, min(start + batch, seqs.stop))]
+        dues = producer.schedule(chunk)
+        sent.update((s, d) for (s, _), d in zip(chunk, dues, strict=True))
+    return {"sent": sent, "elapsed_s": time.monotonic() - t0, "capped": capped, "end_ms": now_ms()}
+
+
+@contextlib.contextmanager
+def _clients(ctx: Ctx, wl: str, consume: bool = True) -> Any:
+    rec = Recorder(ctx.run, wl)
+    dest = f"cmp_{ctx.run}_{wl}"
+    consumer: Consumer | None = ctx.peer.consumer(dest, rec.sink) if consume else None
+    producer: Producer | None = None
+    try:
+        producer = ctx.peer.producer(dest, _payload_fn(ctx, wl))
+        yield rec, producer
+    finally:
+        for c in (producer, consumer):
+            if c is not None:
+                with contextlib.suppress(Exception):
+                    c.close()
+
+
+def _wait_all(rec: Recorder, sent: dict[int, int], extra_ms: int, only: set[int] | None = None) -> bool:
+    want = set(sent) if only is None else set(sent) & only
+    if not want:
+        return True
+    last_due = max(sent[s] for s in want)
+    wait_s = max(0.0, (last_due + extra_ms - now_ms()) / 1000)
+    return rec.wait_for(want, time.monotonic() + wait_s)
+
+
+# --- 1. schedule as fast as possible -------------------------------------------------------------------
+def w_schedule(ctx: Ctx) -> dict[str, Any]:
+    p = ctx.plan
+    with _clients(ctx, "w1", consume=False) as (_rec, producer):
+        r = load(producer, range(p.schedule_count), lambda _s: now_ms() + p.far_delay_ms, p.batch,
+                 p.load_cap_s)
+    n = len(r["sent"])
+    ctx.rate = n / r["elapsed_s"] if r["elapsed_s"] > 0 else None
+    return {"count": n, "target": p.schedule_count, "elapsed_s": r["elapsed_s"], "msgs_per_s": ctx.rate,
+            "capped": r["capped"], "delay_ms": p.far_delay_ms}
+
+
+# --- 5. pending scale (tops workload 1's destination up to pending_count) -------------------------------
+def w_pending(ctx: Ctx, already: int) -> dict[str, Any]:
+    p = ctx.plan
+    with _clients(ctx, "w1", consume=False) as (_rec, producer):
+        r = load(producer, range(already, max(already, p.pending_count)),
+                 lambda _s: now_ms() + p.far_delay_ms, p.batch, p.load_cap_s)
+    pending = already + len(r["sent"])
+    time.sleep(2)  # let background flushes/appends settle before measuring (a fixed settle, not a wait)
+    out: dict[str, Any] = {"pending": pending, "target": p.pending_count, "load_elapsed_s": r["elapsed_s"],
+                           "capped": r["capped"]}
+    out.update(tree_rss(ctx.peer.server_pids()))
+    out.update(disk_usage(ctx.peer.data_dir))
+    if pending:
+        out["rss_per_msg_bytes"] = out["rss_bytes"] / pending
+        out["disk_per_msg_bytes"] = out["disk_bytes"] / pending
+    return out
+
+
+# --- 2. N due over a window ----------------------------------------------------------------------------
+def w_spread(ctx: Ctx) -> dict[str, Any]:
+    p = ctx.plan
+    with _clients(ctx, "w2") as (rec, producer):
+        lead = lead_ms_for(p.spread_count, ctx.rate)
+        start = now_ms() + lead
+        dues = spread_dues(p.spread_count, start, p.spread_window_ms)
+        r = load(producer, range(p.spread_count), lambda s: dues[s], p.batch, p.load_cap_s)
+        complete = _wait_all(rec, r["sent"], p.grace_ms)
+        out = rec.summary(r["sent"])
+    out.update(lead_ms=lead, window_ms=p.spread_window_ms, load_elapsed_s=r["elapsed_s"], capped=r["capped"],
+               loaded_before_first_due=r["end_ms"] <= start, complete=complete)
+    return out
+
+
+# --- 3. burst: N due in the same second ----------------------------------------------------------------
+def w_burst(ctx: Ctx) -> dict[str, Any]:
+    p = ctx.plan
+    with _clients(ctx, "w3") as (rec, producer):
+        lead = lead_ms_for(p.burst_count, ctx.rate)
+        due = now_ms() + lead
+        r = load(producer, range(p.burst_count), lambda _s: due, p.batch, p.load_cap_s)
+        complete = _wait_all(rec, r["sent"], p.grace_ms)
+        out = rec.summary(r["sent"])
+    sent = r["sent"]
+    if sent and out.get("last_recv_ms") is not None:
+        out["drain_ms"] = out["last_recv_ms"] - max(sent.values())
+        out["due_spread_ms"] = max(sent.values()) - min(sent.values())
+    out.update(lead_ms=lead, load_elapsed_s=r["elapsed_s"], capped=r["capped"],
+               loaded_before_due=r["end_ms"] <= due, complete=complete)
+    return out
+
+
+# --- 4. head-of-line: one long delay, then many short ones, same destination ---------------------------
+def w_hol(ctx: Ctx) -> dict[str, Any]:
+    p = ctx.plan
+    with _clients(ctx, "w4") as (rec, producer):
+        first = load(producer, range(1), lambda _s: now_ms() + p.hol_long_ms, p.batch, p.load_cap_s)
+        r = load(producer, range(1, p.hol_short_count + 1), lambda _s: now_ms() + p.hol_short_ms, p.batch,
+                 p.load_cap_s)
+        shorts = set(r["sent"])
+        # wait for the short ones; a queue with head-of-line blocking releases them only after the long one
+        deadline_ms = max(first["sent"].values(), default=now_ms()) + p.grace_ms
+        complete = rec.wait_for(shorts, time.monotonic() + max(0.0, (deadline_ms - now_ms()) / 1000))
+        out = rec.summary(r["sent"], only=shorts)
+        out["long_received"] = rec.summary(first["sent"])["received"]
+    out.update(long_ms=p.hol_long_ms, short_ms=p.hol_short_ms, complete=complete)
+    return out
+
+
+# --- 6. kill -9 with N pending, restart, count lost / duplicate / early --------------------------------
+def w_restart(ctx: Ctx) -> dict[str, Any]:
+    p = ctx.plan
+    peer = ctx.peer
+    rec = Recorder(ctx.run, "w6")
+    dest = f"cmp_{ctx.run}_w6"
+    consumer = peer.consumer(dest, rec.sink)
+    try:
+        producer = peer.producer(dest, _payload_fn(ctx, "w6"))
+        try:
+            lead = lead_ms_for(p.restart_count, ctx.rate) + 3_000
+            dues = spread_dues(p.restart_count, now_ms() + lead, p.restart_window_ms)
+            r = load(producer, range(p.restart_count), lambda s: dues[s], p.batch, p.load_cap_s)
+        finally:
+            producer.close()
+        sent = r["sent"]
+        received_before_kill = rec.distinct()
+        t_kill = time.monotonic()
+        peer.kill9()
+        peer.restart()
+        restart_s = time.monotonic() - t_kill
+        complete = _wait_all(rec, sent, p.grace_ms)
+        if complete:  # give late duplicates (redeliveries) a moment to show up
+            time.sleep(2)
+        out = rec.summary(sent)
+    finally:
+        with contextlib.suppress(Exception):
+            consumer.close()
+    out.update(pending_at_kill=len(sent) - received_before_kill, restart_s=restart_s, complete=complete,
+               load_elapsed_s=r["elapsed_s"], capped=r["capped"])
+    return out
+
+
+def run_system(peer: Peer, plan: Plan, run: str, log: Log,
+               only: tuple[str, ...] = WORKLOADS) -> dict[str, Any]:
+    """Start the system, run the workloads (each isolated: a failure is recorded, the rest still runs),
+    stop everything it started. Never raises for a workload failure."""
+    result: dict[str, Any] = {"system": peer.describe(), "status": "ok", "workloads": {}, "timings_s": {}}
+    ctx = Ctx(peer, plan, run, log)
+    t0 = time.monotonic()
+    try:
+        peer.start()
+    except Exception as e:
+        result.update(status="error", reason=f"start failed: {e}")
+        with contextlib.suppress(Exception):
+            peer.stop()
+        return result
+    result["start_s"] = time.monotonic() - t0
+    result["system"] = peer.describe()
+    try:
+        result["baseline"] = {**tree_rss(peer.server_pids()), **disk_usage(peer.data_dir)}
+        steps: list[tuple[str, Callable[[], dict[str, Any]]]] = [
+            ("schedule", lambda: w_schedule(ctx)),
+            ("spread", lambda: w_spread(ctx)),
+            ("burst", lambda: w_burst(ctx)),
+            ("hol", lambda: w_hol(ctx)),
+            ("restart", lambda: w_restart(ctx)),
+            ("pending", lambda: w_pending(ctx, result["workloads"].get("schedule", {}).get("count", 0))),
+        ]
+        for name, fn in steps:
+            if name not in only:
+                continue
+            log(f"[{peer.label}] {name} ...")
+            ts = time.monotonic()
+            try:
+                result["workloads"][name] = fn()
+            except Exception as e:
+                result["workloads"][name] = {"error": f"{type(e).__name__}: {e}",
+                                             "traceback": traceback.format_exc()[-3000:]}
+                log(f"[{peer.label}] {name} failed: {e}")
+                if not peer.server_pids():  # a failed restart: bring the server back for what follows
+                    with contextlib.suppress(Exception):
+                        peer.restart()
+            result["timings_s"][name] = time.monotonic() - ts
+            log(f"[{peer.label}] {name} done in {result['timings_s'][name]:.1f}s: "
+                f"{_brief(result['workloads'][name])}")
+    finally:
+        try:
+            peer.stop()
+        except Exception as e:
+            result["stop_error"] = str(e)
+    result["total_s"] = time.monotonic() - t0
+    return result
+
+
+def _brief(d: dict[str, Any]) -> str:
+    keys = ("msgs_per_s", "p50_ms", "p99_ms", "max_ms", "drain_ms", "received", "sent", "lost", "duplicates",
+            "early_receipts", "rss_bytes", "disk_bytes", "pending", "error")
+    parts = []
+    for k in keys:
+        if k in d and d[k] is not None:
+            v = d[k]
+            parts.append(f"{k}={v:.0f}" if isinstance(v, float) else f"{k}={v}")
+    return " ".join(parts)
