@@ -56,6 +56,9 @@ class Connection(asyncio.Protocol):
         self._pending: dict[int, asyncio.Future[RemotingCommand]] = {}
         self._paused = False
         self._drain_waiters: list[asyncio.Future[None]] = []
+        # responses produced while one read is being processed are written with one syscall
+        self._batching = False
+        self._out: list[bytes] = []
 
     # --- asyncio.Protocol ---------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -68,6 +71,21 @@ class Connection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self.closed:
             return
+        self._batching = True
+        try:
+            self._process(data)
+        finally:
+            self._batching = False
+            self._flush()
+
+    def _flush(self) -> None:
+        if not self._out:
+            return
+        out, self._out = self._out, []
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.write(out[0] if len(out) == 1 else b"".join(out))
+
+    def _process(self, data: bytes) -> None:
         try:
             items = self._decoder.feed(data)
         except FrameError as e:
@@ -189,7 +207,10 @@ class Connection(asyncio.Protocol):
                     language="JAVA",
                 )
             )
-        self.transport.write(data)
+        if self._batching:
+            self._out.append(data)
+        else:
+            self.transport.write(data)
         return True
 
     async def drain(self) -> None:
@@ -217,6 +238,7 @@ class Connection(asyncio.Protocol):
 
     def close(self) -> None:
         if self.transport is not None and not self.transport.is_closing():
+            self._flush()  # whole frames answered before the close still go out
             self.transport.close()
         self.closed = True
 
