@@ -380,6 +380,10 @@ class BrokerProcessor:
                 code, remark = ResponseCode.PULL_NOT_FOUND, st.value
         else:  # OFFSET_OVERFLOW_BADLY, OFFSET_TOO_SMALL
             code, remark = ResponseCode.PULL_OFFSET_MOVED, st.value
+        if code == ResponseCode.PULL_OFFSET_MOVED:
+            # protocol.md 2.3: beyond the end -> maxOffset, below the start -> minOffset
+            beyond = offset > r.max_offset or st is GetStatus.NO_MESSAGE_IN_QUEUE
+            nxt = r.max_offset if beyond else r.min_offset
         ext = {
             "nextBeginOffset": str(nxt),
             "minOffset": str(r.min_offset),
