@@ -541,3 +541,17 @@ async def test_admin_codes_and_unknown_code(env: Env) -> None:
     assert resp.code == C.REQUEST_CODE_NOT_SUPPORTED
     resp = await c.request(R.UPDATE_AND_CREATE_TOPIC, {"topic": "bad name"})
     assert resp.code == C.SYSTEM_ERROR
+
+
+async def test_compressed_batch_from_the_cpp_client_is_inflated(env: Env) -> None:
+    import zlib
+
+    c = await env.client()
+    items = [BatchItem(b"x" * 1024, {"UNIQ_KEY": f"z{i}"}) for i in range(16)]
+    ext = send_ext("ZB", 0, {"WAIT": "true"}, batch=True, sys_flag=1)
+    resp = await c.request(R.SEND_MESSAGE, ext, zlib.compress(encode_batch_body(items)))
+    assert resp.code == C.SUCCESS, resp.remark
+    msgs = await _pull_all(env, c, "ZB", 0)
+    assert len(msgs) == 16 and all(m.body == b"x" * 1024 and m.sys_flag & 1 == 0 for m in msgs)
+    resp = await c.request(R.SEND_MESSAGE, ext, b"not zlib")
+    assert resp.code == C.MESSAGE_ILLEGAL and "compressed" in resp.remark

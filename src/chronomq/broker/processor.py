@@ -13,6 +13,7 @@ import concurrent.futures
 import json
 import logging
 import random
+import zlib
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -23,6 +24,7 @@ from chronomq.message import (
     PROPERTY_WAIT_STORE_MSG_OK,
     RETRY_GROUP_TOPIC_PREFIX,
     SCHEDULE_TOPIC,
+    SYSFLAG_COMPRESSED,
     SYSFLAG_TRANSACTION_PREPARED_TYPE,
     MessageExt,
     MessageFormatError,
@@ -71,6 +73,17 @@ _PUT_CODES = {
 
 def _json(obj: Any) -> bytes:
     return json.dumps(obj, separators=(",", ":")).encode()
+
+
+def _inflate(data: bytes, limit: int) -> bytes:
+    d = zlib.decompressobj()
+    try:
+        out = d.decompress(data, limit)
+    except zlib.error as e:
+        raise ValueError(str(e)) from None
+    if d.unconsumed_tail:
+        raise ValueError(f"inflates to more than {limit} bytes")
+    return out
 
 
 def _parse_json_body(req: RemotingCommand, what: str) -> Any:
@@ -221,8 +234,16 @@ class BrokerProcessor:
                 return req.response(
                     ResponseCode.MESSAGE_ILLEGAL, remark="batch messages to a retry topic are not supported"
                 )
+            body = req.body
+            if sys_flag & SYSFLAG_COMPRESSED:
+                # the C++ client deflates a whole batch body over 4 KiB; items are stored uncompressed
+                try:
+                    body = _inflate(body, self.config.maxMessageSize * 4)
+                except ValueError as e:
+                    return req.response(ResponseCode.MESSAGE_ILLEGAL, remark=f"bad compressed batch: {e}")
+                sys_flag &= ~SYSFLAG_COMPRESSED
             try:
-                items = decode_batch_body(req.body)
+                items = decode_batch_body(body)
             except MessageFormatError as e:
                 return req.response(ResponseCode.MESSAGE_ILLEGAL, remark=f"bad batch body: {e}")
             if not items:
