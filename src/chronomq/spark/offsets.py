@@ -106,7 +106,8 @@ class QueueRange:
 def plan_ranges(start: Mapping[QueueKey, int], end: Mapping[QueueKey, int],
                 min_partitions: int | None = None) -> list[QueueRange]:
     """One range per queue with something to read; with ``min_partitions`` larger than that count, big
-    ranges are split (Spark's Kafka rule: a range gets round(size / (total / minPartitions)) pieces)."""
+    ranges are split (a range gets ceil(size / (total / minPartitions)) pieces, so there are at least
+    minPartitions in all)."""
     ranges = [QueueRange(t, b, q, start[(t, b, q)], end[(t, b, q)])
               for (t, b, q) in sorted(end) if (t, b, q) in start and end[(t, b, q)] > start[(t, b, q)]]
     if not min_partitions or len(ranges) >= min_partitions:
@@ -119,10 +120,10 @@ def split_ranges(ranges: Iterable[QueueRange], min_partitions: int) -> list[Queu
     total = sum(r.size for r in ranges)
     if total == 0:
         return ranges
-    ideal = total / min_partitions
     out: list[QueueRange] = []
     for r in ranges:
-        parts = max(1, round(r.size / ideal))
+        # ceil(size / (total / minPartitions)): the pieces add up to at least minPartitions
+        parts = max(1, -(-r.size * min_partitions // total))
         parts = min(parts, r.size)
         base, extra = divmod(r.size, parts)
         pos = r.start
