@@ -250,6 +250,7 @@ class TopicRoute:
     queue_datas: list[QueueData] = field(default_factory=list)
     broker_addrs: dict[str, dict[int, str]] = field(default_factory=dict)
     order_topic_conf: str | None = None
+    _cache: dict[tuple[str, str], list[MessageQueue]] = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
     def parse(cls, topic: str, body: bytes) -> TopicRoute:
@@ -271,10 +272,14 @@ class TopicRoute:
 
     def write_queues(self, topic: str | None = None) -> list[MessageQueue]:
         t = topic or self.topic
-        out = []
+        cached = self._cache.get(("w", t))
+        if cached is not None:
+            return cached
+        out: list[MessageQueue] = []
         for q in sorted(self.queue_datas, key=lambda q: q.broker_name):
             if q.perm & PERM_WRITE and self.master_addr(q.broker_name):
                 out.extend(MessageQueue(t, q.broker_name, i) for i in range(q.write_queue_nums))
+        self._cache[("w", t)] = out
         return out
 
     def read_queues(self, topic: str | None = None) -> list[MessageQueue]:

@@ -42,6 +42,10 @@ class RemotingClosedError(RemotingError):
     """The client was closed."""
 
 
+class _Expired(Exception):
+    """Internal: a request's timer fired."""
+
+
 def _split_addr(addr: str) -> tuple[str, int]:
     host, sep, port = addr.rpartition(":")
     if not sep or not host:
@@ -140,25 +144,31 @@ class Connection:
         self._writer.write(encode(cmd))
 
     async def request(self, cmd: RemotingCommand, timeout: float) -> RemotingCommand:
-        fut: asyncio.Future[RemotingCommand] = asyncio.get_running_loop().create_future()
-        self._pending[cmd.opaque] = fut
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[RemotingCommand] = loop.create_future()
+        opaque = cmd.opaque
+        self._pending[opaque] = fut
+        timer = loop.call_later(timeout, self._expire, opaque, fut)
         try:
             self._write(cmd)
             if self._writer.transport.get_write_buffer_size() > 4 * 1024 * 1024:
                 await self._writer.drain()
-            return await asyncio.wait_for(fut, timeout)
-        except TimeoutError:
-            self._pending.pop(cmd.opaque, None)
+            return await fut
+        except _Expired:
             self.close(f"request code {cmd.code} timed out after {timeout:.1f}s")
             raise RemotingTimeoutError(
                 f"no response from {self.addr} to request code {cmd.code} within {timeout:.1f}s",
                 self.addr) from None
         except (ConnectionError, OSError) as e:
-            self._pending.pop(cmd.opaque, None)
             self.close(str(e))
             raise RemotingConnectError(f"connection to {self.addr} failed: {e}", self.addr) from None
         finally:
-            self._pending.pop(cmd.opaque, None)
+            timer.cancel()
+            self._pending.pop(opaque, None)
+
+    def _expire(self, opaque: int, fut: asyncio.Future[RemotingCommand]) -> None:
+        if self._pending.get(opaque) is fut and not fut.done():
+            fut.set_exception(_Expired())
 
     async def send_oneway(self, cmd: RemotingCommand) -> None:
         try:

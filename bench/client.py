@@ -1,0 +1,149 @@
+"""chronomq.client vs the official 4.x client (PyPI rocketmq==0.4.4, C++ core) on the same chronomq
+and the same workload: 1 KiB messages, single sync sends, async sends (64 in flight), batches of 64,
+and a push consumer draining a topic. Prints both figures side by side with the ratio ours/theirs.
+
+    .venv/bin/python bench/client.py [--quick] [--uvloop] [--count N]
+
+The official client runs in its own venv (tests/compat/harness.official_python) as a subprocess; ours
+runs in this process. Both talk to one `chronomq start` on loopback (ASYNC_FLUSH).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from tests.compat.harness import ChronomqProcess, run_driver
+
+from chronomq.client import Message, Producer, PushConsumer
+
+BODY = b"x" * 1024
+
+
+async def ours_sync(ns: str, topic: str, count: int) -> float:
+    async with Producer("PG_ours_sync", ns) as p:
+        await p.send(Message(topic, BODY))
+        t0 = time.monotonic()
+        for _ in range(count):
+            await p.send(Message(topic, BODY))
+        return count / (time.monotonic() - t0)
+
+
+def ours_blocking(ns: str, topic: str, count: int) -> float:
+    with Producer("PG_ours_block", ns) as p:
+        p.send(Message(topic, BODY))
+        t0 = time.monotonic()
+        for _ in range(count):
+            p.send(Message(topic, BODY))
+        return count / (time.monotonic() - t0)
+
+
+async def ours_async(ns: str, topic: str, count: int, window: int = 64) -> float:
+    async with Producer("PG_ours_async", ns) as p:
+        await p.send(Message(topic, BODY))
+        sem = asyncio.Semaphore(window)
+
+        async def one() -> None:
+            async with sem:
+                await p.send(Message(topic, BODY))
+
+        t0 = time.monotonic()
+        await asyncio.gather(*(one() for _ in range(count)))
+        return count / (time.monotonic() - t0)
+
+
+async def ours_batch(ns: str, topic: str, count: int, size: int = 64) -> float:
+    async with Producer("PG_ours_batch", ns) as p:
+        await p.send(Message(topic, BODY))
+        t0 = time.monotonic()
+        sent = 0
+        while sent < count:
+            n = min(size, count - sent)
+            await p.send_batch([Message(topic, BODY) for _ in range(n)])
+            sent += n
+        return count / (time.monotonic() - t0)
+
+
+async def ours_consume(ns: str, topic: str, count: int) -> float:
+    got = 0
+    done = asyncio.Event()
+
+    def listener(_msg: object) -> None:
+        nonlocal got
+        got += 1
+        if got >= count:
+            done.set()
+
+    async def alistener(msg: object) -> None:
+        listener(msg)
+
+    t0 = time.monotonic()
+    async with PushConsumer("CG_ours_bench", topic, alistener, ns, consume_from="first", concurrency=64):
+        await asyncio.wait_for(done.wait(), 300)
+        elapsed = time.monotonic() - t0
+    return count / elapsed
+
+
+def theirs(ns: str, topic: str, **args: object) -> float:
+    res = run_driver("client_bench", {"namesrv": ns, "topic": topic, **args}, timeout=400)
+    if args.get("role") == "consume":
+        if res["count"] < int(args["count"]):  # type: ignore[call-overload]
+            raise RuntimeError(f"official consumer got {res['count']} of {args['count']}")
+        return res["count"] / res["elapsed_s"]
+    if res["errors"]:
+        print(f"  official producer ({args.get('mode')}): {res['errors']} errors, "
+              f"first: {res['first_error']}")
+    return res["acked"] / res["elapsed_s"]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="small counts (about a minute)")
+    ap.add_argument("--uvloop", action="store_true", help="run our client on uvloop")
+    ap.add_argument("--count", type=int, default=0, help="messages per single-send run")
+    a = ap.parse_args()
+    n_sync = a.count or (3000 if a.quick else 10000)
+    n_async = n_sync * 3
+    n_batch = n_sync * 10
+    run = asyncio.run
+    if a.uvloop:
+        import uvloop
+
+        def run(coro):  # type: ignore[no-untyped-def]
+            return uvloop.run(coro)
+
+    rows: list[tuple[str, float, float]] = []
+    with tempfile.TemporaryDirectory() as d, ChronomqProcess(Path(d) / "data") as server:
+        ns = server.namesrv_addr
+        print(f"chronomq at {ns}; 1 KiB bodies; our loop: {'uvloop' if a.uvloop else 'asyncio'}")
+        t = theirs(ns, "BenchSync", role="produce", mode="sync", count=n_sync)
+        o = run(ours_sync(ns, "BenchSync", n_sync))
+        rows.append((f"single sync sends ({n_sync}), 1 in flight", t, o))
+        b = ours_blocking(ns, "BenchSync", n_sync)
+        rows.append((f"single sync sends, our blocking facade ({n_sync})", t, b))
+        t = theirs(ns, "BenchAsync", role="produce", mode="async", count=n_async, window=64)
+        o = run(ours_async(ns, "BenchAsync", n_async, 64))
+        rows.append((f"async sends, 64 in flight ({n_async})", t, o))
+        t = theirs(ns, "BenchBatch", role="produce", mode="batch", count=n_batch, batch_size=64)
+        o = run(ours_batch(ns, "BenchBatch", n_batch, 64))
+        rows.append((f"batches of 64 ({n_batch})", t, o))
+        # consumers: drain the async topic (n_async + warm-up messages from both producers)
+        total = n_async * 2 + 2
+        t = theirs(ns, "BenchAsync", role="consume", count=total, group="CG_theirs_bench")
+        o = run(ours_consume(ns, "BenchAsync", total))
+        rows.append((f"push consumer draining {total}", t, o))
+    print()
+    print(f"{'workload':<48} {'official msg/s':>15} {'chronomq.client':>16} {'ours/official':>14}")
+    for name, t, o in rows:
+        ratio = f"{o / t:>13.0%}" if t > 0 else f"{'n/a':>13}"
+        print(f"{name:<48} {t:>15,.0f} {o:>16,.0f} {ratio}")
+
+
+if __name__ == "__main__":
+    main()
