@@ -187,11 +187,18 @@ class PushConsumer(SyncContextMixin):
                 max_workers=self.concurrency, thread_name_prefix=f"chronomq-consume-{self.group}")
         await self._instance.start()
         self._started = True
-        for topic in self.subscriptions:
-            with contextlib.suppress(ClientError):
-                await self._instance.get_route(topic)
-        await self._heartbeat()
-        await self._rebalance()
+        try:
+            for topic in self.subscriptions:
+                with contextlib.suppress(ClientError):
+                    await self._instance.get_route(topic)
+            await self._heartbeat()
+            await self._rebalance()  # errors here are retried by the rebalance loop
+        except ClientError as e:
+            log.warning("%s: first rebalance failed (retrying every %.1fs): %s", self.group,
+                        self.rebalance_interval, e)
+        except BaseException:
+            await self.close()
+            raise
         self._instance.spawn(self._rebalance_loop(), "rebalance")
         self._instance.spawn(self._commit_loop(), "offset-commit")
         if self.orderly and not self.broadcasting:
@@ -216,11 +223,15 @@ class PushConsumer(SyncContextMixin):
         # let in-flight listeners finish (bounded), then stop the rest
         pending = [t for t in self._consume_tasks if not t.done()]
         pending += [pq.worker for pq in pqs if pq.worker is not None and not pq.worker.done()]
+        stuck = False
         if pending:
             _done, not_done = await asyncio.wait(pending, timeout=self.shutdown_timeout)
             for t in not_done:
                 t.cancel()
             if not_done:
+                stuck = True
+                log.warning("%s: %d listener call(s) still running after %.1fs; their messages will be "
+                            "delivered again", self.group, len(not_done), self.shutdown_timeout)
                 await asyncio.gather(*not_done, return_exceptions=True)
         try:
             await asyncio.wait_for(self.commit_offsets(), 5.0)
@@ -233,7 +244,8 @@ class PushConsumer(SyncContextMixin):
             await asyncio.wait_for(self._instance.unregister(consumer_group=self.group), 3.0)
         await self._instance.close()
         if self._executor is not None:
-            self._executor.shutdown(wait=True, cancel_futures=True)
+            # a listener thread that never returns cannot be stopped: do not hang on it
+            self._executor.shutdown(wait=not stuck, cancel_futures=True)
         self._pqs.clear()
 
     # --- introspection --------------------------------------------------------------------------------
