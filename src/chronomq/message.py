@@ -151,7 +151,8 @@ def body_crc(body: bytes) -> int:
     return zlib.crc32(body) & 0x7FFFFFFF
 
 
-def _pack_host(host: tuple[str, int]) -> bytes:
+def pack_host(host: tuple[str, int]) -> bytes:
+    """IPv4 address bytes + port as int32 (the record's BORNHOST/STOREHOST field)."""
     ip, port = host
     try:
         raw = socket.inet_aton(ip)
@@ -160,7 +161,7 @@ def _pack_host(host: tuple[str, int]) -> bytes:
     return raw + _I32.pack(port)
 
 
-def _unpack_host(raw: bytes) -> tuple[str, int]:
+def unpack_host(raw: bytes) -> tuple[str, int]:
     return socket.inet_ntoa(raw[:4]), _I32.unpack(raw[4:8])[0]
 
 
@@ -268,9 +269,9 @@ def encode_record(msg: MessageExt, properties_text: str | None = None) -> bytear
         msg.commit_log_offset,
         msg.sys_flag & ~(SYSFLAG_BORNHOST_V6 | SYSFLAG_STOREHOST_V6),
         msg.born_timestamp,
-        _pack_host(msg.born_host),
+        pack_host(msg.born_host),
         msg.store_timestamp,
-        _pack_host(msg.store_host),
+        pack_host(msg.store_host),
         msg.reconsume_times,
         msg.prepared_transaction_offset,
         len(body),
@@ -360,9 +361,9 @@ def decode_record(
         queue_id=queue_id,
         sys_flag=sys_flag,
         born_timestamp=born_ts,
-        born_host=_unpack_host(born_host),
+        born_host=unpack_host(born_host),
         store_timestamp=store_ts,
-        store_host=_unpack_host(store_host),
+        store_host=unpack_host(store_host),
         reconsume_times=reconsume,
         prepared_transaction_offset=prepared,
         queue_offset=queue_offset,
@@ -385,7 +386,7 @@ def decode_records(buf: bytes | bytearray | memoryview) -> list[MessageExt]:
 
 # --- offset message ids (protocol.md 3.2) -----------------------------------------------------------------
 def create_offset_msg_id(store_host: tuple[str, int], commit_log_offset: int) -> str:
-    return (_pack_host(store_host) + _I64.pack(commit_log_offset)).hex().upper()
+    return (pack_host(store_host) + _I64.pack(commit_log_offset)).hex().upper()
 
 
 def decode_offset_msg_id(msg_id: str) -> tuple[tuple[str, int], int]:
@@ -393,4 +394,4 @@ def decode_offset_msg_id(msg_id: str) -> tuple[tuple[str, int], int]:
     if len(msg_id) != 32:
         raise ValueError(f"not an offset message id: {msg_id!r}")
     raw = bytes.fromhex(msg_id)
-    return _unpack_host(raw[:8]), _I64.unpack(raw[8:16])[0]
+    return unpack_host(raw[:8]), _I64.unpack(raw[8:16])[0]
