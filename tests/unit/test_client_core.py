@@ -744,3 +744,66 @@ def test_blocking_facade_and_no_leaked_threads():
         t.join(5)
     leaked = {t.name for t in threading.enumerate()} - before
     assert not [n for n in leaked if n.startswith("chronomq")], leaked
+
+
+async def test_close_does_not_hang_on_a_stuck_listener(broker):
+    broker.topics["T"] = 1
+    release = threading.Event()
+    entered = threading.Event()
+
+    def stuck(msg):
+        entered.set()
+        release.wait(30)
+
+    async with Producer("pg", broker.addr) as p:
+        await p.send(Message("T", b"x"))
+    c = PushConsumer("GS", "T", stuck, broker.addr, consume_from="first", shutdown_timeout=0.3,
+                     long_poll_timeout=0.3)
+    await c.start()
+    try:
+        await async_wait_for(entered.is_set)
+        t0 = time.monotonic()
+        await asyncio.wait_for(c.close(), 10)
+        assert time.monotonic() - t0 < 5
+        # the unconsumed message was not committed: the next consumer gets it again
+        assert broker.offsets.get(("GS", "T", 0), 0) == 0
+    finally:
+        release.set()
+
+
+async def test_listener_result_validation_and_bad_subscriptions(broker):
+    with pytest.raises(ValueError):
+        PushConsumer("G", {"bad topic!": "*"}, print, broker.addr)
+    with pytest.raises(ValueError):
+        PushConsumer("G", "T", print, broker.addr, consume_from="timestamp")
+    with pytest.raises(ValueError):
+        PushConsumer("", "T", print, broker.addr)
+    with pytest.raises(ValueError):
+        Producer("pg", "no-port")
+    broker.topics["T"] = 1
+    results = []
+
+    def odd(msg):
+        results.append(msg.reconsume_times)
+        return 42 if msg.reconsume_times == 0 else None  # not a valid result: treated as a failure
+
+    async with Producer("pg", broker.addr) as p:
+        await p.send(Message("T", b"x"))
+    async with PushConsumer("GV", "T", odd, broker.addr, consume_from="first", long_poll_timeout=0.3,
+                            rebalance_interval=0.2):
+        await async_wait_for(lambda: results == [0, 1], message="redelivered after the invalid result")
+
+
+def test_blocking_call_from_the_loop_thread_is_refused():
+    from chronomq.client.blocking import LoopThread
+
+    lt = LoopThread.acquire()
+    try:
+        async def inner():
+            coro = asyncio.sleep(0)
+            with pytest.raises(RuntimeError, match="own event loop"):
+                lt.run(coro)
+
+        lt.run(inner())
+    finally:
+        lt.release()
