@@ -69,29 +69,28 @@ class ChronomqProducer(Producer):
                                           retries=2).blocking()
         self.producer = self.proxy.async_client
 
-    async def _send_all(self, msgs: list[Any]) -> None:
+    def _message(self, seq: int, due: int) -> tuple[Any, int]:
+        """The message for (seq, intended due), built right before it is sent: with delay levels the level
+        is chosen from the current time, so its real due time (now + level delay) is what the broker
+        computes from its store time (>= now), give or take the send's own latency."""
+        if self.levels_ms is None:
+            return self.client.Message(topic=self.topic, body=self.payload(seq, due), deliver_at=due), due
+        level, real = quantize_to_level(self.levels_ms, now_ms(), due)
+        return self.client.Message(topic=self.topic, body=self.payload(seq, real), delay_level=level), real
+
+    async def _send_all(self, items: Sequence[tuple[int, int]]) -> list[int]:
         sem = asyncio.Semaphore(SEND_WINDOW)
 
-        async def one(msg: Any) -> None:
+        async def one(seq: int, due: int) -> int:
             async with sem:
+                msg, real = self._message(seq, due)
                 await self.producer.send(msg)
+                return real
 
-        await asyncio.gather(*(one(x) for x in msgs))
+        return list(await asyncio.gather(*(one(s, d) for s, d in items)))
 
     def schedule(self, items: Sequence[tuple[int, int]]) -> list[int]:
-        send_ms = now_ms()  # before anything of this batch reaches the broker: store time >= send_ms
-        msgs, dues = [], []
-        for seq, due in items:
-            if self.levels_ms is None:
-                real = due
-                msg = self.client.Message(topic=self.topic, body=self.payload(seq, real), deliver_at=due)
-            else:
-                level, real = quantize_to_level(self.levels_ms, send_ms, due)
-                msg = self.client.Message(topic=self.topic, body=self.payload(seq, real), delay_level=level)
-            msgs.append(msg)
-            dues.append(real)
-        asyncio.run_coroutine_threadsafe(self._send_all(msgs), self.proxy.loop).result(300)
-        return dues
+        return asyncio.run_coroutine_threadsafe(self._send_all(items), self.proxy.loop).result(300)
 
     def close(self) -> None:
         self.proxy.close()

@@ -96,7 +96,9 @@ class ConfirmingPublisher(Producer):
 
     def _publish(self, bodies: list[tuple[bytes, int]]) -> None:
         try:
-            for body, ttl in bodies:
+            for body, due in bodies:
+                # the TTL runs from the moment the queue gets the message: compute it as late as possible
+                ttl = max(0, due - now_ms())
                 self.channel.basic_publish(
                     "", self.delay_q, body,
                     self.pika.BasicProperties(delivery_mode=2, expiration=str(ttl)))
@@ -110,8 +112,7 @@ class ConfirmingPublisher(Producer):
     def schedule(self, items: Sequence[tuple[int, int]]) -> list[int]:
         if self._error:
             raise RuntimeError(self._error)
-        now = now_ms()
-        bodies = [(self.payload(seq, due), max(0, due - now)) for seq, due in items]
+        bodies = [(self.payload(seq, due), due) for seq, due in items]
         self._batch_done.clear()
         self.conn.ioloop.add_callback_threadsafe(lambda: self._publish(bodies))
         if not self._batch_done.wait(120):

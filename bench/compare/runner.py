@@ -94,7 +94,7 @@ def w_pending(ctx: Ctx, already: int) -> dict[str, Any]:
         r = load(producer, range(already, max(already, p.pending_count)),
                  lambda _s: now_ms() + p.far_delay_ms, p.batch, p.load_cap_s)
     pending = already + len(r["sent"])
-    time.sleep(2)  # let background flushes/appends settle before measuring (a fixed settle, not a wait)
+    time.sleep(p.settle_s)  # let background flushes/appends settle before measuring (a fixed pause)
     out: dict[str, Any] = {"pending": pending, "target": p.pending_count, "load_elapsed_s": r["elapsed_s"],
                            "capped": r["capped"]}
     out.update(tree_rss(ctx.peer.server_pids()))
@@ -109,7 +109,7 @@ def w_pending(ctx: Ctx, already: int) -> dict[str, Any]:
 def w_spread(ctx: Ctx) -> dict[str, Any]:
     p = ctx.plan
     with _clients(ctx, "w2") as (rec, producer):
-        lead = lead_ms_for(p.spread_count, ctx.rate)
+        lead = lead_ms_for(p.spread_count, ctx.rate, p.lead_floor_ms)
         start = now_ms() + lead
         dues = spread_dues(p.spread_count, start, p.spread_window_ms)
         r = load(producer, range(p.spread_count), lambda s: dues[s], p.batch, p.load_cap_s)
@@ -124,7 +124,7 @@ def w_spread(ctx: Ctx) -> dict[str, Any]:
 def w_burst(ctx: Ctx) -> dict[str, Any]:
     p = ctx.plan
     with _clients(ctx, "w3") as (rec, producer):
-        lead = lead_ms_for(p.burst_count, ctx.rate)
+        lead = lead_ms_for(p.burst_count, ctx.rate, p.lead_floor_ms)
         due = now_ms() + lead
         r = load(producer, range(p.burst_count), lambda _s: due, p.batch, p.load_cap_s)
         complete = _wait_all(rec, r["sent"], p.grace_ms)
@@ -165,7 +165,7 @@ def w_restart(ctx: Ctx) -> dict[str, Any]:
     try:
         producer = peer.producer(dest, _payload_fn(ctx, "w6"))
         try:
-            lead = lead_ms_for(p.restart_count, ctx.rate) + 3_000
+            lead = lead_ms_for(p.restart_count, ctx.rate, p.lead_floor_ms) + p.restart_extra_lead_ms
             dues = spread_dues(p.restart_count, now_ms() + lead, p.restart_window_ms)
             r = load(producer, range(p.restart_count), lambda s: dues[s], p.batch, p.load_cap_s)
         finally:

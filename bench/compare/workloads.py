@@ -44,6 +44,9 @@ class Plan:
     batch: int = 1000          # messages per pipeline / confirm batch / concurrent-send window
     payload_size: int = PAYLOAD_SIZE
     far_delay_ms: int = 2 * HOUR_MS  # delay of the messages that must stay pending (workloads 1 and 5)
+    lead_floor_ms: int = 2_000     # least time between the start of a load and its first due time
+    restart_extra_lead_ms: int = 3_000  # workload 6: extra lead so the kill lands before the first due time
+    settle_s: float = 2.0          # workload 5: pause after loading before RSS/disk are read
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -60,7 +63,8 @@ FULL = Plan(mode="full", schedule_count=1_000_000, spread_count=100_000, spread_
 # a seconds-long plan for the end-to-end test
 TINY = Plan(mode="tiny", schedule_count=300, spread_count=200, spread_window_ms=2_000, burst_count=200,
             hol_short_count=50, hol_long_ms=8_000, hol_short_ms=1_000, pending_count=500, restart_count=100,
-            restart_window_ms=1_000, load_cap_s=30, grace_ms=8_000, batch=100)
+            restart_window_ms=1_000, load_cap_s=30, grace_ms=8_000, batch=100, lead_floor_ms=500,
+            restart_extra_lead_ms=500, settle_s=0.2)
 
 PLANS = {p.mode: p for p in (QUICK, FULL, TINY)}
 

@@ -1,0 +1,418 @@
+"""bench/compare harness logic, cheaply: workload math, lateness/percentiles, receipts bookkeeping,
+bounded load loops, the result table/JSON/README assembly and skipping a peer whose binary is missing."""
+
+from __future__ import annotations
+
+import argparse
+import heapq
+import itertools
+import json
+import math
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+from bench.compare import procs, report, runner
+from bench.compare.__main__ import run as compare_run
+from bench.compare.base import Consumer, PayloadFn, Peer, Producer, Sink
+from bench.compare.procs import APT_LINE, PeerUnavailable
+from bench.compare.rabbit_peer import RabbitPeer
+from bench.compare.redis_peer import RedisPeer
+from bench.compare.workloads import (
+    TINY,
+    Recorder,
+    lateness_stats,
+    lead_ms_for,
+    make_payload,
+    now_ms,
+    parse_payload,
+    percentile,
+    quantize_to_level,
+    spread_dues,
+)
+
+
+# --- workload math -------------------------------------------------------------------------------------
+def test_payload_is_exactly_1kib_and_round_trips() -> None:
+    body = make_payload("r1", "w2", 12345, 1_700_000_000_123)
+    assert len(body) == 1024
+    assert parse_payload(body) == ("r1", "w2", 12345, 1_700_000_000_123)
+    assert parse_payload(b"hello|world") is None
+    assert parse_payload(b"cmq|r|w|notanint|5|xx") is None
+    with pytest.raises(ValueError):
+        make_payload("r" * 2000, "w", 1, 1)
+
+
+def test_spread_dues_cover_the_window_evenly() -> None:
+    dues = spread_dues(1000, 5_000, 10_000)
+    assert len(dues) == 1000
+    assert dues[0] == 5_000 and dues[-1] == 5_000 + 9_990
+    assert all(b - a == 10 for a, b in itertools.pairwise(dues))
+    assert spread_dues(0, 1, 1) == []
+    assert spread_dues(1, 7, 100) == [7]
+
+
+def test_quantize_picks_the_smallest_level_reaching_the_due_time() -> None:
+    levels = [1_000, 2_000, 5_000, 60_000]
+    assert quantize_to_level(levels, 10_000, 11_500) == (2, 12_000)
+    assert quantize_to_level(levels, 10_000, 12_000) == (2, 12_000)      # exact
+    assert quantize_to_level(levels, 10_000, 9_000) == (1, 11_000)       # due in the past: shortest level
+    assert quantize_to_level(levels, 10_000, 500_000) == (4, 70_000)     # beyond the table: longest
+    assert quantize_to_level([5_000, 1_000], 0, 800) == (2, 1_000)       # table order does not matter
+    with pytest.raises(ValueError):
+        quantize_to_level([], 0, 1)
+
+
+def test_lead_time_grows_with_the_load_and_has_a_floor() -> None:
+    assert lead_ms_for(10, 100_000) == 2_000
+    assert lead_ms_for(100_000, 10_000) == 16_000           # 10 s of loading x1.5 + 1 s
+    assert lead_ms_for(10_000, None) == lead_ms_for(10_000, 2_000.0)
+
+
+def test_percentiles_are_nearest_rank() -> None:
+    values = list(range(1, 101))
+    assert percentile(values, 50) == 50
+    assert percentile(values, 99) == 99
+    assert percentile(values, 100) == 100
+    assert percentile(values, 0) == 1
+    assert percentile([7], 99) == 7
+    assert percentile([], 50) is None
+    with pytest.raises(ValueError):
+        percentile(values, 101)
+
+
+def test_lateness_stats_count_early_receipts() -> None:
+    s = lateness_stats([5, -3, 0, 12, 7, -1])
+    assert s["count"] == 6 and s["early"] == 2
+    assert s["min_ms"] == -3 and s["max_ms"] == 12 and s["p50_ms"] == 0 and s["p99_ms"] == 12
+    assert lateness_stats([])["p50_ms"] is None
+
+
+def test_recorder_counts_lost_duplicates_early_and_foreign() -> None:
+    rec = Recorder("run", "w6")
+    sent = {i: 1_000 + i for i in range(5)}
+    rec.sink(make_payload("run", "w6", 0, 1_000), 1_010)   # 10 ms late
+    rec.sink(make_payload("run", "w6", 1, 1_001), 1_000)   # 1 ms early
+    rec.sink(make_payload("run", "w6", 1, 1_001), 1_050)   # duplicate (late)
+    rec.sink(make_payload("run", "w6", 2, 1_002), 1_002)   # on time
+    rec.sink(make_payload("other", "w6", 3, 1_003), 1_003)  # another run
+    rec.sink(b"not ours", 1)
+    s = rec.summary(sent)
+    assert s["received"] == 3 and s["sent"] == 5 and s["lost"] == 2
+    assert s["duplicates"] == 1 and s["early_receipts"] == 1 and s["early"] == 1 and s["foreign"] == 2
+    assert s["max_ms"] == 10 and s["min_ms"] == -1
+    only = rec.summary(sent, only={0, 3})
+    assert only["received"] == 1 and only["lost"] == 1 and only["sent"] == 2
+
+
+def test_recorder_wait_for_is_woken_by_the_sink() -> None:
+    rec = Recorder("r", "w")
+    assert rec.wait_for(1, 0) is False  # deadline already passed: returns at once
+    t = threading.Thread(target=lambda: [rec.sink(make_payload("r", "w", i, 0), 1) for i in range(3)])
+    t.start()
+    import time
+
+    assert rec.wait_for({0, 1, 2}, time.monotonic() + 30)
+    t.join()
+    assert rec.wait_for(3, 0)
+
+
+# --- bounded load loops --------------------------------------------------------------------------------
+class ListProducer(Producer):
+    def __init__(self, quantum: int = 0) -> None:
+        self.batches: list[list[tuple[int, int]]] = []
+        self.quantum = quantum
+
+    def schedule(self, items: Sequence[tuple[int, int]]) -> list[int]:
+        self.batches.append(list(items))
+        return [d + self.quantum for _, d in items]
+
+
+def test_load_is_bounded_by_count_and_batches() -> None:
+    p = ListProducer(quantum=7)
+    r = runner.load(p, range(10, 35), lambda s: s * 100, batch=10, cap_s=60)
+    assert [len(b) for b in p.batches] == [10, 10, 5]
+    assert r["sent"] == {s: s * 100 + 7 for s in range(10, 35)}
+    assert r["capped"] is False
+
+
+def test_load_stops_at_its_time_cap(monkeypatch: pytest.MonkeyPatch) -> None:
+    ticks = iter(range(0, 10_000, 10))  # a fake monotonic clock: +10 s per reading
+    monkeypatch.setattr(runner.time, "monotonic", lambda: next(ticks))
+    p = ListProducer()
+    r = runner.load(p, range(1_000_000), lambda s: s, batch=100, cap_s=25)
+    assert r["capped"] is True
+    # readings: t0=0, then 10 and 20 (under the 25 s cap: a batch each), then 30: stop
+    assert len(p.batches) == 2 and len(r["sent"]) == 200
+
+
+# --- the runner against an in-memory delay server ------------------------------------------------------
+class MemoryServer:
+    """Delivers each message to the destination's sinks at its due time (a heap and one thread).
+    ``kill9`` can drop or duplicate pending messages to check the restart bookkeeping."""
+
+    def __init__(self) -> None:
+        self.heap: list[tuple[int, int, str, bytes]] = []
+        self.sinks: dict[str, list[Sink]] = {}
+        self.cond = threading.Condition()
+        self.n = 0
+        self.stopped = False
+        self.lose_on_kill = 0
+        self.dup_on_kill = 0
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def put(self, dest: str, due: int, body: bytes) -> None:
+        with self.cond:
+            self.n += 1
+            heapq.heappush(self.heap, (due, self.n, dest, body))
+            self.cond.notify()
+
+    def _run(self) -> None:
+        while True:
+            with self.cond:
+                while not self.stopped and (not self.heap or self.heap[0][0] > now_ms()):
+                    wait = (self.heap[0][0] - now_ms()) / 1000 if self.heap else 1.0
+                    self.cond.wait(max(0.001, min(wait, 1.0)))
+                if self.stopped:
+                    return
+                _due, _, dest, body = heapq.heappop(self.heap)
+                sinks = list(self.sinks.get(dest, []))
+            for s in sinks:
+                s(body, now_ms())
+
+    def kill(self, dest_suffix: str) -> None:
+        """Lose the ``lose_on_kill`` latest pending messages of the destination, duplicate the
+        ``dup_on_kill`` earliest ones."""
+        with self.cond:
+            mine = sorted(e for e in self.heap if e[2].endswith(dest_suffix))
+            lost = set(mine[len(mine) - self.lose_on_kill:]) if self.lose_on_kill else set()
+            self.heap = [e for e in self.heap if e not in lost]
+            for due, _n, dest, body in mine[: self.dup_on_kill]:
+                self.n += 1
+                self.heap.append((due, self.n, dest, body))
+            heapq.heapify(self.heap)
+
+    def stop(self) -> None:
+        with self.cond:
+            self.stopped = True
+            self.cond.notify()
+        self.thread.join(10)
+
+
+class MemProducer(Producer):
+    def __init__(self, server: MemoryServer, dest: str, payload: PayloadFn) -> None:
+        self.server, self.dest, self.payload = server, dest, payload
+
+    def schedule(self, items: Sequence[tuple[int, int]]) -> list[int]:
+        for seq, due in items:
+            self.server.put(self.dest, due, self.payload(seq, due))
+        return [d for _, d in items]
+
+
+class MemConsumer(Consumer):
+    def __init__(self, server: MemoryServer, dest: str, sink: Sink) -> None:
+        self.server, self.dest, self.sink = server, dest, sink
+        with server.cond:
+            server.sinks.setdefault(dest, []).append(sink)
+
+    def close(self) -> None:
+        with self.server.cond:
+            self.server.sinks[self.dest].remove(self.sink)
+
+
+class MemPeer(Peer):
+    name = "redis"  # stands in for a peer column in the report
+    label = "memory"
+    durability = "none"
+
+    def __init__(self, workdir: Path) -> None:
+        super().__init__(workdir)
+        self.server: MemoryServer | None = None
+        self.events: list[str] = []
+
+    def check(self) -> None:
+        pass
+
+    def start(self) -> None:
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        (self.data_dir / "blob").write_bytes(b"x" * 10_000)
+        self.server = MemoryServer()
+        self.server.lose_on_kill, self.server.dup_on_kill = 3, 2
+        self.events.append("start")
+
+    def stop(self) -> None:
+        assert self.server is not None
+        self.server.stop()
+        self.events.append("stop")
+
+    def kill9(self) -> None:
+        assert self.server is not None
+        self.server.kill("_w6")
+        self.events.append("kill9")
+
+    def restart(self) -> None:
+        self.events.append("restart")
+
+    def server_pids(self) -> list[int]:
+        import os
+
+        return [os.getpid()]
+
+    def producer(self, dest: str, payload: PayloadFn) -> Producer:
+        assert self.server is not None
+        return MemProducer(self.server, dest, payload)
+
+    def consumer(self, dest: str, sink: Sink) -> Consumer:
+        assert self.server is not None
+        return MemConsumer(self.server, dest, sink)
+
+
+def test_run_system_measures_all_six_workloads(tmp_path: Path) -> None:
+    import dataclasses
+
+    plan = dataclasses.replace(TINY, spread_window_ms=300, hol_long_ms=1_500, hol_short_ms=100,
+                               restart_window_ms=200, grace_ms=3_000, schedule_count=200, pending_count=350)
+    peer = MemPeer(tmp_path / "mem")
+    logs: list[str] = []
+    res = runner.run_system(peer, plan, "t1", logs.append)
+    assert peer.events == ["start", "kill9", "restart", "stop"]
+    w = res["workloads"]
+    assert set(w) == set(runner.WORKLOADS)
+    assert all("error" not in v for v in w.values()), w
+    assert w["schedule"]["count"] == 200 and w["schedule"]["msgs_per_s"] > 0
+    assert w["spread"]["received"] == plan.spread_count and w["spread"]["lost"] == 0
+    assert w["spread"]["early_receipts"] == 0 and w["spread"]["p99_ms"] is not None
+    assert w["burst"]["received"] == plan.burst_count and w["burst"]["drain_ms"] >= 0
+    assert w["hol"]["received"] == plan.hol_short_count and w["hol"]["max_ms"] < 1_400  # no HOL in memory
+    # kill -9 dropped 3 pending messages and duplicated 2
+    assert w["restart"]["lost"] == 3 and w["restart"]["duplicates"] == 2
+    assert w["pending"]["pending"] == 350 and w["pending"]["disk_bytes"] >= 10_000
+    assert w["pending"]["rss_bytes"] > 0
+
+
+# --- report assembly -----------------------------------------------------------------------------------
+def _results() -> dict[str, Any]:
+    def sys_(name: str, label: str, **wl: dict[str, Any]) -> dict[str, Any]:
+        return {"status": "ok", "system": {"name": name, "label": label, "durability": "d", "client": "c"},
+                "workloads": wl}
+
+    return {
+        "meta": {"run": "r", "mode": "quick", "plan": TINY.to_dict(), "started": "now", "elapsed_s": 12.0,
+                 "machine": {"cpus": 2, "cpu_model": "cpu", "mem_gib": 1, "os": "linux", "python": "3.11"}},
+        "systems": {
+            "chronomq_async": sys_("chronomq_async", "cmq A", schedule={"msgs_per_s": 500.0},
+                                   spread={"p50_ms": 30, "lost": 0, "early_receipts": 0},
+                                   restart={"lost": 0, "duplicates": 4}),
+            "chronomq_sync": {"status": "ok", "system": {"label": "cmq S"},
+                              "workloads": {"schedule": {"error": "boom"}}},
+            "redis": sys_("redis", "Redis", schedule={"msgs_per_s": 1000.0},
+                          spread={"p50_ms": 10, "lost": 0, "early_receipts": 0}, restart={"lost": 2,
+                                                                                          "duplicates": 0}),
+            "rabbitmq": sys_("rabbitmq", "Rabbit", schedule={"msgs_per_s": 250.0},
+                             spread={"p50_ms": 60, "lost": 0, "early_receipts": 0},
+                             restart={"lost": 0, "duplicates": 1}),
+        },
+    }
+
+
+def _metric(workload: str, field: str) -> report.Metric:
+    return next(m for m in report.metrics(TINY.to_dict()) if (m.workload, m.field) == (workload, field))
+
+
+def test_ratio_is_against_the_best_peer_in_the_right_direction() -> None:
+    res = _results()
+    rate = _metric("schedule", "msgs_per_s")
+    assert report.best_peer(res, rate) == ("redis", 1000.0)             # higher is better: max
+    assert report.best_peer(res, _metric("spread", "p50_ms")) == ("redis", 10.0)  # lower: min
+    assert report.best_peer(res, _metric("restart", "lost")) == ("rabbitmq", 0.0)
+    assert report.ratio(500.0, 1000.0) == 0.5
+    assert report.ratio(0, 0) == 1.0 and math.isinf(report.ratio(4, 0) or 0)
+    assert report.ratio(None, 3) is None and report.ratio(3, None) is None
+
+
+def test_table_has_a_row_per_figure_and_all_six_workloads() -> None:
+    header, rows = report.table_rows(_results())
+    assert header[:2] == ["workload", "figure"]
+    assert header[2:6] == ["cmq A", "cmq S", "Redis", "Rabbit"]
+    assert header[6:] == ["cmq A / best peer", "cmq S / best peer"]
+    groups = [r[0] for r in rows if r[0]]
+    assert [g[0] for g in groups] == ["1", "2", "3", "4", "5", "6"]
+    by_figure = {(r[1], i): r for i, r in enumerate(rows)}
+    sched = rows[0]
+    assert sched[2:6] == ["500", "error", "1,000", "250"] and sched[6] == "x0.50 ↑" and sched[7] == "-"
+    p50 = next(r for (f, _), r in by_figure.items() if f == "lateness p50")
+    assert p50[2] == "30 ms" and p50[6] == "x3.00 ↓"
+    dups = next(r for r in rows if r[1] == "duplicates")
+    assert dups[6] == "peer 0"  # the best peer (redis) had none: no finite ratio
+    lost = next(r for r in rows if r[1] == "lost")
+    assert lost[2] == "0" and lost[6] == "x1.00 ↓"  # both zero
+    missing = next(r for r in rows if r[1] == "server RSS")
+    assert missing[2:6] == ["-", "-", "-", "-"] and missing[6] == "-"
+
+
+def test_skipped_system_shows_its_status_and_reason() -> None:
+    res = _results()
+    res["systems"]["rabbitmq"] = {"status": "skipped", "reason": f"install with {APT_LINE}",
+                                  "system": {"label": "Rabbit"}}
+    _header, rows = report.table_rows(res)
+    assert rows[0][5] == "skipped" and rows[0][6] == "x0.50 ↑"  # best peer is now redis only
+    text = report.render_rich(res)
+    assert "skipped" in text and APT_LINE in text
+
+
+def test_json_readme_and_chart_are_written(tmp_path: Path) -> None:
+    res = _results()
+    path = report.write_json(res, tmp_path / "out" / "r.json")
+    assert json.loads(path.read_text())["systems"]["redis"]["workloads"]["schedule"]["msgs_per_s"] == 1000.0
+    readme = tmp_path / "README.md"
+    readme.write_text("# title\n\nintro\n")
+    report.update_readme(readme, res)
+    report.update_readme(readme, res)  # replaces its own section, does not append a second one
+    text = readme.read_text()
+    assert text.startswith("# title\n\nintro\n")
+    assert text.count(report.README_START) == 1 and "quick-mode" in text and "| workload | figure |" in text
+    pytest.importorskip("matplotlib")
+    png = report.write_chart(res, tmp_path / "out" / "r.png")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_plain_table_when_rich_is_missing() -> None:
+    text = report.plain_table(["a", "bb"], [["1", "2"], ["333", ""]])
+    assert text.splitlines()[0].startswith("a    bb") and "333" in text
+
+
+# --- peers that cannot run are skipped with the install line ------------------------------------------
+def test_missing_binaries_skip_the_peer_with_the_apt_line(monkeypatch: pytest.MonkeyPatch,
+                                                          tmp_path: Path) -> None:
+    monkeypatch.setattr(procs, "find_binary", lambda name, extra_dirs=(): None)
+    for cls in (RedisPeer, RabbitPeer):
+        with pytest.raises(PeerUnavailable, match="apt-get install -y redis-server rabbitmq-server"):
+            cls(tmp_path).check()
+    logs: list[str] = []
+    args = argparse.Namespace(mode="tiny", pending=None, systems="redis,rabbitmq", workloads="schedule",
+                              workdir=tmp_path, keep=False)
+    res = compare_run(args, logs.append)
+    assert {s: r["status"] for s, r in res["systems"].items()} == {"redis": "skipped", "rabbitmq": "skipped"}
+    assert sum(APT_LINE in line for line in logs) >= 2
+    assert not any(p.name.startswith("chronomq-compare-") for p in tmp_path.iterdir())  # temp dir removed
+
+
+def test_missing_python_client_says_what_to_pip_install(monkeypatch: pytest.MonkeyPatch) -> None:
+    import builtins
+
+    from bench.compare import base
+
+    real_import = builtins.__import__
+
+    def fake_import(name: str, *a: Any, **k: Any) -> Any:
+        if name == "pika":
+            raise ImportError("No module named 'pika'")
+        return real_import(name, *a, **k)
+
+    monkeypatch.setattr(builtins, "__import__", fake_import)
+    monkeypatch.delitem(__import__("sys").modules, "pika", raising=False)
+    with pytest.raises(PeerUnavailable, match="pip install"):
+        base.need_module("pika", "pika")
