@@ -7,7 +7,7 @@ import asyncio
 import os
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Awaitable, Iterator
 from pathlib import Path
 
 import pytest
@@ -114,6 +114,10 @@ async def test_push_consumer_retry_dlq_and_redrive(server: ChronomqProcess) -> N
     assert [b for b, _, _ in deliveries].count(b"fine") == 1
 
 
+async def _count(coro: Awaitable[list[ReceivedMessage]], n: int = 6) -> bool:
+    return len(await coro) >= n
+
+
 async def _dlq_size(a: Admin) -> int:
     try:
         rows = await a.group_progress("CG_retry", "%DLQ%CG_retry")
@@ -163,6 +167,9 @@ async def test_admin_every_call(server: ChronomqProcess) -> None:
         async with Producer("PG_admin", ns) as p:
             sent = [await p.send(Message("CliAdmin", f"a{i}", keys=f"order-{i} shared")) for i in range(6)]
         assert (await a.get_message(sent[2].offset_msg_id)).body == b"a2"
+        # the key index is built asynchronously by the broker's dispatcher: wait until it has them all
+        await async_wait_for(lambda: _count(a.query_messages("CliAdmin", "shared")), timeout=15,
+                             message="the key index covers the 6 messages")
         assert (await a.get_message(sent[3].msg_id, topic="CliAdmin")).body == b"a3"
         assert [x.body for x in await a.query_messages("CliAdmin", "order-4")] == [b"a4"]
         assert len(await a.query_messages("CliAdmin", "shared")) == 6
