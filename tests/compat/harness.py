@@ -22,6 +22,7 @@ import fcntl
 import hashlib
 import json
 import os
+import shlex
 import signal
 import socket
 import subprocess
@@ -99,7 +100,11 @@ class ChronomqProcess:
         return self.host, self.broker_port
 
     def command(self) -> list[str]:
-        cmd = [sys.executable, "-m", "chronomq.cli.main", "start", "--data-dir", str(self.data_dir),
+        # CHRONOMQ_COMPAT_START (shell words) replaces `python -m chronomq.cli.main`, to run the suite
+        # against another build of the server that takes the same `start` flags.
+        prefix = shlex.split(os.environ.get("CHRONOMQ_COMPAT_START", "")) or [sys.executable, "-m",
+                                                                              "chronomq.cli.main"]
+        cmd = [*prefix, "start", "--data-dir", str(self.data_dir),
                "--host", self.host, "--namesrv-port", str(self.namesrv_port),
                "--broker-port", str(self.broker_port)]
         for k, v in self.overrides.items():
