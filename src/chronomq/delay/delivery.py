@@ -12,14 +12,20 @@ there, so a crash does not cause duplicate deliveries.
 from __future__ import annotations
 
 import logging
+import socket
+import struct
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from chronomq.message import (
+    MAGIC_V1,
+    POS_BODY,
     PROPERTY_DELAY_TIME_LEVEL,
     PROPERTY_REAL_QUEUE_ID,
     PROPERTY_REAL_TOPIC,
+    SCHEDULE_TOPIC,
     MessageExt,
+    decode_properties,
     validate_topic,
 )
 from chronomq.store.types import PutResult, PutStatus
@@ -94,6 +100,40 @@ def restore_real(parked: MessageExt, source: str | None) -> MessageExt:
     )
 
 
+_HEAD = struct.Struct(">iiiiiqqiq8sq8siqi")  # the V1 record head up to BODYLENGTH (message.py layout)
+_HOSTS: dict[bytes, tuple[str, int]] = {}
+
+
+def _host(raw: bytes) -> tuple[str, int]:
+    h = _HOSTS.get(raw)
+    if h is None:
+        if len(_HOSTS) > 10_000:
+            _HOSTS.clear()
+        h = _HOSTS[raw] = (socket.inet_ntoa(raw[:4]), int.from_bytes(raw[4:8], "big", signed=True))
+    return h
+
+
+def restore_from_record(raw: bytes, source: str | None) -> MessageExt:
+    """restore_real(decode_record(raw), source), without building the intermediate message (the
+    delivery hot path). Raises UndeliverableError for a record that cannot be decoded or restored."""
+    try:
+        (total, magic, crc, _qid, flag, _qoff, _phys, sys_flag, born_ts, born_host, _sts, _shost,
+         reconsume, _prep, body_len) = _HEAD.unpack_from(raw, 0)
+        if magic != MAGIC_V1 or total != len(raw) or body_len < 0:
+            raise UndeliverableError("the parked record is corrupt (bad magic or length)")
+        p = POS_BODY + body_len
+        body = raw[POS_BODY:p]
+        p += 1 + raw[p]
+        props_len = int.from_bytes(raw[p:p + 2], "big")
+        props = decode_properties(raw[p + 2:p + 2 + props_len].decode())
+    except (struct.error, IndexError, UnicodeDecodeError) as e:
+        raise UndeliverableError(f"the parked record cannot be decoded: {e}") from None
+    parked = MessageExt(topic=SCHEDULE_TOPIC, body=body, properties=props, flag=flag, sys_flag=sys_flag,
+                        born_timestamp=born_ts, born_host=_host(born_host), reconsume_times=reconsume,
+                        body_crc=crc)
+    return restore_real(parked, source)
+
+
 @dataclass(slots=True)
 class Delivered:
     """Outcome of one delivery attempt."""
@@ -105,22 +145,70 @@ class Delivered:
     error: str | None = None
 
 
+_NOT_TRIED = Delivered(False, True, error="not attempted after an earlier transient failure")
+
+
 class DeliveryPath:
-    """Looks up the parked record, restores it and puts it (synchronously; the store's put is an
-    in-memory append plus, under SYNC_FLUSH, a flush future we do not wait for)."""
+    """Reads parked records, restores them and puts them (synchronously: the store's put is an in-memory
+    append plus, under SYNC_FLUSH, a flush future we do not wait for; the snapshot that makes deliveries
+    permanent flushes first)."""
 
     def __init__(self, store: MessageStore) -> None:
         self.store = store
 
     def deliver(self, parked_phy: int, source: str | None) -> Delivered:
-        parked = self.store.look_message_by_offset(parked_phy)
-        if parked is None:
-            # The parked record is gone (cleaned or corrupt): nothing can ever deliver it.
-            return Delivered(False, False, error=f"parked record at commit-log offset {parked_phy} not found")
-        try:
-            real = restore_real(parked, source)
-        except UndeliverableError as e:
-            return Delivered(False, False, error=str(e))
+        return self.deliver_many([(parked_phy, source)])[0]
+
+    def deliver_many(self, items: list[tuple[int, str | None]]) -> list[Delivered]:
+        """Deliver a batch; returns one outcome per item, in order. Messages for the same real
+        topic/queue are written with one put_messages (their order kept); after a transient failure the
+        remaining groups are not attempted (their outcome says retry)."""
+        out: list[Delivered | None] = [None] * len(items)
+        groups: dict[tuple[str, int], list[tuple[int, MessageExt]]] = {}
+        read = self.store.read_record
+        for i, (phy, source) in enumerate(items):
+            raw = read(phy)
+            if raw is None:
+                out[i] = Delivered(False, False, error=f"parked record at commit-log offset {phy} not found")
+                continue
+            try:
+                real = restore_from_record(raw, source)
+            except UndeliverableError as e:
+                out[i] = Delivered(False, False, error=str(e))
+                continue
+            key = (real.topic, real.queue_id)
+            g = groups.get(key)
+            if g is None:
+                groups[key] = [(i, real)]
+            else:
+                g.append((i, real))
+        stopped = False
+        for group in groups.values():
+            if stopped:
+                for i, _ in group:
+                    out[i] = _NOT_TRIED
+                continue
+            msgs = [m for _, m in group]
+            res = self.store.put_messages(msgs) if len(msgs) > 1 else self.store.put_message(msgs[0])
+            if res.status in WRITTEN and res.append is not None:
+                for i, _ in group:
+                    out[i] = Delivered(True, False, res.append.store_timestamp, res)
+                continue
+            if res.status not in PERMANENT_FAILURES:
+                stopped = True
+                for i, _ in group:
+                    out[i] = Delivered(False, True, result=res, error=f"{res.status.value}: {res.error}")
+                continue
+            # one bad message fails the whole group: isolate it
+            for i, m in group:
+                if stopped:
+                    out[i] = _NOT_TRIED
+                    continue
+                out[i] = d = self._put_one(m)
+                stopped = d.retry
+        return out  # type: ignore[return-value]
+
+    def _put_one(self, real: MessageExt) -> Delivered:
         res = self.store.put_message(real)
         if res.status in WRITTEN and res.append is not None:
             return Delivered(True, False, res.append.store_timestamp, res)

@@ -47,6 +47,9 @@ class LevelState:
     dropped: int = 0
     early: int = 0
     recovered_skips: int = 0
+    # Entries beyond ``offset`` whose re-put is already in the commit log (queue offset -> commit-log
+    # offset of that re-put): found by the crash scan, or left by a batch that failed part-way.
+    ahead: dict[int, int] = field(default_factory=dict)
     lateness: Histogram = field(default_factory=Histogram)
     wake: asyncio.Event = field(default_factory=asyncio.Event)
     wake_scheduled: bool = False
@@ -90,12 +93,10 @@ class ScheduleService:
         self._clamp_offsets()
         # Crash recovery (a no-op after a clean shutdown: the snapshot's scan position is the log's end).
         scan_from = snap.scan_from_phy if snap else 0
-        skips = await asyncio.to_thread(self._scan_reputs, scan_from)
-        for level, n in skips.items():
-            self.states[level].recovered_skips += n
-        if skips:
-            log.info("delay service: skipped %d entries already delivered before a crash",
-                     sum(skips.values()))
+        found = await asyncio.to_thread(self._scan_reputs, scan_from)
+        if found:
+            log.info("delay service: %d entries were delivered after the last offset snapshot (crash);"
+                     " they will not be delivered again", found)
         for st in self.states.values():
             self._read_head(st)
         self.store.add_arrival_listener(self._on_arrival)
@@ -121,8 +122,12 @@ class ScheduleService:
     # --- offsets ----------------------------------------------------------------------------------------
     def snapshot(self) -> OffsetSnapshot:
         # Read the log end before the offsets: every re-put of an entry at or beyond a snapshotted offset
-        # happens later (puts run on this loop thread), so it lies at or beyond scan_from.
+        # happens later (puts run on this loop thread), so it lies at or beyond scan_from -- except the
+        # re-puts already made for entries ahead of a level's offset, so start the scan at those.
         scan_from = self.store.max_phy_offset
+        for st in self.states.values():
+            if st.ahead:
+                scan_from = min(scan_from, min(st.ahead.values()))
         return OffsetSnapshot({lv: st.offset for lv, st in self.states.items()}, scan_from,
                               self.clock.now_ms())
 
@@ -132,8 +137,15 @@ class ScheduleService:
             await asyncio.to_thread(self._flush_and_save, snap)
 
     def _flush_and_save(self, snap: OffsetSnapshot) -> None:
-        # The re-puts a snapshot counts as done must be durable before the snapshot is.
-        self.store.flush()
+        # The re-puts a snapshot counts as done must be durable before the snapshot is. (A concurrent
+        # checkpoint write by the store's own flush thread can make flush() raise; try again.)
+        for attempt in range(3):
+            try:
+                self.store.flush()
+                break
+            except OSError:
+                if attempt == 2:
+                    raise
         self.offset_file.save(snap)
 
     async def _persist_loop(self) -> None:
@@ -157,12 +169,13 @@ class ScheduleService:
                             st.level, st.offset, lo, lo)
                 st.offset = lo
 
-    def _scan_reputs(self, scan_from: int) -> dict[int, int]:
-        """Find re-puts newer than the snapshot and move each level past the ones already in the log."""
+    def _scan_reputs(self, scan_from: int) -> int:
+        """Find re-puts newer than the snapshot (they carry PROPERTY_DELAY_SOURCE) and mark their
+        entries as delivered; returns how many were found."""
         start = max(scan_from, self.store.min_phy_offset)
         if start >= self.store.max_phy_offset:
-            return {}
-        found: dict[int, dict[int, int]] = {}
+            return 0
+        n = 0
         for msg in self.store.iter_messages(start):
             if msg.topic == SCHEDULE_TOPIC:
                 continue
@@ -171,18 +184,18 @@ class ScheduleService:
                 continue
             level, qoff, parked_phy = src
             st = self.states.get(level)
-            if st is not None and qoff >= st.offset:
-                found.setdefault(level, {})[qoff] = parked_phy
-        skips: dict[int, int] = {}
-        for level, offs in found.items():
-            st = self.states[level]
-            while st.offset in offs:
-                units = self.store.get_cq_units(SCHEDULE_TOPIC, st.queue_id, st.offset, 1)
-                if not units or units[0].commit_log_offset != offs[st.offset]:
-                    break
+            if st is None or qoff < st.offset or qoff in st.ahead:
+                continue
+            units = self.store.get_cq_units(SCHEDULE_TOPIC, st.queue_id, qoff, 1)
+            if units and units[0].commit_log_offset == parked_phy:  # it really is that entry's re-put
+                st.ahead[qoff] = msg.commit_log_offset
+                st.recovered_skips += 1
+                n += 1
+        for st in self.states.values():
+            while st.offset in st.ahead:
+                del st.ahead[st.offset]
                 st.offset += 1
-                skips[level] = skips.get(level, 0) + 1
-        return skips
+        return n
 
     # --- cleaning guard ---------------------------------------------------------------------------------
     def min_needed_offset(self) -> int | None:
@@ -251,27 +264,51 @@ class ScheduleService:
             raise
 
     def _deliver_due(self, st: LevelState, units: list, now: int) -> bool:  # list[CQUnit]
-        """Deliver the due prefix of ``units``; returns False after a transient failure."""
+        """Deliver the due prefix of ``units`` in one batch; returns False after a transient failure
+        (the entries not written stay pending and are tried again)."""
+        due = []
         for u in units:
             if u.tags_code > now:
                 break
-            d = self.path.deliver(u.commit_log_offset, make_source(st.level, u.queue_offset,
-                                                                   u.commit_log_offset))
-            if d.retry:
-                log.warning("delay level %d: put failed (%s); retrying offset %d later",
-                            st.level, d.error, u.queue_offset)
-                return False
+            due.append(u)
+        level = st.level
+        todo = [u for u in due if u.queue_offset not in st.ahead]
+        outcomes = self.path.deliver_many(
+            [(u.commit_log_offset, make_source(level, u.queue_offset, u.commit_log_offset)) for u in todo])
+        done: set[int] = set()
+        ok = True
+        record = st.lateness.record
+        for u, d in zip(todo, outcomes, strict=True):
             if d.written:
                 late = d.store_timestamp - u.tags_code
                 if late < 0:
                     st.early += 1
-                st.lateness.record(late)
+                record(late)
                 st.delivered += 1
+                done.add(u.queue_offset)
+                if d.result is not None and d.result.append is not None:
+                    st.ahead[u.queue_offset] = d.result.append.wrote_offset
+            elif d.retry:
+                if ok:
+                    log.warning("delay level %d: put failed (%s); retrying from offset %d later",
+                                level, d.error, u.queue_offset)
+                ok = False
             else:
                 st.dropped += 1
-                log.error("delay level %d: dropping schedule entry %d: %s", st.level, u.queue_offset, d.error)
-            st.offset = u.queue_offset + 1
-        return True
+                done.add(u.queue_offset)
+                log.error("delay level %d: dropping schedule entry %d: %s", level, u.queue_offset, d.error)
+        # advance over the contiguous prefix of finished entries (delivered now, before a crash, or
+        # dropped); entries finished beyond a failed one stay in ``ahead`` so they are not repeated
+        for u in due:
+            q = u.queue_offset
+            if q != st.offset or not (q in done or q in st.ahead):
+                break
+            st.ahead.pop(q, None)
+            st.offset = q + 1
+        for q in done:
+            if q >= st.offset and q not in st.ahead:
+                st.ahead[q] = self.store.max_phy_offset  # dropped: nothing in the log; keep it skipped
+        return ok
 
     # --- introspection ---------------------------------------------------------------------------------
     def is_settled(self) -> bool:
