@@ -42,20 +42,22 @@ class ConsumeQueue:
             self.files.append(MappedFile(os.path.join(self.dir, n), start, self.file_size))
         if not self.files:
             return
-        self.min_offset = self.files[0].start // UNIT_SIZE
-        # The end: the first unit of size 0 (units are written contiguously, so binary search works).
+        # The first and last used units: a queue rebuilt from the middle of the log (cleaned prefix, lost
+        # queue files) starts past the beginning of its first file, so look at both ends of the data.
+        first = self.files[0]
+        head = first.mm[:]
+        lead = len(head) - len(head.lstrip(b"\0"))
+        self.min_offset = first.start // UNIT_SIZE + min(lead // UNIT_SIZE, self.units_per_file)
         last = self.files[-1]
-        lo, hi = 0, self.units_per_file
-        while lo < hi:
-            mid = (lo + hi) // 2
-            if UNIT.unpack_from(last.mm, mid * UNIT_SIZE)[1] > 0:
-                lo = mid + 1
-            else:
-                hi = mid
-        last.written = last.flushed = lo * UNIT_SIZE
+        tail = last.mm[:] if last is not first else head
+        used = len(tail.rstrip(b"\0"))
+        n = (used + UNIT_SIZE - 1) // UNIT_SIZE
+        last.written = last.flushed = n * UNIT_SIZE
         for f in self.files[:-1]:
             f.written = f.flushed = f.file_size
-        self.max_offset = last.start // UNIT_SIZE + lo
+        self.max_offset = last.start // UNIT_SIZE + n
+        if self.max_offset < self.min_offset:
+            self.min_offset = self.max_offset
 
     def _file_for(self, offset: int) -> MappedFile | None:
         files = self.files
@@ -82,10 +84,10 @@ class ConsumeQueue:
                 count -= skip
                 first_offset = self.max_offset
             elif first_offset > self.max_offset:
-                gap = first_offset - self.max_offset
-                self._write(self.max_offset, bytes(gap * UNIT_SIZE))
-                if self.max_offset == self.min_offset + gap and gap:
-                    self.min_offset = first_offset
+                if self.max_offset == self.min_offset:  # empty: the queue starts here
+                    self.min_offset = self.max_offset = first_offset
+                else:
+                    self._write(self.max_offset, bytes((first_offset - self.max_offset) * UNIT_SIZE))
             self._write(first_offset, packed)
             self.dirty = True
 
@@ -99,7 +101,7 @@ class ConsumeQueue:
                 start = (offset // self.units_per_file) * self.file_size
                 f = MappedFile(os.path.join(self.dir, f"{start:020d}"), start, self.file_size)
                 if not self.files:
-                    self.min_offset = start // UNIT_SIZE
+                    self.min_offset = max(self.min_offset, start // UNIT_SIZE)
                 self.files.append(f)
             r = offset * UNIT_SIZE - f.start
             chunk = min(n - pos, f.file_size - r)

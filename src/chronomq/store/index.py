@@ -4,7 +4,8 @@ RocketMQ's layout: a 40-byte header (begin/end store timestamp, begin/end physic
 entry count), ``maxHashSlotNum`` 4-byte slots holding the newest entry number of their chain, then
 ``maxIndexNum`` 20-byte entries (key hash int32, physical offset int64, seconds since the file's begin
 timestamp int32, previous entry in the chain int32). Entry 0 is unused so 0 means "none". Files are
-named by the 20-digit physical offset of their first entry; a full file is followed by a new one.
+named by a 20-digit sequence number (physical offsets can repeat after recovery truncates the log); a
+full file is followed by a new one.
 
 Lookups return candidate offsets only: the caller reads each record and checks its topic, keys and
 store time (hash collisions, and entries left by a crash past the recovered end, are filtered there).
@@ -60,7 +61,7 @@ class IndexFile:
         if prev <= 0 or prev >= self.count:
             prev = 0
             self.slots_used += 1
-        tdiff = (ts - self.begin_ts) // 1000
+        tdiff = min(max((ts - self.begin_ts) // 1000, 0), 0x7FFFFFFF)
         n = self.count
         ENTRY.pack_into(mm, self.entries_at + n * ENTRY_SIZE, h, phys, tdiff, prev)
         I32.pack_into(mm, slot_pos, n)
@@ -108,11 +109,12 @@ class IndexService:
             path = os.path.join(self.dir, n)
             self.files.append(IndexFile(path, self.slot_num, self.index_num))
 
-    def _active(self, phys: int) -> IndexFile:
+    def _active(self) -> IndexFile:
         if not self.files or self.files[-1].full:
             if self.files:
                 self.files[-1].write_header()
-            f = IndexFile(os.path.join(self.dir, f"{phys:020d}"), self.slot_num, self.index_num)
+            seq = int(os.path.basename(self.files[-1].mf.path)) + 1 if self.files else 0
+            f = IndexFile(os.path.join(self.dir, f"{seq:020d}"), self.slot_num, self.index_num)
             with self.lock:
                 self.files = [*self.files, f]
         return self.files[-1]
@@ -122,13 +124,13 @@ class IndexService:
         f = None
         for phys, ts, topic, keys, uniq in items:
             if f is None or f.full:
-                f = self._active(phys)
+                f = self._active()
             if uniq:
                 f.put(key_hash(topic + "#" + uniq), phys, ts)
             if keys:
                 for k in keys:
                     if f.full:
-                        f = self._active(phys)
+                        f = self._active()
                     f.put(key_hash(topic + "#" + k), phys, ts)
         if f is not None:
             f.write_header()

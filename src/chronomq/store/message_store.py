@@ -990,6 +990,9 @@ class MessageStore:
         self._cl_flushed = cl.wrote
         if last_ts == 0 and cl.wrote > cl.min_offset:
             last_ts = self._last_store_time()
+        if last_ts > self.clock.now_ms() + 86_400_000:
+            log.warning("recovery: the newest store time is more than a day ahead of the clock; ignoring it")
+            last_ts = 0
         self._last_ts = last_ts
         for seg in cl.segments:
             seg.flush()
