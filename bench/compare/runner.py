@@ -66,11 +66,14 @@ def _clients(ctx: Ctx, wl: str, consume: bool = True) -> Any:
                     c.close()
 
 
-def _wait_all(rec: Recorder, sent: dict[int, int], extra_ms: int, only: set[int] | None = None) -> bool:
+def _wait_all(rec: Recorder, sent: dict[int, int], extra_ms: int, only: set[int] | None = None,
+              after_ms: int = 0) -> bool:
+    """Wait for every sent message until ``extra_ms`` after the last due time (or after ``after_ms`` if
+    that is later)."""
     want = set(sent) if only is None else set(sent) & only
     if not want:
         return True
-    last_due = max(sent[s] for s in want)
+    last_due = max(max(sent[s] for s in want), after_ms)
     wait_s = max(0.0, (last_due + extra_ms - now_ms()) / 1000)
     return rec.wait_for(want, time.monotonic() + wait_s)
 
@@ -176,7 +179,8 @@ def w_restart(ctx: Ctx) -> dict[str, Any]:
         peer.kill9()
         peer.restart()
         restart_s = time.monotonic() - t_kill
-        complete = _wait_all(rec, sent, p.grace_ms)
+        # wait until the last due time or the restart, whichever is later, plus the grace period
+        complete = _wait_all(rec, sent, p.grace_ms, after_ms=now_ms())
         if complete:  # give late duplicates (redeliveries) a moment to show up
             time.sleep(2)
         out = rec.summary(sent)

@@ -39,6 +39,12 @@ def test_payload_is_exactly_1kib_and_round_trips() -> None:
     body = make_payload("r1", "w2", 12345, 1_700_000_000_123)
     assert len(body) == 1024
     assert parse_payload(body) == ("r1", "w2", 12345, 1_700_000_000_123)
+    # incompressible padding, different per message: a compressing store gains nothing from it
+    import zlib
+
+    assert len(zlib.compress(body)) > 1000
+    assert make_payload("r1", "w2", 12346, 1)[-900:] != body[-900:]
+    assert len(make_payload("r", "w", 1, 1, size=40_000)) == 40_000
     assert parse_payload(b"hello|world") is None
     assert parse_payload(b"cmq|r|w|notanint|5|xx") is None
     with pytest.raises(ValueError):
@@ -67,7 +73,7 @@ def test_quantize_picks_the_smallest_level_reaching_the_due_time() -> None:
 
 def test_lead_time_grows_with_the_load_and_has_a_floor() -> None:
     assert lead_ms_for(10, 100_000) == 2_000
-    assert lead_ms_for(100_000, 10_000) == 16_000           # 10 s of loading x1.5 + 1 s
+    assert lead_ms_for(100_000, 10_000) == 13_500           # 10 s of loading x1.25 + 1 s
     assert lead_ms_for(10_000, None) == lead_ms_for(10_000, 2_000.0)
 
 
