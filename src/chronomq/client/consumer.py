@@ -90,7 +90,8 @@ class ProcessQueue:
     consumed: int = 0
 
     def commit_offset(self) -> int:
-        return min(self.msgs) if self.msgs else self.high
+        # msgs is filled in increasing offset order, so its first key is the smallest in flight (O(1))
+        return next(iter(self.msgs)) if self.msgs else self.high
 
 
 class PushConsumer(SyncContextMixin):
@@ -531,7 +532,7 @@ class PushConsumer(SyncContextMixin):
             if not pq.locked:
                 await asyncio.sleep(0.2)
                 continue
-            offset = min(pq.msgs)
+            offset = next(iter(pq.msgs))
             msg = pq.msgs[offset]
             assert self._sem is not None
             async with self._sem:
