@@ -306,3 +306,65 @@ async def test_broker_restart_during_sends_and_consumption(tmp_path: Path, kill:
     finally:
         stop.set()
         server.stop()
+
+
+_KILLABLE_CONSUMER = """
+import asyncio, sys
+from chronomq.client import PushConsumer
+
+async def main():
+    out = open(sys.argv[2], "a", buffering=1)
+    def listener(m):
+        out.write(m.body.decode() + "\\n")
+    async with PushConsumer("CG_kill", "CliKill", listener, sys.argv[1], rebalance_interval=0.5,
+                            offset_commit_interval=0.5, long_poll_timeout=2.0):
+        print("started", flush=True)
+        await asyncio.Event().wait()
+
+asyncio.run(main())
+"""
+
+
+async def test_consumer_process_killed_survivor_takes_over(server: ChronomqProcess, tmp_path: Path) -> None:
+    """A consumer process dies without a goodbye (SIGKILL): the broker drops it when its connection
+    closes, the survivor's rebalance takes its queues from the committed offsets, nothing is lost."""
+    import subprocess
+    import sys
+
+    ns = server.namesrv_addr
+    async with Admin(ns) as a:
+        await a.create_topic("CliKill", 4)
+    out = tmp_path / "victim.txt"
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2] / "src"))
+    victim = subprocess.Popen([sys.executable, "-c", _KILLABLE_CONSUMER, ns, str(out)], env=env,
+                              stdout=subprocess.PIPE, text=True)
+    survivor_got: list[str] = []
+    try:
+        assert victim.stdout is not None
+        line = await asyncio.wait_for(asyncio.to_thread(victim.stdout.readline), 30)
+        assert line.strip() == "started"
+        c = PushConsumer("CG_kill", "CliKill", lambda m: survivor_got.append(m.body.decode()), ns,
+                         **CONSUMER_OPTS)
+        async with c, Producer("PG_kill", ns) as p:
+            await async_wait_for(lambda: len([q for q in c.assigned_queues() if q.topic == "CliKill"]) == 2,
+                                 timeout=20, message="2+2 split with the victim process")
+            for i in range(40):
+                await p.send(Message("CliKill", f"k{i}"))
+
+            def victim_got() -> list[str]:
+                return out.read_text().split() if out.exists() else []
+
+            await async_wait_for(lambda: len(set(victim_got()) | set(survivor_got)) == 40, timeout=20)
+            assert victim_got(), "the victim consumed nothing before being killed"
+            victim.kill()
+            victim.wait(10)
+            await async_wait_for(lambda: len([q for q in c.assigned_queues() if q.topic == "CliKill"]) == 4,
+                                 timeout=30, message="takeover after SIGKILL")
+            for i in range(40, 80):
+                await p.send(Message("CliKill", f"k{i}"))
+            await async_wait_for(lambda: {f"k{i}" for i in range(40, 80)} <= set(survivor_got), timeout=20)
+        assert {f"k{i}" for i in range(80)} <= set(victim_got()) | set(survivor_got)
+    finally:
+        if victim.poll() is None:
+            victim.kill()
+            victim.wait(10)
