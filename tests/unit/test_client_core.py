@@ -807,3 +807,15 @@ def test_blocking_call_from_the_loop_thread_is_refused():
         lt.run(inner())
     finally:
         lt.release()
+
+
+async def test_name_server_failover_and_connection_reuse(broker):
+    dead = f"127.0.0.1:{free_port()}"
+    broker.topics["T"] = 1
+    async with Producer("pg", [dead, broker.addr], retries=0) as p:
+        r = await p.send(Message("T", b"x"))
+        assert r.queue_offset == 0
+        assert p._instance.namesrv_addrs[p._instance._ns_index] == broker.addr  # sticks to the live one
+        await p.send(Message("T", b"y"))
+        # one connection to the broker/name server (same address here) served every request
+        assert len(broker.writers) == 1
