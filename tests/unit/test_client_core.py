@@ -819,3 +819,20 @@ async def test_name_server_failover_and_connection_reuse(broker):
         await p.send(Message("T", b"y"))
         # one connection to the broker/name server (same address here) served every request
         assert len(broker.writers) == 1
+
+
+async def test_no_task_left_after_close(broker):
+    broker.topics["T"] = 2
+    got = []
+    async with Producer("pg", broker.addr) as p, \
+            PushConsumer("GT", "T", got.append, broker.addr, consume_from="first", long_poll_timeout=0.3,
+                         orderly=True), \
+            SimpleConsumer("st", broker.addr) as s, Admin(broker.addr) as a:
+        await p.send(Message("T", b"x"))
+        await async_wait_for(lambda: got)
+        await s.queues("T")
+        await a.list_topics()
+        assert [t for t in asyncio.all_tasks() if t.get_name().startswith("chronomq")]
+    await asyncio.sleep(0)
+    left = [t.get_name() for t in asyncio.all_tasks() if t.get_name().startswith("chronomq")]
+    assert left == []

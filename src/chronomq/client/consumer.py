@@ -456,7 +456,8 @@ class PushConsumer(SyncContextMixin):
 
     # --- consuming ------------------------------------------------------------------------------------
     def _spawn_consume(self, pq: ProcessQueue, msg: ReceivedMessage) -> None:
-        task = asyncio.get_running_loop().create_task(self._consume_concurrently(pq, msg))
+        task = asyncio.get_running_loop().create_task(self._consume_concurrently(pq, msg),
+                                                    name="chronomq-consume")
         self._consume_tasks.add(task)
         task.add_done_callback(self._consume_tasks.discard)
 

@@ -72,7 +72,8 @@ class Connection:
         self._pending: dict[int, asyncio.Future[RemotingCommand]] = {}
         self._closed = False
         self._tasks: set[asyncio.Task[None]] = set()
-        self._read_task = asyncio.get_running_loop().create_task(self._read_loop())
+        self._read_task = asyncio.get_running_loop().create_task(self._read_loop(),
+                                                                 name=f"chronomq-conn-{addr}")
 
     @property
     def closed(self) -> bool:
@@ -115,7 +116,7 @@ class Connection:
                 self._write(cmd.response(ResponseCode.REQUEST_CODE_NOT_SUPPORTED,
                                          remark=f"request code {cmd.code} not supported by this client"))
             return
-        task = asyncio.get_running_loop().create_task(self._handle(cmd))
+        task = asyncio.get_running_loop().create_task(self._handle(cmd), name="chronomq-server-request")
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
@@ -271,7 +272,7 @@ class RemotingClient:
         self._closing.add(conn)
         # reap the connection's tasks in the background; close() awaits whatever is left
         with contextlib.suppress(RuntimeError):
-            asyncio.get_running_loop().create_task(self._reap(conn))
+            asyncio.get_running_loop().create_task(self._reap(conn), name="chronomq-reap")
 
     async def _reap(self, conn: Connection) -> None:
         await conn.wait_closed()
