@@ -1,0 +1,365 @@
+"""The timer store's files: segmented positional-I/O logs, the time wheel and the key hash index.
+
+Everything here is synchronous and single-writer (the TimerStore lock serialises callers). Logs use
+``os.pwrite``/``os.pread`` rather than mmap so the broker's resident memory does not grow with the data
+written; only the small wheel files and the hash bucket tables are memory-mapped.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import struct
+import zlib
+from pathlib import Path
+
+_Q = struct.Struct("<q")
+_ZERO_CHUNK = bytes(4096)
+
+
+def _seg_name(start: int) -> str:
+    return f"{start:020d}"
+
+
+class SegmentedFile:
+    """A logical byte space split into fixed-size files named by their 20-digit start position.
+    Callers never let one write cross a segment boundary (``room``/``next_segment`` help with that)."""
+
+    def __init__(self, directory: Path, segment_size: int) -> None:
+        self.dir = directory
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.segment_size = segment_size
+        self._fds: dict[int, int] = {}
+        self._dirty: set[int] = set()
+        self.starts: list[int] = sorted(
+            int(p.name) for p in self.dir.iterdir() if p.name.isdigit() and len(p.name) == 20
+        )
+
+    # --- layout -------------------------------------------------------------------------------------
+    def seg_start(self, pos: int) -> int:
+        return pos - pos % self.segment_size
+
+    def room(self, pos: int) -> int:
+        return self.segment_size - pos % self.segment_size
+
+    @property
+    def min_pos(self) -> int:
+        return self.starts[0] if self.starts else 0
+
+    def file_end(self) -> int:
+        """The logical position just past the last byte present on disk."""
+        if not self.starts:
+            return 0
+        last = self.starts[-1]
+        return last + os.fstat(self._fd(last)).st_size
+
+    def _fd(self, start: int, create: bool = False) -> int:
+        fd = self._fds.get(start)
+        if fd is None:
+            flags = os.O_RDWR | (os.O_CREAT if create else 0)
+            fd = os.open(self.dir / _seg_name(start), flags, 0o644)
+            self._fds[start] = fd
+            if create and (not self.starts or self.starts[-1] < start):
+                self.starts.append(start)
+            elif create and start not in self.starts:
+                self.starts.append(start)
+                self.starts.sort()
+        return fd
+
+    # --- I/O -------------------------------------------------------------------------------------------
+    def write(self, pos: int, data: bytes | bytearray | memoryview) -> None:
+        start = self.seg_start(pos)
+        if pos - start + len(data) > self.segment_size:
+            raise ValueError("write crosses a segment boundary")
+        fd = self._fd(start, create=True)
+        os.pwrite(fd, data, pos - start)
+        self._dirty.add(start)
+
+    def read(self, pos: int, n: int) -> bytes:
+        """Up to ``n`` bytes at ``pos`` (fewer at the end of a file; empty when the segment is gone)."""
+        start = self.seg_start(pos)
+        if start not in self._fds and start not in self.starts:
+            return b""
+        try:
+            fd = self._fd(start)
+        except FileNotFoundError:
+            return b""
+        return os.pread(fd, min(n, self.segment_size - (pos - start)), pos - start)
+
+    def truncate(self, end: int) -> None:
+        """Drop everything at or beyond logical position ``end``."""
+        for start in list(self.starts):
+            if start >= end:
+                self.delete_segment(start)
+            elif start + self.segment_size > end:
+                os.ftruncate(self._fd(start), end - start)
+                self._dirty.add(start)
+
+    def delete_segment(self, start: int) -> None:
+        fd = self._fds.pop(start, None)
+        if fd is not None:
+            os.close(fd)
+        self._dirty.discard(start)
+        try:
+            (self.dir / _seg_name(start)).unlink()
+        except FileNotFoundError:
+            pass
+        if start in self.starts:
+            self.starts.remove(start)
+
+    def sync(self) -> None:
+        for start in list(self._dirty):
+            fd = self._fds.get(start)
+            if fd is not None:
+                os.fsync(fd)
+        self._dirty.clear()
+
+    def disk_bytes(self) -> int:
+        total = 0
+        for start in self.starts:
+            try:
+                total += os.fstat(self._fd(start)).st_blocks * 512
+            except FileNotFoundError:
+                pass
+        return total
+
+    def close(self) -> None:
+        for fd in self._fds.values():
+            os.close(fd)
+        self._fds.clear()
+
+
+class Wheel:
+    """Absolute time wheel: one small file per day of slots (``slot_ms`` each). A slot holds the index
+    entry number + 1 of the newest entry linked into it (0 = empty); entries chain backwards through
+    their ``prev`` field. Files for days that are fully processed are deleted."""
+
+    def __init__(self, directory: Path, slot_ms: int) -> None:
+        if 86_400_000 % slot_ms:
+            raise ValueError(f"timer slot size {slot_ms} ms must divide a day (86,400,000 ms)")
+        self.dir = directory
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.slot_ms = slot_ms
+        self.per_file = 86_400_000 // slot_ms
+        self.file_bytes = self.per_file * 8
+        self._maps: dict[int, mmap.mmap] = {}
+        self._fds: dict[int, int] = {}
+        for p in self.dir.iterdir():
+            if p.name.isdigit():
+                self._open(int(p.name), create=False)
+
+    def _open(self, fno: int, create: bool) -> mmap.mmap | None:
+        mm = self._maps.get(fno)
+        if mm is not None:
+            return mm
+        path = self.dir / f"{fno:08d}"
+        if not create and not path.exists():
+            return None
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        if os.fstat(fd).st_size != self.file_bytes:
+            os.ftruncate(fd, self.file_bytes)
+        mm = mmap.mmap(fd, self.file_bytes)
+        self._maps[fno] = mm
+        self._fds[fno] = fd
+        return mm
+
+    def get(self, slot: int) -> int:
+        mm = self._maps.get(slot // self.per_file)  # every existing file is mapped at open
+        if mm is None:
+            return 0
+        return _Q.unpack_from(mm, (slot % self.per_file) * 8)[0]
+
+    def set(self, slot: int, value: int) -> None:
+        mm = self._maps.get(slot // self.per_file) or self._open(slot // self.per_file, create=True)
+        assert mm is not None
+        _Q.pack_into(mm, (slot % self.per_file) * 8, value)
+
+    def next_nonempty(self, from_slot: int) -> int | None:
+        """The first slot >= from_slot with a chain, or None."""
+        first_file = from_slot // self.per_file
+        for fno in sorted(f for f in self._maps if f >= first_file):
+            mm = self._maps[fno]
+            off = max(0, from_slot - fno * self.per_file) * 8
+            end = self.file_bytes
+            while off < end:
+                # Aligned 4 KiB chunks compared against zeros run at C speed.
+                chunk_end = min(end, (off // 4096 + 1) * 4096)
+                chunk = mm[off:chunk_end]
+                if chunk != _ZERO_CHUNK[: len(chunk)]:
+                    stripped = chunk.lstrip(b"\0")
+                    first_byte = off + len(chunk) - len(stripped)
+                    return fno * self.per_file + first_byte // 8
+                off = chunk_end
+        return None
+
+    def delete_through(self, slot: int) -> None:
+        """Delete files whose every slot is <= ``slot``."""
+        for fno in [f for f in self._maps if (f + 1) * self.per_file - 1 <= slot]:
+            self._maps.pop(fno).close()
+            os.close(self._fds.pop(fno))
+            (self.dir / f"{fno:08d}").unlink(missing_ok=True)
+
+    def max_value(self) -> int:
+        best = 0
+        for mm in self._maps.values():
+            view = memoryview(mm).cast("q")
+            try:
+                m = max(view)
+            finally:
+                view.release()
+            best = max(best, m)
+        return best
+
+    def clear(self) -> None:
+        for fno in list(self._maps):
+            self._maps.pop(fno).close()
+            os.close(self._fds.pop(fno))
+            (self.dir / f"{fno:08d}").unlink(missing_ok=True)
+
+    @property
+    def files(self) -> int:
+        return len(self._maps)
+
+    def sync(self) -> None:
+        for mm in self._maps.values():
+            mm.flush()
+
+    def disk_bytes(self) -> int:
+        return sum(os.fstat(fd).st_blocks * 512 for fd in self._fds.values())
+
+    def close(self) -> None:
+        for fno in list(self._maps):
+            self._maps.pop(fno).close()
+            os.close(self._fds.pop(fno))
+
+
+# --- key hash index -------------------------------------------------------------------------------------
+HASH_ENTRY = struct.Struct("<iqq")  # key hash, data position, prev entry number + 1 (0 = none)
+HASH_ENTRY_SIZE = HASH_ENTRY.size  # 20
+
+
+def key_hash(text: str) -> int:
+    return zlib.crc32(text.encode()) & 0x7FFFFFFF
+
+
+class _HashGeneration:
+    def __init__(self, directory: Path, gen: int, buckets: int, capacity: int) -> None:
+        self.gen = gen
+        self.buckets = buckets
+        self.capacity = capacity
+        self.bucket_path = directory / f"{gen:08d}.buckets"
+        self.entry_path = directory / f"{gen:08d}.entries"
+        self._bfd = os.open(self.bucket_path, os.O_RDWR | os.O_CREAT, 0o644)
+        if os.fstat(self._bfd).st_size != buckets * 8:
+            os.ftruncate(self._bfd, buckets * 8)
+        self.bmap = mmap.mmap(self._bfd, buckets * 8)
+        self.efd = os.open(self.entry_path, os.O_RDWR | os.O_CREAT, 0o644)
+        size = os.fstat(self.efd).st_size
+        if size % HASH_ENTRY_SIZE:  # a torn tail entry after a crash
+            size -= size % HASH_ENTRY_SIZE
+            os.ftruncate(self.efd, size)
+        self.count = size // HASH_ENTRY_SIZE
+        self.max_pos = -1
+        if self.count:
+            _, self.max_pos, _ = HASH_ENTRY.unpack(os.pread(self.efd, HASH_ENTRY_SIZE,
+                                                            (self.count - 1) * HASH_ENTRY_SIZE))
+
+    def add_many(self, items: list[tuple[int, int]]) -> None:
+        # Entries are written first and the bucket heads moved after, so a crash in between leaves
+        # the old chains intact (the new entries are just unreachable).
+        buf = bytearray()
+        n = self.count
+        heads: dict[int, int] = {}
+        for h, pos in items:
+            b = (h % self.buckets) * 8
+            prev = heads.get(b)
+            if prev is None:
+                prev = _Q.unpack_from(self.bmap, b)[0]
+            buf += HASH_ENTRY.pack(h, pos, prev)
+            n += 1
+            heads[b] = n
+            self.max_pos = max(self.max_pos, pos)
+        os.pwrite(self.efd, buf, self.count * HASH_ENTRY_SIZE)
+        self.count = n
+        for b, head in heads.items():
+            _Q.pack_into(self.bmap, b, head)
+
+    def lookup(self, h: int) -> list[int]:
+        out = []
+        cur = _Q.unpack_from(self.bmap, (h % self.buckets) * 8)[0]
+        steps = 0
+        while cur and steps < self.count + 1:
+            steps += 1
+            idx = cur - 1
+            if idx >= self.count:
+                break
+            eh, pos, prev = HASH_ENTRY.unpack(os.pread(self.efd, HASH_ENTRY_SIZE, idx * HASH_ENTRY_SIZE))
+            if eh == h:
+                out.append(pos)
+            if prev >= cur:  # never loop on a corrupt chain
+                break
+            cur = prev
+        return out
+
+    def sync(self) -> None:
+        self.bmap.flush()
+        os.fsync(self.efd)
+
+    def disk_bytes(self) -> int:
+        return os.fstat(self._bfd).st_blocks * 512 + os.fstat(self.efd).st_blocks * 512
+
+    def close(self, delete: bool = False) -> None:
+        self.bmap.close()
+        os.close(self._bfd)
+        os.close(self.efd)
+        if delete:
+            self.bucket_path.unlink(missing_ok=True)
+            self.entry_path.unlink(missing_ok=True)
+
+
+class HashIndex:
+    """Key -> data positions, in generations (each: a bucket table + an append-only entry file). The
+    newest generation takes writes; a generation is dropped once every position it names is gone."""
+
+    def __init__(self, directory: Path, buckets: int, capacity: int) -> None:
+        self.dir = directory
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.buckets = buckets
+        self.capacity = capacity
+        gens = sorted(int(p.name.split(".")[0]) for p in self.dir.glob("*.entries"))
+        self.gens = [_HashGeneration(self.dir, g, buckets, capacity) for g in gens]
+        if not self.gens:
+            self.gens.append(_HashGeneration(self.dir, 0, buckets, capacity))
+
+    def add_many(self, items: list[tuple[int, int]]) -> None:
+        while items:
+            cur = self.gens[-1]
+            if cur.count >= cur.capacity:
+                cur.sync()
+                cur = _HashGeneration(self.dir, cur.gen + 1, self.buckets, self.capacity)
+                self.gens.append(cur)
+            take = cur.capacity - cur.count
+            cur.add_many(items[:take])
+            items = items[take:]
+
+    def lookup(self, text: str) -> list[int]:
+        h = key_hash(text)
+        out: list[int] = []
+        for g in reversed(self.gens):
+            out.extend(g.lookup(h))
+        return out
+
+    def drop_below(self, min_pos: int) -> None:
+        while len(self.gens) > 1 and self.gens[0].max_pos < min_pos:
+            self.gens.pop(0).close(delete=True)
+
+    def sync(self) -> None:
+        for g in self.gens:
+            g.sync()
+
+    def disk_bytes(self) -> int:
+        return sum(g.disk_bytes() for g in self.gens)
+
+    def close(self) -> None:
+        for g in self.gens:
+            g.close()

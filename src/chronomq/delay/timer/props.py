@@ -1,0 +1,65 @@
+"""The four ways a producer asks for a deliver time (protocol.md 3.3 and 6.7)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from chronomq.message import (
+    PROPERTY_STARTDELIVERTIME,
+    PROPERTY_TIMER_DELAY_MS,
+    PROPERTY_TIMER_DELAY_SEC,
+    PROPERTY_TIMER_DELIVER_MS,
+)
+
+from .types import TimerPropertyError
+
+# An absolute time below this is taken as epoch *seconds*: 10**11 ms is March 1973, 10**11 s is the
+# year 5138, so the two readings never overlap for real clocks (the seconds-vs-ms pitfall, 6.7).
+SECONDS_THRESHOLD = 10**11
+
+TIMER_PROPERTIES = (PROPERTY_TIMER_DELAY_SEC, PROPERTY_TIMER_DELAY_MS, PROPERTY_TIMER_DELIVER_MS,
+                    PROPERTY_STARTDELIVERTIME)
+
+
+def _int(props: Mapping[str, str], name: str) -> int:
+    raw = props[name].strip()
+    try:
+        value = int(raw)
+    except ValueError:
+        try:
+            f = float(raw)
+        except ValueError:
+            raise TimerPropertyError(f"property {name}={raw!r} is not a number") from None
+        if f != f or f in (float("inf"), float("-inf")):
+            raise TimerPropertyError(f"property {name}={raw!r} is not a finite number") from None
+        value = int(f)
+    if value < 0:
+        raise TimerPropertyError(f"property {name}={raw!r} must not be negative")
+    return value
+
+
+def _absolute(value: int) -> int:
+    return value * 1000 if 0 < value < SECONDS_THRESHOLD else value
+
+
+def has_timer_property(props: Mapping[str, str]) -> bool:
+    return any(p in props for p in TIMER_PROPERTIES)
+
+
+def deliver_ms_from_properties(props: Mapping[str, str], now_ms: int) -> int | None:
+    """The absolute deliver time (epoch ms) a message asks for, or None when it asks for none.
+
+    Precedence (as RocketMQ 5.x's broker): ``TIMER_DELAY_SEC`` (relative seconds), ``TIMER_DELAY_MS``
+    (relative ms), ``TIMER_DELIVER_MS`` (absolute), ``__STARTDELIVERTIME`` (absolute, older commercial
+    clients). An absolute value below 10**11 is read as epoch seconds (a client that put seconds where
+    milliseconds belong). Raises TimerPropertyError for a value that is not a non-negative number.
+    A time in the past is returned as is: the caller delivers it at once."""
+    if PROPERTY_TIMER_DELAY_SEC in props:
+        return now_ms + _int(props, PROPERTY_TIMER_DELAY_SEC) * 1000
+    if PROPERTY_TIMER_DELAY_MS in props:
+        return now_ms + _int(props, PROPERTY_TIMER_DELAY_MS)
+    if PROPERTY_TIMER_DELIVER_MS in props:
+        return _absolute(_int(props, PROPERTY_TIMER_DELIVER_MS))
+    if PROPERTY_STARTDELIVERTIME in props:
+        return _absolute(_int(props, PROPERTY_STARTDELIVERTIME))
+    return None

@@ -1,0 +1,231 @@
+"""TimerService: the TimerStore plus its asyncio delivery loop (the API the broker wires in)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from chronomq.clock import Clock, SystemClock
+from chronomq.message import (
+    PROPERTY_DELAY_TIME_LEVEL,
+    PROPERTY_TRANSACTION_PREPARED,
+    SYSFLAG_TRANSACTION_PREPARED_TYPE,
+    MessageExt,
+    transaction_type,
+)
+
+from .props import deliver_ms_from_properties, has_timer_property
+from .store import TimerStore
+from .types import OpResult, QueryPage, ScheduleResult, TimerConfig
+
+log = logging.getLogger(__name__)
+_NEVER = 1 << 62
+
+
+class TimerService:
+    """Any-millisecond delayed delivery, persisted in ``<storePathRootDir>/timer``.
+
+    ``store`` is anything with ``put_message(MessageExt) -> PutResult`` (the MessageStore); delivered
+    messages are put there as new messages of their real topic and queue."""
+
+    def __init__(self, store: Any, config: Any = None, clock: Clock | None = None, *,
+                 timer_config: TimerConfig | None = None, root_dir: str | Path | None = None,
+                 store_host: tuple[str, int] | None = None) -> None:
+        self.store = store
+        self.clock: Clock = clock or SystemClock()
+        tc = timer_config or (TimerConfig.from_broker_config(config) if config is not None else TimerConfig())
+        if root_dir is None:
+            root_dir = Path(getattr(config, "storePathRootDir", "./data")) / "timer"
+        if store_host is None:
+            store_host = ((getattr(config, "brokerIP1", "127.0.0.1"), getattr(config, "listenPort", 10911))
+                          if config is not None else ("127.0.0.1", 10911))
+        self.sync_flush = bool(getattr(config, "sync_flush", False))
+        self.timer = TimerStore(root_dir, self.clock, tc, store_host)
+        self._opened = False
+        self._task: asyncio.Task[None] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop_thread: int | None = None
+        self._event: asyncio.Event | None = None
+        self._stopping = False
+        self._sleeping = False
+        self._sleep_target = _NEVER
+        self._version = 0
+
+    # --- lifecycle --------------------------------------------------------------------------------------
+    def open(self) -> None:
+        """Recover the timer files (also done by start); schedule/cancel/query work once open."""
+        if not self._opened:
+            self.timer.open()
+            self.timer.wakeup = self._on_wakeup
+            self._opened = True
+
+    async def start(self) -> None:
+        self.open()
+        self._loop = asyncio.get_running_loop()
+        self._loop_thread = threading.get_ident()
+        self._event = asyncio.Event()
+        self._stopping = False
+        self._task = asyncio.create_task(self._run(), name="chronomq-timer")
+
+    async def shutdown(self) -> None:
+        """Stop delivering and close the files cleanly (pending messages stay on disk)."""
+        self._stopping = True
+        if self._task is not None:
+            if self._event is not None:
+                self._event.set()
+            try:
+                await asyncio.wait_for(self._task, timeout=30)
+            except (TimeoutError, asyncio.CancelledError):
+                self._task.cancel()
+            self._task = None
+        if self._opened:
+            self.timer.close()
+            self._opened = False
+
+    # --- the API ----------------------------------------------------------------------------------------
+    def schedule(self, msg: MessageExt, deliver_ms: int) -> ScheduleResult:
+        """Park ``msg`` (its real topic/queue) until ``deliver_ms`` (epoch ms). Raises TimerRefused
+        beyond the maximum delay, TimerError for a bad message. Durable against a process crash on
+        return; also fsynced under SYNC_FLUSH."""
+        r = self.timer.schedule(msg, deliver_ms)
+        if self.sync_flush:
+            self.timer.sync_files()
+        return r
+
+    def schedule_batch(self, items: Iterable[tuple[MessageExt, int]]) -> list[ScheduleResult]:
+        r = self.timer.schedule_batch(items)
+        if self.sync_flush:
+            self.timer.sync_files()
+        return r
+
+    def maybe_schedule(self, msg: MessageExt) -> ScheduleResult | None:
+        """The broker's send path: if ``msg`` carries a timer property (and no DELAY level, and is not
+        a transactional half message) and its time is in the future, schedule it and return the handle;
+        otherwise return None (put it normally). Raises TimerError for a bad value or a refused time."""
+        props = msg.properties
+        if not has_timer_property(props):
+            return None
+        if props.get(PROPERTY_TRANSACTION_PREPARED) == "true" or \
+                transaction_type(msg.sys_flag) == SYSFLAG_TRANSACTION_PREPARED_TYPE:
+            return None
+        if props.get(PROPERTY_DELAY_TIME_LEVEL, "0") not in ("", "0"):
+            return None
+        now = self.clock.now_ms()
+        deliver_ms = deliver_ms_from_properties(props, now)
+        if deliver_ms is None or deliver_ms <= now:
+            return None
+        return self.schedule(msg, deliver_ms)
+
+    def cancel(self, ident: str, by_key: bool = False) -> list[OpResult]:
+        return self.timer.cancel(ident, by_key)
+
+    def reschedule(self, ident: str, deliver_ms: int, by_key: bool = False) -> list[OpResult]:
+        return self.timer.reschedule(ident, deliver_ms, by_key)
+
+    def query(self, topic: str | None = None, key: str | None = None, tag: str | None = None,
+              start_ms: int | None = None, end_ms: int | None = None, limit: int = 100,
+              cursor: str | None = None) -> QueryPage:
+        return self.timer.query(topic, key, tag, start_ms, end_ms, limit, cursor)
+
+    def count(self, topic: str | None = None, key: str | None = None, tag: str | None = None,
+              start_ms: int | None = None, end_ms: int | None = None) -> int:
+        return self.timer.count(topic, key, tag, start_ms, end_ms)
+
+    def stats(self) -> dict[str, Any]:
+        return self.timer.stats()
+
+    def min_needed_offset(self) -> int | None:
+        """The timer keeps its own copy of every pending message: it never pins the commit log."""
+        return None
+
+    def flush(self) -> None:
+        self.timer.flush()
+
+    # --- delivery loop ----------------------------------------------------------------------------------
+    def _on_wakeup(self, deliver_ms: int) -> None:
+        self._version += 1
+        if deliver_ms < self._sleep_target and self._event is not None and self._loop is not None:
+            if threading.get_ident() == self._loop_thread:
+                self._event.set()
+            else:
+                self._loop.call_soon_threadsafe(self._event.set)
+
+    async def _run(self) -> None:
+        t = self.timer
+        cfg = t.cfg
+        put = self.store.put_message
+        now = self.clock.now_ms()
+        next_flush = now + cfg.flush_interval_ms
+        next_retention = now + cfg.retention_interval_ms
+        backoff_until = 0
+        while not self._stopping:
+            try:
+                now = self.clock.now_ms()
+                if now >= next_flush:
+                    if t.dirty:
+                        t.flush()
+                    next_flush = now + cfg.flush_interval_ms
+                if now >= next_retention:
+                    t.run_retention(now)
+                    next_retention = now + cfg.retention_interval_ms
+                version = self._version
+                if now >= backoff_until:
+                    items, wake = t.poll(now)
+                    if items:
+                        retry = False
+                        for it in items:
+                            if t.deliver(it, put) == "retry":
+                                retry = True
+                        if retry:
+                            backoff_until = self.clock.now_ms() + cfg.retry_backoff_ms
+                        await asyncio.sleep(0)
+                        continue
+                else:
+                    wake = backoff_until
+                if wake is not None and wake <= now:
+                    await asyncio.sleep(0)  # more preloading to do
+                    continue
+                target = min(wake if wake is not None else _NEVER, next_flush if t.dirty else _NEVER)
+                await self._sleep(target, version)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("timer delivery loop error; retrying")
+                await self.clock.sleep(0.1)
+
+    async def _sleep(self, target: int, version: int) -> None:
+        assert self._event is not None
+        self._sleep_target = target
+        self._event.clear()
+        if self._version != version or self._stopping:
+            self._sleep_target = -1
+            return
+        self._sleeping = True
+        try:
+            waiter = asyncio.ensure_future(self._event.wait())
+            if target >= _NEVER:
+                await waiter
+                return
+            sleeper = asyncio.ensure_future(self.clock.sleep_until_ms(target))
+            _done, pending = await asyncio.wait({waiter, sleeper}, return_when=asyncio.FIRST_COMPLETED)
+            for p in pending:
+                p.cancel()
+        finally:
+            self._sleeping = False
+            self._sleep_target = -1
+
+    async def settle(self, max_rounds: int = 10_000_000) -> None:
+        """Return once the loop has delivered everything due and sleeps (tests and benchmarks)."""
+        for _ in range(max_rounds):
+            if (self._sleeping and self._sleep_target > self.clock.now_ms() and self._event is not None
+                    and not self._event.is_set()):
+                return
+            if self._task is not None and self._task.done():
+                self._task.result()
+                return
+            await asyncio.sleep(0)
+        raise TimeoutError("the timer loop did not settle")

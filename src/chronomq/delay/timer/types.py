@@ -1,0 +1,139 @@
+"""Public result and configuration types of the timer store (see ``chronomq.delay.timer``)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from enum import Enum
+from typing import Any
+
+DAY_MS = 86_400_000
+
+
+class TimerError(ValueError):
+    """Bad input to the timer store (a clear message, safe to send back to a client)."""
+
+
+class TimerRefused(TimerError):
+    """The deliver time is beyond the configured maximum delay (or otherwise not acceptable)."""
+
+
+class TimerPropertyError(TimerError):
+    """A TIMER_* / __STARTDELIVERTIME property that is not a usable number."""
+
+
+class Outcome(Enum):
+    CANCELLED = "CANCELLED"
+    RESCHEDULED = "RESCHEDULED"
+    ALREADY_DELIVERED = "ALREADY_DELIVERED"
+    ALREADY_CANCELLED = "ALREADY_CANCELLED"
+    UNKNOWN = "UNKNOWN"
+
+
+@dataclass(slots=True)
+class OpResult:
+    """The definite answer to a cancel or reschedule, one per matching message.
+
+    ``deliver_ms``: the new deliver time (RESCHEDULED), the time it would have been delivered
+    (CANCELLED), or when it was delivered (ALREADY_DELIVERED) / cancelled (ALREADY_CANCELLED)."""
+
+    outcome: Outcome
+    msg_id: str
+    deliver_ms: int | None = None
+    topic: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"outcome": self.outcome.value, "msg_id": self.msg_id, "deliver_ms": self.deliver_ms,
+                "topic": self.topic}
+
+
+@dataclass(slots=True)
+class ScheduleResult:
+    msg_id: str  # the UNIQ_KEY (generated when the message had none): the handle for cancel/reschedule
+    offset_msg_id: str  # 32 hex chars, host + (timer flag | timer data position); also accepted as a handle
+    deliver_ms: int
+    timer_pos: int
+
+
+@dataclass(slots=True)
+class PendingInfo:
+    msg_id: str
+    offset_msg_id: str
+    topic: str
+    queue_id: int
+    tags: str | None
+    keys: list[str]
+    deliver_ms: int
+    created_ms: int
+    body_size: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(slots=True)
+class QueryPage:
+    items: list[PendingInfo] = field(default_factory=list)
+    next_cursor: str | None = None  # pass back to get the next page; None when there is no more
+    scanned: int = 0
+
+
+@dataclass
+class TimerConfig:
+    """Timer store settings. Broker keys (``-c broker.conf`` / ``--set``): timerMaxDelaySec,
+    timerPrecisionMs (slot size), timerFlushIntervalMs, timerDataSegmentSize, timerRetentionIntervalMs."""
+
+    max_delay_ms: int = 40 * DAY_MS
+    slot_ms: int = 1000
+    data_segment_bytes: int = 64 * 1024 * 1024
+    index_segment_entries: int = 1 << 20
+    hash_buckets: int = 1 << 20
+    hash_generation_entries: int = 8 << 20
+    flush_interval_ms: int = 1000
+    retention_interval_ms: int = 60_000
+    preload_ms: int = 3000  # start reading a slot's chain this long before it falls due
+    preload_step: int = 2048  # chain entries read per step between deliveries
+    deliver_batch: int = 256
+    retry_backoff_ms: int = 100
+    max_query_scan: int = 100_000  # entries examined per query page at most
+
+    def validate(self) -> None:
+        if self.max_delay_ms <= 0:
+            raise TimerError("timerMaxDelaySec must be positive")
+        if self.slot_ms <= 0 or DAY_MS % self.slot_ms:
+            raise TimerError(f"timerPrecisionMs {self.slot_ms} must be positive and divide 86,400,000")
+        if self.data_segment_bytes < 64 * 1024:
+            raise TimerError("timerDataSegmentSize must be at least 64 KiB")
+        for name in ("index_segment_entries", "hash_buckets", "hash_generation_entries",
+                     "flush_interval_ms", "preload_step", "deliver_batch"):
+            if getattr(self, name) <= 0:
+                raise TimerError(f"timer setting {name} must be positive")
+
+    @classmethod
+    def from_broker_config(cls, cfg: Any) -> TimerConfig:
+        """Read the timer keys from a BrokerConfig (attributes, or its ``extra`` dict of unknown keys)."""
+        extra = getattr(cfg, "extra", {}) or {}
+
+        def get(key: str) -> int | None:
+            raw = getattr(cfg, key, None)
+            if raw is None:
+                raw = extra.get(key)
+            if raw is None:
+                return None
+            try:
+                return int(str(raw).strip())
+            except ValueError:
+                raise TimerError(f"{key}: {raw!r} is not an integer") from None
+
+        tc = cls()
+        if (v := get("timerMaxDelaySec")) is not None:
+            tc.max_delay_ms = v * 1000
+        if (v := get("timerPrecisionMs")) is not None:
+            tc.slot_ms = v
+        if (v := get("timerFlushIntervalMs")) is not None:
+            tc.flush_interval_ms = v
+        if (v := get("timerDataSegmentSize")) is not None:
+            tc.data_segment_bytes = v
+        if (v := get("timerRetentionIntervalMs")) is not None:
+            tc.retention_interval_ms = v
+        tc.validate()
+        return tc

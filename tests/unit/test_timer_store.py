@@ -1,0 +1,347 @@
+"""TimerStore driven by hand on a virtual clock: exact delivery, cancel/reschedule answers, query,
+maximum delay, retention, put failures and the memory bound."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+
+from chronomq.clock import VirtualClock
+from chronomq.delay.timer import (
+    Outcome,
+    TimerConfig,
+    TimerError,
+    TimerRefused,
+    TimerStore,
+)
+from chronomq.message import MessageExt
+from chronomq.store.types import PutResult, PutStatus
+
+DAY = 86_400_000
+
+
+class FakeStore:
+    """Records every put with the virtual time it happened at; can refuse puts on demand."""
+
+    def __init__(self, clock: VirtualClock) -> None:
+        self.clock = clock
+        self.puts: list[tuple[str, int, MessageExt]] = []
+        self.fail_next = 0
+        self.fail_status = PutStatus.SERVICE_NOT_AVAILABLE
+
+    def put_message(self, msg: MessageExt) -> PutResult:
+        if self.fail_next > 0:
+            self.fail_next -= 1
+            return PutResult(self.fail_status, error="refused by the test")
+        self.puts.append((msg.properties["UNIQ_KEY"], self.clock.now_ms(), msg))
+        return PutResult(PutStatus.PUT_OK)
+
+
+def small_config(**kw: int) -> TimerConfig:
+    cfg = TimerConfig(data_segment_bytes=256 * 1024, index_segment_entries=4096, hash_buckets=4096,
+                      hash_generation_entries=20_000, preload_step=512)
+    for k, v in kw.items():
+        setattr(cfg, k, v)
+    return cfg
+
+
+def msg(uid: str, topic: str = "T", keys: str | None = None, tags: str | None = None, size: int = 32,
+        queue_id: int = 0) -> MessageExt:
+    props = {"UNIQ_KEY": uid}
+    if keys:
+        props["KEYS"] = keys
+    if tags:
+        props["TAGS"] = tags
+    return MessageExt(topic=topic, body=uid.encode().ljust(size, b"."), properties=props, queue_id=queue_id)
+
+
+def drive(t: TimerStore, clock: VirtualClock, store: FakeStore, until: int | None = None,
+          max_steps: int = 10_000_000) -> None:
+    """Deliver everything due, jumping the clock to each wake time, up to ``until`` (or the end)."""
+    for _ in range(max_steps):
+        items, wake = t.poll(clock.now_ms())
+        if items:
+            for it in items:
+                t.deliver(it, store.put_message)
+            continue
+        if wake is None:
+            if until is not None and until > clock.now_ms():
+                clock.advance_sync(until - clock.now_ms())
+            return
+        if until is not None and wake > until:
+            clock.advance_sync(until - clock.now_ms())
+            return
+        if wake > clock.now_ms():
+            clock.advance_sync(wake - clock.now_ms())
+    raise AssertionError("drive did not finish")
+
+
+@pytest.fixture
+def clock() -> VirtualClock:
+    return VirtualClock()
+
+
+@pytest.fixture
+def fstore(clock: VirtualClock) -> FakeStore:
+    return FakeStore(clock)
+
+
+def open_store(path: Path, clock: VirtualClock, **kw: int) -> TimerStore:
+    t = TimerStore(path, clock, small_config(**kw))
+    t.open()
+    return t
+
+
+def test_exact_time_and_oldest_first(tmp_path: Path, clock: VirtualClock, fstore: FakeStore) -> None:
+    t = open_store(tmp_path, clock)
+    rnd = random.Random(7)
+    now = clock.now_ms()
+    expected = {}
+    for i in range(3000):
+        # many share a millisecond, many share a slot, a few are in the past
+        dm = now + rnd.choice([rnd.randint(0, 40 * DAY), rnd.randint(0, 3000), 1500, rnd.randint(-5000, 0)])
+        t.schedule(msg(f"m{i}"), dm)
+        expected[f"m{i}"] = dm
+    drive(t, clock, fstore)
+    got = {u: at for u, at, _ in fstore.puts}
+    assert len(fstore.puts) == len(expected) == len(got)
+    for u, at in got.items():
+        assert at == max(expected[u], now), u
+    order = [max(expected[u], now) for u, _, _ in fstore.puts]
+    assert order == sorted(order)  # released oldest-due-first
+    s = t.stats()
+    assert s["pending"] == 0 and s["delivered"] == 3000 and s["early_deliveries"] == 0
+    assert s["lateness_ms"] == {"count": 3000, "p50": 0, "p99": 0, "max": 0}  # past-due ones: not late
+    t.close()
+
+
+def test_delivered_copy_is_the_real_message(tmp_path: Path, clock: VirtualClock, fstore: FakeStore) -> None:
+    t = open_store(tmp_path, clock)
+    m = msg("u1", topic="Orders", keys="k1 k2", tags="TagA", queue_id=3)
+    m.properties.update({"TIMER_DELAY_SEC": "5", "user": "v"})
+    m.flag = 7
+    m.born_timestamp = 123
+    r = t.schedule(m, clock.now_ms() + 5000)
+    assert r.msg_id == "u1" and len(r.offset_msg_id) == 32
+    drive(t, clock, fstore)
+    (_, at, out), = fstore.puts
+    assert (out.topic, out.queue_id, out.flag, out.born_timestamp) == ("Orders", 3, 7, 123)
+    assert out.body == m.body
+    assert out.properties["TIMER_DELIVER_MS"] == str(at)
+    assert "TIMER_DELAY_SEC" not in out.properties and out.properties["user"] == "v"
+    assert out.properties["KEYS"] == "k1 k2" and out.properties["TAGS"] == "TagA"
+
+
+def test_uniq_key_generated_when_missing(tmp_path: Path, clock: VirtualClock, fstore: FakeStore) -> None:
+    t = open_store(tmp_path, clock)
+    m = MessageExt(topic="T", body=b"x")
+    r = t.schedule(m, clock.now_ms() + 10)
+    assert len(r.msg_id) == 32
+    assert t.cancel(r.msg_id)[0].outcome is Outcome.CANCELLED
+
+
+def test_cancel_and_reschedule_answers(tmp_path: Path, clock: VirtualClock, fstore: FakeStore) -> None:
+    t = open_store(tmp_path, clock)
+    now = clock.now_ms()
+    t.schedule(msg("a", keys="order-1"), now + 1000)
+    rb = t.schedule(msg("b", keys="order-1 x"), now + 2000)
+    t.schedule(msg("c"), now + 3000)
+    t.schedule(msg("d"), now + 4000)
+
+    (r,) = t.cancel("c")
+    assert (r.outcome, r.msg_id, r.deliver_ms, r.topic) == (Outcome.CANCELLED, "c", now + 3000, "T")
+    assert t.cancel("c")[0].outcome is Outcome.ALREADY_CANCELLED
+    assert t.reschedule("c", now + 10)[0].outcome is Outcome.ALREADY_CANCELLED
+    assert t.cancel("nope")[0].outcome is Outcome.UNKNOWN
+    assert t.reschedule("nope", now + 5)[0].outcome is Outcome.UNKNOWN
+    # by the offset msgId handle
+    (r,) = t.reschedule(rb.offset_msg_id, now + 500)
+    assert (r.outcome, r.msg_id, r.deliver_ms) == (Outcome.RESCHEDULED, "b", now + 500)
+    # reschedule back and forth: only the latest time counts, and only once
+    t.reschedule("d", now + 100)
+    t.reschedule("d", now + 4000)
+    t.reschedule("d", now + 100)
+    drive(t, clock, fstore, until=now + 1000)
+    assert [(u, at - now) for u, at, _ in fstore.puts] == [("d", 100), ("b", 500), ("a", 1000)]
+    (r,) = t.cancel("a")
+    assert (r.outcome, r.deliver_ms) == (Outcome.ALREADY_DELIVERED, now + 1000)
+    (r,) = t.reschedule("b", now + 9000)
+    assert (r.outcome, r.deliver_ms) == (Outcome.ALREADY_DELIVERED, now + 500)
+    # by key: every message carrying the key
+    res = sorted((x.msg_id, x.outcome) for x in t.cancel("order-1", by_key=True))
+    assert res == [("a", Outcome.ALREADY_DELIVERED), ("b", Outcome.ALREADY_DELIVERED)]
+    t.schedule(msg("e", keys="grp"), now + 50_000)
+    t.schedule(msg("f", keys="grp"), now + 60_000)
+    res = sorted((x.msg_id, x.outcome, x.deliver_ms) for x in t.reschedule("grp", now + 20_000, by_key=True))
+    assert res == [("e", Outcome.RESCHEDULED, now + 20_000), ("f", Outcome.RESCHEDULED, now + 20_000)]
+    assert t.cancel("grp", by_key=False)[0].outcome is Outcome.UNKNOWN  # a key is not an id
+    drive(t, clock, fstore)
+    assert [(u, at - now) for u, at, _ in fstore.puts][3:] == [("e", 20_000), ("f", 20_000)]
+    assert t.stats()["pending"] == 0
+
+
+def test_maximum_delay(tmp_path: Path, clock: VirtualClock) -> None:
+    t = open_store(tmp_path, clock)
+    now = clock.now_ms()
+    t.schedule(msg("ok"), now + 40 * DAY)
+    with pytest.raises(TimerRefused, match="maximum delay is 40 days"):
+        t.schedule(msg("far"), now + 40 * DAY + 1)
+    with pytest.raises(TimerRefused):
+        t.reschedule("ok", now + 41 * DAY)
+    with pytest.raises(TimerError, match="not a non-negative integer"):
+        t.schedule(msg("neg"), -1)
+    with pytest.raises(TimerError, match="topic"):
+        t.schedule(msg("bad", topic="bad topic!"), now + 5)
+    assert t.count() == 1
+    t2 = TimerStore(tmp_path / "other", clock, small_config(max_delay_ms=DAY))
+    t2.open()
+    with pytest.raises(TimerRefused, match="maximum delay is 1 days"):
+        t2.schedule(msg("x"), now + DAY + 1)
+
+
+def test_query_paged_and_filtered(tmp_path: Path, clock: VirtualClock, fstore: FakeStore) -> None:
+    t = open_store(tmp_path, clock)
+    now = clock.now_ms()
+    rnd = random.Random(3)
+    rows = []
+    for i in range(700):
+        dm = now + rnd.randint(1, 3 * DAY)
+        topic = rnd.choice(["A", "B"])
+        tag = rnd.choice(["x", "y", None])
+        t.schedule(msg(f"q{i}", topic=topic, tags=tag, keys=f"kk{i % 7}"), dm)
+        rows.append((dm, f"q{i}", topic, tag, f"kk{i % 7}"))
+    t.cancel("q5")
+    t.reschedule("q6", now + 10)
+    q6 = (now + 10, "q6", rows[6][2], rows[6][3], rows[6][4])
+    rows = [r for r in rows if r[1] not in ("q5", "q6")] + [q6]
+
+    def collect(**kw: object) -> list[tuple[int, str]]:
+        out, cursor = [], None
+        for _ in range(1000):
+            page = t.query(limit=37, cursor=cursor, **kw)  # type: ignore[arg-type]
+            assert len(page.items) <= 37
+            out += [(p.deliver_ms, p.msg_id) for p in page.items]
+            cursor = page.next_cursor
+            if cursor is None:
+                return out
+        raise AssertionError("pages never ended")
+
+    def expect(pred) -> list[tuple[int, str]]:  # type: ignore[no-untyped-def]
+        return sorted(((r[0], r[1]) for r in rows if pred(r)), key=lambda x: x[0])
+
+    def same(a: list[tuple[int, str]], b: list[tuple[int, str]]) -> None:
+        assert sorted(a) == sorted(b)
+        assert [x[0] for x in a] == sorted(x[0] for x in a)
+
+    same(collect(), expect(lambda r: True))
+    same(collect(topic="A"), expect(lambda r: r[2] == "A"))
+    same(collect(topic="B", tag="x"), expect(lambda r: r[2] == "B" and r[3] == "x"))
+    lo, hi = now + DAY, now + 2 * DAY
+    same(collect(start_ms=lo, end_ms=hi), expect(lambda r: lo <= r[0] <= hi))
+    same(collect(key="kk3"), expect(lambda r: r[4] == "kk3"))
+    same(collect(key="q9"), expect(lambda r: r[1] == "q9"))
+    assert t.count() == len(rows)
+    assert t.count(topic="A") == len(expect(lambda r: r[2] == "A"))
+    assert t.count(tag="y") == len(expect(lambda r: r[3] == "y"))
+    info = t.query(key="q9").items[0]
+    assert (info.topic, info.keys, info.msg_id) == (rows[8][2], ["kk2"], "q9")
+    drive(t, clock, fstore, until=now + DAY)
+    assert t.count() == len(expect(lambda r: r[0] > now + DAY))
+    same(collect(), expect(lambda r: r[0] > now + DAY))
+    with pytest.raises(TimerError, match="cursor"):
+        t.query(cursor="s:bad")
+
+
+def test_put_failures_are_retried_and_illegal_ones_fail(tmp_path: Path, clock: VirtualClock,
+                                                         fstore: FakeStore) -> None:
+    t = open_store(tmp_path, clock)
+    now = clock.now_ms()
+    t.schedule(msg("r1"), now + 100)
+    t.schedule(msg("r2"), now + 100)
+    fstore.fail_next = 3
+    clock.advance_sync(100)
+    outcomes = []
+    for _ in range(10):
+        items, _ = t.poll(clock.now_ms())
+        outcomes += [t.deliver(it, fstore.put_message) for it in items]
+        if not items:
+            break
+    assert outcomes.count("retry") == 3 and outcomes.count("delivered") == 2
+    assert sorted(u for u, _, _ in fstore.puts) == ["r1", "r2"]
+    t.schedule(msg("bad"), now + 200)
+    fstore.fail_next, fstore.fail_status = 1, PutStatus.MESSAGE_ILLEGAL
+    drive(t, clock, fstore)
+    s = t.stats()
+    assert s["failed"] == 1 and s["pending"] == 0 and s["put_retries"] == 3
+    assert t.cancel("bad")[0].outcome is Outcome.ALREADY_DELIVERED
+
+
+def test_due_gauge_and_lateness_per_topic(tmp_path: Path, clock: VirtualClock, fstore: FakeStore) -> None:
+    t = open_store(tmp_path, clock)
+    now = clock.now_ms()
+    for i in range(10):
+        t.schedule(msg(f"g{i}", topic="A" if i < 6 else "B"), now + 1000)
+    clock.advance_sync(1003)
+    items, _ = t.poll(clock.now_ms(), max_items=1)  # loads the slot, takes one
+    t.deliver(items[0], fstore.put_message)
+    assert t.stats()["due_undelivered"] == {"A": 5, "B": 4}
+    drive(t, clock, fstore)
+    s = t.stats()
+    assert s["due_undelivered"] == {}
+    assert s["lateness_ms_by_topic"]["A"]["count"] == 6
+    assert s["lateness_ms_by_topic"]["B"]["p99"] == 3
+
+
+def test_retention_frees_data_and_long_delay_pins_only_its_segment(tmp_path: Path, clock: VirtualClock,
+                                                                   fstore: FakeStore) -> None:
+    t = open_store(tmp_path, clock, data_segment_bytes=64 * 1024)
+    now = clock.now_ms()
+    t.schedule(msg("long", size=1000), now + 30 * DAY)  # first record of the first segment
+    for i in range(600):
+        t.schedule(msg(f"s{i}", size=1000), now + 1000 + i)
+    segs_before = len(t.data.starts)
+    assert segs_before >= 9
+    drive(t, clock, fstore, until=now + 10_000)
+    t.flush()
+    deleted = t.run_retention()
+    assert deleted["data_segments"] == segs_before - 2  # the pinned first one and the active one stay
+    assert t.data.starts[0] == 0
+    assert t.cancel("s5")[0].outcome is Outcome.ALREADY_DELIVERED  # in the pinned segment
+    assert t.cancel("s500")[0].outcome is Outcome.UNKNOWN  # its bytes are gone, and it says so
+    drive(t, clock, fstore)
+    t.flush()
+    t.run_retention()
+    assert [u for u, _, _ in fstore.puts][-1] == "long"
+    assert t.data.starts == [t.data.seg_start(t.data_end)]
+    assert t.wheel.files <= 1
+
+
+def test_memory_does_not_grow_with_pending(tmp_path: Path, clock: VirtualClock) -> None:
+    """The in-memory structures stay the same size whether 1,000 or 20,000 messages are pending."""
+    sizes = []
+    for n in (1_000, 20_000):
+        c = VirtualClock()
+        t = TimerStore(tmp_path / str(n), c, small_config(data_segment_bytes=16 << 20,
+                                                          hash_generation_entries=1 << 20))
+        t.open()
+        now = c.now_ms()
+        rnd = random.Random(n)
+        t.schedule_batch([(msg(f"n{i}", keys=f"k{i}"), now + 10_000 + rnd.randint(0, 7 * DAY))
+                          for i in range(n)])
+        t.poll(c.now_ms())
+        c.advance_sync(DAY)  # a day of deliveries later, the window still holds at most two slots
+        fs = FakeStore(c)
+        for _ in range(50):
+            items, _ = t.poll(c.now_ms())
+            for it in items:
+                t.deliver(it, fs.put_message)
+        fp = t.footprint()
+        sizes.append(fp)
+        t.close()
+    small, big = sizes
+    assert big["window_entries"] <= 60  # two one-second slots of a 7-day spread
+    for k in ("topics", "pending_counters", "wheel_files", "hash_generations"):
+        assert big[k] <= small[k] + 1, (k, small, big)
+    assert big["histogram_buckets"] < 1000
