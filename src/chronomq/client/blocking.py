@@ -8,6 +8,7 @@ import asyncio
 import concurrent.futures
 import functools
 import inspect
+import os
 import threading
 from collections.abc import Coroutine
 from typing import Any, TypeVar
@@ -15,12 +16,24 @@ from typing import Any, TypeVar
 T = TypeVar("T")
 
 
+def _new_loop() -> asyncio.AbstractEventLoop:
+    """uvloop when it is installed (the `fast` extra) and not disabled with CHRONOMQ_CLIENT_UVLOOP=0."""
+    if os.environ.get("CHRONOMQ_CLIENT_UVLOOP", "1") != "0":
+        try:
+            import uvloop
+        except ImportError:
+            pass
+        else:
+            return uvloop.new_event_loop()
+    return asyncio.new_event_loop()
+
+
 class LoopThread:
     _lock = threading.Lock()
     _shared: LoopThread | None = None
 
     def __init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
+        self.loop = _new_loop()
         self._users = 0
         self._thread = threading.Thread(target=self._run, name="chronomq-client-loop", daemon=True)
         self._thread.start()
