@@ -40,6 +40,9 @@ def test_driver_rejects_bad_arguments(official_client: str, name: str, args: dic
 def test_process_reports_early_exit(tmp_path: Path) -> None:
     # a config override that no broker accepts must fail start() with the log, not hang
     p = ChronomqProcess(tmp_path / "data", {"flushDiskType": "SOMETIMES"})
-    with pytest.raises(RuntimeError, match=r"exited with code .* before it was ready(.|\n)*flushDiskType"):
-        p.start(timeout=20)
-    assert not p.running
+    try:
+        with pytest.raises(RuntimeError, match=r"exited with code .* before it was ready(.|\n)*flushDisk"):
+            p.start(timeout=20)
+        assert not p.running
+    finally:
+        p.stop(kill=True)

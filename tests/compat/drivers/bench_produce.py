@@ -2,7 +2,8 @@
 20 ASCII digits and '|' (the wrapper's body getter stops at NUL, so the stamp is text), padded to
 body_size.
 
-args: namesrv, topic (required); group; mode "sync" | "batch"; count (messages, bounded); batch_size (64);
+args: namesrv, topic (required); group; mode "sync" | "batch" | "async"; count (messages, bounded);
+  max_inflight (async: bound on unacknowledged sends, default 256); batch_size (64);
   body_size (1024); rate (messages/s for this producer, 0 = as fast as possible); start_at (epoch s: wait
   for it so that all producers begin together); deadline_s (hard bound, default 120); timeout_ms.
 result: {"acked", "errors", "first_error", "t_start", "t_end"} (epoch seconds, first send / last ack)
@@ -10,6 +11,8 @@ result: {"acked", "errors", "first_error", "t_start", "t_end"} (epoch seconds, f
 
 from __future__ import annotations
 
+import collections
+import threading
 import time
 
 from _common import StopFlag, emit, fail, hard_exit, load_args
@@ -18,8 +21,8 @@ from _common import StopFlag, emit, fail, hard_exit, load_args
 def main() -> None:
     args = load_args(("namesrv", "topic"))
     mode = args.get("mode", "sync")
-    if mode not in ("sync", "batch"):
-        fail("mode must be sync or batch")
+    if mode not in ("sync", "batch", "async"):
+        fail("mode must be sync, batch or async")
     count = int(args.get("count", 1000))
     if not 0 < count <= 5_000_000:
         fail("count must be in 1..5000000")
@@ -49,6 +52,24 @@ def main() -> None:
     deadline = time.monotonic() + float(args.get("deadline_s", 120))
     acked = errors = 0
     first_error = None
+    max_inflight = max(1, int(args.get("max_inflight", 256)))
+    window = threading.BoundedSemaphore(max_inflight)
+    lock = threading.Lock()
+    done = {"acked": 0, "errors": 0, "first_error": None, "t_last": 0.0}
+    keep: collections.deque = collections.deque(maxlen=20_000)  # messages of in-flight async sends
+
+    def on_ok(_res: object) -> None:
+        with lock:
+            done["acked"] += 1
+            done["t_last"] = time.time()
+        window.release()
+
+    def on_err(exc: BaseException) -> None:
+        with lock:
+            done["errors"] += 1
+            done["first_error"] = done["first_error"] or f"{type(exc).__name__}: {exc}"
+        window.release()
+
     t_start = time.time()
     t0 = time.monotonic()
     sent = 0
@@ -59,7 +80,18 @@ def main() -> None:
             if delay > 0:
                 time.sleep(delay)
         try:
-            if mode == "sync":
+            if mode == "async":
+                if not window.acquire(timeout=max(0.0, deadline - time.monotonic())):
+                    break
+                m = message()
+                keep.append(m)
+                sent += 1
+                try:
+                    producer.send_async(m, on_ok, on_err)
+                except Exception:
+                    window.release()
+                    raise
+            elif mode == "sync":
                 sent += 1
                 producer.send_sync(message())
                 acked += 1
@@ -74,6 +106,14 @@ def main() -> None:
             if errors > 100:
                 break
     t_end = time.time()
+    if mode == "async":  # wait for the outstanding callbacks (bounded)
+        for _ in range(max_inflight):
+            if not window.acquire(timeout=max(0.0, deadline - time.monotonic()) + 10):
+                break
+        with lock:
+            acked, errors = done["acked"], errors + done["errors"]
+            first_error = first_error or done["first_error"]
+            t_end = max(t_end, done["t_last"])
     producer.shutdown()
     emit({"acked": acked, "errors": errors, "first_error": first_error, "t_start": t_start, "t_end": t_end})
     hard_exit(0)
