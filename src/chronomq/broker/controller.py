@@ -134,7 +134,8 @@ class BrokerController:
         if self.ns_client is not None:
             await self.ns_client.close()
         # let answered pulls go out, then close the listener and every connection
-        await asyncio.sleep(0)
+        for _ in range(5):
+            await asyncio.sleep(0)
         await self.server.stop()
         try:
             await self.delay.shutdown()

@@ -121,6 +121,7 @@ class BrokerProcessor:
         self.config = ctrl.config
         self.clock = ctrl.clock
         self._filters: dict[str, TagFilter] = {}
+        self._valid_topics: set[str] = set()
         self._sync: dict[int, Callable[[RemotingCommand, Connection], RemotingCommand | None]] = {
             RequestCode.SEND_MESSAGE: self.send_message,
             RequestCode.SEND_MESSAGE_V2: self.send_message,
@@ -178,9 +179,12 @@ class BrokerProcessor:
         batch = req.code == RequestCode.SEND_BATCH_MESSAGE or req.ext_bool("batch")
         topic = req.require_str("topic")
         group = req.ext_str("producerGroup", "") or ""
-        reason = validate_topic(topic)
-        if reason:
-            return req.response(ResponseCode.MESSAGE_ILLEGAL, remark=reason)
+        if topic not in self._valid_topics:
+            reason = validate_topic(topic)
+            if reason:
+                return req.response(ResponseCode.MESSAGE_ILLEGAL, remark=reason)
+            if len(self._valid_topics) < 100_000:
+                self._valid_topics.add(topic)
         if topic == SCHEDULE_TOPIC:
             return req.response(
                 ResponseCode.NO_PERMISSION, remark=f"sending to the system topic {topic} is not allowed"

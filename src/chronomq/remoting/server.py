@@ -147,6 +147,7 @@ class Connection(asyncio.Protocol):
             if not w.done():
                 w.set_result(None)
         self._drain_waiters.clear()
+        self.abort_tasks()  # e.g. held pulls: nobody is left to answer
         for cb in list(self.server.close_callbacks):
             try:
                 cb(self)
