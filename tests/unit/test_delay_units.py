@@ -9,7 +9,7 @@ import pytest
 
 from chronomq.config import BrokerConfig, ConfigError
 from chronomq.delay import PROPERTY_DELAY_SOURCE, DelayLevels, DelayService, Histogram, restore_real
-from chronomq.delay.delivery import UndeliverableError, make_source, parse_source
+from chronomq.delay.delivery import UndeliverableError, make_source, parse_source, restore_from_record
 from chronomq.delay.histogram import bucket_index, bucket_upper
 from chronomq.delay.offsets import OffsetFile, OffsetSnapshot
 from chronomq.message import (
@@ -25,7 +25,9 @@ from chronomq.message import (
     SYSFLAG_TRANSACTION_COMMIT_TYPE,
     SYSFLAG_TRANSACTION_PREPARED_TYPE,
     MessageExt,
+    body_crc,
     create_offset_msg_id,
+    encode_record,
 )
 
 
@@ -110,6 +112,19 @@ def test_restore_real_round_trip(tmp_path):
     bad = _msg(REAL_TOPIC="TopicA", REAL_QID="x")
     with pytest.raises(UndeliverableError):
         restore_real(bad, None)
+    # the hot path (raw record -> real message) gives the same message
+    parked.store_timestamp, parked.commit_log_offset = 99, 4096
+    raw = bytes(encode_record(parked))
+    fast = restore_from_record(raw, make_source(2, 17, 4096))
+    assert fast.body_crc == body_crc(b"hello")
+    fast.body_crc = 0
+    assert fast == real
+    with pytest.raises(UndeliverableError):
+        restore_from_record(raw[:-3], None)
+    with pytest.raises(UndeliverableError):
+        restore_from_record(bytes(encode_record(_msg(REAL_TOPIC="TopicA", REAL_QID="-1"))), None)
+    with pytest.raises(UndeliverableError):
+        restore_from_record(bytes(encode_record(_msg(REAL_TOPIC="bad topic!", REAL_QID="1"))), None)
     assert parse_source("1:2") is None and parse_source("a:b:c") is None and parse_source(None) is None
 
 

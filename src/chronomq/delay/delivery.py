@@ -23,7 +23,6 @@ from chronomq.message import (
     PROPERTY_DELAY_TIME_LEVEL,
     PROPERTY_REAL_QUEUE_ID,
     PROPERTY_REAL_TOPIC,
-    SCHEDULE_TOPIC,
     MessageExt,
     decode_properties,
     validate_topic,
@@ -113,6 +112,9 @@ def _host(raw: bytes) -> tuple[str, int]:
     return h
 
 
+_VALID_TOPICS: set[str] = set()
+
+
 def restore_from_record(raw: bytes, source: str | None) -> MessageExt:
     """restore_real(decode_record(raw), source), without building the intermediate message (the
     delivery hot path). Raises UndeliverableError for a record that cannot be decoded or restored."""
@@ -128,10 +130,24 @@ def restore_from_record(raw: bytes, source: str | None) -> MessageExt:
         props = decode_properties(raw[p + 2:p + 2 + props_len].decode())
     except (struct.error, IndexError, UnicodeDecodeError) as e:
         raise UndeliverableError(f"the parked record cannot be decoded: {e}") from None
-    parked = MessageExt(topic=SCHEDULE_TOPIC, body=body, properties=props, flag=flag, sys_flag=sys_flag,
-                        born_timestamp=born_ts, born_host=_host(born_host), reconsume_times=reconsume,
-                        body_crc=crc)
-    return restore_real(parked, source)
+    real_topic = props.get(PROPERTY_REAL_TOPIC)
+    if real_topic not in _VALID_TOPICS:
+        if not real_topic or validate_topic(real_topic) is not None:
+            raise UndeliverableError(f"parked message has no valid {PROPERTY_REAL_TOPIC}: {real_topic!r}")
+        if len(_VALID_TOPICS) > 100_000:
+            _VALID_TOPICS.clear()
+        _VALID_TOPICS.add(real_topic)
+    qid_raw = props.get(PROPERTY_REAL_QUEUE_ID, "")
+    if not qid_raw.isdigit() or not qid_raw.isascii():
+        raise UndeliverableError(f"parked message has no valid {PROPERTY_REAL_QUEUE_ID}: {qid_raw!r}")
+    props.pop(PROPERTY_DELAY_TIME_LEVEL, None)
+    if source is not None:
+        props[PROPERTY_DELAY_SOURCE] = source
+    else:
+        props.pop(PROPERTY_DELAY_SOURCE, None)
+    return MessageExt(topic=real_topic, body=body, properties=props, flag=flag, queue_id=int(qid_raw),
+                      sys_flag=sys_flag, born_timestamp=born_ts, born_host=_host(born_host),
+                      reconsume_times=reconsume, body_crc=crc)
 
 
 @dataclass(slots=True)
