@@ -126,19 +126,20 @@ class HeaderError(ValueError):
 
 # --- encoding ---------------------------------------------------------------------------------------
 def _json_header(cmd: RemotingCommand) -> bytes:
-    header: dict[str, Any] = {
-        "code": int(cmd.code),
-        "flag": cmd.flag,
-        "language": cmd.language,
-        "opaque": cmd.opaque,
-        "serializeTypeCurrentRPC": "JSON",
-        "version": cmd.version,
-    }
+    # Built by hand (same text as json.dumps(header, separators=(",", ":"), ensure_ascii=False) of the
+    # keys below): this runs once per response and json.dumps was a visible share of the broker's CPU.
+    parts = [f'{{"code":{int(cmd.code)},"flag":{int(cmd.flag)},"language":{_jstr(cmd.language)},'
+             f'"opaque":{int(cmd.opaque)},"serializeTypeCurrentRPC":"JSON","version":{int(cmd.version)}']
     if cmd.remark is not None:
-        header["remark"] = cmd.remark
+        parts.append(',"remark":' + _jstr(cmd.remark))
     if cmd.ext_fields:
-        header["extFields"] = {k: _ext_value(v) for k, v in cmd.ext_fields.items() if v is not None}
-    return json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode()
+        items = [_jstr(k) + ":" + _jstr(_ext_value(v)) for k, v in cmd.ext_fields.items() if v is not None]
+        parts.append(',"extFields":{' + ",".join(items) + "}")
+    parts.append("}")
+    return "".join(parts).encode("utf-8", "surrogatepass")
+
+
+_jstr = json.encoder.encode_basestring  # type: ignore[attr-defined]
 
 
 def _ext_value(v: Any) -> str:
