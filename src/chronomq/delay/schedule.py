@@ -229,9 +229,14 @@ class ScheduleService:
             st.head_phy = st.head_deliver_ms = None
 
     async def _run_level(self, st: LevelState) -> None:
+        units: list = []  # read-ahead buffer of consume-queue units starting at st.offset
         try:
             while True:
-                units = self.store.get_cq_units(SCHEDULE_TOPIC, st.queue_id, st.offset, READ_BATCH)
+                if units and units[0].queue_offset != st.offset:
+                    skip = st.offset - units[0].queue_offset
+                    units = units[skip:] if 0 < skip < len(units) else []
+                if not units:
+                    units = self.store.get_cq_units(SCHEDULE_TOPIC, st.queue_id, st.offset, READ_BATCH)
                 if not units:
                     if st.offset < self.store.get_min_offset_in_queue(SCHEDULE_TOPIC, st.queue_id):
                         self._clamp_offsets()
@@ -255,6 +260,7 @@ class ScheduleService:
                     continue
                 st.state = "delivering"
                 if not self._deliver_due(st, units, now):
+                    units = []
                     st.state = "backoff"
                     await self.clock.sleep_until_ms(self.clock.now_ms() + RETRY_BACKOFF_MS)
                     continue
