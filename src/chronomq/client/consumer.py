@@ -6,6 +6,7 @@ and send-back of failed messages; orderly consumption with queue locks; flow con
 from __future__ import annotations
 
 import asyncio
+import collections
 import concurrent.futures
 import contextlib
 import inspect
@@ -89,9 +90,23 @@ class ProcessQueue:
     worker: asyncio.Task[None] | None = None
     consumed: int = 0
 
+    order: collections.deque[int] = field(default_factory=collections.deque)
+
+    def add(self, msg: ReceivedMessage) -> None:
+        self.msgs[msg.queue_offset] = msg
+        self.order.append(msg.queue_offset)  # offsets arrive in increasing order
+
+    def first(self) -> int | None:
+        """The smallest offset still in flight (amortised O(1); iterating a dict whose front entries
+        were popped is O(popped) in CPython, hence the deque)."""
+        order, msgs = self.order, self.msgs
+        while order and order[0] not in msgs:
+            order.popleft()
+        return order[0] if order else None
+
     def commit_offset(self) -> int:
-        # msgs is filled in increasing offset order, so its first key is the smallest in flight (O(1))
-        return next(iter(self.msgs)) if self.msgs else self.high
+        first = self.first()
+        return self.high if first is None else first
 
 
 class PushConsumer(SyncContextMixin):
@@ -431,7 +446,7 @@ class PushConsumer(SyncContextMixin):
             if res.status == ops.PullStatus.FOUND:
                 for msg in res.messages:
                     if msg.queue_offset >= pq.next_offset and msg.queue_offset not in pq.msgs:
-                        pq.msgs[msg.queue_offset] = msg
+                        pq.add(msg)
                         if not self.orderly:
                             self._spawn_consume(pq, msg)
                 pq.next_offset = max(res.next_offset, pq.next_offset)
@@ -533,7 +548,8 @@ class PushConsumer(SyncContextMixin):
             if not pq.locked:
                 await asyncio.sleep(0.2)
                 continue
-            offset = next(iter(pq.msgs))
+            offset = pq.first()
+            assert offset is not None
             msg = pq.msgs[offset]
             assert self._sem is not None
             async with self._sem:
