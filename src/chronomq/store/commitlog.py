@@ -46,6 +46,7 @@ PATCH = struct.Struct(">qq")  # queue offset + physical offset (adjacent fields 
 BLANK_HEAD = struct.Struct(">ii")
 _HOST_MASK = ~(SYSFLAG_BORNHOST_V6 | SYSFLAG_STOREHOST_V6)
 MIN_BLANK = 8
+_TOPIC_LEN = [bytes((n,)) for n in range(256)]
 
 
 def pack_host(host: tuple[str, int]) -> bytes:
@@ -60,7 +61,7 @@ def pack_host(host: tuple[str, int]) -> bytes:
 
 
 def encode(msg: MessageExt, topic_b: bytes, props_b: bytes, store_host_b: bytes, born_host_b: bytes
-           ) -> bytearray:
+           ) -> bytes:
     """The record for ``msg`` with queue offset, physical offset and store time left 0 (patched later).
     The body CRC is always computed here (never trusted from the caller's object)."""
     body = msg.body
@@ -68,8 +69,7 @@ def encode(msg: MessageExt, topic_b: bytes, props_b: bytes, store_host_b: bytes,
     head = HEAD.pack(total, MAGIC_V1, zlib.crc32(body) & 0x7FFFFFFF, msg.queue_id, msg.flag, 0, 0,
                      msg.sys_flag & _HOST_MASK, msg.born_timestamp, born_host_b, 0, store_host_b,
                      msg.reconsume_times, msg.prepared_transaction_offset, len(body))
-    return bytearray(b"".join((head, body, bytes((len(topic_b),)), topic_b, H16.pack(len(props_b)),
-                                props_b)))
+    return b"".join((head, body, _TOPIC_LEN[len(topic_b)], topic_b, H16.pack(len(props_b)), props_b))
 
 
 def check_record(mm, r: int, seg_start: int, seg_size: int, check_crc: bool) -> int:

@@ -45,7 +45,6 @@ from chronomq.message import (
     MessageFormatError,
     create_offset_msg_id,
     decode_record,
-    encode_properties,
     tags_code,
     validate_topic,
 )
@@ -78,6 +77,7 @@ class MessageStore:
         self.store_host = store_host
         self.root = os.path.abspath(config.storePathRootDir)
         self._store_host_b = pack_host(store_host)
+        self._msg_id_prefix = self._store_host_b.hex().upper()
         self._seg_size = config.mappedFileSizeCommitLog
         self._cl = CommitLog(os.path.join(self.root, "commitlog"), self._seg_size)
         self._cq_root = os.path.join(self.root, "consumequeue")
@@ -216,11 +216,12 @@ class MessageStore:
             return self._fail(PutStatus.MESSAGE_ILLEGAL, f"queue id {qid} out of range")
         props = msg.properties
         if props:
-            for k, v in props.items():
-                if ("\x01" in k or "\x02" in k or "\x01" in v or "\x02" in v or not k):
-                    return self._fail(PutStatus.MESSAGE_ILLEGAL,
-                                      f"property {k!r} has an empty name or contains a 0x01/0x02 separator")
-            props_b = encode_properties(props).encode()
+            n = len(props)
+            text = "\x02".join(map("\x01".join, props.items()))
+            if text.count("\x01") != n or text.count("\x02") != n - 1 or "" in props:
+                return self._fail(PutStatus.MESSAGE_ILLEGAL,
+                                  "a property has an empty name or contains a 0x01/0x02 separator")
+            props_b = (text + "\x02").encode()
             if len(props_b) > MAX_PROPERTIES_LENGTH:
                 return self._fail(PutStatus.PROPERTIES_SIZE_EXCEEDED,
                                   f"the properties are {len(props_b)} bytes, more than "
@@ -302,9 +303,10 @@ class MessageStore:
             qt = self._queue_table
             qoff = qt.get(qkey, 0)
             qt[qkey] = qoff + 1
-            PATCH.pack_into(buf, 20, qoff, wrote)
-            I64.pack_into(buf, _POS_STORETIMESTAMP, ts)
-            seg.mm[r : r + size] = buf
+            mm = seg.mm
+            mm[r : r + size] = buf
+            PATCH.pack_into(mm, r + 20, qoff, wrote)
+            I64.pack_into(mm, r + _POS_STORETIMESTAMP, ts)
             seg.written = r + size
             cl.wrote = wrote + size
             self._pending.append((wrote, size, topic, qid, qoff, tc if delay is None else ts + delay, ts,
@@ -319,9 +321,8 @@ class MessageStore:
         fut = None
         if self._sync and (not msg.properties or msg.properties.get(PROPERTY_WAIT_STORE_MSG_OK) != "false"):
             fut = self._request_flush(wrote + size)
-        return PutResult(PutStatus.PUT_OK,
-                         AppendResult(wrote, size, create_offset_msg_id(self.store_host, wrote), qoff, ts),
-                         None, fut)
+        return PutResult(PutStatus.PUT_OK, AppendResult(wrote, size, f"{self._msg_id_prefix}{wrote:016X}",
+                                                        qoff, ts), None, fut)
 
     def put_messages(self, msgs: list[MessageExt]) -> PutResult:
         """A batch for one topic and queue: contiguous queue offsets, written back to back in one segment."""
@@ -364,9 +365,9 @@ class MessageStore:
             mm = seg.mm
             for i, (buf, _, _, tc, delay, keys_l, uniq) in enumerate(preps):
                 size = len(buf)
-                PATCH.pack_into(buf, 20, first_q + i, wrote)
-                I64.pack_into(buf, _POS_STORETIMESTAMP, ts)
                 mm[r : r + size] = buf
+                PATCH.pack_into(mm, r + 20, first_q + i, wrote)
+                I64.pack_into(mm, r + _POS_STORETIMESTAMP, ts)
                 self._pending.append((wrote, size, topic, qid, first_q + i,
                                       tc if delay is None else ts + delay, ts, keys_l, uniq))
                 msgs[i].queue_offset = first_q + i
