@@ -230,9 +230,15 @@ class TimerStore:
         self.persisted_watermark = self.watermark
         self.pending: Counter[int] = Counter({int(k): v for k, v in ckpt.get("pending", {}).items()})
         self.idx_seg_max: dict[int, int] = {int(k): v for k, v in ckpt.get("idx_seg_max", {}).items()}
-        self.recovered_seq = int(ckpt.get("done_seq", 0))
-        self.seq_base = self.recovered_seq + (1 if clean else _SEQ_JUMP)
-        self.done_seq = self.seq_base
+        recovered_seq = int(ckpt.get("done_seq", 0))
+        self.done_seq = recovered_seq + (1 if clean else _SEQ_JUMP)
+        # Sequence ranges of completions that happened after a checkpoint and before a crash: their
+        # records are subtracted from the pending counters when their slots are walked again. A range
+        # stays open (and persisted) until the watermark passes every slot that crashed run touched.
+        self.open_ranges: list[list[int]] = [list(r) for r in ckpt.get("open_ranges", [])]
+        if not clean and not fresh:
+            frontier = (self.clock.now_ms() + cfg.preload_ms) // cfg.slot_ms + 1
+            self.open_ranges.append([recovered_seq, self.done_seq, frontier])
         self.recovered_clean = clean or fresh
 
         ck_index_end = int(ckpt["index_end"])
@@ -370,7 +376,9 @@ class TimerStore:
             self.dirty = False
 
     def _write_checkpoint(self, clean: bool) -> None:
+        self.open_ranges = [r for r in self.open_ranges if r[2] > self.watermark]
         ckpt = {
+            "open_ranges": self.open_ranges,
             "version": 1,
             "clean": clean,
             "watermark": self.watermark,
@@ -728,8 +736,14 @@ class TimerStore:
                     self.stale_skipped += 1
                     return "skipped"
                 if h[2] != PENDING:
-                    if h[2] in (DELIVERED, FAILED) and self.recovered_seq < h[8] < self.seq_base:
-                        self.pending[tid] -= 1  # delivered after the last checkpoint, before a crash
+                    if h[2] in (DELIVERED, FAILED) and self.open_ranges and \
+                            any(lo < h[8] < hi for lo, hi, _ in self.open_ranges):
+                        # Completed after the last checkpoint, before a crash: subtract it now, and give
+                        # it a sequence number of this run so it is never subtracted twice.
+                        self.pending[tid] -= 1
+                        self.done_seq += 1
+                        self.data.write(pos + OFF_DONE, _DONE_BLOCK.pack(h[5], h[6], h[7], self.done_seq))
+                        self.dirty = True
                     self.stale_skipped += 1
                     return "skipped"
                 try:
