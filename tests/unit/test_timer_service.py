@@ -1,0 +1,124 @@
+"""TimerService: the asyncio delivery loop on a virtual clock (sleeps exactly until the next deliver
+time, wakes for an earlier schedule, survives a restart), maybe_schedule and stats."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+from test_timer_store import FakeStore, msg, small_config
+
+from chronomq.clock import VirtualClock
+from chronomq.config import BrokerConfig
+from chronomq.delay.timer import TimerError, TimerRefused, TimerService
+
+
+def make(tmp_path: Path, clock: VirtualClock, store: FakeStore) -> TimerService:
+    return TimerService(store, None, clock, timer_config=small_config(), root_dir=tmp_path / "timer")
+
+
+async def run_until(svc: TimerService, clock: VirtualClock, end_ms: int) -> None:
+    """Advance the virtual clock deadline by deadline, letting the loop settle after each."""
+    await svc.settle()
+    for _ in range(1_000_000):
+        deadlines = [d for d in clock.pending_deadlines() if d <= end_ms]
+        if not deadlines:
+            await clock.advance_to(end_ms)
+            await svc.settle()
+            return
+        await clock.advance_to(deadlines[0])
+        await svc.settle()
+    raise AssertionError("too many steps")
+
+
+async def test_loop_delivers_exactly_on_time_and_survives_restart(tmp_path: Path) -> None:
+    clock = VirtualClock()
+    store = FakeStore(clock)
+    svc = make(tmp_path, clock, store)
+    await svc.start()
+    now = clock.now_ms()
+    rnd = random.Random(5)
+    expected = {}
+    for i in range(600):
+        dm = now + rnd.randint(1, 3_600_000)
+        svc.schedule(msg(f"s{i}"), dm)
+        expected[f"s{i}"] = dm
+    await run_until(svc, clock, now + 1_800_000)
+    first = len(store.puts)
+    assert 0 < first < 600
+    await svc.shutdown()
+
+    svc = make(tmp_path, clock, store)
+    await svc.start()
+    assert svc.count() == 600 - first
+    await run_until(svc, clock, now + 3_700_000)
+    await svc.shutdown()
+    got = {u: at for u, at, _ in store.puts}
+    assert len(store.puts) == 600 and got == expected
+
+
+async def test_earlier_schedule_wakes_the_sleeping_loop(tmp_path: Path) -> None:
+    clock = VirtualClock()
+    store = FakeStore(clock)
+    svc = make(tmp_path, clock, store)
+    await svc.start()
+    now = clock.now_ms()
+    svc.schedule(msg("late"), now + 60_000)
+    await run_until(svc, clock, now + 1_000)
+    assert store.puts == []
+    svc.schedule(msg("early"), now + 1_500)  # earlier than what the loop sleeps for
+    svc.schedule(msg("now"), now + 1_000)  # due right away
+    await run_until(svc, clock, now + 70_000)
+    assert [(u, at - now) for u, at, _ in store.puts] == [("now", 1_000), ("early", 1_500), ("late", 60_000)]
+    await svc.shutdown()
+
+
+async def test_maybe_schedule_and_stats(tmp_path: Path) -> None:
+    clock = VirtualClock()
+    store = FakeStore(clock)
+    svc = make(tmp_path, clock, store)
+    await svc.start()
+    now = clock.now_ms()
+    m = msg("p1")
+    m.properties["TIMER_DELIVER_MS"] = str(now + 2_500)
+    r = svc.maybe_schedule(m)
+    assert r is not None and (r.msg_id, r.deliver_ms) == ("p1", now + 2_500)
+    plain = msg("p2")
+    assert svc.maybe_schedule(plain) is None
+    leveled = msg("p3")
+    leveled.properties.update({"DELAY": "3", "TIMER_DELAY_SEC": "5"})
+    assert svc.maybe_schedule(leveled) is None  # the level service owns it
+    half = msg("p4")
+    half.properties.update({"TRAN_MSG": "true", "TIMER_DELAY_SEC": "5"})
+    assert svc.maybe_schedule(half) is None
+    past = msg("p5")
+    past.properties["TIMER_DELIVER_MS"] = str(now - 1)
+    assert svc.maybe_schedule(past) is None  # due already: put it normally
+    far = msg("p6")
+    far.properties["TIMER_DELAY_SEC"] = str(41 * 86_400)
+    with pytest.raises(TimerRefused):
+        svc.maybe_schedule(far)
+    bad = msg("p7")
+    bad.properties["TIMER_DELAY_MS"] = "soon"
+    with pytest.raises(TimerError, match="TIMER_DELAY_MS"):
+        svc.maybe_schedule(bad)
+    assert svc.min_needed_offset() is None
+    await run_until(svc, clock, now + 3_000)
+    s = svc.stats()
+    json.dumps(s)
+    assert s["delivered"] == 1 and s["pending"] == 0 and s["early_deliveries"] == 0
+    assert s["lateness_ms_by_topic"]["T"]["max"] == 0
+    await svc.shutdown()
+
+
+def test_config_keys_from_broker_config(tmp_path: Path) -> None:
+    cfg, _ = BrokerConfig.load(None, {"storePathRootDir": str(tmp_path), "timerMaxDelaySec": "3600",
+                                      "timerPrecisionMs": "100"})
+    svc = TimerService(FakeStore(VirtualClock()), cfg, VirtualClock())
+    assert svc.timer.cfg.max_delay_ms == 3_600_000 and svc.timer.cfg.slot_ms == 100
+    assert svc.timer.root == tmp_path / "timer"
+    bad, _ = BrokerConfig.load(None, {"timerPrecisionMs": "7"})
+    with pytest.raises(TimerError, match="divide"):
+        TimerService(FakeStore(VirtualClock()), bad, VirtualClock())
