@@ -270,3 +270,27 @@ async def test_server_to_client_invoke_matches_the_clients_response(server: Remo
 
 def test_header_error_is_a_value_error() -> None:
     assert issubclass(HeaderError, ValueError)
+
+
+async def test_a_client_that_does_not_read_is_throttled_not_buffered_without_bound(
+    server: RemotingServer,
+) -> None:
+    c = await AsyncRawClient.connect(server.address)
+    assert c.reader is not None
+    c._task.cancel()  # type: ignore[union-attr]  # stop reading responses for now
+    body = b"y" * 65536
+    cmds = [RemotingCommand.request(ECHO, {"v": str(i)}, body) for i in range(400)]  # ~26 MB of answers
+    for cmd in cmds:
+        c.send_raw(encode(cmd))
+    await async_wait_for(lambda: server.connections() and server.connections()[0]._paused, message="paused")
+    conn = server.connections()[0]
+    assert conn.transport is not None
+    await asyncio.sleep(0.2)
+    assert conn.transport.get_write_buffer_size() < 8 * 1024 * 1024
+    # reading again drains everything: all 400 answers arrive
+    dec = FrameDecoder()
+    got = 0
+    while got < 400:
+        got += len(dec.feed(await asyncio.wait_for(c.reader.read(1 << 20), 10)))
+    assert c.writer is not None
+    c.writer.close()

@@ -155,10 +155,16 @@ class Connection(asyncio.Protocol):
                 log.exception("connection close callback failed")
 
     def pause_writing(self) -> None:
+        # a client that does not read its responses: stop reading its requests until it catches up,
+        # so the transport buffer (and our memory) stays bounded
         self._paused = True
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.pause_reading()
 
     def resume_writing(self) -> None:
         self._paused = False
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.resume_reading()
         for w in self._drain_waiters:
             if not w.done():
                 w.set_result(None)
