@@ -13,6 +13,7 @@ import concurrent.futures
 import json
 import logging
 import random
+import threading
 import zlib
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -122,6 +123,8 @@ class BrokerProcessor:
         self.clock = ctrl.clock
         self._filters: dict[str, TagFilter] = {}
         self._valid_topics: set[str] = set()
+        self._posted: list[Callable[[], None]] = []
+        self._posted_lock = threading.Lock()
         self._sync: dict[int, Callable[[RemotingCommand, Connection], RemotingCommand | None]] = {
             RequestCode.SEND_MESSAGE: self.send_message,
             RequestCode.SEND_MESSAGE_V2: self.send_message,
@@ -325,19 +328,33 @@ class BrokerProcessor:
             return req.response(code, ext_fields=ext)
         if fut.done():
             return req.response(self._flush_code(fut, code), ext_fields=ext)
-        loop = self.ctrl.loop
-
-        def flushed(f: concurrent.futures.Future[bool]) -> None:
-            def answer() -> None:
-                conn.reply(req, req.response(self._flush_code(f, code), ext_fields=ext))
-
-            try:
-                loop.call_soon_threadsafe(answer)
-            except RuntimeError:
-                pass  # loop closed: the client times out and retries
+        def flushed(f: concurrent.futures.Future[bool]) -> None:  # runs in the store's flush thread
+            self._post(lambda: conn.reply(req, req.response(self._flush_code(f, code), ext_fields=ext)))
 
         fut.add_done_callback(flushed)
         return DEFERRED
+
+    def _post(self, fn: Callable[[], None]) -> None:
+        """Run fn on the event loop; from other threads, many posts share one loop wake-up."""
+        with self._posted_lock:
+            self._posted.append(fn)
+            if len(self._posted) > 1:
+                return
+        loop = self.ctrl.loop
+        try:
+            if loop is not None:
+                loop.call_soon_threadsafe(self._run_posted)
+        except RuntimeError:
+            pass  # loop closed at shutdown: the clients time out and retry
+
+    def _run_posted(self) -> None:
+        with self._posted_lock:
+            todo, self._posted = self._posted, []
+        for fn in todo:
+            try:
+                fn()
+            except Exception:
+                log.exception("deferred reply failed")
 
     @staticmethod
     def _flush_code(f: concurrent.futures.Future[bool], code: int) -> int:

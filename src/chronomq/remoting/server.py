@@ -63,6 +63,7 @@ class Connection(asyncio.Protocol):
     # --- asyncio.Protocol ---------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
+        self._loop = asyncio.get_running_loop()
         peer = transport.get_extra_info("peername")
         if isinstance(peer, tuple) and len(peer) >= 2:
             self.remote = (str(peer[0]), int(peer[1]))
@@ -70,6 +71,9 @@ class Connection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         if self.closed:
+            return
+        if self._batching:  # a flush is already scheduled: it writes these answers too
+            self._process(data)
             return
         self._batching = True
         try:
@@ -214,11 +218,16 @@ class Connection(asyncio.Protocol):
                     language="JAVA",
                 )
             )
-        if self._batching:
-            self._out.append(data)
-        else:
-            self.transport.write(data)
+        self._out.append(data)
+        if not self._batching:
+            # answers produced by tasks/callbacks in the same loop iteration share one syscall
+            self._batching = True
+            self._loop.call_soon(self._flush_later)
         return True
+
+    def _flush_later(self) -> None:
+        self._batching = False
+        self._flush()
 
     async def drain(self) -> None:
         if not self._paused or self.closed:
