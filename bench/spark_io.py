@@ -1,0 +1,107 @@
+"""Spark <-> chronomq throughput: rows/s writing and reading N messages of 1 KiB through the ``chronomq``
+data source on local[2], next to Spark writing and reading the same rows as Parquet in the same run.
+
+    .venv/bin/python bench/spark_io.py            # quick: 50,000 rows
+    .venv/bin/python bench/spark_io.py --full     # 1,000,000 rows (about 1 GiB through the broker)
+    .venv/bin/python bench/spark_io.py --rows 200000 --namesrv 127.0.0.1:9876   # an existing broker
+
+Without --namesrv a fresh ``chronomq start`` is run in a temporary directory. Figures are printed, not
+asserted (bench, not a test).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+os.environ["PYSPARK_PYTHON"] = sys.executable
+os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO / "src"), os.environ.get("PYTHONPATH")]))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rows", type=int, default=50_000)
+    ap.add_argument("--full", action="store_true", help="1,000,000 rows")
+    ap.add_argument("--size", type=int, default=1024, help="value size in bytes")
+    ap.add_argument("--namesrv", default=None, help="use a running chronomq instead of starting one")
+    ap.add_argument("--master", default="local[2]")
+    a = ap.parse_args()
+    rows = 1_000_000 if a.full else a.rows
+    work = Path(tempfile.mkdtemp(prefix="chronomq-spark-bench-"))
+    proc = None
+    if a.namesrv is None:
+        from tests.compat.harness import ChronomqProcess
+
+        proc = ChronomqProcess(work / "data")
+        proc.start(timeout=120)
+        namesrv = proc.namesrv_addr
+    else:
+        namesrv = a.namesrv
+    from pyspark.sql import SparkSession
+    from pyspark.sql import functions as F
+
+    from chronomq.spark import register
+
+    spark = (SparkSession.builder.master(a.master).appName("chronomq-spark-bench")
+             .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "2")
+             .config("spark.driver.memory", "2g").getOrCreate())
+    spark.sparkContext.setLogLevel("ERROR")
+    register(spark)
+    topic = f"SparkBench{int(time.time())}"
+    pad = a.size - 12
+    df = spark.range(rows).select(
+        F.concat(F.lpad(F.col("id").cast("string"), 12, "0"), F.expr(f"repeat('x', {pad})")).alias("value"))
+    results: dict[str, float] = {}
+    try:
+        # warm up both paths (Python workers, JIT, the topic route) on a few rows
+        spark.range(100).select(F.col("id").cast("string").alias("value")).write.format("chronomq") \
+            .option("namesrv", namesrv).option("topic", topic + "W").mode("append").save()
+        spark.range(100).write.mode("overwrite").parquet(str(work / "warm.parquet"))
+
+        t0 = time.perf_counter()
+        df.write.format("chronomq").option("namesrv", namesrv).option("topic", topic).mode("append").save()
+        results["chronomq_write_s"] = time.perf_counter() - t0
+
+        t0 = time.perf_counter()
+        df.write.mode("overwrite").parquet(str(work / "bench.parquet"))
+        results["parquet_write_s"] = time.perf_counter() - t0
+
+        t0 = time.perf_counter()
+        r = (spark.read.format("chronomq").option("namesrv", namesrv).option("subscribe", topic).load()
+             .agg(F.count("*").alias("n"), F.sum(F.length("value")).alias("b")).collect()[0])
+        results["chronomq_read_s"] = time.perf_counter() - t0
+        assert r.n == rows, f"read {r.n} rows, wrote {rows}"
+
+        t0 = time.perf_counter()
+        p = (spark.read.parquet(str(work / "bench.parquet"))
+             .agg(F.count("*").alias("n"), F.sum(F.length("value")).alias("b")).collect()[0])
+        results["parquet_read_s"] = time.perf_counter() - t0
+        assert p.n == rows and p.b == r.b
+    finally:
+        spark.stop()
+        if proc is not None:
+            proc.stop()
+        shutil.rmtree(work, ignore_errors=True)
+
+    def rate(key: str) -> float:
+        return rows / results[key]
+
+    print(f"rows={rows} value={a.size} B master={a.master} cpus={os.cpu_count()}")
+    print(f"{'':10} {'chronomq rows/s':>16} {'parquet rows/s':>16} {'chronomq/parquet':>17}")
+    for what in ("write", "read"):
+        c, q = rate(f"chronomq_{what}_s"), rate(f"parquet_{what}_s")
+        print(f"{what:10} {c:16,.0f} {q:16,.0f} {c / q:16.1%}")
+    print(json.dumps({"rows": rows, **{k: round(v, 3) for k, v in results.items()}}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
