@@ -20,6 +20,7 @@ each) runs in about 2 minutes; --full sends for 30 s each. Run from the reposito
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 import tempfile
@@ -74,10 +75,13 @@ def run_scenario(server: ChronomqProcess, scenario: str, opts: argparse.Namespac
                                               "deadline_s": opts.seconds * 4 + 300, "thread_count": 4,
                                               "out": str(work / f"{topic}.progress.jsonl")}, work)
     try:
-        wait_until(lambda: last_progress(consumer)["warm"] >= 8 or not consumer.alive(), 60,
-                   "the consumer to receive the warm-up messages")
-        if not consumer.alive():
-            raise RuntimeError(f"bench consumer died: {consumer.stderr()}")
+        with contextlib.suppress(TimeoutError):
+            wait_until(lambda: last_progress(consumer)["warm"] >= 8 or not consumer.alive(), 60,
+                       "the consumer to receive the warm-up messages")
+        if not consumer.alive() or last_progress(consumer)["warm"] < 8:
+            raise RuntimeError(f"bench consumer (pid {consumer.pid}, alive={consumer.alive()}) did not"
+                               f" get the warm-up messages; stderr: {consumer.stderr()[-1500:]};"
+                               f" client logs in .venv-compat/home/logs/rocketmq-cpp/{consumer.pid}_*")
         start_at = time.time() + 2.0  # all producer processes start sending together
         procs = [start_driver("bench_produce", {
             "namesrv": server.namesrv_addr, "topic": topic, "group": f"PG_bench_{i}", "mode": mode,
@@ -148,7 +152,8 @@ def main(argv: list[str] | None = None) -> int:
     flushes = ["ASYNC_FLUSH", "SYNC_FLUSH"] if opts.flush == "both" else [opts.flush]
     extra = dict(kv.split("=", 1) for kv in opts.set)
 
-    rows = []
+    rows: list[dict[str, Any]] = []
+    failures: list[str] = []
     with tempfile.TemporaryDirectory(prefix="chronomq-e2e-") as tmp:
         for flush in flushes:
             server = ChronomqProcess(Path(tmp) / f"data-{flush}", {"flushDiskType": flush, **extra})
@@ -157,7 +162,12 @@ def main(argv: list[str] | None = None) -> int:
                 for sc in scenarios:
                     work = Path(tmp) / f"work-{flush}-{sc}"
                     t = time.monotonic()
-                    r = run_scenario(server, sc, opts, work)
+                    try:
+                        r = run_scenario(server, sc, opts, work)
+                    except (RuntimeError, TimeoutError) as e:  # report it and go on with the others
+                        print(f"{flush:11s} {sc:6s} FAILED: {e}", flush=True)
+                        failures.append(f"{flush} {sc}: {e}")
+                        continue
                     r["flush"] = flush
                     r["wall_s"] = round(time.monotonic() - t, 1)
                     rows.append(r)
@@ -184,9 +194,11 @@ def main(argv: list[str] | None = None) -> int:
               f"{r['send_msgs_s']:>9d} "
               f"{fmt(r['p50_ms']):>8s} {fmt(r['p99_ms']):>8s} {fmt(r['max_ms']):>8s}  {goal_s}: "
               f"{'met' if met else 'NOT met'}")
+    for f in failures:
+        print(f"FAILED {f}")
     if opts.json:
-        opts.json.write_text(json.dumps(rows, indent=2))
-    return 0
+        opts.json.write_text(json.dumps({"rows": rows, "failures": failures}, indent=2))
+    return 1 if failures else 0
 
 
 if __name__ == "__main__":

@@ -211,13 +211,17 @@ def test_oneway_send(chronomq_server: ChronomqProcess) -> None:
     topic = uniq("CompatOneway")
     # a sync send first, so the route exists before the fire-and-forget sends
     produce(server, "sync", [{"topic": topic, "body": "first"}])
+    # then a sync send on the same connection: its answer means the broker has read every oneway frame
     res = produce(
-        server, "oneway", [{"topic": topic, "body": f"ow-{i}", "keys": f"ow{i}"} for i in range(30)]
+        server,
+        "oneway",
+        [{"topic": topic, "body": f"ow-{i}", "keys": f"ow{i}"} for i in range(30)],
+        barrier={"topic": topic, "body": "last"},
     )
-    assert res["sent"] == 30 and res["acked"] == 0
-    got = pull_all(server, topic, expect=31)
+    assert res["sent"] == 30 and [r.get("barrier") for r in res["results"]] == [True]
+    got = pull_all(server, topic, expect=32)
     bodies = Counter(unb64(m["body_b64"]).decode() for m in got)
-    assert bodies == Counter(["first", *(f"ow-{i}" for i in range(30))])
+    assert bodies == Counter(["first", "last", *(f"ow-{i}" for i in range(30))]), bodies
     assert {m["keys"] for m in got if m["keys"]} == {f"ow{i}" for i in range(30)}
 
 

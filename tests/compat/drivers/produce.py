@@ -8,7 +8,9 @@ args:
   batch_size (batch mode, default 16), timeout_ms (send timeout, default 3000),
   deadline_s (overall bound, default 60), out (optional JSONL path: one line per acknowledged send),
   stop_on_error (default false: record the error and go on), max_errors (default 50),
-  interval_ms (sync/oneway/orderly: pause between sends, for a paced background producer)
+  interval_ms (sync/oneway/orderly: pause between sends, for a paced background producer),
+  barrier: a message spec sent with send_sync after the others (same connection, so its answer means
+    the broker has read every earlier oneway frame; the client may drop unsent oneway frames at shutdown)
 SIGTERM/SIGINT: stop sending, shut down, print the result.
 
 result: {"mode", "sent": attempted, "acked": n, "results": [{index, status, msg_id, offset}...],
@@ -153,6 +155,13 @@ def main() -> None:
                         producer.send_oneway(msg)
                 except Exception as e:
                     error(i, e)
+        if args.get("barrier") and not stop.stopped:
+            try:
+                res = producer.send_sync(make_message(args["barrier"]))
+                results.append({"index": len(specs), "status": int(res.status), "msg_id": res.msg_id,
+                                "offset": res.offset, "barrier": True})
+            except Exception as e:
+                error(len(specs), e)
     finally:
         elapsed = time.monotonic() - t0
         try:
