@@ -59,6 +59,14 @@ def machine_info() -> dict[str, Any]:
     return info
 
 
+def _loadavg() -> list[float] | None:
+    """The machine's 1/5/15-minute load averages: other work on the machine shows up in every figure."""
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        return None
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="python -m bench.compare", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -79,6 +87,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--keep", action="store_true", help="keep the data dirs afterwards")
     ap.add_argument("--no-chart", action="store_true")
     ap.add_argument("--write-readme", action="store_true", help="record this run in bench/compare/README.md")
+    ap.add_argument("--readme-from", type=Path, metavar="JSON",
+                    help="only re-render README.md's results section from a saved results file")
+    ap.add_argument("--note", default="", help="a remark stored with the results and shown in README.md")
     ap.set_defaults(mode="quick")
     return ap.parse_args(argv)
 
@@ -97,6 +108,7 @@ def run(args: argparse.Namespace, log: Callable[[str], None] = print) -> dict[st
     results: dict[str, Any] = {"meta": {"run": run_id, "mode": plan.mode, "plan": plan.to_dict(),
                                         "started": datetime.now(UTC).isoformat(timespec="seconds"),
                                         "machine": machine_info(), "argv": sys.argv[1:],
+                                        "note": getattr(args, "note", ""), "load_avg_start": _loadavg(),
                                         "workloads": list(only)},
                                "systems": {}}
     parent = Path(tempfile.mkdtemp(prefix=f"chronomq-compare-{run_id}-", dir=args.workdir))
@@ -117,6 +129,7 @@ def run(args: argparse.Namespace, log: Callable[[str], None] = print) -> dict[st
             log(f"== {peer.label} done in {results['systems'][name].get('total_s', 0):.0f} s")
     finally:
         results["meta"]["elapsed_s"] = time.monotonic() - started
+        results["meta"]["load_avg_end"] = _loadavg()
         results["meta"]["finished"] = datetime.now(UTC).isoformat(timespec="seconds")
         if not args.keep:
             shutil.rmtree(parent, ignore_errors=True)
@@ -125,6 +138,15 @@ def run(args: argparse.Namespace, log: Callable[[str], None] = print) -> dict[st
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.readme_from:
+        import json
+
+        saved = json.loads(args.readme_from.read_text())
+        if args.note:
+            saved["meta"]["note"] = args.note
+        update_readme(HERE / "README.md", saved)
+        print(f"recorded {args.readme_from} in {HERE / 'README.md'}")
+        return 0
     results = run(args)
     out: Path = args.out
     json_path = write_json(results, out / f"compare-{results['meta']['run']}.json")

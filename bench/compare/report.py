@@ -201,11 +201,11 @@ def write_json(results: dict[str, Any], path: Path) -> Path:
 
 
 CHART_METRICS = [("schedule", "msgs_per_s", "1 schedule: msgs/s (higher is better)", False),
-                 ("spread", "p99_ms", "2 due over window: lateness p99 ms", True),
-                 ("burst", "drain_ms", "3 burst: last received after due, ms", True),
-                 ("hol", "p50_ms", "4 head-of-line: short msgs lateness p50 ms", True),
-                 ("pending", "rss_bytes", "5 pending: server RSS MiB", False),
-                 ("restart", "lost", "6 kill -9: lost + duplicates", False)]
+                 ("spread", "p99_ms", "2 due over window: lateness p99 ms (lower is better)", True),
+                 ("burst", "drain_ms", "3 burst: last received after due, ms (lower)", True),
+                 ("hol", "p50_ms", "4 head-of-line: short msgs lateness p50 ms (lower)", True),
+                 ("pending", "rss_bytes", "5 pending: server RSS MiB (lower)", False),
+                 ("restart", "lost", "6 kill -9: lost + duplicates (lower)", False)]
 
 
 def write_chart(results: dict[str, Any], path: Path) -> Path:
@@ -259,9 +259,15 @@ def readme_section(results: dict[str, Any]) -> str:
              f"Machine: {m.get('cpu_model', '?')}, {m.get('cpus', '?')} CPUs, "
              f"{m.get('mem_gib', '?')} GiB RAM, "
              f"{m.get('os', '?')}, Python {m.get('python', '?')}.", ""]
+    if meta.get("load_avg_start") or meta.get("load_avg_end"):
+        lines += [f"Load average (1/5/15 min) at start {meta.get('load_avg_start')}, at end "
+                  f"{meta.get('load_avg_end')} (anything above 2 on this 2-core machine is other work "
+                  "competing with the bench).", ""]
+    if meta.get("note"):
+        lines += [f"Note: {meta['note']}", ""]
     if meta["plan"]["mode"] != "full":
-        lines += ["This is a **quick-mode** run (scaled-down counts, see the plan above); the full mode has "
-                  "not been recorded on this machine yet.", ""]
+        lines += [f"This is a **{meta['plan']['mode']}-mode** run (scaled-down counts: see the workload "
+                  "table above); the full mode has not been recorded on this machine yet.", ""]
     lines += [markdown_table(results), ""]
     for s in systems_present(results):
         d = results["systems"][s]

@@ -379,7 +379,7 @@ def test_json_readme_and_chart_are_written(tmp_path: Path) -> None:
     report.update_readme(readme, res)  # replaces its own section, does not append a second one
     text = readme.read_text()
     assert text.startswith("# title\n\nintro\n")
-    assert text.count(report.README_START) == 1 and "quick-mode" in text and "| workload | figure |" in text
+    assert text.count(report.README_START) == 1 and "tiny-mode" in text and "| workload | figure |" in text
     pytest.importorskip("matplotlib")
     png = report.write_chart(res, tmp_path / "out" / "r.png")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
