@@ -279,3 +279,42 @@ def test_topics_and_queue_ids(store):
     store.put_message(msg(topic="T1", qid=0))
     store.wait_dispatched(store.max_phy_offset, 5)
     assert store.topics() == ["T1", "T2"] and store.queue_ids("T1") == [0, 2]
+
+
+def test_sync_flush_timeout_resolves_false(tmp_path, clock):
+    s = MessageStore(make_config(tmp_path, flushDiskType="SYNC_FLUSH", syncFlushTimeout=200), clock)
+    s.start()
+    release = threading.Event()
+    real_flush = s._cl.flush
+
+    def stuck_flush():
+        release.wait(10)  # a disk that does not answer
+        return real_flush()
+
+    s._cl.flush = stuck_flush
+    try:
+        r = s.put_message_and_wait(msg())
+        assert r.status is PutStatus.FLUSH_DISK_TIMEOUT and "syncFlushTimeout" in r.error
+        assert r.flushed.done() and r.flushed.result() is False
+        assert r.append is not None  # the message was stored; only the flush is late
+    finally:
+        release.set()
+        s.shutdown()
+
+
+def test_failed_dispatch_is_retried(store):
+    calls = []
+    real = store._index.put_batch
+
+    def flaky(items):
+        calls.append(len(items))
+        if len(calls) == 1:
+            raise OSError("no space left on device")
+        return real(items)
+
+    store._index.put_batch = flaky
+    r = store.put_message(msg(KEYS="retry-me"))
+    assert store.wait_dispatched(r.append.wrote_offset, 10)
+    assert len(calls) >= 2
+    assert store.get_max_offset_in_queue("TopicA", 0) == 1
+    assert [m.body for m in store.query_message("TopicA", "retry-me", 5, 0, 2**62)] == [b"hello"]

@@ -136,6 +136,8 @@ class MessageStore:
                    ("chronomq-store-flush-cq", self._flush_cq_loop),
                    ("chronomq-store-clean", self._clean_loop)]
         targets.append(("chronomq-store-flush", self._group_commit_loop if self._sync else self._flush_loop))
+        if self._sync:
+            targets.append(("chronomq-store-flush-watchdog", self._flush_watchdog))
         for name, fn in targets:
             t = threading.Thread(target=fn, name=name, daemon=True)
             t.start()
@@ -395,6 +397,10 @@ class MessageStore:
                 ok = res.flushed.result(timeout=self.config.syncFlushTimeout / 1000.0)
             except concurrent.futures.TimeoutError:
                 ok = False
+                try:
+                    res.flushed.set_result(False)
+                except concurrent.futures.InvalidStateError:
+                    ok = res.flushed.result()
             if not ok:
                 res.status = PutStatus.FLUSH_DISK_TIMEOUT
                 res.error = "the commit log was not flushed within syncFlushTimeout"
@@ -420,6 +426,7 @@ class MessageStore:
     # ================================================================================= flush
     def _request_flush(self, end: int) -> concurrent.futures.Future[bool]:
         fut: concurrent.futures.Future[bool] = concurrent.futures.Future()
+        fut._chronomq_t = time.monotonic()  # type: ignore[attr-defined]
         with self._flush_cv:
             if self._cl_flushed >= end:
                 fut.set_result(True)
@@ -436,6 +443,18 @@ class MessageStore:
                 while not self._flush_requests and not self._stop.is_set():
                     if not cv.wait(timeout=interval):
                         break  # periodic flush for puts that did not ask to wait
+            # Group commit: while requests keep arriving (writers just released by the previous flush
+            # are putting their next message), give them a moment to join this flush. Bounded.
+            n = len(self._flush_requests)
+            for _ in range(8):
+                if n == 0:
+                    break
+                time.sleep(0.0002)
+                m = len(self._flush_requests)
+                if m == n:
+                    break
+                n = m
+            with cv:
                 reqs = self._flush_requests
                 self._flush_requests = []
             if self._stop.is_set() and not reqs:
@@ -445,18 +464,42 @@ class MessageStore:
             except (OSError, ValueError) as e:
                 log.error("commit-log flush failed: %s", e)
                 for _, fut in reqs:
-                    if not fut.done():
+                    try:
                         fut.set_result(False)
+                    except concurrent.futures.InvalidStateError:
+                        pass
                 continue
             late = []
             for end, fut in reqs:
+                if fut.done():
+                    continue  # the watchdog already reported a timeout
                 if end <= flushed:
-                    fut.set_result(True)
+                    try:
+                        fut.set_result(True)
+                    except concurrent.futures.InvalidStateError:
+                        pass
                 else:
                     late.append((end, fut))
             if late:
                 with cv:
                     self._flush_requests[:0] = late
+
+    def _flush_watchdog(self) -> None:
+        """Resolve SYNC_FLUSH futures to False once syncFlushTimeout (real time: it bounds a disk wait)
+        has passed without their flush, even while an fdatasync hangs. The data may still become
+        durable later, as with RocketMQ's FLUSH_DISK_TIMEOUT."""
+        timeout = self.config.syncFlushTimeout / 1000.0
+        while not self._stop.wait(min(0.1, timeout / 4)):
+            now = time.monotonic()
+            with self._flush_cv:
+                reqs = list(self._flush_requests)
+            for _, fut in reqs:
+                started = getattr(fut, "_chronomq_t", now)
+                if now - started > timeout and not fut.done():
+                    try:
+                        fut.set_result(False)
+                    except concurrent.futures.InvalidStateError:
+                        pass
 
     def _do_flush(self) -> int:
         flushed = self._cl.flush()
@@ -474,8 +517,10 @@ class MessageStore:
             except (OSError, ValueError):
                 flushed = -1
             for end, fut in reqs:
-                if not fut.done():
+                try:
                     fut.set_result(end <= flushed)
+                except concurrent.futures.InvalidStateError:
+                    pass
 
     def _flush_loop(self) -> None:
         interval = self.config.flushIntervalCommitLog
@@ -488,9 +533,10 @@ class MessageStore:
                 log.error("commit-log flush failed: %s", e)
 
     def flush(self) -> None:
-        """Flush the commit log, then dispatch and flush queues and index, then write the checkpoint."""
+        """Flush the commit log, then queues and index, then write the checkpoint."""
         self._do_flush()
-        self._flush_queues_and_checkpoint()
+        with self._clean_lock:
+            self._flush_queues_and_checkpoint()
 
     def _flush_queues_and_checkpoint(self) -> None:
         dispatched = self._dispatched
@@ -533,19 +579,27 @@ class MessageStore:
             self._wake.wait(0.05)
             self._wake.clear()
             stopping = self._stop.is_set()
-            try:
-                self._dispatch_pending()
-            except Exception:
-                log.exception("dispatch failed")
+            if not self._dispatch_pending() and not stopping:
+                self._stop.wait(0.1)  # failed (disk full?): the batch was put back; retry shortly
             if stopping:
                 return
 
-    def _dispatch_pending(self) -> None:
+    def _dispatch_pending(self) -> bool:
         with self._cl.lock:
             batch = self._pending
             self._pending = []
-        if batch:
+        if not batch:
+            return True
+        try:
             self._dispatch(batch)
+            return True
+        except Exception:
+            # Re-dispatch is idempotent (queue units already written are skipped; index duplicates are
+            # filtered by queries), so put the whole batch back in front and try again later.
+            log.exception("dispatch failed; will retry")
+            with self._cl.lock:
+                self._pending[:0] = batch
+            return False
 
     def _dispatch(self, batch: list[tuple]) -> None:
         """Build consume-queue units and index entries for requests in commit-log order."""
@@ -574,10 +628,7 @@ class MessageStore:
             last = items[-1]
             arrivals.append((topic, qid, cq.max_offset, last[6]))
         if index_items and self._index_enabled:
-            try:
-                self._index.put_batch(index_items)
-            except (OSError, ValueError) as e:
-                log.error("index write failed: %s", e)
+            self._index.put_batch(index_items)  # a failure propagates: the whole batch is retried
         last = batch[-1]
         with self._dispatch_cv:
             self._dispatched = last[0] + last[1]
