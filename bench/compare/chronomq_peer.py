@@ -24,7 +24,7 @@ from .workloads import now_ms, quantize_to_level
 
 REPO = Path(__file__).resolve().parents[2]
 LEVELS = " ".join([f"{s}s" for s in range(1, 41)] + ["50s", "1m", "2m", "5m", "10m", "30m", "1h", "2h"])
-SEND_WINDOW = 256      # concurrent sends in flight per producer
+SEND_WINDOW = 64  # concurrent sends in flight per producer (more adds queueing latency, not throughput)
 QUEUES = 4
 
 
@@ -117,7 +117,7 @@ class ChronomqConsumer(Consumer):
 
 class ChronomqPeer(Peer):
     name = "chronomq"
-    client = "chronomq.client (asyncio Producer, 256 sends in flight; PushConsumer)"
+    client = "chronomq.client (asyncio Producer, 64 sends in flight; PushConsumer)"
 
     def __init__(self, workdir: Path, flush: str = "ASYNC_FLUSH") -> None:
         super().__init__(workdir)
