@@ -172,7 +172,10 @@ class PushConsumer(SyncContextMixin):
         self._pqs: dict[MessageQueue, ProcessQueue] = {}
         self._offsets: dict[MessageQueue, int] = {}
         self._committed: dict[MessageQueue, int] = {}
-        self._consume_tasks: set[asyncio.Task[None]] = set()
+        self._workers: list[asyncio.Task[None]] = []
+        self._work: asyncio.Queue[tuple[ProcessQueue, ReceivedMessage]] | None = None
+        self._busy = 0
+        self._idle: asyncio.Event | None = None
         self._sem: asyncio.Semaphore | None = None
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
         self._rebalance_now: asyncio.Event | None = None
@@ -197,6 +200,14 @@ class PushConsumer(SyncContextMixin):
         if self.listener is None:
             raise ClientError("set a listener before starting the consumer")
         self._sem = asyncio.Semaphore(self.concurrency)
+        self._idle = asyncio.Event()
+        self._idle.set()
+        if not self.orderly:
+            # a fixed pool of consume workers fed by one queue (cheaper than a task per message)
+            self._work = asyncio.Queue()
+            loop = asyncio.get_running_loop()
+            self._workers = [loop.create_task(self._worker(), name="chronomq-consume")
+                             for _ in range(self.concurrency)]
         self._rebalance_now = asyncio.Event()
         if not inspect.iscoroutinefunction(self.listener):
             self._executor = concurrent.futures.ThreadPoolExecutor(
@@ -236,19 +247,27 @@ class PushConsumer(SyncContextMixin):
             if pq.puller is not None:
                 pq.puller.cancel()
         await asyncio.gather(*(pq.puller for pq in pqs if pq.puller is not None), return_exceptions=True)
-        # let in-flight listeners finish (bounded), then stop the rest
-        pending = [t for t in self._consume_tasks if not t.done()]
-        pending += [pq.worker for pq in pqs if pq.worker is not None and not pq.worker.done()]
+        # let running listeners finish (bounded; queued messages are not started and stay uncommitted),
+        # then stop the workers
         stuck = False
+        assert self._idle is not None
+        pending = [pq.worker for pq in pqs if pq.worker is not None and not pq.worker.done()]
+        deadline = asyncio.get_running_loop().time() + self.shutdown_timeout
+        try:
+            await asyncio.wait_for(self._idle.wait(), self.shutdown_timeout)
+        except TimeoutError:
+            stuck = True
         if pending:
-            _done, not_done = await asyncio.wait(pending, timeout=self.shutdown_timeout)
-            for t in not_done:
-                t.cancel()
-            if not_done:
-                stuck = True
-                log.warning("%s: %d listener call(s) still running after %.1fs; their messages will be "
-                            "delivered again", self.group, len(not_done), self.shutdown_timeout)
-                await asyncio.gather(*not_done, return_exceptions=True)
+            remaining = max(0.0, deadline - asyncio.get_running_loop().time())
+            _done, not_done = await asyncio.wait(pending, timeout=remaining)
+            stuck = stuck or bool(not_done)
+        if stuck:
+            log.warning("%s: listener call(s) still running after %.1fs; their messages will be delivered "
+                        "again", self.group, self.shutdown_timeout)
+        for t in [*self._workers, *pending]:
+            t.cancel()
+        await asyncio.gather(*self._workers, *pending, return_exceptions=True)
+        self._workers = []
         try:
             await asyncio.wait_for(self.commit_offsets(), 5.0)
         except (TimeoutError, Exception) as e:
@@ -471,10 +490,8 @@ class PushConsumer(SyncContextMixin):
 
     # --- consuming ------------------------------------------------------------------------------------
     def _spawn_consume(self, pq: ProcessQueue, msg: ReceivedMessage) -> None:
-        task = asyncio.get_running_loop().create_task(self._consume_concurrently(pq, msg),
-                                                    name="chronomq-consume")
-        self._consume_tasks.add(task)
-        task.add_done_callback(self._consume_tasks.discard)
+        assert self._work is not None
+        self._work.put_nowait((pq, msg))
 
     async def _call_listener(self, msg: ReceivedMessage) -> bool:
         listener = self.listener
@@ -494,23 +511,32 @@ class PushConsumer(SyncContextMixin):
             log.warning("%s: listener failed on message %s (%s): %r", self.group, msg.id, msg.queue, e)
             return False
 
-    async def _consume_concurrently(self, pq: ProcessQueue, msg: ReceivedMessage) -> None:
-        assert self._sem is not None
-        async with self._sem:
-            while True:
-                if pq.dropped and self._closed is False and pq.mq not in self._pqs:
-                    return  # the queue moved to another consumer; it will deliver this message
-                ok = await self._call_listener(msg)
-                if ok:
-                    self.stats_consumed += 1
-                    break
-                self.stats_failed += 1
-                if self.broadcasting:
-                    log.warning("%s: broadcasting: dropping failed message %s", self.group, msg.id)
-                    break
-                if await self._send_back(pq, msg):
-                    break
-                await asyncio.sleep(1.0)  # send-back failed: consume it again locally
+    async def _worker(self) -> None:
+        assert self._work is not None and self._idle is not None
+        while True:
+            pq, msg = await self._work.get()
+            if self._stopping or (pq.dropped and pq.mq not in self._pqs):
+                continue  # not started: stays uncommitted, delivered again (to the queue's new owner)
+            self._busy += 1
+            self._idle.clear()
+            try:
+                await self._consume_one(pq, msg)
+            finally:
+                self._busy -= 1
+                if self._busy == 0:
+                    self._idle.set()
+
+    async def _consume_one(self, pq: ProcessQueue, msg: ReceivedMessage) -> None:
+        if await self._call_listener(msg):
+            self.stats_consumed += 1
+        else:
+            self.stats_failed += 1
+            if self.broadcasting:
+                log.warning("%s: broadcasting: dropping failed message %s", self.group, msg.id)
+            elif not await self._send_back(pq, msg):
+                # send-back failed: consume it again locally a little later (it stays in flight)
+                asyncio.get_running_loop().call_later(1.0, self._spawn_consume, pq, msg)
+                return
         self._done(pq, msg)
 
     def _done(self, pq: ProcessQueue, msg: ReceivedMessage) -> None:

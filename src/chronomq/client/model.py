@@ -175,7 +175,6 @@ class ReceivedMessage:
     topic: str
     body: bytes
     id: str
-    offset_msg_id: str
     queue: MessageQueue
     queue_offset: int
     commit_log_offset: int
@@ -189,6 +188,11 @@ class ReceivedMessage:
     sys_flag: int = 0
     store_size: int = 0
     raw_topic: str = ""
+
+    @property
+    def offset_msg_id(self) -> str:
+        """The broker's id of this copy: store host + commit-log offset (for Admin.get_message)."""
+        return m.create_offset_msg_id(self.store_host, self.commit_log_offset)
 
     @property
     def tags(self) -> str | None:
@@ -223,13 +227,13 @@ class ReceivedMessage:
     def from_ext(cls, ext: m.MessageExt, broker_name: str) -> ReceivedMessage:
         body = ext.inflated_body()
         topic = ext.topic
+        props = ext.properties
         if topic.startswith(m.RETRY_GROUP_TOPIC_PREFIX):
-            topic = ext.properties.get(m.PROPERTY_RETRY_TOPIC, topic)
-        offset_id = ext.msg_id
-        return cls(topic=topic, body=body, id=ext.properties.get(m.PROPERTY_UNIQ_KEY) or offset_id,
-                   offset_msg_id=offset_id, queue=MessageQueue(ext.topic, broker_name, ext.queue_id),
+            topic = props.get(m.PROPERTY_RETRY_TOPIC, topic)
+        return cls(topic=topic, body=body, id=props.get(m.PROPERTY_UNIQ_KEY) or ext.msg_id,
+                   queue=MessageQueue(ext.topic, broker_name, ext.queue_id),
                    queue_offset=ext.queue_offset, commit_log_offset=ext.commit_log_offset,
-                   properties=dict(ext.properties), reconsume_times=ext.reconsume_times,
+                   properties=props, reconsume_times=ext.reconsume_times,
                    born_timestamp=ext.born_timestamp, store_timestamp=ext.store_timestamp,
                    born_host=ext.born_host, store_host=ext.store_host, flag=ext.flag,
                    sys_flag=ext.sys_flag & ~m.SYSFLAG_COMPRESSED, store_size=ext.store_size,
