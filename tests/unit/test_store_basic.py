@@ -318,3 +318,28 @@ def test_failed_dispatch_is_retried(store):
     assert len(calls) >= 2
     assert store.get_max_offset_in_queue("TopicA", 0) == 1
     assert [m.body for m in store.query_message("TopicA", "retry-me", 5, 0, 2**62)] == [b"hello"]
+
+
+def test_disk_full_is_a_clean_error_not_a_crash(store, monkeypatch):
+    import errno
+
+    import chronomq.store.mapped as mapped
+
+    real = mapped.os.posix_fallocate
+
+    def full(fd, off, n):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    before = store.max_phy_offset
+    monkeypatch.setattr(mapped.os, "posix_fallocate", full)
+    big = b"f" * 3000
+    results = [store.put_message(msg(body=big)) for _ in range(8)]  # crosses into a new segment
+    failed = [r for r in results if not r.ok]
+    assert failed and all(r.status is PutStatus.SERVICE_NOT_AVAILABLE and "space" in r.error for r in failed)
+    monkeypatch.setattr(mapped.os, "posix_fallocate", real)
+    r = store.put_message(msg(body=b"after"))
+    assert r.ok
+    assert store.wait_dispatched(r.append.wrote_offset, 5)
+    ok = [x for x in results if x.ok] + [r]
+    assert store.get_max_offset_in_queue("TopicA", 0) == len(ok)
+    assert [m.commit_log_offset for m in store.iter_messages(before)] == [x.append.wrote_offset for x in ok]

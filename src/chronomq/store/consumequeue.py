@@ -105,6 +105,8 @@ class ConsumeQueue:
                 self.files.append(f)
             r = offset * UNIT_SIZE - f.start
             chunk = min(n - pos, f.file_size - r)
+            if r + chunk > f.allocated:
+                f.allocate(r + chunk)  # OSError (disk full) propagates: the dispatcher retries
             f.mm[r : r + chunk] = data[pos : pos + chunk]
             f.written = r + chunk
             pos += chunk

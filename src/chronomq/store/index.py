@@ -39,6 +39,7 @@ class IndexFile:
         self.size = HEADER_SIZE + slot_num * 4 + index_num * ENTRY_SIZE
         self.mf = MappedFile(path, int(os.path.basename(path)), self.size)
         self.mm = self.mf.mm
+        self.mf.allocate(HEADER_SIZE + slot_num * 4)  # header and the (randomly written) slot table
         self.entries_at = HEADER_SIZE + slot_num * 4
         self.dirty = False
         (self.begin_ts, self.end_ts, self.begin_phy, self.end_phy, self.slots_used,
@@ -141,6 +142,9 @@ class IndexService:
                 if n == 1:
                     f.begin_ts, f.begin_phy = ts, phys
                     begin_ts = ts
+                epos = entries_at + n * ENTRY_SIZE
+                if epos + ENTRY_SIZE > f.mf.allocated:
+                    f.mf.allocate(epos + ENTRY_SIZE)
                 h = crc32(f"{topic}#{w}".encode()) & 0x7FFFFFFF
                 slot_pos = HEADER_SIZE + (h % slots) * 4
                 prev = unpack_slot(mm, slot_pos)[0]
@@ -150,7 +154,7 @@ class IndexService:
                 tdiff = (ts - begin_ts) // 1000
                 if tdiff < 0 or tdiff > 0x7FFFFFFF:
                     tdiff = 0 if tdiff < 0 else 0x7FFFFFFF
-                pack_entry(mm, entries_at + n * ENTRY_SIZE, h, phys, tdiff, prev)
+                pack_entry(mm, epos, h, phys, tdiff, prev)
                 pack_slot(mm, slot_pos, n)
                 n += 1
         f.count, f.slots_used = n, used

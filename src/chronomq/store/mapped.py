@@ -15,10 +15,12 @@ import mmap
 import os
 import threading
 
+ALLOC_CHUNK = 4 * 1024 * 1024
+
 
 class MappedFile:
-    __slots__ = ("_lock", "closed", "fd", "file_size", "flushed", "mm", "path", "start", "was_short",
-                 "written")
+    __slots__ = ("_lock", "allocated", "closed", "fd", "file_size", "flushed", "mm", "path", "start",
+                 "was_short", "written")
 
     def __init__(self, path: str, start: int, file_size: int) -> None:
         self.path = path
@@ -33,11 +35,22 @@ class MappedFile:
         self.written = 0  # bytes written (relative), maintained by the owner
         self.flushed = 0  # bytes known durable (relative)
         self.closed = False
+        self.allocated = 0  # bytes known to have disk blocks (see allocate)
         self._lock = threading.Lock()
 
     @property
     def end(self) -> int:
         return self.start + self.file_size
+
+    def allocate(self, upto: int) -> None:
+        """Make sure disk blocks exist below ``upto`` (relative), in ALLOC_CHUNK steps. Files are sparse;
+        a store into a mapped page with no block on a full disk is a SIGBUS that kills the process,
+        while fallocate fails with a clean OSError (ENOSPC) the caller can report."""
+        if upto <= self.allocated:
+            return
+        end = min(self.file_size, -(-upto // ALLOC_CHUNK) * ALLOC_CHUNK)
+        os.posix_fallocate(self.fd, self.allocated, end - self.allocated)
+        self.allocated = end
 
     def flush(self, upto: int | None = None) -> int:
         """msync [flushed, upto) (relative; default: everything written). Returns the new flushed mark."""
@@ -63,6 +76,7 @@ class MappedFile:
             self.mm = mmap.mmap(self.fd, self.file_size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
             self.written = min(self.written, pos)
             self.flushed = min(self.flushed, pos)
+            self.allocated = min(self.allocated, pos)
 
     def close(self) -> None:
         with self._lock:

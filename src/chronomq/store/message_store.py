@@ -114,6 +114,7 @@ class MessageStore:
         self._cl_flushed = 0
 
         self._running = False
+        self._started = False
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._clean_lock = threading.Lock()
@@ -122,6 +123,9 @@ class MessageStore:
 
     # ================================================================================= lifecycle
     def start(self) -> None:
+        if self._running or self._started:
+            raise RuntimeError("a MessageStore starts once; create a new one to reopen the directory")
+        self._started = True
         os.makedirs(self.root, exist_ok=True)
         os.makedirs(self._cq_root, exist_ok=True)
         abnormal = os.path.exists(self._abort_path)
@@ -157,7 +161,9 @@ class MessageStore:
             t.join(timeout=30)
         self._threads = []
         self._dispatch_pending()  # anything left after the dispatcher stopped
-        self.flush()
+        self._do_flush()
+        with self._clean_lock:
+            self._flush_queues_and_checkpoint()
         self._fail_flush_requests()
         end = self._cl.wrote
         Checkpoint(self._cl_flushed, self._dispatched, end, self.clock.now_ms()).save(self._checkpoint_path)
@@ -297,6 +303,12 @@ class MessageStore:
                                       f"cannot create a commit-log segment: {e}")
                 wrote = seg.start
                 r = 0
+            if r + size > seg.allocated:
+                try:
+                    seg.allocate(r + size)
+                except OSError as e:
+                    return self._fail(PutStatus.SERVICE_NOT_AVAILABLE,
+                                      f"cannot allocate commit-log space: {e}")
             ts = self.clock.now_ms()
             if ts < self._last_ts:
                 ts = self._last_ts
@@ -359,6 +371,12 @@ class MessageStore:
                                       f"cannot create a commit-log segment: {e}")
                 wrote = seg.start
                 r = 0
+            if r + total > seg.allocated:
+                try:
+                    seg.allocate(r + total)
+                except OSError as e:
+                    return self._fail(PutStatus.SERVICE_NOT_AVAILABLE,
+                                      f"cannot allocate commit-log space: {e}")
             ts = max(self.clock.now_ms(), self._last_ts)
             self._last_ts = ts
             first_q = self._queue_table.get(qkey, 0)
@@ -533,7 +551,9 @@ class MessageStore:
                 log.error("commit-log flush failed: %s", e)
 
     def flush(self) -> None:
-        """Flush the commit log, then queues and index, then write the checkpoint."""
+        """Flush the commit log, then queues and index, then write the checkpoint. A no-op unless running."""
+        if not self._running:
+            return
         self._do_flush()
         with self._clean_lock:
             self._flush_queues_and_checkpoint()
