@@ -160,7 +160,7 @@ class BrokerController:
     async def _persist_loop(self) -> None:
         while True:
             await self.clock.sleep(self.config.flushConsumerOffsetInterval / 1000)
-            self._persist()
+            await asyncio.to_thread(self._persist)  # fsync off the event loop
 
     async def _housekeeping_loop(self) -> None:
         while True:

@@ -14,6 +14,7 @@ class ConsumerOffsetManager:
     def __init__(self, config_dir: Path) -> None:
         self.path = config_dir / "consumerOffset.json"
         self._lock = threading.Lock()
+        self._file_lock = threading.Lock()
         self.table: dict[str, dict[int, int]] = {}
         self._version = 0
         self._persisted_version = 0
@@ -53,13 +54,16 @@ class ConsumerOffsetManager:
             self._version += 1
 
     def persist(self, force: bool = False) -> bool:
-        with self._lock:
-            if not force and self._version == self._persisted_version:
-                return False
-            version = self._version
-            snapshot = {
-                "offsetTable": {k: {str(q): o for q, o in sorted(v.items())} for k, v in self.table.items()}
-            }
-        write_json_atomic(self.path, snapshot)
-        self._persisted_version = version
-        return True
+        with self._file_lock:  # one writer of the file at a time (periodic thread vs shutdown)
+            with self._lock:
+                if not force and self._version == self._persisted_version:
+                    return False
+                version = self._version
+                snapshot = {
+                    "offsetTable": {
+                        k: {str(q): o for q, o in sorted(v.items())} for k, v in self.table.items()
+                    }
+                }
+            write_json_atomic(self.path, snapshot)
+            self._persisted_version = version
+            return True
