@@ -1,7 +1,8 @@
 """Official 4.x client side of bench/client.py (runs in the compat venv).
 
 args: namesrv, topic (required); role "produce" | "consume"; group.
-  produce: mode "sync" | "async" | "batch"; count; body_size (1024); batch_size (64);
+  produce: mode "sync" | "async" | "batch"; count; body_size (1024); body_kind "random" (base64 of random
+           bytes: printable, hardly compressible) | "x" (a run of x: compresses ~100x); batch_size (64);
            window (async: max sends in flight, default 64); deadline_s (default 120)
   consume: count (stop after this many); deadline_s; thread_count
 result: produce {"acked", "errors", "first_error", "elapsed_s"}; consume {"count", "elapsed_s"}
@@ -26,7 +27,14 @@ def produce(args: dict) -> None:
     count = int(args.get("count", 1000))
     if not 0 < count <= 5_000_000:
         fail("count must be in 1..5000000")
-    body = b"x" * int(args.get("body_size", 1024))
+    size = int(args.get("body_size", 1024))
+    if args.get("body_kind", "random") == "random":  # printable, hardly compressible (no NUL bytes)
+        import base64
+        import os
+
+        body = base64.b64encode(os.urandom(size))[:size]
+    else:
+        body = b"x" * size
     batch_size = max(1, int(args.get("batch_size", 64)))
     window = threading.Semaphore(max(1, int(args.get("window", 64))))
     deadline = time.monotonic() + float(args.get("deadline_s", 120))
