@@ -174,6 +174,10 @@ def main() -> None:
         print(f"  early deliveries: {r['early']} (service counter {r['service_early']})")
         print(f"  last message received {r['all_delivered_after_last_due_ms']:.0f} ms after the last was due")
         print(f"  service re-put lateness (store time - deliver time, ms): {r['reput_lateness']}")
+        print(f"  store put rate while loading: {r['count'] / r['load_s']:,.0f} msgs/s (single puts)")
+        if scenario == "burst":
+            drain_s = max(r["reput_lateness"]["max"], 1) / 1000
+            print(f"  burst drained (all re-put) in {drain_s:.2f} s = {r['count'] / drain_s:,.0f} msgs/s")
         import shutil
         shutil.rmtree(r["tmp"], ignore_errors=True)
 
