@@ -42,20 +42,28 @@ class ConsumeQueue:
             self.files.append(MappedFile(os.path.join(self.dir, n), start, self.file_size))
         if not self.files:
             return
-        # The first and last used units: a queue rebuilt from the middle of the log (cleaned prefix, lost
-        # queue files) starts past the beginning of its first file, so look at both ends of the data.
+        # The first used unit: normally the first of the file; a queue rebuilt from the middle of the log
+        # (cleaned prefix, lost queue files) starts later, after zero units.
         first = self.files[0]
-        head = first.mm[:]
-        lead = len(head) - len(head.lstrip(b"\0"))
-        self.min_offset = first.start // UNIT_SIZE + min(lead // UNIT_SIZE, self.units_per_file)
+        lead = 0
+        if UNIT.unpack_from(first.mm, 0)[1] == 0:
+            head = first.mm[:]
+            lead = min((len(head) - len(head.lstrip(b"\0"))) // UNIT_SIZE, self.units_per_file)
+        self.min_offset = first.start // UNIT_SIZE + lead
+        # The end: the first unit of size 0 after the start (units are contiguous: binary search).
         last = self.files[-1]
-        tail = last.mm[:] if last is not first else head
-        used = len(tail.rstrip(b"\0"))
-        n = (used + UNIT_SIZE - 1) // UNIT_SIZE
-        last.written = last.flushed = n * UNIT_SIZE
+        lo = lead if last is first else 0
+        hi = self.units_per_file
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if UNIT.unpack_from(last.mm, mid * UNIT_SIZE)[1] > 0:
+                lo = mid + 1
+            else:
+                hi = mid
+        last.written = last.flushed = lo * UNIT_SIZE
         for f in self.files[:-1]:
             f.written = f.flushed = f.file_size
-        self.max_offset = last.start // UNIT_SIZE + n
+        self.max_offset = last.start // UNIT_SIZE + lo
         if self.max_offset < self.min_offset:
             self.min_offset = self.max_offset
 

@@ -1031,7 +1031,15 @@ class MessageStore:
             key = (m.topic, m.queue_id)
             expect = qt.get(key)
             if expect is None and key not in self._queues:
-                expect = m.queue_offset  # its queue files are gone: rebuild from here
+                if m.queue_offset > 0 and dispatch_from > cl.min_offset:
+                    # Queue files lost (its earlier entries are not in any file): rebuild every queue
+                    # from the oldest commit-log offset instead of only the tail.
+                    log.warning("recovery: queue %s/%d has no files but the log has its offset %d; "
+                                "rebuilding all queues from the start of the log", m.topic, m.queue_id,
+                                m.queue_offset)
+                    self._finish_recovery(cl.min_offset, end)
+                    return
+                expect = m.queue_offset  # the queue starts here (its older data was cleaned)
             if m.queue_offset != expect:
                 log.warning("recovery: record at %d has queue offset %d, expected %d; the log is truncated "
                             "there", off, m.queue_offset, expect)
