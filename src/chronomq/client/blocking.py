@@ -104,6 +104,14 @@ class BlockingProxy:
             def call(*args: Any, **kwargs: Any) -> Any:
                 return self._lt.run(attr(*args, **kwargs))
             return call
+        if inspect.ismethod(attr):
+            # plain methods also run on the loop thread: they read state that only it mutates
+            @functools.wraps(attr)
+            def call_sync(*args: Any, **kwargs: Any) -> Any:
+                async def on_loop() -> Any:
+                    return attr(*args, **kwargs)
+                return self._lt.run(on_loop())
+            return call_sync
         return attr
 
     @property
