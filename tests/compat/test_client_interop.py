@@ -88,7 +88,7 @@ async def test_theirs_produces_ours_consumes(chronomq_server: ChronomqProcess, m
 async def test_mixed_group_theirs_and_ours_share_queues(chronomq_server: ChronomqProcess,
                                                         tmp_path: Path) -> None:
     """One consumer group with an official consumer and one of ours: they split the queues (the same
-    average allocation over the same sorted client-id list) and together get every message once."""
+    average allocation over the same sorted client-id list) and together get every message."""
     ns = chronomq_server.namesrv_addr
     async with Producer("PG_mixed", ns) as p:
         await p.send(Message("InteropC", b"warmup"))  # creates the topic (4 queues)
