@@ -61,6 +61,7 @@ OFF_GEN = 12
 OFF_DELIVER = 16
 OFF_DONE = 24  # done_ms, created_ms, origin, done_seq: rewritten together
 _DONE_BLOCK = struct.Struct("<qqqq")
+_STATE_BLOCK = struct.Struct("<iiqqqqq")  # state, gen, deliver, done_ms, created, origin, done_seq
 _I32 = struct.Struct("<i")
 _I64 = struct.Struct("<q")
 
@@ -459,30 +460,35 @@ class TimerStore:
         # A crash between steps leaves unreachable bytes that recovery trims; see the module docs.
         results: list[ScheduleResult] = []
         hash_items: list[tuple[int, int]] = []
-        from .files import key_hash
-
+        crc32 = zlib.crc32
+        hdr_pack = DATA_HDR.pack
+        topics = self.topics
+        seg_size = self.data_seg
         chunk = bytearray()
         chunk_pos = self.data_end
         pos = self.data_end
         placed: list[tuple[int, int, int, int]] = []  # pos, size, deliver, topic id
         for msg, deliver_ms, rec in encoded:
             size = DATA_HDR_SIZE + len(rec)
-            if self.data.room(pos) < size:
+            if seg_size - pos % seg_size < size:
                 if chunk:
                     self.data.write(chunk_pos, chunk)
                     chunk = bytearray()
-                pos = self.data.seg_start(pos) + self.data_seg
+                pos = pos - pos % seg_size + seg_size
                 chunk_pos = pos
-            tid = self._topic_id(msg.topic)
-            chunk += DATA_HDR.pack(DATA_MAGIC, size, PENDING, 0, deliver_ms, 0, now, -1, 0,
-                                   zlib.crc32(rec) - (1 << 31), tid)
+            tid = topics.get(msg.topic) or self._topic_id(msg.topic)
+            chunk += hdr_pack(DATA_MAGIC, size, PENDING, 0, deliver_ms, 0, now, -1, 0,
+                              crc32(rec) - (1 << 31), tid)
             chunk += rec
             placed.append((pos, size, deliver_ms, tid))
-            uniq = msg.properties[PROPERTY_UNIQ_KEY]
-            hash_items.append((key_hash("u:" + uniq), pos))
-            for k in msg.properties.get(PROPERTY_KEYS, "").split(" "):
-                if k:
-                    hash_items.append((key_hash("k:" + k), pos))
+            props = msg.properties
+            uniq = props[PROPERTY_UNIQ_KEY]
+            hash_items.append((crc32(("u:" + uniq).encode()) & 0x7FFFFFFF, pos))
+            keys = props.get(PROPERTY_KEYS)
+            if keys:
+                for k in keys.split(" "):
+                    if k:
+                        hash_items.append((crc32(("k:" + k).encode()) & 0x7FFFFFFF, pos))
             results.append(ScheduleResult(uniq, self.offset_msg_id(pos), deliver_ms, pos))
             pos += size
         if chunk:
@@ -505,18 +511,35 @@ class TimerStore:
         idx = start_idx
         buf = bytearray()
         items: list[tuple[int, Item]] = []
+        cur, nxt = self.cur, self.nxt
+        hot = nxt.slot if nxt is not None else (cur.slot if cur is not None else -1)
+        slot_ms = self.slot_ms
+        wget = self.wheel.get
+        body_pack = _IDX_BODY.pack
+        i32 = _I32.pack
+        crc32 = zlib.crc32
+        per_seg = self.idx_seg_entries
+        seg_max = self.idx_seg_max
         min_deliver = None
         for deliver, pos, gen, tid, size in links:
-            slot = max(deliver // self.slot_ms, floor)
+            slot = deliver // slot_ms
+            if slot < floor:
+                slot = floor
             prev = heads.get(slot)
             if prev is None:
-                prev = self.wheel.get(slot)
-            seg = idx // self.idx_seg_entries
-            buf += _pack_index(deliver, pos, prev, slot, gen, tid, size)
+                prev = wget(slot)
+            body = body_pack(deliver, pos, prev, slot, gen, tid, size)
+            buf += body
+            buf += i32(crc32(body) - (1 << 31))
             heads[slot] = idx + 1
-            self.idx_seg_max[seg] = max(self.idx_seg_max.get(seg, slot), slot)
-            items.append((slot, (deliver, idx, pos, gen, tid, size)))
-            min_deliver = deliver if min_deliver is None else min(min_deliver, deliver)
+            seg = idx // per_seg
+            m = seg_max.get(seg)
+            if m is None or slot > m:
+                seg_max[seg] = slot
+            if slot <= hot:
+                items.append((slot, (deliver, idx, pos, gen, tid, size)))
+            if min_deliver is None or deliver < min_deliver:
+                min_deliver = deliver
             idx += 1
         # write, split at index segment boundaries
         off = 0
@@ -530,7 +553,6 @@ class TimerStore:
         self.index_end = idx
         for slot, head in heads.items():
             self.wheel.set(slot, head)
-        cur, nxt = self.cur, self.nxt
         for slot, item in items:
             if cur is not None and slot == cur.slot:
                 heapq.heappush(cur.late, item)
@@ -594,9 +616,9 @@ class TimerStore:
         return out
 
     def _write_done(self, pos: int, h: tuple[int, ...], state: int, now: int) -> int:
+        # One pwrite of state..done_seq (a process crash cannot split a pwrite).
         self.done_seq += 1
-        self.data.write(pos + OFF_DONE, _DONE_BLOCK.pack(now, h[6], h[7], self.done_seq))
-        self.data.write(pos + OFF_STATE, _I32.pack(state))
+        self.data.patch(pos + OFF_STATE, _STATE_BLOCK.pack(state, h[3], h[4], now, h[6], h[7], self.done_seq))
         return self.done_seq
 
     def cancel(self, ident: str, by_key: bool = False) -> list[OpResult]:
@@ -643,8 +665,8 @@ class TimerStore:
                     gen = h[3] + 1
                     self._add_index_entries([(deliver_ms, pos, gen, h[10], h[1])], self._floor_slot())
                     # The new entry is live once the record carries its generation.
-                    self.data.write(pos + OFF_GEN, _I32.pack(gen))
-                    self.data.write(pos + OFF_DELIVER, _I64.pack(deliver_ms))
+                    self.data.patch(pos + OFF_GEN, _I32.pack(gen))
+                    self.data.patch(pos + OFF_DELIVER, _I64.pack(deliver_ms))
                     self.rescheduled += 1
                     self.dirty = True
                     out.append(OpResult(Outcome.RESCHEDULED, uid, deliver_ms, msg.topic))
@@ -722,16 +744,16 @@ class TimerStore:
         or 'retry' (the store could not take it now; the item is back in the window)."""
         with self.lock:
             now = self.clock.now_ms() if now is None else now
-            deliver_ms, _idx, pos, gen, tid, _size = item
+            deliver_ms, _idx, pos, gen, tid, size = item
             try:
                 if deliver_ms > now:
                     self.early += 1  # never happens: poll only hands out due items
                     raise AssertionError(f"timer item due at {deliver_ms} handed out at {now}")
-                r = self._read_record(pos) if pos >= self.data.min_pos else None
-                if r is None:
+                raw = self.data.read(pos, size) if pos >= self.data.min_pos else b""
+                h = DATA_HDR.unpack_from(raw) if len(raw) == size and size >= DATA_HDR_SIZE else None
+                if h is None or h[0] != DATA_MAGIC or h[1] != size:
                     self.stale_skipped += 1
                     return "skipped"
-                h, raw = r
                 if h[3] != gen:
                     self.stale_skipped += 1
                     return "skipped"
@@ -742,7 +764,7 @@ class TimerStore:
                         # it a sequence number of this run so it is never subtracted twice.
                         self.pending[tid] -= 1
                         self.done_seq += 1
-                        self.data.write(pos + OFF_DONE, _DONE_BLOCK.pack(h[5], h[6], h[7], self.done_seq))
+                        self.data.patch(pos + OFF_DONE, _DONE_BLOCK.pack(h[5], h[6], h[7], self.done_seq))
                         self.dirty = True
                     self.stale_skipped += 1
                     return "skipped"

@@ -91,7 +91,7 @@ class TimerConfig:
     flush_interval_ms: int = 1000
     retention_interval_ms: int = 60_000
     preload_ms: int = 3000  # start reading a slot's chain this long before it falls due
-    preload_step: int = 2048  # chain entries read per step between deliveries
+    preload_step: int = 512  # chain entries read per step between deliveries
     deliver_batch: int = 256
     retry_backoff_ms: int = 100
     max_query_scan: int = 100_000  # entries examined per query page at most
