@@ -298,6 +298,23 @@ def _parse_result(name: str, stdout: str, stderr: str, code: int | None) -> dict
     return result
 
 
+def _accept_shutdown_crash(name: str, stdout: str, stderr: str, code: int) -> dict[str, Any] | None:
+    """A driver killed by a signal (e.g. SIGABRT from the C++ client's shutdown) after it printed a result
+    flagged ``before_shutdown``: keep the result, mark it, and say so on stderr (never silently)."""
+    if code >= 0:
+        return None
+    try:
+        result = _parse_result(name, stdout, stderr, code)
+    except DriverError:
+        return None
+    if not result.get("before_shutdown"):
+        return None
+    result["client_shutdown_crash"] = f"signal {-code}: {stderr.strip()[-300:]}"
+    sys.stderr.write(f"note: driver {name}: the official client crashed in shutdown after its result"
+                     f" ({result['client_shutdown_crash']})\n")
+    return result
+
+
 def run_driver(name: str, args: dict[str, Any], timeout: float = 60) -> dict[str, Any]:
     """Run a driver to completion and return its JSON result; raises DriverError on failure."""
     cmd = _driver_cmd(name, args)
@@ -308,6 +325,9 @@ def run_driver(name: str, args: dict[str, Any], timeout: float = 60) -> dict[str
         err = e.stderr.decode(errors="replace") if isinstance(e.stderr, bytes) else (e.stderr or "")
         raise DriverError(f"driver {name} timed out after {timeout}s; stderr:\n{err[-4000:]}") from None
     if r.returncode != 0:
+        accepted = _accept_shutdown_crash(name, r.stdout, r.stderr, r.returncode)
+        if accepted is not None:
+            return accepted
         raise DriverError(f"driver {name} failed with exit code {r.returncode}; stderr:\n{r.stderr[-4000:]}"
                           f"\nstdout tail:\n{r.stdout[-1000:]}")
     return _parse_result(name, r.stdout, r.stderr, r.returncode)
@@ -365,6 +385,9 @@ class DriverProcess:
             return None
         stdout = self.stdout_path.read_text(errors="replace")
         if code != 0:
+            accepted = _accept_shutdown_crash(self.name, stdout, self.stderr(), code)
+            if accepted is not None:
+                return accepted
             raise DriverError(f"driver {self.name} exited {code}; stderr:\n{self.stderr()}")
         return _parse_result(self.name, stdout, self.stderr(), code)
 

@@ -46,3 +46,14 @@ def test_process_reports_early_exit(tmp_path: Path) -> None:
         assert not p.running
     finally:
         p.stop(kill=True)
+
+
+def test_a_client_crash_in_shutdown_keeps_only_a_flagged_result() -> None:
+    from tests.compat.harness import _accept_shutdown_crash
+
+    out = 'noise\n{"acked": 3, "before_shutdown": true}\n'
+    kept = _accept_shutdown_crash("produce", out, "terminate called ... thread_interrupted", -6)
+    assert kept is not None and kept["acked"] == 3 and "signal 6" in kept["client_shutdown_crash"]
+    assert _accept_shutdown_crash("produce", '{"acked": 3}\n', "", -6) is None  # not flagged
+    assert _accept_shutdown_crash("produce", out, "", 1) is None  # an ordinary failure stays a failure
+    assert _accept_shutdown_crash("produce", "", "", -6) is None  # no result at all
