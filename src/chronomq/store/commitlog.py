@@ -49,17 +49,6 @@ MIN_BLANK = 8
 _TOPIC_LEN = [bytes((n,)) for n in range(256)]
 
 
-def pack_host(host: tuple[str, int]) -> bytes:
-    import socket
-
-    ip, port = host
-    try:
-        raw = socket.inet_aton(ip)
-    except OSError:
-        raw = b"\x00\x00\x00\x00"
-    return raw + I32.pack(port)
-
-
 def encode(msg: MessageExt, topic_b: bytes, props_b: bytes, store_host_b: bytes, born_host_b: bytes
            ) -> bytes:
     """The record for ``msg`` with queue offset, physical offset and store time left 0 (patched later).

@@ -45,6 +45,7 @@ from chronomq.message import (
     MessageFormatError,
     create_offset_msg_id,
     decode_record,
+    pack_host,
     tags_code,
     validate_topic,
 )
@@ -56,7 +57,6 @@ from chronomq.store.commitlog import (
     CommitLog,
     check_record,
     encode,
-    pack_host,
 )
 from chronomq.store.consumequeue import UNIT, ConsumeQueue
 from chronomq.store.index import IndexService
