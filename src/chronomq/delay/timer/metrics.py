@@ -3,6 +3,8 @@ size is bounded (< 1,000 buckets for any 64-bit value) whatever the number of sa
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 _SUB_BITS = 4
 _SUB = 1 << _SUB_BITS
 _EXACT = 2 * _SUB
@@ -53,6 +55,17 @@ class Histogram:
             if seen >= rank:
                 return min(bucket_upper(idx), self.max)
         return self.max
+
+    @classmethod
+    def merged(cls, hists: Iterable[Histogram]) -> Histogram:
+        out = cls()
+        for h in hists:
+            for idx, n in h._counts.items():
+                out._counts[idx] = out._counts.get(idx, 0) + n
+            out.count += h.count
+            out.total += h.total
+            out.max = max(out.max, h.max)
+        return out
 
     @property
     def buckets(self) -> int:

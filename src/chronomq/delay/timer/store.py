@@ -259,7 +259,6 @@ class TimerStore:
         self.nxt: _Slot | None = None
         self.scan_empty_from: int | None = None
         self.hist: dict[int, Histogram] = {}
-        self.hist_all = Histogram()
         self.delivered = 0
         self.cancelled = 0
         self.rescheduled = 0
@@ -781,12 +780,12 @@ class TimerStore:
                     props.pop(k, None)
                 props.pop(PROPERTY_DELAY_TIME_LEVEL, None)
                 props[PROPERTY_TIMER_DELIVER_MS] = str(deliver_ms)
-                out = MessageExt(topic=m.topic, body=m.body, properties=props, flag=m.flag,
-                                 queue_id=m.queue_id, sys_flag=m.sys_flag, born_timestamp=m.born_timestamp,
-                                 born_host=m.born_host, reconsume_times=m.reconsume_times,
-                                 store_host=self.store_host)
+                # The decoded message becomes the new one: the store assigns offsets and store time.
+                m.store_host = self.store_host
+                m.queue_offset = m.commit_log_offset = m.store_timestamp = m.store_size = 0  # crc stays
+                m.prepared_transaction_offset = 0
                 try:
-                    res = put(out)
+                    res = put(m)
                 except Exception:  # the store is the caller's; keep the message and try again
                     log.exception("timer: put_message raised; will retry")
                     res = PutResult(PutStatus.UNKNOWN_ERROR, error="exception")
@@ -800,7 +799,6 @@ class TimerStore:
                     if hist is None:
                         hist = self.hist[tid] = Histogram()
                     hist.record(late)
-                    self.hist_all.record(late)
                     self.dirty = True
                     return "delivered"
                 if res.status in (PutStatus.MESSAGE_ILLEGAL, PutStatus.PROPERTIES_SIZE_EXCEEDED):
@@ -1013,7 +1011,7 @@ class TimerStore:
                 "stale_entries_skipped": self.stale_skipped,
                 "next_due_ms": head[0] if head else None,
                 "watermark_ms": (self.watermark + 1) * self.slot_ms,
-                "lateness_ms": self.hist_all.summary(),
+                "lateness_ms": Histogram.merged(self.hist.values()).summary(),
                 "lateness_ms_by_topic": {self.topic_name(t): h.summary() for t, h in self.hist.items()},
                 "max_delay_ms": self.cfg.max_delay_ms,
                 "slot_ms": self.slot_ms,
@@ -1038,7 +1036,7 @@ class TimerStore:
                 "data_segments_tracked": len(self.data_recheck) + len(self.data.starts),
                 "wheel_files": self.wheel.files,
                 "hash_generations": len(self.hash.gens),
-                "histogram_buckets": self.hist_all.buckets + sum(h.buckets for h in self.hist.values()),
+                "histogram_buckets": sum(h.buckets for h in self.hist.values()),
             }
 
 
