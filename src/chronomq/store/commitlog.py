@@ -4,14 +4,17 @@ protocol.md 3.1), encoded outside the lock and copied in once; a record never sp
 the rest of a segment is too small, a blank record (TOTALSIZE = rest, BLANK_MAGIC) fills it and the log
 rolls to a new segment.
 
-mmap versus pwrite (measured on this box, 2 cores, ext4 on virtio, Python 3.11, 1 KiB records,
-single writer, bench/store_append.py --raw-compare):
-  mmap slice copy into a pre-sized shared mapping ........ ~2.4 GB/s (~0.4 us per 1 KiB record)
-  os.pwrite per record ................................... ~0.75 GB/s (~1.4 us per record: one syscall each)
-  os.pwrite of 64 KiB batches (write-behind buffer) ...... ~2.1 GB/s, but a second copy and a buffer flush
-                                                             point before readers may see the bytes
-mmap won: one memcpy per put, reads are slices of the same mapping (no syscall), and msync of the
-dirty range gives SYNC_FLUSH durability. See bench/store_append.py for the live comparison.
+mmap versus pwrite, measured on this box (2 vCPUs, ext4 on virtio, Python 3.11, 1177-byte records =
+1 KiB body + TAGS + UNIQ_KEY, one writer; bench/store_append.py prints the same comparison every run):
+                                          quiet box (00:59)         loaded box (load avg 12-14)
+  mmap slice copy into a shared mapping   1.69 GB/s, 0.65 us/rec    0.35-0.49 GB/s, 2.4-3.4 us/rec
+    (+ fallocate'd file)                  1.81 GB/s
+  os.pwrite, one call per record          0.84 GB/s, 1.30 us/rec    0.14-0.24 GB/s, 4.9-8.7 us/rec
+  pwrite of 64 KiB batches (buffered)     (not measured quiet)      0.35-0.65 GB/s, 1.8-3.4 us/rec
+mmap won: 2-2.5x cheaper than a syscall per record, and as cheap as a write-behind buffer without its
+second copy, its flush points, or serving readers from the buffer. Reads are slices of the same
+mapping (no syscall); durability is fdatasync on the segment's descriptor (see mapped.py for why not
+mmap.flush). Blocks are fallocate'd ahead in 4 MiB steps so a full disk is an error, not a SIGBUS.
 """
 
 from __future__ import annotations
