@@ -289,3 +289,48 @@ def test_configuration_errors_are_refused_and_unknown_keys_warned(tmp_path: Path
         _, err = proc.communicate(timeout=30)
     assert proc.returncode == 0
     assert "noSuchKey" in err
+
+
+def test_batch_tags_view_query_and_send_back_through_the_process(tmp_path: Path) -> None:
+    from chronomq.remoting.codec import BatchItem, encode_batch_body
+    from tests.integration.rawclient import send_ext
+
+    p = ChronomqProcess(tmp_path / "data", {"messageDelayLevel": "100ms 200ms 300ms"})
+    p.start()
+    try:
+        with RawClient(p.broker_addr) as b:
+            items = [
+                BatchItem(f"b{i}".encode(), {"UNIQ_KEY": f"U{i}", "KEYS": f"key{i}", "TAGS": "ab"[i % 2]})
+                for i in range(6)
+            ]
+            resp = b.request(R.SEND_MESSAGE, send_ext("IB", 2, batch=True), encode_batch_body(items))
+            assert resp.code == C.SUCCESS and len(resp.ext_fields["msgId"].split(",")) == 6
+            wait_for(
+                lambda: b.request(R.GET_MAX_OFFSET, {"topic": "IB", "queueId": 2}).ext_fields["offset"] == "6"
+            )
+            resp = b.pull("G", "IB", 2, 0, subscription="b")
+            assert [m.body for m in decode_records(resp.body)] == [b"b1", b"b3", b"b5"]
+            assert resp.ext_fields["nextBeginOffset"] == "6"
+            first_id = b.request(R.SEND_MESSAGE, send_ext("IB", 2, batch=True), encode_batch_body(items[:1]))
+            view = b.request(R.VIEW_MESSAGE_BY_ID, {"msgId": first_id.ext_fields["msgId"]})
+            assert view.code == C.SUCCESS and decode_records(view.body)[0].body == b"b0"
+            query = {
+                "topic": "IB",
+                "key": "key3",
+                "maxNum": 8,
+                "beginTimestamp": "0",
+                "endTimestamp": str(2**62),
+            }
+            got = wait_for(lambda: b.request(R.QUERY_MESSAGE, query).body, message="index")
+            assert [m.body for m in decode_records(got)] == [b"b3"]  # type: ignore[arg-type]
+            # send-back: with levels scaled down, the copy reaches %RETRY%G through the real delay path
+            (m0,) = decode_records(b.pull("G", "IB", 2, 0, max_msgs=1).body)
+            resp = b.request(
+                R.CONSUMER_SEND_MSG_BACK, {"group": "G", "offset": str(m0.commit_log_offset), "delayLevel": 0}
+            )
+            assert resp.code == C.SUCCESS
+            wait_for(lambda: b.pull("G", "%RETRY%G", 0, 0).code == C.SUCCESS, message="retry copy delivered")
+            (r,) = decode_records(b.pull("G", "%RETRY%G", 0, 0).body)
+            assert r.body == b"b0" and r.reconsume_times == 1 and r.properties["RETRY_TOPIC"] == "IB"
+    finally:
+        p.stop()
