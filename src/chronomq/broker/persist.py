@@ -36,12 +36,18 @@ def write_json_atomic(path: Path, obj: Any) -> None:
 
 
 def read_json(path: Path) -> Any | None:
-    """Read a JSON file written by write_json_atomic; a missing file is None, a corrupt one is logged
-    and treated as missing (the .bak-less atomic rename means this only happens on manual edits)."""
+    """Read a JSON file written by write_json_atomic; a missing file is None. A corrupt one (only after
+    manual edits or disk damage: the writes are atomic) is logged, kept aside as <name>.corrupt for a
+    human to look at, and treated as missing."""
     try:
         return json.loads(path.read_bytes())
     except FileNotFoundError:
         return None
     except (OSError, ValueError) as e:
-        log.error("cannot read %s (%s); starting without it", path, e)
+        aside = path.with_name(path.name + ".corrupt")
+        try:
+            os.replace(path, aside)
+        except OSError:
+            aside = path
+        log.error("cannot read %s (%s); starting without it (kept as %s)", path, e, aside.name)
         return None
