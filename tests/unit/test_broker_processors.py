@@ -555,3 +555,11 @@ async def test_compressed_batch_from_the_cpp_client_is_inflated(env: Env) -> Non
     assert len(msgs) == 16 and all(m.body == b"x" * 1024 and m.sys_flag & 1 == 0 for m in msgs)
     resp = await c.request(R.SEND_MESSAGE, ext, b"not zlib")
     assert resp.code == C.MESSAGE_ILLEGAL and "compressed" in resp.remark
+
+
+async def test_sql92_subscription_is_refused_clearly(env: Env) -> None:
+    c = await env.client()
+    ext = pull_ext("G", "Sql", 0, 0, subscription="a > 5")
+    ext["expressionType"] = "SQL92"
+    resp = await c.request(R.PULL_MESSAGE, ext)
+    assert resp.code == C.SYSTEM_ERROR and "SQL92" in resp.remark

@@ -328,6 +328,7 @@ class BrokerProcessor:
             return req.response(code, ext_fields=ext)
         if fut.done():
             return req.response(self._flush_code(fut, code), ext_fields=ext)
+
         def flushed(f: concurrent.futures.Future[bool]) -> None:  # runs in the store's flush thread
             self._post(lambda: conn.reply(req, req.response(self._flush_code(f, code), ext_fields=ext)))
 
@@ -401,6 +402,11 @@ class BrokerProcessor:
                     remark=f"queueId[{queue_id}] is illegal, topic {topic} has "
                     f"{tc.readQueueNums} read queues",
                 ), False
+        expr_type = req.ext_str("expressionType", "TAG") or "TAG"
+        if expr_type.upper() != "TAG":
+            return req.response(
+                ResponseCode.SYSTEM_ERROR, remark=f"this broker filters by TAG only, not by {expr_type}"
+            ), False
         tag_filter = self._filter(req, group, topic, sys_flag)
         r: GetResult = self.store.get_message(
             topic, queue_id, offset, max_msgs, max_bytes=MAX_PULL_BYTES, tag_filter=tag_filter
