@@ -85,6 +85,11 @@ class Peer(ABC):
     def version(self) -> str:
         return ""
 
+    def backlog(self, dest: str) -> dict[str, Any] | None:
+        """What the server still holds for ``dest`` (diagnostics for messages not received), if it can
+        say cheaply."""
+        return None
+
     def describe(self) -> dict[str, Any]:
         return {"name": self.name, "label": self.label, "durability": self.durability, "client": self.client,
                 "version": self.version(), "levels_ms": self.levels_ms}

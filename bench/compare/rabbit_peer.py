@@ -147,6 +147,7 @@ class RabbitConsumer(Consumer):
         self.ready_q = queue_names(dest)[1]
         self.sink = sink
         self.reconnects = 0
+        self.last_error = ""
         self._unacked = 0
         self._last_tag = 0
         self._stop = threading.Event()
@@ -186,8 +187,9 @@ class RabbitConsumer(Consumer):
                 while not self._stop.is_set():
                     conn.process_data_events(time_limit=0.05)
                     self._ack(ch)  # whatever arrived in this round
-            except pika.exceptions.AMQPError:
+            except Exception as e:  # the node went away (or is still booting): reconnect until closed
                 self.reconnects += 1
+                self.last_error = f"{type(e).__name__}: {e}"
                 self._stop.wait(0.1)
             finally:
                 if conn is not None and conn.is_open:
@@ -328,3 +330,13 @@ class RabbitPeer(Peer):
 
     def consumer(self, dest: str, sink: Sink) -> Consumer:
         return RabbitConsumer(self.params(), dest, sink)
+
+    def backlog(self, dest: str) -> dict[str, Any]:
+        pika = need_module("pika", "pika")
+        conn = pika.BlockingConnection(self.params())
+        try:
+            ch = conn.channel()
+            return {q: ch.queue_declare(q, durable=True, passive=True).method.message_count
+                    for q in queue_names(dest)}
+        finally:
+            conn.close()

@@ -11,6 +11,7 @@ import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from .base import Consumer, PayloadFn, Peer, Producer, Sink, need_module
 from .procs import free_port, require_binary, spawn, stop_group, wait_port
@@ -158,3 +159,12 @@ class RedisPeer(Peer):
 
     def consumer(self, dest: str, sink: Sink) -> Consumer:
         return RedisPoller(self.port, dest, sink)
+
+    def backlog(self, dest: str) -> dict[str, Any]:
+        redis = need_module("redis", "redis-py")
+        r = redis.Redis(host="127.0.0.1", port=self.port)
+        try:
+            zkey, hkey = _keys(dest)
+            return {zkey: r.zcard(zkey), hkey: r.hlen(hkey)}
+        finally:
+            r.close()

@@ -180,10 +180,18 @@ def w_restart(ctx: Ctx) -> dict[str, Any]:
         peer.restart()
         restart_s = time.monotonic() - t_kill
         # wait until the last due time or the restart, whichever is later, plus the grace period
-        complete = _wait_all(rec, sent, p.grace_ms, after_ms=now_ms())
+        complete = _wait_all(rec, sent, p.restart_grace_ms, after_ms=now_ms())
         if complete:  # give late duplicates (redeliveries) a moment to show up
             time.sleep(2)
         out = rec.summary(sent)
+        if out.get("lost"):
+            try:
+                out["server_backlog"] = peer.backlog(dest)
+            except Exception as e:
+                out["server_backlog"] = f"unavailable: {e}"
+        for attr in ("reconnects", "last_error", "errors"):
+            if hasattr(consumer, attr):
+                out[f"consumer_{attr}"] = getattr(consumer, attr)
     finally:
         with contextlib.suppress(Exception):
             consumer.close()
