@@ -143,6 +143,13 @@ class SegmentedFile:
         if start in self.starts:
             self.starts.remove(start)
 
+    def take_dirty_fds(self) -> list[int]:
+        """File descriptors written since the last call (fsync them outside any lock; pages changed
+        through a shared mapping are in the page cache, so an fsync of the file covers them)."""
+        fds = [self._fds[s] for s in self._dirty if s in self._fds]
+        self._dirty.clear()
+        return fds
+
     def sync(self) -> None:
         for mm in self._maps.values():
             mm.flush()
@@ -262,6 +269,9 @@ class Wheel:
     def sync(self) -> None:
         for mm in self._maps.values():
             mm.flush()
+
+    def all_fds(self) -> list[int]:
+        return list(self._fds.values())
 
     def disk_bytes(self) -> int:
         return sum(os.fstat(fd).st_blocks * 512 for fd in self._fds.values())
@@ -395,6 +405,9 @@ class HashIndex:
     def sync(self) -> None:
         for g in self.gens:
             g.sync()
+
+    def all_fds(self) -> list[int]:
+        return [fd for g in self.gens for fd in (g._bfd, g.efd)]
 
     def disk_bytes(self) -> int:
         return sum(g.disk_bytes() for g in self.gens)

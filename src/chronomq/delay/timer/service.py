@@ -162,12 +162,14 @@ class TimerService:
         next_flush = now + cfg.flush_interval_ms
         next_retention = now + cfg.retention_interval_ms
         backoff_until = 0
+        flushing: asyncio.Future[None] | None = None
         while not self._stopping:
             try:
                 now = self.clock.now_ms()
                 if now >= next_flush:
-                    if t.dirty:
-                        t.flush()
+                    if t.dirty and (flushing is None or flushing.done()):
+                        # fsync in a worker thread: deliveries go on meanwhile
+                        flushing = asyncio.ensure_future(asyncio.to_thread(t.flush))
                     next_flush = now + cfg.flush_interval_ms
                 if now >= next_retention:
                     t.run_retention(now)
@@ -196,6 +198,8 @@ class TimerService:
             except Exception:
                 log.exception("timer delivery loop error; retrying")
                 await self.clock.sleep(0.1)
+        if flushing is not None:
+            await asyncio.wait({flushing})
 
     async def _sleep(self, target: int, version: int) -> None:
         assert self._event is not None

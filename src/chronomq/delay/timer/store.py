@@ -6,6 +6,7 @@ The asyncio delivery loop lives in ``service.py``; everything here can also be d
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import json
 import logging
@@ -182,6 +183,9 @@ class TimerStore:
         self.cfg.validate()
         self.store_host = store_host
         self.lock = threading.RLock()
+        self._ckpt_lock = threading.Lock()
+        self._ckpt_seq = 0
+        self._ckpt_written = 0
         self.wakeup: Callable[[int], None] | None = None  # called with a deliver time that may be earlier
         self._opened = False
         self._id_prefix: str | None = None
@@ -225,6 +229,7 @@ class TimerStore:
         self.wheel = Wheel(self.root / "wheel", cfg.slot_ms)
         self.hash = HashIndex(self.root / "hash", cfg.hash_buckets, cfg.hash_generation_entries)
 
+        self._ckpt_seq = self._ckpt_written = int(ckpt.get("seq", 0))
         self.watermark = int(ckpt["watermark"])
         if old_slot_ms != cfg.slot_ms:
             self.watermark = (self.watermark + 1) * old_slot_ms // cfg.slot_ms - 1
@@ -358,27 +363,44 @@ class TimerStore:
             self.hash.close()
             self._opened = False
 
+    def _fds_to_sync(self) -> list[int]:
+        return (self.data.take_dirty_fds() + self.index.take_dirty_fds() + self.hash.all_fds()
+                + self.wheel.all_fds())
+
+    @staticmethod
+    def _fsync_all(fds: list[int]) -> None:
+        for fd in fds:
+            try:
+                os.fsync(fd)
+            except OSError:  # closed meanwhile (retention deleted the file): nothing left to sync
+                pass
+
     def sync_files(self) -> None:
-        """fsync the logs (what SYNC_FLUSH needs before acknowledging a schedule)."""
+        """fsync the logs (what SYNC_FLUSH needs before acknowledging a schedule). The fsyncs run
+        outside the lock, so deliveries and schedules go on meanwhile."""
         with self.lock:
-            self.data.sync()
-            self.hash.sync()
-            self.index.sync()
-            self.wheel.sync()
+            fds = self._fds_to_sync()
+        self._fsync_all(fds)
 
     def flush(self, clean: bool = False) -> None:
+        """fsync everything written so far, then write a checkpoint describing exactly that state.
+        Safe to call from a worker thread while the loop keeps delivering."""
         with self.lock:
-            self.data.sync()
-            self.index.sync()
-            self.hash.sync()
-            self.wheel.sync()
-            self._write_checkpoint(clean=clean)
+            fds = self._fds_to_sync()
+            snap = self._checkpoint_dict(clean)
             self.dirty = False
+        self._fsync_all(fds)
+        self._store_checkpoint(snap)
 
     def _write_checkpoint(self, clean: bool) -> None:
+        self._store_checkpoint(self._checkpoint_dict(clean))
+
+    def _checkpoint_dict(self, clean: bool) -> dict[str, Any]:
         self.open_ranges = [r for r in self.open_ranges if r[2] > self.watermark]
-        ckpt = {
-            "open_ranges": self.open_ranges,
+        self._ckpt_seq += 1
+        return {
+            "seq": self._ckpt_seq,
+            "open_ranges": [list(r) for r in self.open_ranges],
             "version": 1,
             "clean": clean,
             "watermark": self.watermark,
@@ -392,8 +414,14 @@ class TimerStore:
             "index_segment_entries": self.idx_seg_entries,
             "written_ms": self.clock.now_ms(),
         }
-        _atomic_write(self.root / "checkpoint.json", json.dumps(ckpt).encode())
-        self.persisted_watermark = self.watermark
+
+    def _store_checkpoint(self, snap: dict[str, Any]) -> None:
+        with self._ckpt_lock:
+            if snap["seq"] <= self._ckpt_written:
+                return  # a newer snapshot is already on disk
+            _atomic_write(self.root / "checkpoint.json", json.dumps(snap).encode())
+            self._ckpt_written = snap["seq"]
+            self.persisted_watermark = max(self.persisted_watermark, snap["watermark"])
 
     # ====================================================================================== scheduling
     def _topic_id(self, topic: str) -> int:
@@ -987,9 +1015,7 @@ class TimerStore:
             for w in (self.cur,):
                 if w is None:
                     continue
-                k = w.cursor
-                while k < len(w.d) and w.d[k] <= now:
-                    k += 1
+                k = bisect.bisect_right(w.d, now, lo=w.cursor)
                 c.update(w.t[w.cursor : k])
                 c.update(it[4] for it in w.late if it[0] <= now)
             return {self.topic_name(t): n for t, n in c.items() if n}

@@ -94,7 +94,7 @@ class TimerConfig:
     preload_step: int = 512  # chain entries read per step between deliveries
     deliver_batch: int = 256
     retry_backoff_ms: int = 100
-    max_query_scan: int = 100_000  # entries examined per query page at most
+    max_query_scan: int = 10_000  # entries examined per query page at most (the lock is held)
 
     def validate(self) -> None:
         if self.max_delay_ms <= 0:
