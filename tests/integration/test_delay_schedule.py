@@ -25,7 +25,7 @@ from chronomq.message import (
     MessageExt,
     decode_record,
 )
-from chronomq.store import MessageStore
+from chronomq.store import MessageStore, PutResult, PutStatus
 from tests.conftest import async_wait_for
 
 pytestmark = pytest.mark.timeout(120)
@@ -389,3 +389,88 @@ async def test_retry_ladder_and_dlq_through_the_store(tmp_path: Path, clock: Vir
         assert PROPERTY_DELAY_SOURCE not in dlq[0].properties
     finally:
         await env.stop()
+
+
+class FlakyStore:
+    """Fault injection around the real store: puts to ``topic`` fail (store busy) while ``failing``."""
+
+    def __init__(self, store: MessageStore, topic: str) -> None:
+        self._store = store
+        self.topic = topic
+        self.failing = True
+        self.refused = 0
+
+    def __getattr__(self, name: str):
+        return getattr(self._store, name)
+
+    def _refuse(self, msgs: list[MessageExt]) -> PutResult | None:
+        if self.failing and any(m.topic == self.topic for m in msgs):
+            self.refused += len(msgs)
+            return PutResult(PutStatus.OS_PAGECACHE_BUSY, None, "injected: page cache busy")
+        return None
+
+    def put_message(self, msg: MessageExt) -> PutResult:
+        return self._refuse([msg]) or self._store.put_message(msg)
+
+    def put_messages(self, msgs: list[MessageExt]) -> PutResult:
+        return self._refuse(msgs) or self._store.put_messages(msgs)
+
+
+async def test_transient_put_failures_and_undeliverable_entries(tmp_path: Path, clock: VirtualClock) -> None:
+    cfg = make_config(tmp_path, messageDelayLevel="1s 2s")
+    store = MessageStore(cfg, clock)
+    await asyncio.to_thread(store.start)
+    flaky = FlakyStore(store, "B")
+    svc = DelayService(flaky, cfg, clock)
+    await svc.start()
+    env = Env(tmp_path, clock)
+    env.cfg, env.store, env.svc = cfg, store, svc
+    try:
+        for i in range(60):
+            env.put(f"a{i}", 1, topic="B" if i % 3 == 2 else "A")
+        # a parked record whose real topic cannot be restored (written around prepare_put)
+        bad = MessageExt(topic=SCHEDULE_TOPIC, body=b"bad", queue_id=0,
+                         properties={PROPERTY_DELAY_TIME_LEVEL: "1", PROPERTY_REAL_TOPIC: "bad topic!",
+                                     PROPERTY_REAL_QUEUE_ID: "0"})
+        assert store.put_message(bad).ok
+        for i in range(60, 80):
+            env.put(f"a{i}", 1, topic="A")
+        due = env.expected["a0"][1]
+        await env.run_until(due)
+        a_first = env.delivered("A")
+        # A's entries read with B's are delivered on time even though B's (before them) are refused
+        assert len(a_first) > 30
+        assert [m.body.decode() for m in a_first] == env.order["A"][:len(a_first)]
+        assert all(m.store_timestamp == due for m in a_first)
+        assert env.delivered("B") == [] and flaky.refused > 0
+        st = svc.schedule.states[1]
+        assert st.offset == 2 and st.ahead  # B's first entry (a2) holds the offset back
+        # the offsets persisted now must not make a crash repeat A's deliveries
+        await svc.schedule.persist()
+        crashed = tmp_path.parent / (tmp_path.name + "-crashed")
+        await _crash_image(env, crashed)
+        flaky.failing = False
+        await env.run_until(due + 1000)  # the backoff retry
+        assert [m.body.decode() for m in env.delivered("B")] == env.order["B"]
+        assert all(m.store_timestamp == due + 1000 for m in env.delivered("B"))
+        a_all = env.delivered("A")
+        assert [m.body.decode() for m in a_all] == env.order["A"]  # none repeated, none lost
+        assert all(m.store_timestamp in (due, due + 1000) for m in a_all)
+        s = svc.stats()["levels"][0]
+        assert s["pending"] == 0 and s["dropped"] == 1 and s["delivered"] == 80
+        assert st.offset == 81 and not st.ahead
+    finally:
+        await svc.shutdown()
+        await asyncio.to_thread(store.shutdown)
+    # a crash while A's entries were delivered ahead of the offset: none of them is repeated
+    env2 = Env(crashed, clock, messageDelayLevel="1s 2s")
+    env2.expected, env2.order = env.expected, env.order
+    await env2.start()
+    try:
+        await env2.settle()
+        assert [m.body.decode() for m in env2.delivered("A")] == [m.body.decode() for m in a_first]
+        await env2.run_until(clock.now_ms() + 1)
+        assert [m.body.decode() for m in env2.delivered("A")] == env.order["A"]
+        assert [m.body.decode() for m in env2.delivered("B")] == env.order["B"]
+    finally:
+        await env2.stop()

@@ -257,6 +257,8 @@ class ScheduleService:
                     # Entries behind the head are due no earlier (same delay, later store time), so
                     # nothing can overtake it: sleep exactly until it is due.
                     await self.clock.sleep_until_ms(head.tags_code)
+                    if len(units) < READ_BATCH:
+                        units = []  # more entries may have arrived meanwhile: read them with the head
                     continue
                 st.state = "delivering"
                 if not self._deliver_due(st, units, now):
@@ -281,6 +283,18 @@ class ScheduleService:
         todo = [u for u in due if u.queue_offset not in st.ahead]
         outcomes = self.path.deliver_many(
             [(u.commit_log_offset, make_source(level, u.queue_offset, u.commit_log_offset)) for u in todo])
+        if not st.ahead and all(d.written for d in outcomes):  # the common case: everything written
+            lateness: dict[int, int] = {}
+            for u, d in zip(due, outcomes, strict=True):
+                late = d.store_timestamp - u.tags_code
+                lateness[late] = lateness.get(late, 0) + 1
+            for late, n in lateness.items():
+                if late < 0:
+                    st.early += n
+                st.lateness.record(late, n)
+            st.delivered += len(due)
+            st.offset = due[-1].queue_offset + 1
+            return True
         done: set[int] = set()
         ok = True
         record = st.lateness.record
@@ -328,7 +342,7 @@ class ScheduleService:
             elif st.state == "sleeping":
                 if st.head_deliver_ms is None or st.head_deliver_ms <= now:
                     return False
-            elif st.state != "stopped":
+            elif st.state not in ("stopped", "backoff"):  # backoff: asleep until its retry time
                 return False
         return True
 
