@@ -343,3 +343,21 @@ def test_disk_full_is_a_clean_error_not_a_crash(store, monkeypatch):
     ok = [x for x in results if x.ok] + [r]
     assert store.get_max_offset_in_queue("TopicA", 0) == len(ok)
     assert [m.commit_log_offset for m in store.iter_messages(before)] == [x.append.wrote_offset for x in ok]
+
+
+def test_changed_segment_size_is_refused_not_truncated(tmp_path, clock):
+    from chronomq.store.commitlog import StoreConfigError
+
+    s = MessageStore(make_config(tmp_path), clock)
+    s.start()
+    s.put_message(msg(body=b"keep me"))
+    s.shutdown()
+    s2 = MessageStore(make_config(tmp_path, mappedFileSizeCommitLog=8 * 1024), clock)
+    with pytest.raises(StoreConfigError, match="mappedFileSizeCommitLog"):
+        s2.start()
+    s3 = MessageStore(make_config(tmp_path), clock)
+    s3.start()
+    try:
+        assert [m.body for m in s3.iter_messages(0)] == [b"keep me"]
+    finally:
+        s3.shutdown()

@@ -19,7 +19,6 @@ mmap.flush). Blocks are fallocate'd ahead in 4 MiB steps so a full disk is an er
 
 from __future__ import annotations
 
-import bisect
 import os
 import struct
 import threading
@@ -102,14 +101,19 @@ def check_record(mm, r: int, seg_start: int, seg_size: int, check_crc: bool) -> 
     return total
 
 
+class StoreConfigError(RuntimeError):
+    """The files on disk were written with a configuration that differs from the current one."""
+
+
 class CommitLog:
     """Segments plus the write position. ``lock`` serialises appends (the store's put path holds it)."""
 
     def __init__(self, directory: str, segment_size: int) -> None:
         self.dir = directory
         self.seg_size = segment_size
+        # Contiguous segments, oldest first. The list is replaced, never mutated in place, once the log is
+        # open, so a reader's snapshot (one attribute read) is always consistent.
         self.segments: list[MappedFile] = []
-        self.starts: list[int] = []
         self.wrote = 0  # max physical offset: the end of the last record written
         self.lock = threading.Lock()
         self.seg_lock = threading.Lock()  # guards the segment list (roll, clean)
@@ -120,31 +124,32 @@ class CommitLog:
         names = sorted(n for n in os.listdir(self.dir) if n.isdigit() and len(n) == 20)
         for n in names:
             start = int(n)
+            size = os.path.getsize(os.path.join(self.dir, n))
+            if size > self.seg_size or start % self.seg_size:
+                raise StoreConfigError(
+                    f"commit-log segment {n} ({size} bytes) does not match mappedFileSizeCommitLog="
+                    f"{self.seg_size}; the store was written with another segment size: set it back")
             if self.segments and start != self.segments[-1].end:
                 # A gap (a lost middle file) makes everything after it unreachable; keep the prefix.
                 os.replace(os.path.join(self.dir, n), os.path.join(self.dir, n + ".orphan"))
                 continue
             mf = MappedFile(os.path.join(self.dir, n), start, self.seg_size)
             self.segments.append(mf)
-            self.starts.append(start)
 
     def new_segment(self, start: int) -> MappedFile:
         mf = MappedFile(os.path.join(self.dir, f"{start:020d}"), start, self.seg_size)
         with self.seg_lock:
             self.segments = [*self.segments, mf]
-            self.starts = [*self.starts, start]
         return mf
 
     def segment_for(self, offset: int) -> MappedFile | None:
-        starts = self.starts
-        i = bisect.bisect_right(starts, offset) - 1
-        if i < 0:
-            return None
         segs = self.segments
-        if i >= len(segs):
+        if not segs:
             return None
-        seg = segs[i]
-        return seg if seg.start <= offset < seg.end else None
+        i = (offset - segs[0].start) // self.seg_size
+        if 0 <= i < len(segs):
+            return segs[i]
+        return None
 
     @property
     def min_offset(self) -> int:

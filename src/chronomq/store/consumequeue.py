@@ -10,6 +10,7 @@ import struct
 import threading
 from collections.abc import Callable
 
+from chronomq.store.commitlog import StoreConfigError
 from chronomq.store.mapped import MappedFile
 from chronomq.store.types import CQUnit
 
@@ -37,7 +38,12 @@ class ConsumeQueue:
         names = sorted(n for n in os.listdir(self.dir) if n.isdigit() and len(n) == 20)
         for n in names:
             start = int(n)
-            if start % UNIT_SIZE or (self.files and start != self.files[-1].end):
+            size = os.path.getsize(os.path.join(self.dir, n))
+            if size > self.file_size or start % self.file_size:
+                raise StoreConfigError(
+                    f"consume-queue file {self.dir}/{n} ({size} bytes) does not match "
+                    f"mappedFileSizeConsumeQueue={self.file_size}; set it back")
+            if self.files and start != self.files[-1].end:
                 break
             self.files.append(MappedFile(os.path.join(self.dir, n), start, self.file_size))
         if not self.files:

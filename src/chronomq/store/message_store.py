@@ -895,7 +895,6 @@ class MessageStore:
                     break
                 with cl.seg_lock:
                     cl.segments = cl.segments[1:]
-                    cl.starts = cl.starts[1:]
                 seg.destroy()
                 deleted += 1
                 log.info("clean: deleted commit-log segment %020d (%s)", seg.start,
@@ -977,7 +976,6 @@ class MessageStore:
                 continue
             keep.append(seg)
         cl.segments = keep
-        cl.starts = [s.start for s in keep]
         for seg in keep:
             seg.written = seg.flushed = seg.file_size
         cl.wrote = end
