@@ -141,14 +141,29 @@ def table_rows(results: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
     return header, rows
 
 
+def footer_lines(results: dict[str, Any]) -> list[str]:
+    """The legend and one line per system: configuration, client, version, and why it did not run."""
+    lines = ["ratio = chronomq / best peer;  ↑ higher is better,  ↓ lower is better"]
+    for s in systems_present(results):
+        d = results["systems"][s]
+        desc = d.get("system", {})
+        line = f"{desc.get('label', s)}: {desc.get('durability', '')}; client {desc.get('client', '')}"
+        if desc.get("version"):
+            line += f"; {desc['version']}"
+        if d.get("status") != "ok":
+            line += f" -- {d.get('status')}: {d.get('reason', '')}"
+        lines.append(line)
+    return lines
+
+
 def render_rich(results: dict[str, Any]) -> str:
     """The table as rich renders it (to a string); a plain-text table if rich is missing."""
     header, rows = table_rows(results)
     try:
         rich_console = need_module("rich.console", "rich, for the table")
         rich_table = need_module("rich.table", "rich, for the table")
-    except RuntimeError:
-        return plain_table(header, rows)
+    except RuntimeError as e:
+        return "\n".join([plain_table(header, rows), *footer_lines(results), f"(plain table: {e})"])
     mode = results["meta"]["plan"]["mode"]
     title = f"chronomq vs Redis ZSET vs RabbitMQ TTL+DLX ({mode} mode, 1 KiB payloads)"
     table = rich_table.Table(title=title, show_lines=False)
@@ -163,16 +178,7 @@ def render_rich(results: dict[str, Any]) -> str:
     console = rich_console.Console(width=200, record=True)
     with console.capture() as cap:
         console.print(table)
-        console.print("ratio = chronomq / best peer;  ↑ higher is better,  ↓ lower is better",
-                      highlight=False)
-        for s in systems_present(results):
-            d = results["systems"][s]
-            desc = d.get("system", {})
-            line = f"{desc.get('label', s)}: {desc.get('durability', '')}; client {desc.get('client', '')}"
-            if desc.get("version"):
-                line += f"; {desc['version']}"
-            if d.get("status") != "ok":
-                line += f" -- {d.get('status')}: {d.get('reason', '')}"
+        for line in footer_lines(results):
             console.print(line, highlight=False, markup=False)
     return cap.get()
 

@@ -385,9 +385,18 @@ def test_json_readme_and_chart_are_written(tmp_path: Path) -> None:
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_plain_table_when_rich_is_missing() -> None:
+def test_plain_table_when_rich_is_missing(monkeypatch: pytest.MonkeyPatch) -> None:
     text = report.plain_table(["a", "bb"], [["1", "2"], ["333", ""]])
     assert text.splitlines()[0].startswith("a    bb") and "333" in text
+
+    def no_rich(name: str, what: str) -> Any:
+        raise PeerUnavailable(f"the Python package {name!r} ({what}) is not installed")
+
+    monkeypatch.setattr(report, "need_module", no_rich)
+    res = _results()
+    res["systems"]["rabbitmq"] = {"status": "skipped", "reason": APT_LINE, "system": {"label": "Rabbit"}}
+    out = report.render_rich(res)
+    assert out.startswith("workload") and "1 schedule" in out and APT_LINE in out and "ratio =" in out
 
 
 # --- peers that cannot run are skipped with the install line ------------------------------------------
