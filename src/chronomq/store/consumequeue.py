@@ -54,7 +54,9 @@ class ConsumeQueue:
         lead = 0
         if UNIT.unpack_from(first.mm, 0)[1] == 0:
             head = first.mm[:]
-            lead = min((len(head) - len(head.lstrip(b"\0"))) // UNIT_SIZE, self.units_per_file)
+            lead = (len(head) - len(head.lstrip(b"\0"))) // UNIT_SIZE
+            if lead >= self.units_per_file:
+                lead = 0  # no unit at all: an empty queue
         self.min_offset = first.start // UNIT_SIZE + lead
         # The end: the first unit of size 0 after the start (units are contiguous: binary search).
         last = self.files[-1]
