@@ -18,8 +18,9 @@ import os
 import signal
 import sys
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 
-from chronomq.config import BrokerConfig, ConfigError
+from chronomq.config import BrokerConfig, ConfigError, parse_properties
 
 log = logging.getLogger("chronomq")
 
@@ -106,12 +107,34 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+WILDCARDS = ("0.0.0.0", "::", "")
+
+
+def primary_ip() -> str:
+    """The address of the interface that routes outwards (no packet is sent), else 127.0.0.1."""
+    import socket
+
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect(("192.0.2.1", 9))  # TEST-NET-1: only selects a route
+            return str(s.getsockname()[0])
+    except OSError:
+        return "127.0.0.1"
+
+
 def load_config(args: argparse.Namespace, namesrv_addr: str | None = None) -> BrokerConfig:
     overrides = _parse_sets(getattr(args, "set", None))
     if getattr(args, "data_dir", None):
         overrides["storePathRootDir"] = args.data_dir
-    if getattr(args, "host", None):
-        overrides["brokerIP1"] = args.host
+    host = getattr(args, "host", None)
+    if host and host not in WILDCARDS:
+        overrides["brokerIP1"] = host
+    elif host and "brokerIP1" not in overrides:
+        # listening on every interface: advertise (storeHost, route) an address clients can reach,
+        # unless brokerIP1 comes from -c/--set
+        file_values = parse_properties(Path(args.config).read_text()) if getattr(args, "config", None) else {}
+        if "brokerIP1" not in file_values:
+            overrides["brokerIP1"] = primary_ip()
     if getattr(args, "broker_port", None) is not None:
         overrides["listenPort"] = str(args.broker_port)
     if namesrv_addr:
@@ -147,6 +170,8 @@ def cmd_start(args: argparse.Namespace) -> int:
     host = args.host or "127.0.0.1"
     ns_port = args.namesrv_port if args.namesrv_port is not None else 9876
     config = load_config(args, f"{host}:{ns_port}")
+    if host in WILDCARDS:
+        config.namesrvAddr = f"{config.brokerIP1}:{ns_port}"
     loop_name = choose_loop()
 
     from chronomq.broker.controller import BrokerController
@@ -168,7 +193,8 @@ def cmd_start(args: argparse.Namespace) -> int:
 
         log.info("event loop: %s", loop_name)
         await _run_until_signal(
-            start, stop, lambda: f"chronomq ready namesrv={ns.address} broker={broker.server.address}"
+            # the advertised addresses (= the listening ones unless --host is a wildcard)
+            start, stop, lambda: f"chronomq ready namesrv={config.namesrvAddr} broker={broker.broker_addr}"
         )
 
     asyncio.run(main())
