@@ -361,3 +361,18 @@ def test_changed_segment_size_is_refused_not_truncated(tmp_path, clock):
         assert [m.body for m in s3.iter_messages(0)] == [b"keep me"]
     finally:
         s3.shutdown()
+
+
+@pytest.mark.parametrize("bad", [
+    MessageExt(topic="T", body="not bytes"),
+    MessageExt(topic=5, body=b"x"),  # type: ignore[arg-type]
+    MessageExt(topic="T", body=b"x", properties={"k": 5}),  # type: ignore[dict-item]
+    MessageExt(topic="T", body=b"x", queue_id="0"),  # type: ignore[arg-type]
+    MessageExt(topic="T", body=b"x", flag=2**40),
+    MessageExt(topic="T", body=b"x", born_host=None),  # type: ignore[arg-type]
+])
+def test_malformed_message_objects_are_illegal_not_exceptions(store, bad):
+    r = store.put_message(bad)
+    assert r.status is PutStatus.MESSAGE_ILLEGAL and r.error
+    assert store.put_messages([bad]).status is PutStatus.MESSAGE_ILLEGAL
+    assert store.max_phy_offset == 0

@@ -281,8 +281,14 @@ class MessageStore:
                 tc = 0
         return buf, topic, qid, tc, delay, keys_l, uniq
 
+    def _prepare_checked(self, msg: MessageExt) -> tuple | PutResult:
+        try:
+            return self._prepare(msg)
+        except (TypeError, ValueError, AttributeError, OverflowError, struct.error) as e:
+            return self._fail(PutStatus.MESSAGE_ILLEGAL, f"malformed message: {e}")
+
     def put_message(self, msg: MessageExt) -> PutResult:
-        prep = self._prepare(msg)
+        prep = self._prepare_checked(msg)
         if prep.__class__ is PutResult:
             return prep  # type: ignore[return-value]
         buf, topic, qid, tc, delay, keys_l, uniq = prep  # type: ignore[misc]
@@ -344,7 +350,7 @@ class MessageStore:
             return self._fail(PutStatus.MESSAGE_ILLEGAL, "an empty batch")
         preps = []
         for m in msgs:
-            prep = self._prepare(m)
+            prep = self._prepare_checked(m)
             if prep.__class__ is PutResult:
                 return prep  # type: ignore[return-value]
             preps.append(prep)
