@@ -121,19 +121,28 @@ class IndexService:
                 self.files = [*self.files, f]
         return self.files[-1]
 
-    def put_batch(self, items: list[tuple[int, int, str, list[str] | None, str | None]]) -> None:
-        """items: (phys, store_ts, topic, keys, uniq_key). The per-entry work is inlined (hot path of the
+    def put_batch(self, items: list[tuple]) -> None:
+        """items: the dispatcher's requests (phys, size, topic, queue id, queue offset, tagsCode, store_ts,
+        keys, uniq_key); those without keys are skipped. The per-entry work is inlined (hot path of the
         dispatcher: one entry per message with a UNIQ_KEY)."""
+        first = next((i for i, item in enumerate(items) if item[7] or item[8]), -1)
+        if first < 0:
+            return  # nothing to index
+        if first:
+            items = items[first:]
         crc32 = zlib.crc32
         f = self._active()
         mm, slots, entries_at, n, index_num = f.mm, f.slot_num, f.entries_at, f.count, f.index_num
         begin_ts, used = f.begin_ts, f.slots_used
         unpack_slot, pack_slot, pack_entry = I32.unpack_from, I32.pack_into, ENTRY.pack_into
         phys = ts = 0
-        for phys, ts, topic, keys, uniq in items:
-            words = [uniq] if uniq else []
+        for phys, _, topic, _, _, _, ts, keys, uniq in items:
             if keys:
-                words.extend(keys)
+                words = [uniq, *keys] if uniq else keys
+            elif uniq:
+                words = (uniq,)
+            else:
+                continue
             for w in words:
                 if n >= index_num:  # roll to a new file
                     f.count, f.slots_used, f.end_ts, f.end_phy = n, used, ts, phys

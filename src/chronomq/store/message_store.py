@@ -630,7 +630,6 @@ class MessageStore:
     def _dispatch(self, batch: list[tuple]) -> None:
         """Build consume-queue units and index entries for requests in commit-log order."""
         by_queue: dict[tuple[str, int], list[tuple]] = {}
-        index_items = []
         for item in batch:
             key = (item[2], item[3])
             lst = by_queue.get(key)
@@ -638,8 +637,6 @@ class MessageStore:
                 by_queue[key] = [item]
             else:
                 lst.append(item)
-            if item[7] is not None or item[8] is not None:
-                index_items.append((item[0], item[6], item[2], item[7], item[8]))
         pack = UNIT.pack
         arrivals = []
         for (topic, qid), items in by_queue.items():
@@ -653,8 +650,8 @@ class MessageStore:
                     start = i
             last = items[-1]
             arrivals.append((topic, qid, cq.max_offset, last[6]))
-        if index_items and self._index_enabled:
-            self._index.put_batch(index_items)  # a failure propagates: the whole batch is retried
+        if self._index_enabled:
+            self._index.put_batch(batch)  # a failure propagates: the whole batch is retried
         last = batch[-1]
         with self._dispatch_cv:
             self._dispatched = last[0] + last[1]
