@@ -187,6 +187,22 @@ def run_sync(root: str, writers: int, seconds: float) -> float:
         s.shutdown()
 
 
+def calibration() -> str:
+    """How fast this Python runs right now (a shared or loaded box makes every figure smaller)."""
+    t = time.perf_counter()
+    c = time.process_time()
+    x = 0
+    for i in range(5_000_000):
+        x += i
+    wall, cpu = time.perf_counter() - t, time.process_time() - c
+    try:
+        load = "load avg " + " ".join(f"{v:.1f}" for v in os.getloadavg())
+    except OSError:
+        load = "load avg unknown"
+    return (f"calibration: 5M-iteration Python loop {wall:.2f} s wall, {cpu:.2f} s cpu "
+            f"(~0.2 s on an idle modern core); {load}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--long", action="store_true", help="5x the messages, 20 s per sync phase")
@@ -203,6 +219,7 @@ def main() -> None:
         raw = os.path.join(base, "raw")
         print(f"chronomq store append benchmark: {os.cpu_count()} cpus, python {sys.version.split()[0]}, "
               f"record {rec} bytes (1 KiB body + TAGS + UNIQ_KEY), dir {base}")
+        print(calibration())
         print("mmap vs pwrite (same record, 50,000 times):")
         for line in mmap_vs_pwrite(raw, rec, 50_000):
             print(line)
