@@ -132,8 +132,10 @@ async def run(scenario: str, count: int, window_ms: int) -> dict:
         raise SystemExit(f"loading took {load_s:.1f}s, longer than the {delay_ms} ms delay; lower --count")
     store.wait_dispatched(store.max_phy_offset, 60)
     ctask = asyncio.create_task(consumer())
+    cpu0 = time.process_time()  # from here until the first deliver time the process is idle
     await asyncio.wait_for(done.wait(), timeout=delay_ms / 1000 + window_ms / 1000 + 120)
     await ctask
+    cpu_us = (time.process_time() - cpu0) / count * 1e6
     last = max(received)
     stats = svc.stats()
     await svc.shutdown()
@@ -145,7 +147,8 @@ async def run(scenario: str, count: int, window_ms: int) -> dict:
         "p50": pct(lat, 50), "p99": pct(lat, 99), "max": lat[-1], "mean": statistics.fmean(lat),
         "early": early, "service_early": stats["early_deliveries"],
         "reput_lateness": stats["levels"][0]["lateness_ms"],
-        "all_delivered_after_last_due_ms": last - max(due), "tmp": tmp,
+        "all_delivered_after_last_due_ms": last - max(due), "tmp": tmp, "cpu_us": cpu_us,
+        "loadavg": os.getloadavg()[0],
     }
 
 
@@ -175,6 +178,8 @@ def main() -> None:
         print(f"  last message received {r['all_delivered_after_last_due_ms']:.0f} ms after the last was due")
         print(f"  service re-put lateness (store time - deliver time, ms): {r['reput_lateness']}")
         print(f"  store put rate while loading: {r['count'] / r['load_s']:,.0f} msgs/s (single puts)")
+        print(f"  process CPU per message (re-put + dispatch + consumer): {r['cpu_us']:.1f} us;"
+              f" machine load average {r['loadavg']:.1f} on {os.cpu_count()} CPUs")
         if scenario == "burst":
             drain_s = max(r["reput_lateness"]["max"], 1) / 1000
             print(f"  burst drained (all re-put) in {drain_s:.2f} s = {r['count'] / drain_s:,.0f} msgs/s")
