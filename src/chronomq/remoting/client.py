@@ -72,6 +72,10 @@ class Connection:
         self._pending: dict[int, asyncio.Future[RemotingCommand]] = {}
         self._closed = False
         self._tasks: set[asyncio.Task[None]] = set()
+        # frames written in one event-loop iteration go out in one send() (syscalls are the cost that
+        # matters with many requests in flight)
+        self._wbuf: list[bytes] = []
+        self._loop = asyncio.get_running_loop()
         self._read_task = asyncio.get_running_loop().create_task(self._read_loop(),
                                                                  name=f"chronomq-conn-{addr}")
 
@@ -142,7 +146,18 @@ class Connection:
     def _write(self, cmd: RemotingCommand) -> None:
         if self._closed:
             raise RemotingConnectError(f"connection to {self.addr} is closed", self.addr)
-        self._writer.write(encode(cmd))
+        data = encode(cmd)
+        if not self._wbuf:
+            if len(self._pending) <= 1:  # nothing else in flight: no company to wait for
+                self._writer.write(data)
+                return
+            self._loop.call_soon(self._flush)
+        self._wbuf.append(data)
+
+    def _flush(self) -> None:
+        buf, self._wbuf = self._wbuf, []
+        if buf and not self._closed:
+            self._writer.write(buf[0] if len(buf) == 1 else b"".join(buf))
 
     async def request(self, cmd: RemotingCommand, timeout: float) -> RemotingCommand:
         loop = asyncio.get_running_loop()
@@ -174,6 +189,7 @@ class Connection:
     async def send_oneway(self, cmd: RemotingCommand) -> None:
         try:
             self._write(cmd)
+            self._flush()
             await self._writer.drain()
         except (ConnectionError, OSError) as e:
             self.close(str(e))
