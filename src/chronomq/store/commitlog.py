@@ -138,6 +138,12 @@ class CommitLog:
 
     def new_segment(self, start: int) -> MappedFile:
         mf = MappedFile(os.path.join(self.dir, f"{start:020d}"), start, self.seg_size)
+        # The new name must survive a power loss too (fdatasync on the file does not cover its entry).
+        dfd = os.open(self.dir, os.O_RDONLY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
         with self.seg_lock:
             self.segments = [*self.segments, mf]
         return mf
