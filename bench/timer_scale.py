@@ -78,6 +78,18 @@ async def wait_delivered(svc: TimerService, topic: str, n: int, timeout_s: float
         await asyncio.sleep(0.05)
 
 
+async def steady(svc: TimerService, clock: SystemClock, args: argparse.Namespace, k: int,
+                 sched_rate: float) -> None:
+    t0 = clock.now_ms() + 3000 + int(k / sched_rate * 1500)  # room to schedule them first
+    schedule(svc, "Steady", k, lambda j: t0 + j * 1000 // args.steady_rate, prefix="s")
+    if clock.now_ms() > t0:
+        print("  (scheduling the steady load took longer than its lead time; its head is late)")
+    await wait_delivered(svc, "Steady", k, timeout_s=args.steady_seconds + 120)
+    lat = svc.stats()["lateness_ms_by_topic"]["Steady"]
+    print(f"steady {args.steady_rate:,}/s for {args.steady_seconds} s: lateness p50 {lat['p50']} ms, "
+          f"p99 {lat['p99']} ms, max {lat['max']} ms", flush=True)
+
+
 async def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--n", type=int, default=1_000_000)
@@ -123,15 +135,8 @@ async def main() -> None:
         # 2. steady: rate/s due for a few seconds
         k = args.steady_rate * args.steady_seconds
         sched_rate = n / el
-        t0 = clock.now_ms() + 3000 + int(k / sched_rate * 1500)  # room to schedule them first
-        el = schedule(svc, "Steady", k, lambda j: t0 + j * 1000 // args.steady_rate, prefix="s")
-        if clock.now_ms() > t0:
-            print("  (scheduling the steady load took longer than its lead time; its head is late)")
-        await wait_delivered(svc, "Steady", k, timeout_s=args.steady_seconds + 120)
-        lat = svc.stats()["lateness_ms_by_topic"]["Steady"]
-        print(f"steady {args.steady_rate:,}/s for {args.steady_seconds} s: lateness p50 {lat['p50']} ms, "
-              f"p99 {lat['p99']} ms, max {lat['max']} ms", flush=True)
-
+        if k:
+            await steady(svc, clock, args, k, sched_rate)
         # 3. the burst: all due within one second
         if args.burst:
             est = args.burst / sched_rate

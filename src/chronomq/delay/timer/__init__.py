@@ -43,8 +43,8 @@ proportional to it. Everything per message lives on disk; memory holds at most t
   KEYS word (bucket table + chained 20-byte entries; candidates are verified against the record).
 * ``checkpoint.json`` (atomic), ``topics.json`` (topic ids), ``abort`` (present while running).
 
-Delivery: the loop finds the next non-empty slot, reads its chain (in steps, up to
-``preload_ms`` before the slot falls due), sorts it by (deliver_ms, entry number) and hands out
+Delivery: the loop finds the next non-empty slot, reads its chain (in steps, from ``preload_ms``
+before the slot falls due; one slot at most), sorts it by (deliver_ms, entry number) and hands out
 entries whose time has come, oldest-due first, in batches, as fast as the store takes them. It sleeps
 on the clock until exactly the next deliver time: never early (``poll`` only returns due entries).
 Millisecond resolution comes from sorting within the slot; the slot size only sets how much is read

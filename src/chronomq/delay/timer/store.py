@@ -731,7 +731,8 @@ class TimerStore:
                 self.cur = None
                 self.dirty = True
                 continue
-            if cur is None and self.nxt is not None and self.nxt.ready:
+            if cur is None and self.nxt is not None and self.nxt.ready and \
+                    now >= self.nxt.slot * self.slot_ms - self.cfg.promote_ms:
                 self.cur, self.nxt = self.nxt, None
                 continue
             if self.nxt is None:
@@ -763,6 +764,8 @@ class TimerStore:
         if nxt is not None and not nxt.ready:
             t = nxt.slot * self.slot_ms - self.cfg.preload_ms
             cands.append(now if (nxt.started or now >= t) else t)
+        elif nxt is not None and self.cur is None:
+            cands.append(max(now, nxt.slot * self.slot_ms - self.cfg.promote_ms))
         return min(cands) if cands else None
 
     def deliver(self, item: Item, put: Callable[[MessageExt], PutResult], now: int | None = None) -> str:

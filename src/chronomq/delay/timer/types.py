@@ -90,7 +90,11 @@ class TimerConfig:
     hash_generation_entries: int = 8 << 20
     flush_interval_ms: int = 1000
     retention_interval_ms: int = 60_000
-    preload_ms: int = 3000  # start reading a slot's chain this long before it falls due
+    # Start reading the next slot's chain (bounded: one slot) this long before it falls due, so a burst
+    # of hundreds of thousands is sorted in memory before its first message is due ...
+    preload_ms: int = 60_000
+    # ... but make it the delivering slot (which earlier-due new schedules then join) only this close.
+    promote_ms: int = 2000
     preload_step: int = 512  # chain entries read per step between deliveries
     deliver_batch: int = 256
     retry_backoff_ms: int = 100
