@@ -43,9 +43,14 @@ class SystemClock:
         return time.monotonic()
 
     async def sleep_until_ms(self, deadline_ms: int) -> None:
-        delay = (deadline_ms - self.now_ms()) / 1000.0
-        if delay > 0:
-            await asyncio.sleep(delay)
+        # Sub-millisecond arithmetic (not the floored now_ms), so a sleeper wakes at the deadline rather
+        # than up to 1 ms after it; and at most 1 s per asyncio sleep (a monotonic timer), so a step of
+        # the wall clock (NTP) moves the wake-up with it instead of making it hours late.
+        while True:
+            delay = deadline_ms / 1000.0 - time.time()
+            if delay <= 0:
+                return
+            await asyncio.sleep(min(delay, 1.0))
 
     async def sleep(self, seconds: float) -> None:
         await asyncio.sleep(max(0.0, seconds))

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import json
 import random
+import time
 
 import pytest
 
+from chronomq.clock import SystemClock
 from chronomq.config import BrokerConfig, ConfigError
 from chronomq.delay import PROPERTY_DELAY_SOURCE, DelayLevels, DelayService, Histogram, restore_real
 from chronomq.delay.delivery import UndeliverableError, make_source, parse_source, restore_from_record
@@ -242,3 +244,13 @@ def test_offset_file_atomic_round_trip(tmp_path):
     f.path.write_text('{"offsetTable": {"1": -4}}')
     f.path.with_suffix(".json.bak").write_text("garbage")
     assert f.load() is None
+
+
+# --- the system clock the schedule service sleeps on ---
+async def test_system_clock_never_wakes_before_the_deadline():
+    clock = SystemClock()
+    for step in (0, 1, 2, 3, 7, 15):
+        deadline = clock.now_ms() + step
+        await clock.sleep_until_ms(deadline)
+        assert clock.now_ms() >= deadline
+        assert time.time() * 1000 >= deadline
