@@ -33,6 +33,11 @@ class Checkpoint:
         finally:
             os.close(fd)
         os.replace(tmp, path)
+        dfd = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY)
+        try:
+            os.fsync(dfd)  # the rename itself
+        finally:
+            os.close(dfd)
 
     @classmethod
     def load(cls, path: str) -> Checkpoint | None:
