@@ -42,6 +42,8 @@ def spark() -> Iterator[object]:
                .config("spark.sql.session.timeZone", "UTC")
                .config("spark.driver.memory", "1g")
                .config("spark.python.worker.reuse", "true")
+               # a loaded CI box can take longer than the default 15 s to start a Python worker
+               .config("spark.python.authenticate.socketTimeout", "120s")
                .getOrCreate())
     session.sparkContext.setLogLevel("ERROR")
     register(session)
@@ -59,3 +61,28 @@ def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
     p.start(timeout=60)
     yield p
     p.stop(timeout=30)
+
+
+SPARK_WORKER_FLAKE = "Python worker failed to connect back"
+
+
+def process_all(start, query=None, attempts: int = 3):  # type: ignore[no-untyped-def]
+    """``query.processAllAvailable()`` for a query made by ``start()``; returns the query.
+
+    Spark starts the Python worker that plans a Python streaming source with a fixed 10 s connect-back
+    timeout (PythonWorkerFactory.createSimpleWorker); on an overloaded machine the worker's imports can
+    take longer and the query dies with "Python worker failed to connect back" before reading anything.
+    That one infrastructure error is retried by restarting the query from its checkpoint (which is
+    exactly what a restarted production query does); any other failure is raised."""
+    q = query if query is not None else start()
+    for attempt in range(attempts):
+        try:
+            q.processAllAvailable()
+            return q
+        except Exception as e:
+            if SPARK_WORKER_FLAKE not in str(e) or attempt + 1 == attempts:
+                q.stop()
+                raise
+            q.stop()
+            q = start()
+    return q

@@ -8,6 +8,7 @@ import pytest
 
 from chronomq.client import Message, Producer, SimpleConsumer
 from tests.conftest import wait_for
+from tests.spark.conftest import process_all
 
 pytestmark = pytest.mark.spark
 
@@ -43,15 +44,20 @@ def test_three_triggers_then_restart_no_loss_no_duplicates(spark, broker, tmp_pa
     ns = broker.namesrv_addr
     out, ckpt = str(tmp_path / "out"), str(tmp_path / "ckpt")
     produce(ns, "StreamA", 0, 40)
-    df = stream(spark, ns, subscribePattern="Stream[AB]", startingOffsets="earliest")
-    q = start_parquet(df, out, ckpt)
+    def start():  # type: ignore[no-untyped-def]
+        df = stream(spark, ns, subscribePattern="Stream[AB]", startingOffsets="earliest")
+        return start_parquet(df, out, ckpt)
+
+    q = process_all(start)
     try:
-        q.processAllAvailable()
+        progress = list(q.recentProgress)
         produce(ns, "StreamA", 40, 90)
-        q.processAllAvailable()
+        q = process_all(start, q)
+        progress += q.recentProgress
         produce(ns, "StreamA", 90, 120)
-        q.processAllAvailable()
-        batches_with_rows = [p for p in q.recentProgress if p["numInputRows"] > 0]
+        q = process_all(start, q)
+        progress += q.recentProgress
+        batches_with_rows = {(p["runId"], p["batchId"]) for p in progress if p["numInputRows"] > 0}
         assert len(batches_with_rows) >= 3
     finally:
         q.stop()
@@ -60,11 +66,10 @@ def test_three_triggers_then_restart_no_loss_no_duplicates(spark, broker, tmp_pa
     # while stopped: more messages, and a new topic that matches the pattern
     produce(ns, "StreamA", 120, 150)
     produce(ns, "StreamB", 0, 20)
-    q = start_parquet(stream(spark, ns, subscribePattern="Stream[AB]", startingOffsets="earliest"), out, ckpt)
+    q = process_all(start)
     try:
-        q.processAllAvailable()
         produce(ns, "StreamB", 20, 30)
-        q.processAllAvailable()
+        q = process_all(start, q)
     finally:
         q.stop()
     got = values(spark, out)
@@ -77,10 +82,9 @@ def test_max_offsets_per_trigger(spark, broker, tmp_path) -> None:
     ns = broker.namesrv_addr
     produce(ns, "RateT", 0, 45)
     out, ckpt = str(tmp_path / "out"), str(tmp_path / "ckpt")
-    q = start_parquet(stream(spark, ns, subscribe="RateT", startingOffsets="earliest",
-                             maxOffsetsPerTrigger="15"), out, ckpt)
+    q = process_all(lambda: start_parquet(stream(spark, ns, subscribe="RateT", startingOffsets="earliest",
+                                                 maxOffsetsPerTrigger="15"), out, ckpt))
     try:
-        q.processAllAvailable()
         sizes = [p["numInputRows"] for p in q.recentProgress if p["numInputRows"] > 0]
     finally:
         q.stop()
@@ -97,13 +101,10 @@ def test_streaming_write(spark, broker, tmp_path) -> None:
     src = stream(spark, ns, subscribe="FwdSrc", startingOffsets="earliest")
     fwd = src.selectExpr("value", "CASE WHEN offset % 2 = 0 THEN 'FwdEven' ELSE 'FwdOdd' END AS topic",
                          "map('src_offset', CAST(offset AS STRING)) AS properties")
-    q = (fwd.writeStream.format("chronomq").option("namesrv", ns)
-         .option("checkpointLocation", str(tmp_path / "ckpt")).trigger(processingTime="300 milliseconds")
-         .start())
-    try:
-        q.processAllAvailable()
-    finally:
-        q.stop()
+    q = process_all(lambda: fwd.writeStream.format("chronomq").option("namesrv", ns)
+                    .option("checkpointLocation", str(tmp_path / "ckpt"))
+                    .trigger(processingTime="300 milliseconds").start())
+    q.stop()
 
     def read(topic: str):
         return (spark.read.format("chronomq").option("namesrv", ns).option("subscribe", topic).load()

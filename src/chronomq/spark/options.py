@@ -17,7 +17,7 @@ The read options follow Spark's Kafka source, which Spark users already know:
                              ``false``: skip ahead to the oldest retained message and log it
 ``tagExpression``            server-side tag filter, ``*`` (default) or ``tagA || tagB``
 ``minPartitions``            split large queue ranges so there are at least this many Spark partitions
-``pullBatchSize``            messages per pull request (default 32, 1..1024)
+``pullBatchSize``            messages per pull request (default 256, 1..1024; brokers may cap it)
 ``requestTimeoutMs``         client request timeout (default 10000)
 ==========================  ==========================================================================
 
@@ -328,7 +328,7 @@ def parse_read_options(options: Mapping[str, str], streaming: bool) -> ReadOptio
         fail_on_data_loss=_bool(opts, "failondataloss", "failOnDataLoss", True),
         tag_expression=tag_expr,
         min_partitions=_int(opts, "minpartitions", "minPartitions", minimum=1),
-        pull_batch_size=_int(opts, "pullbatchsize", "pullBatchSize", minimum=1, maximum=1024) or 32,
+        pull_batch_size=_int(opts, "pullbatchsize", "pullBatchSize", minimum=1, maximum=1024) or 256,
         request_timeout_s=(_int(opts, "requesttimeoutms", "requestTimeoutMs", minimum=100) or 10_000) / 1000,
         streaming=streaming,
     )
