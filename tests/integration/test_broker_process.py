@@ -104,6 +104,17 @@ def test_start_serves_route_send_pull_offsets_and_long_polling(server: ChronomqP
         q = {"consumerGroup": "G", "topic": "PT", "queueId": 0}
         assert b.request(R.UPDATE_CONSUMER_OFFSET, {**q, "commitOffset": "2"}).code == C.SUCCESS
         assert b.request(R.QUERY_CONSUMER_OFFSET, q).ext_fields == {"offset": "2"}
+        b.request(R.UPDATE_CONSUMER_OFFSET, {**q, "queueId": 1, "commitOffset": "0"})
+        b.send_message("PT", b"m-q1", 1)
+        wait_for(
+            lambda: b.request(R.GET_MAX_OFFSET, {"topic": "PT", "queueId": 1}).ext_fields["offset"] == "1"
+        )
+        out = _cli("admin", "consumer-progress", "-n", server.namesrv_addr, "-g", "G")
+        rows = [line.split() for line in out.stdout.splitlines()[1:]]
+        assert out.returncode == 0 and rows == [
+            ["broker-a", "PT", "0", "2", "2", "0", "1"],
+            ["broker-a", "PT", "1", "1", "0", "1", "1"],
+        ], out.stdout
 
 
 def test_clean_restart_keeps_messages_offsets_and_topics(server: ChronomqProcess) -> None:

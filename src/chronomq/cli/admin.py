@@ -176,6 +176,42 @@ def run_admin(args: argparse.Namespace) -> int:
                     },
                 )
                 print(f"topic {args.topic} updated on {addr}")
+        elif verb == "consumer-progress":
+            rows = []
+            for name, addr in _targets(args):
+                table = _json(call(addr, RequestCode.GET_ALL_CONSUMER_OFFSET)).get("offsetTable", {})
+                clients = invoke(
+                    addr,
+                    RemotingCommand.request(
+                        RequestCode.GET_CONSUMER_LIST_BY_GROUP, {"consumerGroup": args.group}
+                    ),
+                )
+                online = len(_json(clients).get("consumerIdList", [])) if clients.code == 0 else 0
+                for key, queues in sorted(table.items()):
+                    topic, _, group = key.rpartition("@")
+                    if group != args.group:
+                        continue
+                    for q, committed in sorted(queues.items(), key=lambda kv: int(kv[0])):
+                        mx = int(
+                            call(
+                                addr, RequestCode.GET_MAX_OFFSET, {"topic": topic, "queueId": q}
+                            ).ext_fields.get("offset", 0)
+                        )
+                        rows.append(
+                            [
+                                name,
+                                topic,
+                                str(q),
+                                str(mx),
+                                str(committed),
+                                str(max(0, mx - int(committed))),
+                                str(online),
+                            ]
+                        )
+            if not rows:
+                print(f"no committed offsets for group {args.group}")
+            else:
+                print(_table(rows, ["broker", "topic", "queue", "max", "committed", "lag", "online"]))
         elif verb == "broker-status":
             for name, addr in _targets(args):
                 table = _json(call(addr, RequestCode.GET_BROKER_RUNTIME_INFO)).get("table", {})
@@ -213,3 +249,6 @@ def add_admin_parsers(p: argparse.ArgumentParser) -> None:
     sp.add_argument("--queues", type=int, default=4)
     sp.add_argument("--perm", type=int, default=6)
     common(sub.add_parser("broker-status", help="runtime figures of the broker(s)"))
+    sp = sub.add_parser("consumer-progress", help="committed offsets and lag of a consumer group")
+    common(sp)
+    sp.add_argument("-g", "--group", required=True)
