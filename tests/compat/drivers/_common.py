@@ -167,3 +167,36 @@ def hard_exit(code: int = 0) -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
+
+
+class FirstSendGuard:
+    """rocketmq-client-cpp 1.2.x race: the first send on a broker connection that is still being set up
+    can fail at once ("try to connect" then "send failed of times:1..5" within a millisecond, before the
+    connect callback; the broker never sees the request) and is reported as "No route info of this
+    topic". Until one send has succeeded, such a failure is retried after a short pause (at most
+    ``limit`` times); every retry is counted in ``retries`` and reported in the driver's result, and a
+    failure after the first success is never retried."""
+
+    def __init__(self, limit: int = 5, pause_s: float = 0.3) -> None:
+        self.limit = limit
+        self.pause_s = pause_s
+        self.retries = 0
+        self.succeeded = False
+        self._lock = threading.Lock()
+
+    def call(self, fn, *args):  # type: ignore[no-untyped-def]
+        while True:
+            try:
+                result = fn(*args)
+            except Exception as e:
+                with self._lock:
+                    retry = (not self.succeeded and self.retries < self.limit
+                             and "No route info" in str(e))
+                    if retry:
+                        self.retries += 1
+                if not retry:
+                    raise
+                time.sleep(self.pause_s)
+                continue
+            self.succeeded = True
+            return result

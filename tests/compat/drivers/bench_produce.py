@@ -15,7 +15,7 @@ import collections
 import threading
 import time
 
-from _common import StopFlag, emit, fail, hard_exit, load_args
+from _common import FirstSendGuard, StopFlag, emit, fail, hard_exit, load_args
 
 
 def main() -> None:
@@ -52,6 +52,7 @@ def main() -> None:
     deadline = time.monotonic() + float(args.get("deadline_s", 120))
     acked = errors = 0
     first_error = None
+    guard = FirstSendGuard()
     max_inflight = max(1, int(args.get("max_inflight", 256)))
     window = threading.BoundedSemaphore(max_inflight)
     lock = threading.Lock()
@@ -93,12 +94,12 @@ def main() -> None:
                     raise
             elif mode == "sync":
                 sent += 1
-                producer.send_sync(message())
+                guard.call(producer.send_sync, message())
                 acked += 1
             else:
                 n = min(batch_size, count - sent)
                 sent += n
-                producer.send_batch([message() for _ in range(n)])
+                guard.call(producer.send_batch, [message() for _ in range(n)])
                 acked += n
         except Exception as e:
             errors += 1
@@ -115,7 +116,8 @@ def main() -> None:
             first_error = first_error or done["first_error"]
             t_end = max(t_end, done["t_last"])
     producer.shutdown()
-    emit({"acked": acked, "errors": errors, "first_error": first_error, "t_start": t_start, "t_end": t_end})
+    emit({"acked": acked, "errors": errors, "first_error": first_error, "t_start": t_start, "t_end": t_end,
+          "first_send_retries": guard.retries})
     hard_exit(0)
 
 

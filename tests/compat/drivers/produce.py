@@ -24,7 +24,17 @@ import threading
 import time
 from typing import Any
 
-from _common import ArgError, JsonlWriter, StopFlag, emit, fail, hard_exit, load_args, make_message
+from _common import (
+    ArgError,
+    FirstSendGuard,
+    JsonlWriter,
+    StopFlag,
+    emit,
+    fail,
+    hard_exit,
+    load_args,
+    make_message,
+)
 
 MODES = ("sync", "async", "oneway", "orderly", "batch")
 
@@ -82,6 +92,7 @@ def main() -> None:
     producer.set_namesrv_addr(args["namesrv"])
     producer.start()
     out = JsonlWriter(args.get("out"))
+    guard = FirstSendGuard()
     results: list[dict[str, Any]] = []
     errors: list[dict[str, Any]] = []
     lock = threading.Lock()
@@ -108,7 +119,7 @@ def main() -> None:
                 msgs = [make_message(s) for s in specs[start:start + batch_size]]
                 sent += len(msgs)
                 try:
-                    res = producer.send_batch(msgs)
+                    res = guard.call(producer.send_batch, msgs)
                     r = {"index": start, "count": len(msgs), "status": int(res.status),
                          "msg_id": res.msg_id, "offset": res.offset}
                     results.append(r)
@@ -149,11 +160,11 @@ def main() -> None:
                 sent += 1
                 try:
                     if mode == "sync":
-                        ack(i, producer.send_sync(msg))
+                        ack(i, guard.call(producer.send_sync, msg))
                     elif mode == "orderly":
-                        ack(i, producer.send_orderly(msg, int(spec.get("arg", i))))
+                        ack(i, guard.call(producer.send_orderly, msg, int(spec.get("arg", i))))
                     else:
-                        producer.send_oneway(msg)
+                        guard.call(producer.send_oneway, msg)
                 except Exception as e:
                     error(i, e)
         if args.get("barrier") and not stop.stopped:
@@ -172,7 +183,8 @@ def main() -> None:
     with lock:
         results.sort(key=lambda r: r["index"])
         emit({"mode": mode, "sent": sent, "acked": len(results), "results": list(results),
-              "errors": list(errors), "elapsed_s": elapsed, "before_shutdown": True})
+              "errors": list(errors), "elapsed_s": elapsed, "first_send_retries": guard.retries,
+              "before_shutdown": True})
     try:
         producer.shutdown()
     except Exception as e:
