@@ -315,6 +315,18 @@ def test_pull_consumer_with_tag_filter(chronomq_server: ChronomqProcess) -> None
     assert len(again) == 24, "max_num 5: several FOUND pulls per queue, then NO_NEW_MSG"
 
 
+def test_push_consumer_tag_expression(chronomq_server: ChronomqProcess) -> None:
+    server = chronomq_server
+    topic, group = uniq("CompatPushTags"), uniq("CG_tags")
+    tags = ["TagA", "TagB", "TagC"]
+    specs = [{"topic": topic, "body": f"t-{i}", "tags": tags[i % 3]} for i in range(30)]
+    produce(server, "sync", specs)
+    out = push_consume(server, topic, group, expect=20, expression="TagA || TagC")
+    got = sorted(unb64(m["body_b64"]).decode() for m in out["messages"])
+    assert got == sorted(f"t-{i}" for i in range(30) if i % 3 != 1)
+    assert {m["tags"] for m in out["messages"]} == {"TagA", "TagC"}
+
+
 # --- consumer groups ---------------------------------------------------------------------------------------
 def _queues_since(proc: DriverProcess, since_ms: int) -> set[int]:
     return {r["queue_id"] for r in consumed(proc.records()) if r["receipt_ms"] >= since_ms}
