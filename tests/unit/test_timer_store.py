@@ -345,3 +345,29 @@ def test_memory_does_not_grow_with_pending(tmp_path: Path, clock: VirtualClock) 
     for k in ("topics", "pending_counters", "wheel_files", "hash_generations"):
         assert big[k] <= small[k] + 1, (k, small, big)
     assert big["histogram_buckets"] < 1000
+
+
+def test_write_failure_is_a_clear_error_and_leaves_nothing_pending(tmp_path: Path, clock: VirtualClock,
+                                                                   fstore: FakeStore,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    import errno
+
+    t = open_store(tmp_path, clock)
+    now = clock.now_ms()
+    t.schedule(msg("before"), now + 100)
+
+    def full(*_: object) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(t.index, "write", full)
+    with pytest.raises(TimerError, match="No space left"):
+        t.schedule_batch([(msg("x1"), now + 50), (msg("x2"), now + 60)])
+    monkeypatch.undo()
+    assert t.count() == 1
+    assert [p.msg_id for p in t.query().items] == ["before"]
+    t.schedule(msg("after"), now + 200)
+    drive(t, clock, fstore)
+    assert [u for u, _, _ in fstore.puts] == ["before", "after"]
+    t.flush()
+    clock.advance_sync(1000)
+    assert t.stats()["pending"] == 0

@@ -473,7 +473,30 @@ class TimerStore:
             encoded.append((msg, deliver_ms, rec))
         with self.lock:
             self._require_open()
-            return self._append(encoded, now)
+            start_pos = self.data_end
+            try:
+                return self._append(encoded, now)
+            except OSError as e:  # disk full, I/O error: nothing was acknowledged
+                self._abandon_records(start_pos)
+                raise TimerError(f"the timer store could not write: {e.strerror or e}") from e
+
+    def _abandon_records(self, start_pos: int) -> None:
+        """After a failed append: mark records written from ``start_pos`` on that no index entry
+        names as FAILED, so they never pin their segment (best effort: the disk may be failing)."""
+        pos = start_pos
+        try:
+            while pos < self.data_end:
+                hdr = self.data.read(pos, DATA_HDR_SIZE)
+                if len(hdr) < DATA_HDR_SIZE or DATA_HDR.unpack(hdr)[0] != DATA_MAGIC:
+                    pos = self.data.seg_start(pos) + self.data_seg
+                    continue
+                h = DATA_HDR.unpack(hdr)
+                if h[2] == PENDING:
+                    self.data.patch(pos + OFF_STATE, _I32.pack(FAILED))
+                    self.pending[h[10]] -= 1
+                pos += h[1]
+        except OSError:
+            pass
 
     def _require_open(self) -> None:
         if not self._opened:
@@ -521,12 +544,12 @@ class TimerStore:
         if chunk:
             self.data.write(chunk_pos, chunk)
         self.data_end = pos
+        for (_p, _size, _deliver, tid) in placed:
+            self.pending[tid] += 1
         self.hash.add_many(hash_items)
         floor = self._floor_slot()
         links = [(deliver, p, 0, tid, size) for (p, size, deliver, tid) in placed]
         self._add_index_entries(links, floor)
-        for (_p, _size, _deliver, tid) in placed:
-            self.pending[tid] += 1
         self.dirty = True
         return results
 
