@@ -114,6 +114,11 @@ def systems_present(results: dict[str, Any]) -> list[str]:
     return [s for s in order if s in results.get("systems", {})]
 
 
+def overran(wl: dict[str, Any]) -> bool:
+    """True when loading had not finished by the (first) due time, so early receipts overlap the load."""
+    return wl.get("loaded_before_first_due") is False or wl.get("loaded_before_due") is False
+
+
 def table_rows(results: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
     """Header and rows (strings) of the comparison table: group, figure, one column per system, then
     chronomq's ratio to the best peer for each chronomq variant ("↑ better"/"↓ better" is the figure's
@@ -134,7 +139,10 @@ def table_rows(results: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
                 continue
             wl = sysres.get("workloads", {}).get(m.workload, {})
             failed = isinstance(wl, dict) and "error" in wl
-            row.append("error" if failed else fmt(value(results, s, m), m.unit))
+            cell = "error" if failed else fmt(value(results, s, m), m.unit)
+            if not failed and isinstance(wl, dict) and overran(wl) and cell != "-":
+                cell += " *"
+            row.append(cell)
         for s in cmq:
             row.append(fmt_ratio(ratio(value(results, s, m), best[1] if best else None), m.better))
         rows.append(row)
@@ -143,7 +151,8 @@ def table_rows(results: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
 
 def footer_lines(results: dict[str, Any]) -> list[str]:
     """The legend and one line per system: configuration, client, version, and why it did not run."""
-    lines = ["ratio = chronomq / best peer;  ↑ higher is better,  ↓ lower is better"]
+    lines = ["ratio = chronomq / best peer;  ↑ higher is better,  ↓ lower is better;  * loading had not "
+             "finished when the first message fell due"]
     for s in systems_present(results):
         d = results["systems"][s]
         desc = d.get("system", {})

@@ -125,9 +125,9 @@ def quantize_to_level(levels_ms: Sequence[int], send_ms: int, due_ms: int) -> tu
 
 def lead_ms_for(count: int, rate_per_s: float | None, floor_ms: int = 2_000) -> int:
     """Time to leave before the first due time so that loading ``count`` messages at the measured
-    scheduling rate finishes first (x1.25 + 1 s margin)."""
+    scheduling rate finishes first (x2 + 1 s margin: loading is slower while the server also delivers)."""
     rate = rate_per_s if rate_per_s and rate_per_s > 0 else 2_000.0
-    return max(floor_ms, int(count / rate * 1250) + 1_000)
+    return max(floor_ms, int(count / rate * 2000) + 1_000)
 
 
 # --- statistics ----------------------------------------------------------------------------------------

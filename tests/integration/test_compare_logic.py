@@ -73,7 +73,7 @@ def test_quantize_picks_the_smallest_level_reaching_the_due_time() -> None:
 
 def test_lead_time_grows_with_the_load_and_has_a_floor() -> None:
     assert lead_ms_for(10, 100_000) == 2_000
-    assert lead_ms_for(100_000, 10_000) == 13_500           # 10 s of loading x1.25 + 1 s
+    assert lead_ms_for(100_000, 10_000) == 21_000           # 10 s of loading x2 + 1 s
     assert lead_ms_for(10_000, None) == lead_ms_for(10_000, 2_000.0)
 
 
@@ -310,7 +310,8 @@ def _results() -> dict[str, Any]:
                  "machine": {"cpus": 2, "cpu_model": "cpu", "mem_gib": 1, "os": "linux", "python": "3.11"}},
         "systems": {
             "chronomq_async": sys_("chronomq_async", "cmq A", schedule={"msgs_per_s": 500.0},
-                                   spread={"p50_ms": 30, "lost": 0, "early_receipts": 0},
+                                   spread={"p50_ms": 30, "lost": 0, "early_receipts": 0,
+                                           "loaded_before_first_due": False},
                                    restart={"lost": 0, "duplicates": 4}),
             "chronomq_sync": {"status": "ok", "system": {"label": "cmq S"},
                               "workloads": {"schedule": {"error": "boom"}}},
@@ -350,7 +351,8 @@ def test_table_has_a_row_per_figure_and_all_six_workloads() -> None:
     sched = rows[0]
     assert sched[2:6] == ["500", "error", "1,000", "250"] and sched[6] == "x0.50 ↑" and sched[7] == "-"
     p50 = next(r for (f, _), r in by_figure.items() if f == "lateness p50")
-    assert p50[2] == "30 ms" and p50[6] == "x3.00 ↓"
+    assert p50[2] == "30 ms *" and p50[6] == "x3.00 ↓"  # * : its load overran the first due time
+    assert p50[4] == "10 ms"
     dups = next(r for r in rows if r[1] == "duplicates")
     assert dups[6] == "peer 0"  # the best peer (redis) had none: no finite ratio
     lost = next(r for r in rows if r[1] == "lost")
