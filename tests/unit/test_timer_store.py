@@ -275,7 +275,7 @@ def test_put_failures_are_retried_and_illegal_ones_fail(tmp_path: Path, clock: V
     drive(t, clock, fstore)
     s = t.stats()
     assert s["failed"] == 1 and s["pending"] == 0 and s["put_retries"] == 3
-    assert t.cancel("bad")[0].outcome is Outcome.ALREADY_DELIVERED
+    assert t.cancel("bad")[0].outcome is Outcome.FAILED
 
 
 def test_due_gauge_and_lateness_per_topic(tmp_path: Path, clock: VirtualClock, fstore: FakeStore) -> None:

@@ -690,8 +690,10 @@ class TimerStore:
                     self.cancelled += 1
                     changed = True
                     out.append(OpResult(Outcome.CANCELLED, uid, h[4], msg.topic))
-                elif state in (DELIVERED, FAILED):
+                elif state == DELIVERED:
                     out.append(OpResult(Outcome.ALREADY_DELIVERED, uid, h[5], msg.topic))
+                elif state == FAILED:
+                    out.append(OpResult(Outcome.FAILED, uid, h[5], msg.topic))
                 elif state == CANCELLED:
                     out.append(OpResult(Outcome.ALREADY_CANCELLED, uid, h[5], msg.topic))
             if changed:
@@ -720,8 +722,10 @@ class TimerStore:
                     self.rescheduled += 1
                     self.dirty = True
                     out.append(OpResult(Outcome.RESCHEDULED, uid, deliver_ms, msg.topic))
-                elif state in (DELIVERED, FAILED):
+                elif state == DELIVERED:
                     out.append(OpResult(Outcome.ALREADY_DELIVERED, uid, h[5], msg.topic))
+                elif state == FAILED:
+                    out.append(OpResult(Outcome.FAILED, uid, h[5], msg.topic))
                 elif state == CANCELLED:
                     out.append(OpResult(Outcome.ALREADY_CANCELLED, uid, h[5], msg.topic))
             return out or [OpResult(Outcome.UNKNOWN, ident)]

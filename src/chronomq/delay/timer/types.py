@@ -27,6 +27,7 @@ class Outcome(Enum):
     ALREADY_DELIVERED = "ALREADY_DELIVERED"
     ALREADY_CANCELLED = "ALREADY_CANCELLED"
     UNKNOWN = "UNKNOWN"
+    FAILED = "FAILED"  # the message store refused it for good (e.g. MESSAGE_ILLEGAL): never delivered
 
 
 @dataclass(slots=True)
