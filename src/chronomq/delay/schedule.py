@@ -230,6 +230,7 @@ class ScheduleService:
 
     async def _run_level(self, st: LevelState) -> None:
         units: list = []  # read-ahead buffer of consume-queue units starting at st.offset
+        at_end = False  # the buffer reaches the end of the queue (as it was when read)
         try:
             while True:
                 if units and units[0].queue_offset != st.offset:
@@ -237,6 +238,7 @@ class ScheduleService:
                     units = units[skip:] if 0 < skip < len(units) else []
                 if not units:
                     units = self.store.get_cq_units(SCHEDULE_TOPIC, st.queue_id, st.offset, READ_BATCH)
+                    at_end = len(units) < READ_BATCH
                 if not units:
                     if st.offset < self.store.get_min_offset_in_queue(SCHEDULE_TOPIC, st.queue_id):
                         self._clamp_offsets()
@@ -246,6 +248,7 @@ class ScheduleService:
                     st.state = "idle"
                     st.head_phy = st.head_deliver_ms = None
                     units = self.store.get_cq_units(SCHEDULE_TOPIC, st.queue_id, st.offset, READ_BATCH)
+                    at_end = len(units) < READ_BATCH
                     if not units:
                         await st.wake.wait()
                         continue
@@ -257,8 +260,13 @@ class ScheduleService:
                     # Entries behind the head are due no earlier (same delay, later store time), so
                     # nothing can overtake it: sleep exactly until it is due.
                     await self.clock.sleep_until_ms(head.tags_code)
-                    if len(units) < READ_BATCH:
-                        units = []  # more entries may have arrived meanwhile: read them with the head
+                    room = READ_BATCH - len(units)
+                    if at_end and room > 0:  # entries that arrived meanwhile go out with the head
+                        more = self.store.get_cq_units(SCHEDULE_TOPIC, st.queue_id,
+                                                       units[-1].queue_offset + 1, room)
+                        if more:
+                            units = units + more
+                        at_end = len(more) < room
                     continue
                 st.state = "delivering"
                 if not self._deliver_due(st, units, now):
