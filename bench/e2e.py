@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import sys
 import tempfile
 import time
@@ -47,6 +48,16 @@ def wait_until(pred: Any, timeout: float, what: str, interval: float = 0.05) -> 
         if time.monotonic() > deadline:
             raise TimeoutError(f"timed out after {timeout}s waiting for {what}")
         time.sleep(interval)
+
+
+def cpu_seconds(pid: int | None) -> float:
+    """utime + stime of a process (Linux /proc), to report CPU cost per message independent of how busy
+    the machine is; 0.0 where /proc is not available."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return 0.0
 
 
 def last_progress(consumer: DriverProcess) -> dict[str, Any]:
@@ -82,6 +93,7 @@ def run_scenario(server: ChronomqProcess, scenario: str, opts: argparse.Namespac
             raise RuntimeError(f"bench consumer (pid {consumer.pid}, alive={consumer.alive()}) did not"
                                f" get the warm-up messages; stderr: {consumer.stderr()[-1500:]};"
                                f" client logs in .venv-compat/home/logs/rocketmq-cpp/{consumer.pid}_*")
+        cpu0 = cpu_seconds(server.pid)
         start_at = time.time() + 2.0  # all producer processes start sending together
         procs = [start_driver("bench_produce", {
             "namesrv": server.namesrv_addr, "topic": topic, "group": f"PG_bench_{i}", "mode": mode,
@@ -99,6 +111,7 @@ def run_scenario(server: ChronomqProcess, scenario: str, opts: argparse.Namespac
             drained = True
         except TimeoutError:
             drained = False
+        broker_cpu = cpu_seconds(server.pid) - cpu0
         c = consumer.stop(timeout=60)
     finally:
         if consumer.alive():
@@ -109,6 +122,8 @@ def run_scenario(server: ChronomqProcess, scenario: str, opts: argparse.Namespac
            "send_seconds": round(span, 3), "send_msgs_s": round(acked / span),
            "target_rate": opts.rate if scenario == "paced" else None,
            "received": c["count"], "drained": drained,
+           "broker_cpu_s": round(broker_cpu, 2),
+           "broker_cpu_us_per_msg": round(broker_cpu / max(c["count"], 1) * 1e6, 1),
            "p50_ms": c["p50_ms"], "p99_ms": c["p99_ms"], "p999_ms": c["p999_ms"], "max_ms": c["max_ms"]}
     if c["first_recv"] and c["last_recv"]:
         out["recv_msgs_s"] = round(c["count"] / max(c["last_recv"] - c["first_recv"], 1e-9))
@@ -174,12 +189,15 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"{flush:11s} {sc:6s} sent {r['acked']:>8} ({r['errors']} errors) "
                           f"{r['send_msgs_s']:>8} msgs/s  e2e p50 {fmt(r['p50_ms'])} ms"
                           f"  p99 {fmt(r['p99_ms'])} ms"
-                          f"  received {r['received']}{'' if r['drained'] else ' (NOT ALL)'}", flush=True)
+                          f"  received {r['received']}{'' if r['drained'] else ' (NOT ALL)'}"
+                          f"  broker CPU {r['broker_cpu_us_per_msg']} us/msg", flush=True)
             finally:
                 server.stop(timeout=60)
-    print()
+    print(f"\nmachine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at the end (other"
+          " processes compete for the same cores); 'brk us/msg' = broker CPU time per message delivered"
+          " (send + store + pull)")
     hdr = f"{'flush':11s} {'scenario':8s} {'producers':>9s} {'sent':>9s} {'msgs/s':>9s} {'p50 ms':>8s} " \
-          f"{'p99 ms':>8s} {'max ms':>8s}  target"
+          f"{'p99 ms':>8s} {'max ms':>8s} {'brk us/msg':>10s}  target"
     print(hdr)
     print("-" * len(hdr))
     for r in rows:
@@ -192,7 +210,8 @@ def main(argv: list[str] | None = None) -> int:
             goal_s = f">= {goal:,} msgs/s"
         print(f"{r['flush']:11s} {r['scenario']:8s} {r['producers']:>9d} {r['acked']:>9d} "
               f"{r['send_msgs_s']:>9d} "
-              f"{fmt(r['p50_ms']):>8s} {fmt(r['p99_ms']):>8s} {fmt(r['max_ms']):>8s}  {goal_s}: "
+              f"{fmt(r['p50_ms']):>8s} {fmt(r['p99_ms']):>8s} {fmt(r['max_ms']):>8s} "
+              f"{r['broker_cpu_us_per_msg']:>10} {goal_s}: "
               f"{'met' if met else 'NOT met'}")
     for f in failures:
         print(f"FAILED {f}")
