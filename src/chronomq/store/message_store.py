@@ -213,7 +213,7 @@ class MessageStore:
                 self._topic_cache.clear()
             self._topic_cache[topic] = topic_b
         body = msg.body
-        if not isinstance(body, bytes | bytearray | memoryview):
+        if body.__class__ is not bytes and not isinstance(body, bytearray | memoryview):
             return self._fail(PutStatus.MESSAGE_ILLEGAL, "the message body is not bytes")
         if len(body) > self._max_body:
             return self._fail(PutStatus.MESSAGE_ILLEGAL,
@@ -288,7 +288,10 @@ class MessageStore:
             return self._fail(PutStatus.MESSAGE_ILLEGAL, f"malformed message: {e}")
 
     def put_message(self, msg: MessageExt) -> PutResult:
-        prep = self._prepare_checked(msg)
+        try:
+            prep = self._prepare(msg)
+        except (TypeError, ValueError, AttributeError, OverflowError, struct.error) as e:
+            return self._fail(PutStatus.MESSAGE_ILLEGAL, f"malformed message: {e}")
         if prep.__class__ is PutResult:
             return prep  # type: ignore[return-value]
         buf, topic, qid, tc, delay, keys_l, uniq = prep  # type: ignore[misc]
