@@ -15,6 +15,7 @@ import pytest
 from chronomq.clock import VirtualClock
 from chronomq.config import BrokerConfig
 from chronomq.delay import PROPERTY_DELAY_SOURCE, DelayService
+from chronomq.delay.offsets import OffsetFile
 from chronomq.message import (
     PROPERTY_DELAY_TIME_LEVEL,
     PROPERTY_ORIGIN_MESSAGE_ID,
@@ -474,3 +475,26 @@ async def test_transient_put_failures_and_undeliverable_entries(tmp_path: Path, 
         assert [m.body.decode() for m in env2.delivered("B")] == env.order["B"]
     finally:
         await env2.stop()
+
+
+async def test_offsets_persisted_every_interval(tmp_path: Path, clock: VirtualClock) -> None:
+    env = Env(tmp_path, clock, flushDelayOffsetInterval="10000", messageDelayLevel="1s 2s")
+    await env.start()
+    path = tmp_path / "config" / "delayOffset.json"
+    try:
+        for i in range(10):
+            env.put(f"p{i}", 1 + i % 2)
+        await env.run_until(clock.now_ms() + 9_999)
+        assert not path.exists()  # the first snapshot is due 10 s after start
+        await env.run_until(clock.now_ms() + 1)
+        snap = await async_wait_for(lambda: OffsetFile(tmp_path).load(), message="delayOffset.json")
+        assert snap.offsets == {1: 5, 2: 5}
+        assert snap.scan_from_phy == env.store.max_phy_offset
+        for i in range(10, 13):
+            env.put(f"p{i}", 1)
+        await env.run_until(clock.now_ms() + 10_000)
+        await async_wait_for(lambda: OffsetFile(tmp_path).load().offsets == {1: 8, 2: 5},
+                             message="the second snapshot")
+    finally:
+        await env.stop()
+    assert OffsetFile(tmp_path).load().offsets == {1: 8, 2: 5}
