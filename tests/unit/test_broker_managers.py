@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
+from tests.conftest import wait_for
 
 from chronomq.broker.clients import (
     ClientInfo,
@@ -46,7 +47,12 @@ def test_topic_auto_creation_rules(tmp_path: Path) -> None:
     t.create_system("%DLQ%g", 1)
     assert changed == ["%DLQ%g"]  # once
     counter = t.data_version["counter"]
-    # persisted: a new manager reads the same table
+    # persisted in the background: a new manager then reads the same table
+    path = tmp_path / "config" / "topics.json"
+    wait_for(
+        lambda: path.exists() and json.loads(path.read_text())["dataVersion"]["counter"] == counter,
+        message="topics.json written",
+    )
     t2 = _topics(tmp_path, nums=8)
     assert t2.get("A") == t.get("A") and t2.data_version["counter"] == counter
 

@@ -107,7 +107,12 @@ async def test_topic_auto_creation_through_tbw102_is_routed_and_persisted(env: E
     assert resp.code == C.SUCCESS
     route = env.routes.topic_route("NewTopic")
     assert route is not None and route["queueDatas"][0]["writeQueueNums"] == 3
-    saved = json.loads((Path(env.config.storePathRootDir) / "config" / "topics.json").read_text())
+    path = Path(env.config.storePathRootDir) / "config" / "topics.json"
+    await async_wait_for(
+        lambda: path.exists() and "NewTopic" in json.loads(path.read_text())["topicConfigTable"],
+        message="topics.json written",
+    )
+    saved = json.loads(path.read_text())
     assert saved["topicConfigTable"]["NewTopic"]["readQueueNums"] == 3
 
 

@@ -74,6 +74,8 @@ class TopicConfigManager:
         self.auto_create = auto_create
         self._now_ms = now_ms
         self._lock = threading.RLock()
+        self._file_lock = threading.Lock()
+        self._persist_queued = False
         self.table: dict[str, TopicConfig] = {}
         self.data_version = {"timestamp": now_ms(), "counter": 0}
         self.on_change: list[Callable[[TopicConfig], None]] = []
@@ -105,18 +107,37 @@ class TopicConfigManager:
             }
 
     def persist(self) -> None:
+        with self._file_lock:  # one writer of the file at a time
+            with self._lock:
+                snapshot = {
+                    "topicConfigTable": {n: t.to_json() for n, t in self.table.items()},
+                    "dataVersion": dict(self.data_version),
+                }
+                self._dirty = False
+            write_json_atomic(self.path, snapshot)
+
+    def _persist_soon(self) -> None:
+        """Write topics.json in a background thread (an fsync on a busy disk must not stall the event
+        loop); writes coalesce, and shutdown calls persist() to be sure the last state is on disk."""
         with self._lock:
-            snapshot = {
-                "topicConfigTable": {n: t.to_json() for n, t in self.table.items()},
-                "dataVersion": dict(self.data_version),
-            }
-            self._dirty = False
-        write_json_atomic(self.path, snapshot)
+            if self._persist_queued:
+                return
+            self._persist_queued = True
+
+        def run() -> None:
+            with self._lock:
+                self._persist_queued = False
+            try:
+                self.persist()
+            except OSError as e:
+                log.error("cannot persist %s: %s", self.path, e)
+
+        threading.Thread(target=run, name="topics-persist", daemon=True).start()
 
     def _changed(self, tc: TopicConfig) -> None:
         self.data_version = {"timestamp": self._now_ms(), "counter": self.data_version["counter"] + 1}
         self._dirty = True
-        self.persist()
+        self._persist_soon()
         for cb in self.on_change:
             try:
                 cb(tc)
