@@ -84,3 +84,42 @@ def test_records_round_trip_through_the_store(tmp_path_factory, msgs, seg_kib):
         assert in_log == [r.append.wrote_offset for r, _ in results]
     finally:
         s.shutdown()
+
+
+key_word = st.sampled_from(["a", "b", "order-1", "order-2", "x" * 30, "zz"])
+
+
+@SETTINGS
+@given(entries=st.lists(st.tuples(st.sampled_from(["T1", "T2"]), st.lists(key_word, max_size=3),
+                                  st.integers(0, 5000)), min_size=1, max_size=60),
+       probe=key_word, window=st.tuples(st.integers(0, 200_000), st.integers(0, 200_000)),
+       limit=st.integers(1, 80))
+def test_index_queries_match_a_model(tmp_path_factory, entries, probe, window, limit):
+    root = tmp_path_factory.mktemp("idx")
+    clock = VirtualClock()
+    cfg = BrokerConfig(storePathRootDir=str(root), mappedFileSizeCommitLog=64 * 1024,
+                       maxHashSlotNum=4, maxIndexNum=16)  # tiny: collisions and many index files
+    s = MessageStore(cfg, clock)
+    s.start()
+    try:
+        model = []
+        for i, (topic, keys, gap) in enumerate(entries):
+            clock.advance_sync(gap)
+            props = {"UNIQ_KEY": f"U{i}"}
+            if keys:
+                props["KEYS"] = " ".join(keys)
+            r = s.put_message(MessageExt(topic=topic, body=str(i).encode(), properties=props))
+            model.append((topic, set(keys), f"U{i}", r.append.store_timestamp, r.append.wrote_offset))
+        assert s.wait_dispatched(s.max_phy_offset, 10)
+        lo, hi = sorted(window)
+        lo += model[0][3]
+        hi += model[0][3]
+        for topic in ("T1", "T2"):
+            want = [m[4] for m in model if m[0] == topic and probe in m[1] and lo <= m[3] <= hi]
+            got = [m.commit_log_offset for m in s.query_message(topic, probe, limit, lo, hi)]
+            assert got == want[-limit:]  # the newest ``limit``, in log order
+        j = len(model) // 2
+        hit = s.query_message(model[j][0], model[j][2], 5, 0, 2**62)
+        assert [m.commit_log_offset for m in hit] == [model[j][4]]
+    finally:
+        s.shutdown()
