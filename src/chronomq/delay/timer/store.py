@@ -141,8 +141,11 @@ class _Slot:
         self.walk = cur
         if cur == 0:
             n = len(d)
-            # The chain runs newest first; order by (deliver time, entry number).
-            order = sorted(range(n), key=lambda k: (d[k], i[k]))
+            # The chain runs newest first: reversed, entry numbers ascend, and a stable sort by deliver
+            # time then orders by (deliver time, entry number) with plain int keys (no tuples).
+            for arr in (d, i, p, g, t, s):
+                arr.reverse()
+            order = sorted(range(n), key=d.__getitem__)
             self.d = array("q", (d[k] for k in order))
             self.i = array("q", (i[k] for k in order))
             self.p = array("q", (p[k] for k in order))
