@@ -89,6 +89,7 @@ def mmap_vs_pwrite(path: str, rec: int, n: int) -> list[str]:
     out = []
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
     os.ftruncate(fd, size)
+    os.posix_fallocate(fd, 0, size)  # as the store does (blocks allocated ahead)
     mm = mmap.mmap(fd, size)
     t = time.perf_counter()
     pos = 0

@@ -5,16 +5,18 @@ the rest of a segment is too small, a blank record (TOTALSIZE = rest, BLANK_MAGI
 rolls to a new segment.
 
 mmap versus pwrite, measured on this box (2 vCPUs, ext4 on virtio, Python 3.11, 1177-byte records =
-1 KiB body + TAGS + UNIQ_KEY, one writer; bench/store_append.py prints the same comparison every run):
-                                          quiet box (00:59)         loaded box (load avg 12-14)
-  mmap slice copy into a shared mapping   1.69 GB/s, 0.65 us/rec    0.35-0.49 GB/s, 2.4-3.4 us/rec
-    (+ fallocate'd file)                  1.81 GB/s
-  os.pwrite, one call per record          0.84 GB/s, 1.30 us/rec    0.14-0.24 GB/s, 4.9-8.7 us/rec
-  pwrite of 64 KiB batches (buffered)     (not measured quiet)      0.35-0.65 GB/s, 1.8-3.4 us/rec
-mmap won: 2-2.5x cheaper than a syscall per record, and as cheap as a write-behind buffer without its
-second copy, its flush points, or serving readers from the buffer. Reads are slices of the same
-mapping (no syscall); durability is fdatasync on the segment's descriptor (see mapped.py for why not
-mmap.flush). Blocks are fallocate'd ahead in 4 MiB steps so a full disk is an error, not a SIGBUS.
+1 KiB body + TAGS + UNIQ_KEY, one writer, fallocate'd file; bench/store_append.py prints the same
+comparison every run). The box was shared and loaded (load average 12-19) for all of these, so the
+spread is wide; per-record cost, best and worst of 7 runs:
+  mmap slice copy into the shared mapping       0.65 - 4.4 us   (0.3 - 1.7 GB/s)
+  os.pwrite, one syscall per record             1.3  - 8.7 us   (0.14 - 0.84 GB/s)
+  pwrite of 64 KiB batches from a buffer        0.83 - 3.4 us   (0.35 - 1.4 GB/s)
+mmap chosen: it is 2x cheaper than a syscall per record. A write-behind buffer flushed in 64 KiB
+pwrites measured 0.1-0.5 us per record cheaper in most runs (under 10% of a put, which costs 5-14 us
+in Python), but it needs a second copy, a flush point before readers and the dispatcher may see a
+record, and reads served from the buffer; with mmap every reader slices the same mapping with no
+syscall. Durability is fdatasync on the segment's descriptor (see mapped.py for why not mmap.flush).
+Blocks are fallocate'd ahead in 4 MiB steps so a full disk is an error, not a SIGBUS.
 """
 
 from __future__ import annotations
