@@ -498,3 +498,40 @@ async def test_offsets_persisted_every_interval(tmp_path: Path, clock: VirtualCl
     finally:
         await env.stop()
     assert OffsetFile(tmp_path).load().offsets == {1: 8, 2: 5}
+
+
+class ExplodingStore(FlakyStore):
+    """get_cq_units raises ``bursts`` times (a store error in the middle of the level loop)."""
+
+    def __init__(self, store: MessageStore, bursts: int) -> None:
+        super().__init__(store, "-")
+        self.bursts = bursts
+
+    def get_cq_units(self, topic: str, queue_id: int, offset: int, max_count: int):
+        if topic == SCHEDULE_TOPIC and offset > 0 and self.bursts > 0:
+            self.bursts -= 1
+            raise OSError("injected: consume queue read failed")
+        return self._store.get_cq_units(topic, queue_id, offset, max_count)
+
+
+async def test_level_survives_store_errors(tmp_path: Path, clock: VirtualClock) -> None:
+    cfg = make_config(tmp_path, messageDelayLevel="1s")
+    store = MessageStore(cfg, clock)
+    await asyncio.to_thread(store.start)
+    boom = ExplodingStore(store, bursts=2)
+    svc = DelayService(boom, cfg, clock)
+    await svc.start()
+    env = Env(tmp_path, clock)
+    env.cfg, env.store, env.svc = cfg, store, svc
+    try:
+        env.put("e0", 1)
+        await env.run_until(env.expected["e0"][1])
+        for i in range(1, 5):
+            env.put(f"e{i}", 1)
+        await env.run_until(clock.now_ms() + 5_000)
+        assert boom.bursts == 0  # the errors happened ...
+        assert [m.body.decode() for m in env.delivered("T1")] == [f"e{i}" for i in range(5)]  # ... and passed
+        assert svc.schedule.states[1].state in ("idle", "sleeping")
+    finally:
+        await svc.shutdown()
+        await asyncio.to_thread(store.shutdown)

@@ -229,6 +229,19 @@ class ScheduleService:
             st.head_phy = st.head_deliver_ms = None
 
     async def _run_level(self, st: LevelState) -> None:
+        while True:
+            try:
+                await self._level_loop(st)
+            except asyncio.CancelledError:
+                st.state = "stopped"
+                raise
+            except Exception:  # a store error must not kill the level for good
+                log.exception("delay level %d: schedule loop failed; retrying in %d ms", st.level,
+                              RETRY_BACKOFF_MS)
+                st.state = "backoff"
+                await self.clock.sleep_until_ms(self.clock.now_ms() + RETRY_BACKOFF_MS)
+
+    async def _level_loop(self, st: LevelState) -> None:
         units: list = []  # read-ahead buffer of consume-queue units starting at st.offset
         at_end = False  # the buffer reaches the end of the queue (as it was when read)
         try:
@@ -275,9 +288,9 @@ class ScheduleService:
                     await self.clock.sleep_until_ms(self.clock.now_ms() + RETRY_BACKOFF_MS)
                     continue
                 await asyncio.sleep(0)  # let the broker breathe between batches
-        except asyncio.CancelledError:
-            st.state = "stopped"
-            raise
+        finally:
+            if st.state == "delivering":
+                st.state = "backoff"
 
     def _deliver_due(self, st: LevelState, units: list, now: int) -> bool:  # list[CQUnit]
         """Deliver the due prefix of ``units`` in one batch; returns False after a transient failure
