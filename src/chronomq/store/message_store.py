@@ -465,15 +465,17 @@ class MessageStore:
     def _group_commit_loop(self) -> None:
         cv = self._flush_cv
         interval = self.config.flushIntervalCommitLog / 1000.0
+        last_batch = 0
         while True:
             with cv:
                 while not self._flush_requests and not self._stop.is_set():
                     if not cv.wait(timeout=interval):
                         break  # periodic flush for puts that did not ask to wait
             # Group commit: while requests keep arriving (writers just released by the previous flush
-            # are putting their next message), give them a moment to join this flush. Bounded.
+            # are putting their next message), give them a moment to join this flush. Bounded, and
+            # skipped when the last flush served a single request (one writer: no one else to wait for).
             n = len(self._flush_requests)
-            for _ in range(8):
+            for _ in range(8 if last_batch > 1 else 0):
                 if n == 0:
                     break
                 time.sleep(0.0002)
@@ -484,6 +486,7 @@ class MessageStore:
             with cv:
                 reqs = self._flush_requests
                 self._flush_requests = []
+            last_batch = len(reqs)
             if self._stop.is_set() and not reqs:
                 return
             try:
