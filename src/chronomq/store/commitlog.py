@@ -213,7 +213,11 @@ class CommitLog:
             except ValueError:
                 return
             if magic == MAGIC_V1 and total >= RECORD_FIXED_SIZE:
-                yield off, seg.mm[r : r + total]
+                try:
+                    data = seg.mm[r : r + total]
+                except ValueError:
+                    return  # cleaned meanwhile
+                yield off, data
                 off += total
             else:  # blank filler or end of segment
                 off = seg.end
