@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import heapq
+import itertools
 import threading
 from collections.abc import Callable
 
@@ -30,6 +32,11 @@ class PullHoldService:
         self._scheduled = False
         self.wakeups = 0
         self.timeouts = 0
+        self._deadlines: list[tuple[int, int, asyncio.Future[bool]]] = []
+        self._seq = itertools.count()
+        self._timer: asyncio.Future[None] | None = None
+        self._rearm: asyncio.Future[None] | None = None
+        self._armed_ms = 0
 
     def bind(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
@@ -70,7 +77,10 @@ class PullHoldService:
     async def wait(
         self, topic: str, queue_id: int, offset: int, deadline_ms: int, current_max: Callable[[], int]
     ) -> bool:
-        """Wait until the queue's max offset exceeds ``offset`` (True) or the deadline passes (False)."""
+        """Wait until the queue's max offset exceeds ``offset`` (True) or the deadline passes (False).
+
+        No task per held pull: the future is resolved either by ``notify`` or by the one timer task of
+        the service, which sleeps (on the injected clock) until the earliest deadline."""
         loop = asyncio.get_running_loop()
         if self._loop is None:
             self._loop = loop
@@ -78,21 +88,15 @@ class PullHoldService:
         fut: asyncio.Future[bool] = loop.create_future()
         entry = (offset, fut)
         self._waiters.setdefault(key, []).append(entry)
-        sleeper: asyncio.Task[None] | None = None
         try:
             if current_max() > offset:
                 return True
-            sleeper = asyncio.ensure_future(self.clock.sleep_until_ms(deadline_ms))
-            await asyncio.wait((fut, sleeper), return_when=asyncio.FIRST_COMPLETED)
-            if fut.done() and not fut.cancelled():
-                return fut.result()
-            self.timeouts += 1
-            return False
+            self._add_deadline(deadline_ms, fut)
+            result = await fut
+            if not result:
+                self.timeouts += 1
+            return result
         finally:
-            if sleeper is not None and not sleeper.done():
-                sleeper.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await sleeper
             ws = self._waiters.get(key)
             if ws is not None:
                 with contextlib.suppress(ValueError):
@@ -100,12 +104,48 @@ class PullHoldService:
                 if not ws:
                     del self._waiters[key]
 
+    # --- the shared deadline timer ------------------------------------------------------------------------
+    def _add_deadline(self, deadline_ms: int, fut: asyncio.Future[bool]) -> None:
+        heap = self._deadlines
+        if len(heap) > 4096 and len(heap) > 4 * self.held:
+            # most entries belong to pulls already answered by an arrival: drop them (bounded memory)
+            heap[:] = [e for e in heap if not e[2].done()]
+            heapq.heapify(heap)
+        heapq.heappush(heap, (deadline_ms, next(self._seq), fut))
+        if self._timer is None or self._timer.done():
+            self._timer = asyncio.ensure_future(self._timer_loop())
+        elif deadline_ms < self._armed_ms and self._rearm is not None and not self._rearm.done():
+            self._rearm.set_result(None)  # an earlier deadline than the one the timer sleeps for
+
+    async def _timer_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        heap = self._deadlines
+        while heap:
+            now = self.clock.now_ms()
+            while heap and (heap[0][0] <= now or heap[0][2].done()):
+                _, _, fut = heapq.heappop(heap)
+                if not fut.done():
+                    fut.set_result(False)
+            if not heap:
+                break
+            self._armed_ms = heap[0][0]
+            self._rearm = loop.create_future()
+            sleeper = asyncio.ensure_future(self.clock.sleep_until_ms(self._armed_ms))
+            try:
+                await asyncio.wait((sleeper, self._rearm), return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                if not sleeper.done():
+                    sleeper.cancel()
+        self._armed_ms = 0
+
     def wake_all(self) -> None:
         """Answer every held pull now (shutdown)."""
         for waiters in list(self._waiters.values()):
             for _, fut in waiters:
                 if not fut.done():
                     fut.set_result(False)
+        if self._timer is not None and not self._timer.done():
+            self._timer.cancel()
 
     @property
     def held(self) -> int:
