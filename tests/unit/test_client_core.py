@@ -11,6 +11,7 @@ import threading
 import time
 import zlib
 from collections import defaultdict
+from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
 import pytest
@@ -20,6 +21,7 @@ from chronomq import message as m
 from chronomq.client import (
     LATER,
     Admin,
+    BrokerError,
     ClientClosed,
     ConnectFailed,
     InvalidMessage,
@@ -28,15 +30,19 @@ from chronomq.client import (
     MessageTooLarge,
     NoRouteError,
     NotPermitted,
+    NotSupported,
+    PendingPage,
     Producer,
     PullStatus,
     PushConsumer,
     RequestTimeout,
     SendFailed,
     SimpleConsumer,
+    TimerOpResult,
+    TimerOutcome,
     allocate_average,
 )
-from chronomq.client.model import TopicRoute
+from chronomq.client.model import TopicRoute, deliver_time_ms
 from chronomq.remoting.client import RemotingClient, RemotingConnectError, RemotingTimeoutError
 from chronomq.remoting.codec import (
     FrameDecoder,
@@ -71,6 +77,9 @@ class FakeBroker:
         self.server: asyncio.AbstractServer | None = None
         self.writers: set[asyncio.StreamWriter] = set()
         self.arrival = asyncio.Event()
+        self.peers: dict[str, str] = {}  # other brokers this name server reports (GET_BROKER_CLUSTER_INFO)
+        # a minimal model of chronomq's timer store: uniq key -> parked message and its state
+        self.timer: dict[str, dict[str, Any]] = {}
 
     async def start(self) -> None:
         self.server = await asyncio.start_server(self._conn, "127.0.0.1", self.port)
@@ -158,9 +167,11 @@ class FakeBroker:
         return cmd.response(body=self.route_body(topic))
 
     def _h106(self, cmd: RemotingCommand, w: Any) -> RemotingCommand:
-        return cmd.response(body=json.dumps({"brokerAddrTable": {self.broker_name: {
-            "cluster": "c", "brokerName": self.broker_name, "brokerAddrs": {"0": self.addr}}},
-            "clusterAddrTable": {"c": [self.broker_name]}}).encode())
+        brokers = {self.broker_name: self.addr, **self.peers}
+        table = {name: {"cluster": "c", "brokerName": name, "brokerAddrs": {"0": addr}}
+                 for name, addr in brokers.items()}
+        return cmd.response(body=json.dumps({"brokerAddrTable": table,
+                                             "clusterAddrTable": {"c": sorted(brokers)}}).encode())
 
     def _h206(self, cmd: RemotingCommand, w: Any) -> RemotingCommand:
         return cmd.response(body=json.dumps({"topicList": sorted(self.topics)}).encode())
@@ -182,6 +193,16 @@ class FakeBroker:
         items = decode_batch_body(cmd.body) if batch else None
         base = dict(sys_flag=c.ext_int("sysFlag"), born_timestamp=c.ext_int("bornTimestamp"), queue_id=qid,
                     born_host=("127.0.0.1", 1))
+        if items is None and m.PROPERTY_TIMER_DELIVER_MS in (props := m.decode_properties(
+                c.ext_str("properties", ""))):
+            uniq = props[m.PROPERTY_UNIQ_KEY]
+            deliver_ms = int(props[m.PROPERTY_TIMER_DELIVER_MS])
+            self.timer[uniq] = {"ext": m.MessageExt(topic=topic, body=cmd.body, properties=props, **base),
+                                "deliver_ms": deliver_ms, "state": "PENDING",
+                                "created_ms": int(time.time() * 1000)}
+            return cmd.response(ext_fields={"msgId": f"{len(self.timer):032X}", "queueId": str(qid),
+                                            "queueOffset": "0", "uniqKey": uniq,
+                                            "deliverMs": str(deliver_ms)})
         if items is None:
             exts = [self.put(m.MessageExt(topic=topic, body=cmd.body, flag=c.ext_int("flag"),
                                           properties=m.decode_properties(c.ext_str("properties", "")),
@@ -308,6 +329,71 @@ class FakeBroker:
     def _h9001(self, cmd: RemotingCommand, w: Any) -> RemotingCommand:
         return cmd.response(body=json.dumps({"levels": [], "early_deliveries": 0}).encode())
 
+    # --- chronomq timer store (9002-9004) ------------------------------------------------------------
+    def timer_deliver(self, uniq: str) -> None:
+        """Deliver a parked message now (as the broker does when it falls due)."""
+        t = self.timer[uniq]
+        self.put(t["ext"])
+        t["state"], t["done_ms"] = "DELIVERED", int(time.time() * 1000)
+
+    def _timer_matches(self, cmd: RemotingCommand) -> list[str]:
+        ident = cmd.require_str("id")
+        if cmd.require_str("byKey") == "true":
+            return [u for u, t in self.timer.items() if ident in t["ext"].keys]
+        return [ident] if ident in self.timer else []
+
+    def _timer_answer(self, cmd: RemotingCommand, results: list[dict[str, Any]]) -> RemotingCommand:
+        if not results:
+            results = [{"outcome": "UNKNOWN", "msg_id": cmd.require_str("id"), "deliver_ms": None,
+                        "topic": None}]
+        return cmd.response(body=json.dumps({"results": results}).encode())
+
+    def _h9002(self, cmd: RemotingCommand, w: Any) -> RemotingCommand:
+        out = []
+        for u in self._timer_matches(cmd):
+            t = self.timer[u]
+            if t["state"] == "PENDING":
+                t["state"], t["done_ms"] = "CANCELLED", int(time.time() * 1000)
+                outcome, when = "CANCELLED", t["deliver_ms"]
+            else:
+                outcome, when = "ALREADY_" + t["state"], t["done_ms"]
+            out.append({"outcome": outcome, "msg_id": u, "deliver_ms": when, "topic": t["ext"].topic})
+        return self._timer_answer(cmd, out)
+
+    def _h9003(self, cmd: RemotingCommand, w: Any) -> RemotingCommand:
+        new = cmd.ext_int("deliverMs")
+        out = []
+        for u in self._timer_matches(cmd):
+            t = self.timer[u]
+            if t["state"] == "PENDING":
+                t["deliver_ms"] = new
+                out.append({"outcome": "RESCHEDULED", "msg_id": u, "deliver_ms": new,
+                            "topic": t["ext"].topic})
+            else:
+                out.append({"outcome": "ALREADY_" + t["state"], "msg_id": u, "deliver_ms": t["done_ms"],
+                            "topic": t["ext"].topic})
+        return self._timer_answer(cmd, out)
+
+    def _h9004(self, cmd: RemotingCommand, w: Any) -> RemotingCommand:
+        topic, key, tag = cmd.ext_str("topic"), cmd.ext_str("key"), cmd.ext_str("tag")
+        lo, hi = cmd.ext_int("startMs", 0), cmd.ext_int("endMs", 1 << 62)
+        rows = sorted(((t["deliver_ms"], u, t) for u, t in self.timer.items() if t["state"] == "PENDING"
+                       and (topic is None or t["ext"].topic == topic)
+                       and (key is None or key in t["ext"].keys or key == u)
+                       and (tag is None or t["ext"].tags == tag) and lo <= t["deliver_ms"] <= hi),
+                      key=lambda r: (r[0], r[1]))
+        if cmd.ext_str("countOnly") == "true":
+            body = {"items": [], "next_cursor": None, "count": len(rows)}
+            return cmd.response(body=json.dumps(body).encode())
+        start, limit = int(cmd.ext_str("cursor") or 0), cmd.ext_int("limit", 100)
+        page = rows[start: start + limit]
+        items = [{"msg_id": u, "offset_msg_id": "H" + u, "topic": t["ext"].topic,
+                  "queue_id": t["ext"].queue_id, "tags": t["ext"].tags, "keys": t["ext"].keys,
+                  "deliver_ms": d, "created_ms": t["created_ms"], "body_size": len(t["ext"].body)}
+                 for d, u, t in page]
+        nxt = str(start + limit) if start + limit < len(rows) else None
+        return cmd.response(body=json.dumps({"items": items, "next_cursor": nxt}).encode())
+
 
 @pytest.fixture
 async def broker():
@@ -420,8 +506,6 @@ def test_message_validation():
         Message("T", b"").validate()
     with pytest.raises(InvalidMessage):
         Message("T", b"x", properties={"UNIQ_KEY": "x"}).wire_properties()
-    with pytest.raises(InvalidMessage, match="timer"):
-        Message("T", b"x", delay=5).wire_properties()
     p = Message("T", "x", keys=["k1", "k2"], tags="A", delay_level=2, properties={"u": "v"}).wire_properties()
     assert p == {"u": "v", "KEYS": "k1 k2", "TAGS": "A", "DELAY": "2"}
 
@@ -836,3 +920,274 @@ async def test_no_task_left_after_close(broker):
     await asyncio.sleep(0)
     left = [t.get_name() for t in asyncio.all_tasks() if t.get_name().startswith("chronomq")]
     assert left == []
+
+
+# --- deliver times, caller-chosen ids, timer admin (issue 7) ---------------------------------------------
+def test_deliver_time_properties_and_validation():
+    at = datetime(2030, 1, 2, 3, 4, 5, 678000, tzinfo=UTC)
+    at_ms = 1_893_553_445_678
+    assert deliver_time_ms(at, None) == at_ms
+    # another zone, same instant
+    assert deliver_time_ms(at.astimezone(timezone(timedelta(hours=-5))), None) == at_ms
+    assert Message("T", b"x", deliver_at=at).wire_properties() == {"TIMER_DELIVER_MS": str(at_ms)}
+    assert Message("T", b"x", deliver_at=at_ms).wire_properties() == {"TIMER_DELIVER_MS": str(at_ms)}
+    # delays count from now, rounded up to the ms (never earlier than asked)
+    assert deliver_time_ms(None, 1.5, now_ms=1000) == 2500
+    assert deliver_time_ms(None, 0.0001, now_ms=1000) == 1001
+    assert deliver_time_ms(None, timedelta(minutes=2), now_ms=0) == 120_000
+    assert deliver_time_ms(None, 0, now_ms=7) == 7
+    before = int(time.time() * 1000)
+    got = int(Message("T", b"x", delay=timedelta(seconds=3)).wire_properties()["TIMER_DELIVER_MS"])
+    assert before + 3000 <= got <= int(time.time() * 1000) + 3000
+    assert Message("T", b"x", delay=2).deliver_ms(now_ms=10) == 2010
+    assert Message("T", b"x").deliver_ms() is None
+    bad = [
+        (dict(deliver_at=datetime(2030, 1, 1)), "timezone-aware"),          # naive: ambiguous
+        (dict(deliver_at=at, delay=1), "not both"),
+        (dict(delay=-0.5), ">= 0"),
+        (dict(delay=timedelta(seconds=-1)), ">= 0"),
+        (dict(delay=float("nan")), "finite"),
+        (dict(delay=float("inf")), "finite"),
+        (dict(delay="5"), "timedelta or seconds"),
+        (dict(delay=True), "timedelta or seconds"),
+        (dict(deliver_at=1_700_000_000), "epoch seconds"),                    # seconds, not ms
+        (dict(deliver_at=-1), "epoch"),
+        (dict(deliver_at=1.5e12), "datetime or epoch ms"),
+        (dict(deliver_at=True), "datetime or epoch ms"),
+        (dict(deliver_at=datetime(1960, 1, 1, tzinfo=UTC)), "before 1970"),
+        (dict(delay=5, delay_level=3), "delay_level"),
+        (dict(delay=5, properties={"TIMER_DELAY_SEC": "9"}), "not both"),
+        (dict(deliver_at=at_ms, properties={"__STARTDELIVERTIME": "9"}), "not both"),
+    ]
+    for kwargs, match in bad:
+        with pytest.raises(InvalidMessage, match=match):
+            Message("T", b"x", **kwargs).wire_properties()  # type: ignore[arg-type]
+    # the ecosystem properties themselves stay usable without deliver_at/delay
+    raw = Message("T", b"x", properties={"TIMER_DELAY_SEC": "9"}).wire_properties()
+    assert raw == {"TIMER_DELAY_SEC": "9"}
+
+
+def test_uniq_key_validation():
+    Message("T", b"x", uniq_key="a" * 128).validate()
+    Message("T", b"x", uniq_key="q1-b7-p3-r42 with space").validate()
+    for bad, match in (("", "empty"), ("a" * 129, "more than 128"), ("a\x01b", "x01"), ("a\x02", "x01"),
+                       (17, "must be a str")):
+        with pytest.raises(InvalidMessage, match=match):
+            Message("T", b"x", uniq_key=bad).validate()  # type: ignore[arg-type]
+
+
+async def test_producer_uses_caller_uniq_keys_single_and_batch(broker):
+    broker.topics["T"] = 2
+    async with Producer("pg", broker.addr) as p:
+        r = await p.send(Message("T", b"one", uniq_key="job-1/row-0"))
+        assert r.msg_id == r.uniq_key == "job-1/row-0" and r.msg_ids == ("job-1/row-0",)
+        assert r.deliver_ms is None and not r.scheduled
+        plain = await p.send(Message("T", b"gen"))
+        assert plain.uniq_key == plain.msg_id and len(plain.msg_id) == 32 and plain.msg_id != "job-1/row-0"
+        ids = [f"job-1/row-{i}" for i in range(1, 4)]
+        b = await p.send_batch([Message("T", f"b{i}", uniq_key=u) for i, u in enumerate(ids)]
+                               + [Message("T", b"generated")])
+        assert list(b.msg_ids[:3]) == ids and len(b.msg_ids[3]) == 32
+        stored = {x.body: x.uniq_key for x in broker.messages("T")}
+        assert stored[b"one"] == "job-1/row-0" and stored[b"b2"] == "job-1/row-3"
+        assert stored[b"generated"] == b.msg_ids[3]
+        # a re-send with the same key carries the same id (the point of caller-chosen ids)
+        again = await p.send(Message("T", b"one", uniq_key="job-1/row-0"))
+        assert again.msg_id == "job-1/row-0"
+        with pytest.raises(InvalidMessage, match="uniq_key"):
+            await p.send_batch([Message("T", b"x", uniq_key="")])
+    assert sum(1 for x in broker.messages("T") if x.uniq_key == "job-1/row-0") == 2
+
+
+async def test_producer_deliver_time_send_result(broker):
+    broker.topics["T"] = 1
+    async with Producer("pg", broker.addr) as p:
+        t0 = int(time.time() * 1000)
+        r = await p.send(Message("T", b"later", keys="order-9", delay=1.5))
+        t1 = int(time.time() * 1000)
+        parked = broker.timer[r.msg_id]
+        assert t0 + 1500 <= parked["deliver_ms"] <= t1 + 1500
+        assert r.scheduled and r.deliver_ms == parked["deliver_ms"] and r.uniq_key == r.msg_id
+        assert r.queue_offset == 0 and r.offset_msg_id
+        assert "DELAY" not in parked["ext"].properties and broker.messages("T") == []
+        at = datetime.now(UTC) + timedelta(days=3)
+        r2 = await p.send(Message("T", b"at", deliver_at=at, uniq_key="my-handle"))
+        assert r2.uniq_key == "my-handle" and r2.deliver_ms == int(at.timestamp() * 1000)
+        with pytest.raises(InvalidMessage, match="batched"):
+            await p.send_batch([Message("T", b"x", delay=1)])
+        with pytest.raises(InvalidMessage, match="delay_level"):
+            await p.send(Message("T", b"x", delay=1, delay_level=2))
+
+
+async def test_admin_cancel_reschedule_pending(broker):
+    broker.topics["T"] = 1
+    async with Producer("pg", broker.addr) as p, Admin(broker.addr) as a:
+        base = int(time.time() * 1000) + 3_600_000
+        rs = [await p.send(Message("T", f"m{i}", keys=f"k{i} shared", tags="A" if i % 2 else "B",
+                                   deliver_at=base + i * 1000)) for i in range(6)]
+        # cancel by id
+        [c] = await a.cancel(rs[0].uniq_key)
+        assert isinstance(c, TimerOpResult) and c.outcome == TimerOutcome.CANCELLED
+        assert (c.msg_id, c.deliver_ms, c.topic, c.broker) == (rs[0].msg_id, base, "T", "broker-a")
+        assert c.deliver_at == datetime.fromtimestamp(base / 1000, UTC)
+        req = broker.requests[-1]
+        assert req.code == RequestCode.CHRONOMQ_CANCEL_SCHEDULED
+        assert req.ext_fields == {"id": rs[0].msg_id, "byKey": "false"}
+        [again] = await a.cancel(rs[0].uniq_key)
+        assert again.outcome == TimerOutcome.ALREADY_CANCELLED
+        [unknown] = await a.cancel("no-such-id")
+        assert unknown.outcome == TimerOutcome.UNKNOWN and unknown.msg_id == "no-such-id"
+        # reschedule by id, to a datetime and by a delay
+        new_at = datetime.fromtimestamp((base + 99_000) / 1000, UTC)
+        [r] = await a.reschedule(rs[1].msg_id, new_at)
+        assert r.outcome == TimerOutcome.RESCHEDULED and r.deliver_ms == base + 99_000
+        assert broker.requests[-1].ext_fields == {"id": rs[1].msg_id, "byKey": "false",
+                                                  "deliverMs": str(base + 99_000)}
+        t0 = int(time.time() * 1000)
+        [r] = await a.reschedule(rs[1].msg_id, delay=timedelta(hours=2))
+        assert t0 + 7_200_000 <= r.deliver_ms <= int(time.time() * 1000) + 7_200_000
+        # already delivered
+        broker.timer_deliver(rs[2].msg_id)
+        [d] = await a.reschedule(rs[2].msg_id, base)
+        assert d.outcome == TimerOutcome.ALREADY_DELIVERED and d.deliver_ms is not None
+        # by key: one result per matching message
+        res = await a.cancel("shared", by_key=True)
+        assert broker.requests[-1].ext_fields == {"id": "shared", "byKey": "true"}
+        assert sorted(x.outcome.value for x in res) == ["ALREADY_CANCELLED", "ALREADY_DELIVERED", "CANCELLED",
+                                                        "CANCELLED", "CANCELLED", "CANCELLED"]
+        # pending: send a few more, page through them
+        more = [await p.send(Message("T", f"n{i}", keys="page", tags="P", deliver_at=base + 10_000 + i))
+                for i in range(5)]
+        assert await a.pending_count() == 5
+        assert await a.pending_count(tag="P", start=base + 10_001, end=base + 10_003) == 3
+        assert broker.requests[-1].ext_fields == {"tag": "P", "startMs": str(base + 10_001),
+                                                  "endMs": str(base + 10_003), "countOnly": "true"}
+        page = await a.pending(topic="T", key="page", limit=2)
+        assert isinstance(page, PendingPage)
+        assert [x.msg_id for x in page.items] == [r.msg_id for r in more[:2]]
+        assert broker.requests[-1].ext_fields == {"topic": "T", "key": "page", "limit": "2"}
+        seen = [x.msg_id for x in page.items]
+        while page.next_cursor is not None:
+            page = await a.pending(topic="T", key="page", limit=2, cursor=page.next_cursor)
+            seen += [x.msg_id for x in page.items]
+        assert seen == [r.msg_id for r in more]
+        item = (await a.pending(start=datetime.fromtimestamp((base + 10_004) / 1000, UTC))).items
+        assert len(item) == 1 and item[0].deliver_ms == base + 10_004 and item[0].tags == "P"
+        assert item[0].keys == ["page"] and item[0].topic == "T" and item[0].body_size == 2
+        assert item[0].deliver_at == datetime.fromtimestamp((base + 10_004) / 1000, UTC)
+        assert item[0].broker == "broker-a"
+        # bad arguments are refused before anything is sent
+        n = len(broker.requests)
+        for call in (lambda: a.pending(limit=0), lambda: a.pending(limit=1001),
+                     lambda: a.pending(cursor="zz!"),
+                     lambda: a.pending(start=datetime(2030, 1, 1)), lambda: a.pending(start=5, end=4),
+                     lambda: a.pending(topic=""), lambda: a.cancel(""), lambda: a.reschedule("x"),
+                     lambda: a.reschedule("x", base, delay=1)):
+            with pytest.raises(ValueError):
+                await call()
+        with pytest.raises(InvalidMessage):
+            await a.reschedule("x", delay=-1)
+        assert len(broker.requests) == n
+
+
+async def test_admin_timer_ops_span_brokers(broker):
+    other = FakeBroker("broker-b")
+    await other.start()
+    broker.peers["broker-b"] = other.addr
+    try:
+        base = int(time.time() * 1000) + 600_000
+        for b, name in ((broker, "a"), (other, "b")):
+            b.topics["T"] = 1
+            async with Producer("pg", b.addr) as p:  # each fake is its own name server: one broker each
+                for i in range(3):
+                    await p.send(Message("T", f"{name}{i}", keys="k", uniq_key=f"{name}{i}",
+                                         deliver_at=base + i))
+        async with Admin(broker.addr) as a:
+            assert await a.pending_count(key="k") == 6
+            seen, cursor, pages = [], None, 0
+            while True:
+                page = await a.pending(key="k", limit=2, cursor=cursor)
+                seen += [(x.broker, x.msg_id) for x in page.items]
+                pages += 1
+                if page.next_cursor is None:
+                    break
+                cursor = page.next_cursor
+            assert seen == [("broker-a", "a0"), ("broker-a", "a1"), ("broker-a", "a2"),
+                            ("broker-b", "b0"), ("broker-b", "b1"), ("broker-b", "b2")]
+            assert pages <= 4
+            big = await a.pending(limit=1000)
+            assert len(big.items) == 6 and big.next_cursor is None
+            # an id lives on one broker: the other's UNKNOWN is dropped
+            [r] = await a.cancel("b1")
+            assert (r.outcome, r.broker) == (TimerOutcome.CANCELLED, "broker-b")
+            res = await a.reschedule("k", base + 5, by_key=True)
+            assert sorted((x.broker, x.msg_id, x.outcome.value) for x in res) == [
+                ("broker-a", "a0", "RESCHEDULED"), ("broker-a", "a1", "RESCHEDULED"),
+                ("broker-a", "a2", "RESCHEDULED"), ("broker-b", "b0", "RESCHEDULED"),
+                ("broker-b", "b1", "ALREADY_CANCELLED"), ("broker-b", "b2", "RESCHEDULED")]
+            [u] = await a.cancel("nothing")
+            assert u.outcome == TimerOutcome.UNKNOWN
+            gone = _encode_cursor_for_test("broker-z")
+            with pytest.raises(ValueError, match="broker-z"):
+                await a.pending(cursor=gone)
+    finally:
+        await other.stop()
+
+
+def _encode_cursor_for_test(broker_name: str) -> str:
+    from chronomq.client.admin import _encode_cursor
+    return _encode_cursor(broker_name, None)
+
+
+async def test_admin_timer_errors_are_typed(broker):
+    async with Admin(broker.addr) as a:
+        broker._h9002 = lambda cmd, w: cmd.response(ResponseCode.MESSAGE_ILLEGAL, remark="id too long")  # type: ignore[method-assign]
+        with pytest.raises(BrokerError, match="id too long"):
+            await a.cancel("x")
+        broker._h9003 = lambda cmd, w: cmd.response(body=b"not json")  # type: ignore[method-assign]
+        with pytest.raises(BrokerError, match="not JSON"):
+            await a.reschedule("x", 10**12 * 2)
+        broker._h9004 = lambda cmd, w: cmd.response(body=b'{"items": [{"msg_id": "x"}]}')  # type: ignore[method-assign]
+        with pytest.raises(BrokerError, match="malformed"):
+            await a.pending()
+        with pytest.raises(BrokerError, match="no count"):
+            await a.pending_count()
+        broker._h9002 = lambda cmd, w: cmd.response(body=json.dumps({"results": [  # type: ignore[method-assign]
+            {"outcome": "SOMETHING_NEW", "msg_id": "x", "deliver_ms": None, "topic": None}]}).encode())
+        [r] = await a.cancel("x")
+        assert r.outcome == "SOMETHING_NEW"  # an outcome this client does not know is passed through
+        broker._h9002 = None  # type: ignore[assignment]  # the fake answers REQUEST_CODE_NOT_SUPPORTED
+        with pytest.raises(NotSupported):  # a broker without the timer store (e.g. Apache RocketMQ)
+            await a.cancel("x")
+
+
+def test_blocking_admin_timer_ops():
+    loop = asyncio.new_event_loop()
+    b = FakeBroker()
+    ready = threading.Event()
+
+    def serve():
+        asyncio.set_event_loop(loop)
+        loop.run_until_complete(b.start())
+        ready.set()
+        loop.run_forever()
+
+    t = threading.Thread(target=serve)
+    t.start()
+    assert ready.wait(5)
+    try:
+        b.topics["T"] = 1
+        with Producer("pg", b.addr) as p, Admin(b.addr) as a:
+            r = p.send(Message("T", b"x", keys="bk", delay=timedelta(hours=1)))
+            assert r.scheduled
+            assert a.pending_count(topic="T") == 1
+            assert [x.msg_id for x in a.pending(key="bk").items] == [r.msg_id]
+            [res] = a.reschedule(r.msg_id, r.deliver_ms + 1)
+            assert res.outcome == TimerOutcome.RESCHEDULED and res.deliver_ms == r.deliver_ms + 1
+            [res] = a.cancel("bk", by_key=True)
+            assert res.outcome == TimerOutcome.CANCELLED
+            assert a.pending_count() == 0
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        t.join(5)
+        loop.close()

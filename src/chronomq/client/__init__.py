@@ -4,7 +4,7 @@ Asyncio at the core (``async with Producer(...) as p: await p.send(...)``), with
 scripts and Spark executors (``with Producer(...) as p: p.send(...)``). See docs/client.md.
 """
 
-from .admin import Admin, QueueProgress
+from .admin import Admin, PendingMessage, PendingPage, QueueProgress, TimerOpResult, TimerOutcome
 from .consumer import LATER, SUCCESS, ConsumeResult, PushConsumer, allocate_average
 from .errors import (
     BrokerBusy,
@@ -43,6 +43,8 @@ __all__ = [
     "NoRouteError",
     "NotPermitted",
     "NotSupported",
+    "PendingMessage",
+    "PendingPage",
     "Producer",
     "PullResult",
     "PullStatus",
@@ -54,6 +56,8 @@ __all__ = [
     "SendResult",
     "SendStatus",
     "SimpleConsumer",
+    "TimerOpResult",
+    "TimerOutcome",
     "TopicNotFound",
     "TopicRoute",
     "allocate_average",

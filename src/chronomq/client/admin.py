@@ -1,13 +1,18 @@
 """Admin: topics and routes, group progress and lag, message lookup by id and key, offset reset by
-timestamp, dead-letter redrive, chronomq delay statistics (request code 9001)."""
+timestamp, dead-letter redrive, chronomq delay statistics (request code 9001), and chronomq's timer
+store: cancel (9002), reschedule (9003) and the pending index (9004)."""
 
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
 import json
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from enum import StrEnum
 from typing import Any
 
 from chronomq import message as m
@@ -17,7 +22,7 @@ from . import ops
 from .blocking import SyncContextMixin
 from .errors import BrokerError, ClientClosed, ClientError, NoRouteError, error_for_code
 from .instance import ClientInstance
-from .model import Message, MessageQueue, ReceivedMessage, TopicRoute
+from .model import Message, MessageQueue, ReceivedMessage, TopicRoute, deliver_time_ms
 
 _SKIP_ON_REDRIVE = {m.PROPERTY_UNIQ_KEY, m.PROPERTY_WAIT_STORE_MSG_OK, m.PROPERTY_DELAY_TIME_LEVEL,
                     m.PROPERTY_REAL_TOPIC, m.PROPERTY_REAL_QUEUE_ID, m.PROPERTY_RETRY_TOPIC,
@@ -32,6 +37,130 @@ class QueueProgress:
     broker_offset: int          # max offset of the queue
     consumer_offset: int        # the group's committed offset (-1: none)
     lag: int                    # broker_offset - consumer_offset (all of the queue when none)
+
+
+class TimerOutcome(StrEnum):
+    """The definite answer of a cancel or reschedule (per matching message)."""
+
+    CANCELLED = "CANCELLED"                  # it will not be delivered; deliver_ms: when it would have been
+    RESCHEDULED = "RESCHEDULED"              # deliver_ms: the new deliver time
+    ALREADY_DELIVERED = "ALREADY_DELIVERED"  # too late: deliver_ms says when it was delivered
+    ALREADY_CANCELLED = "ALREADY_CANCELLED"  # deliver_ms: when it was cancelled
+    UNKNOWN = "UNKNOWN"                      # no pending, delivered or cancelled message has this id/key
+    FAILED = "FAILED"                        # the broker's store refused it for good: never delivered
+
+
+@dataclass(frozen=True, slots=True)
+class TimerOpResult:
+    """One message's outcome of Admin.cancel / Admin.reschedule. ``outcome`` is a TimerOutcome (or the
+    raw string of an outcome this client does not know); ``broker`` the broker name that answered."""
+
+    outcome: TimerOutcome | str
+    msg_id: str
+    deliver_ms: int | None = None
+    topic: str | None = None
+    broker: str | None = None
+
+    @property
+    def deliver_at(self) -> datetime | None:
+        return _to_datetime(self.deliver_ms)
+
+    @classmethod
+    def from_dict(cls, d: Any, broker: str) -> TimerOpResult:
+        if not isinstance(d, dict) or "outcome" not in d:
+            raise ValueError(f"not a timer result: {d!r}")
+        raw = str(d["outcome"])
+        try:
+            outcome: TimerOutcome | str = TimerOutcome(raw)
+        except ValueError:
+            outcome = raw
+        dms = d.get("deliver_ms")
+        topic = d.get("topic")
+        return cls(outcome, str(d.get("msg_id") or ""), None if dms is None else int(dms),
+                   None if topic is None else str(topic), broker)
+
+
+@dataclass(frozen=True, slots=True)
+class PendingMessage:
+    """A message waiting in a broker's timer store (Admin.pending)."""
+
+    msg_id: str                 # its UNIQ_KEY: the handle for cancel/reschedule
+    offset_msg_id: str          # the timer handle (also accepted by cancel/reschedule)
+    topic: str
+    queue_id: int
+    tags: str | None
+    keys: list[str]
+    deliver_ms: int
+    created_ms: int
+    body_size: int
+    broker: str
+
+    @property
+    def deliver_at(self) -> datetime:
+        return datetime.fromtimestamp(self.deliver_ms / 1000, UTC)
+
+    @classmethod
+    def from_dict(cls, d: Any, broker: str) -> PendingMessage:
+        if not isinstance(d, dict):
+            raise ValueError(f"not a pending message: {d!r}")
+        keys = d.get("keys") or []
+        return cls(str(d["msg_id"]), str(d.get("offset_msg_id") or ""), str(d["topic"]),
+                   int(d.get("queue_id", 0)), None if d.get("tags") is None else str(d["tags"]),
+                   [str(k) for k in keys], int(d["deliver_ms"]), int(d.get("created_ms", 0)),
+                   int(d.get("body_size", 0)), broker)
+
+
+@dataclass(frozen=True, slots=True)
+class PendingPage:
+    """One page of Admin.pending. Pass ``next_cursor`` back as ``cursor=`` for the next page; it is None
+    when there is nothing more. A page may hold fewer than ``limit`` items and still have a next one
+    (a broker examines a bounded number of index entries per request)."""
+
+    items: list[PendingMessage] = field(default_factory=list)
+    next_cursor: str | None = None
+
+
+def _to_datetime(ms: int | None) -> datetime | None:
+    return None if ms is None else datetime.fromtimestamp(ms / 1000, UTC)
+
+
+def _window_ms(value: datetime | int | None, name: str) -> int | None:
+    """A query bound: timezone-aware datetime or epoch ms (any non-negative int) -> epoch ms."""
+    if value is None:
+        return None
+    if isinstance(value, datetime):
+        if value.tzinfo is None or value.utcoffset() is None:
+            raise ValueError(f"{name} must be a timezone-aware datetime (or epoch ms)")
+        return (value - datetime(1970, 1, 1, tzinfo=UTC)) // timedelta(milliseconds=1)
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    raise ValueError(f"{name} must be a timezone-aware datetime or epoch ms >= 0, not {value!r}")
+
+
+def _encode_cursor(broker: str, cursor: str | None) -> str:
+    raw = json.dumps([broker, cursor or ""], separators=(",", ":")).encode()
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def _decode_cursor(cursor: str) -> tuple[str, str | None]:
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
+        broker, inner = json.loads(raw)
+        if not isinstance(broker, str) or not isinstance(inner, str):
+            raise ValueError
+    except (ValueError, TypeError, binascii.Error, UnicodeDecodeError):
+        raise ValueError(f"cursor {cursor!r} is not a cursor returned by Admin.pending") from None
+    return broker, inner or None
+
+
+def _json_body(body: bytes, what: str, addr: str) -> dict[str, Any]:
+    try:
+        data = json.loads(body) if body else {}
+    except (ValueError, UnicodeDecodeError) as e:
+        raise BrokerError(f"{what}: {addr} answered a body that is not JSON: {e}") from None
+    if not isinstance(data, dict):
+        raise BrokerError(f"{what}: {addr} answered {type(data).__name__}, not a JSON object")
+    return data
 
 
 class Admin(SyncContextMixin):
@@ -263,3 +392,129 @@ class Admin(SyncContextMixin):
                 addr, self._instance.request(RequestCode.CHRONOMQ_DELAY_STATS), what=f"delay stats of {name}")
             out[name] = json.loads(resp.body) if resp.body else {}
         return out
+
+    # --- chronomq timer store: cancel, reschedule, pending --------------------------------------------
+    async def _masters(self) -> list[tuple[str, str]]:
+        table = await self.brokers()
+        out = [(name, table[name][0]) for name in sorted(table) if table[name].get(0)]
+        if not out:
+            raise NoRouteError("the name server knows no master broker")
+        return out
+
+    async def _timer_op(self, code: int, ext: dict[str, str], what: str) -> list[TimerOpResult]:
+        found: list[TimerOpResult] = []
+        unknown: list[TimerOpResult] = []
+        for name, addr in await self._masters():
+            resp = await self._instance.invoke_ok(addr, self._instance.request(code, ext), what=what)
+            data = _json_body(resp.body, what, addr)
+            try:
+                results = [TimerOpResult.from_dict(d, name) for d in data.get("results") or []]
+            except (KeyError, TypeError, ValueError) as e:
+                raise BrokerError(f"{what}: {addr} answered a malformed result: {e}") from None
+            for r in results:
+                (unknown if r.outcome == TimerOutcome.UNKNOWN else found).append(r)
+        if found:
+            return found
+        return unknown[:1] or [TimerOpResult(TimerOutcome.UNKNOWN, ext["id"])]
+
+    @staticmethod
+    def _check_ident(ident: str) -> str:
+        if not isinstance(ident, str) or not ident or "\x01" in ident or "\x02" in ident:
+            raise ValueError(f"a message id or key must be a non-empty str, got {ident!r}")
+        return ident
+
+    async def cancel(self, msg_id: str, by_key: bool = False) -> list[TimerOpResult]:
+        """Cancel a message waiting in the timer store (sent with deliver_at/delay), by its id
+        (SendResult.uniq_key / msg_id, or its offset_msg_id) or, with ``by_key=True``, every pending
+        message with that key (a word of KEYS). Returns one definite result per matching message:
+        CANCELLED, ALREADY_DELIVERED, ALREADY_CANCELLED, FAILED, or a single UNKNOWN when nothing
+        matched on any broker."""
+        ext = {"id": self._check_ident(msg_id), "byKey": "true" if by_key else "false"}
+        return await self._timer_op(RequestCode.CHRONOMQ_CANCEL_SCHEDULED, ext, f"cancel {msg_id!r}")
+
+    async def reschedule(self, msg_id: str, deliver_at: datetime | int | None = None, by_key: bool = False,
+                         *, delay: timedelta | float | None = None) -> list[TimerOpResult]:
+        """Move a pending message (or, ``by_key=True``, every pending message with that key) to a new
+        deliver time: ``deliver_at`` (timezone-aware datetime or epoch ms) or ``delay`` (timedelta or
+        seconds from now). Results: RESCHEDULED (deliver_ms = the new time), ALREADY_DELIVERED,
+        ALREADY_CANCELLED, FAILED, or a single UNKNOWN."""
+        if (deliver_at is None) == (delay is None):
+            raise ValueError("give deliver_at or delay (exactly one)")
+        deliver_ms = deliver_time_ms(deliver_at, delay)
+        ext = {"id": self._check_ident(msg_id), "byKey": "true" if by_key else "false",
+               "deliverMs": str(deliver_ms)}
+        return await self._timer_op(RequestCode.CHRONOMQ_RESCHEDULE, ext, f"reschedule {msg_id!r}")
+
+    @staticmethod
+    def _pending_ext(topic: str | None, key: str | None, tag: str | None, start: datetime | int | None,
+                     end: datetime | int | None) -> dict[str, str]:
+        ext: dict[str, str] = {}
+        for name, v in (("topic", topic), ("key", key), ("tag", tag)):
+            if v is not None:
+                if not isinstance(v, str) or not v:
+                    raise ValueError(f"{name} must be a non-empty str, got {v!r}")
+                ext[name] = v
+        s, e = _window_ms(start, "start"), _window_ms(end, "end")
+        if s is not None:
+            ext["startMs"] = str(s)
+        if e is not None:
+            ext["endMs"] = str(e)
+        if s is not None and e is not None and e < s:
+            raise ValueError(f"end ({e}) is before start ({s})")
+        return ext
+
+    async def pending(self, topic: str | None = None, key: str | None = None, tag: str | None = None,
+                      start: datetime | int | None = None, end: datetime | int | None = None,
+                      limit: int = 100, cursor: str | None = None) -> PendingPage:
+        """One page of the messages waiting in the brokers' timer stores, ordered by broker then deliver
+        time, filtered by topic, key (a word of KEYS or the id), tag and a deliver-time window
+        [start, end] (timezone-aware datetimes or epoch ms). ``limit``: 1..1000 items per page; pass the
+        page's ``next_cursor`` back as ``cursor`` for the next one."""
+        if not isinstance(limit, int) or isinstance(limit, bool) or not 1 <= limit <= 1000:
+            raise ValueError(f"limit must be an int within 1..1000, got {limit!r}")
+        base = self._pending_ext(topic, key, tag, start, end)
+        bname, inner = _decode_cursor(cursor) if cursor is not None else (None, None)
+        masters = await self._masters()
+        names = [n for n, _ in masters]
+        first = 0
+        if bname is not None:
+            if bname not in names:
+                raise ValueError(f"the cursor names broker {bname!r}, which is not in the cluster "
+                                 f"({', '.join(names)})")
+            first = names.index(bname)
+        items: list[PendingMessage] = []
+        for i in range(first, len(masters)):
+            name, addr = masters[i]
+            if len(items) >= limit:
+                return PendingPage(items, _encode_cursor(name, None))
+            ext = dict(base, limit=str(limit - len(items)))
+            if i == first and inner:
+                ext["cursor"] = inner
+            what = f"pending messages of {name}"
+            resp = await self._instance.invoke_ok(
+                addr, self._instance.request(RequestCode.CHRONOMQ_QUERY_PENDING, ext), what=what)
+            data = _json_body(resp.body, what, addr)
+            try:
+                items.extend(PendingMessage.from_dict(d, name) for d in data.get("items") or [])
+            except (KeyError, TypeError, ValueError) as e:
+                raise BrokerError(f"{what}: {addr} answered a malformed item: {e}") from None
+            nxt = data.get("next_cursor")
+            if nxt:
+                return PendingPage(items, _encode_cursor(name, str(nxt)))
+        return PendingPage(items, None)
+
+    async def pending_count(self, topic: str | None = None, key: str | None = None, tag: str | None = None,
+                            start: datetime | int | None = None, end: datetime | int | None = None) -> int:
+        """How many messages wait in the brokers' timer stores (same filters as ``pending``)."""
+        ext = dict(self._pending_ext(topic, key, tag, start, end), countOnly="true")
+        total = 0
+        for name, addr in await self._masters():
+            what = f"pending count of {name}"
+            resp = await self._instance.invoke_ok(
+                addr, self._instance.request(RequestCode.CHRONOMQ_QUERY_PENDING, ext), what=what)
+            data = _json_body(resp.body, what, addr)
+            try:
+                total += int(data["count"])
+            except (KeyError, TypeError, ValueError):
+                raise BrokerError(f"{what}: {addr} answered no count: {data!r}"[:500]) from None
+        return total

@@ -4,10 +4,11 @@ TopicRoute (name-server route data, protocol.md section 4)."""
 from __future__ import annotations
 
 import json
+import math
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from typing import Any
 
@@ -40,8 +41,11 @@ class Message:
     ``body``: bytes (str is UTF-8 encoded). ``keys``: one key or several (stored space separated; query
     them with Admin.query_messages). ``tags``: one tag (consumers filter with ``"tagA || tagB"``).
     ``delay_level``: RocketMQ 4.x delay level (1..18: 1s 5s 10s 30s 1m ... 2h by default).
-    ``deliver_at`` / ``delay``: a delivery time (datetime or epoch ms) or a delay (timedelta or seconds);
-    they need the broker's arbitrary-time timer (a later issue) and are refused until it lands.
+    ``deliver_at`` / ``delay``: deliver at a time (timezone-aware datetime, or epoch ms) or after a delay
+    (timedelta or seconds, counted from the send), to the millisecond: sent as ``TIMER_DELIVER_MS`` (the
+    RocketMQ 5.x timer property, which chronomq's timer store reads). Not together with delay_level.
+    ``uniq_key``: the message id (UNIQ_KEY) to use instead of a generated one (non-empty, at most 128
+    chars, no \\x01/\\x02), e.g. a deterministic id so a retried writer re-sends the same ids.
     """
 
     topic: str
@@ -53,6 +57,7 @@ class Message:
     deliver_at: datetime | int | None = None
     delay: timedelta | float | None = None
     flag: int = 0
+    uniq_key: str | None = None
 
     def body_bytes(self) -> bytes:
         if isinstance(self.body, str):
@@ -86,6 +91,8 @@ class Message:
             raise InvalidMessage(f"invalid tags {self.tags!r}")
         if not self.body_bytes():
             raise InvalidMessage("the message body is empty")
+        if self.uniq_key is not None:
+            validate_uniq_key(self.uniq_key)
 
     def wire_properties(self) -> dict[str, str]:
         """The properties as sent on the wire (without UNIQ_KEY/WAIT, which the producer adds)."""
@@ -105,37 +112,87 @@ class Message:
         return props
 
     def _deliver_time_properties(self) -> dict[str, str]:
-        """Hook for arbitrary delivery times (deliver_at / delay). The broker's timer (a later issue) will
-        read ``TIMER_DELIVER_MS``; until it exists a deliver time would be silently ignored, so refuse."""
+        """``TIMER_DELIVER_MS`` (epoch ms) for deliver_at / delay; nothing when neither is given."""
         if self.deliver_at is None and self.delay is None:
             return {}
         if self.deliver_at is not None and self.delay is not None:
             raise InvalidMessage("give deliver_at or delay, not both")
         if self.delay_level:
             raise InvalidMessage("give delay_level or deliver_at/delay, not both")
-        deliver_ms = deliver_time_ms(self.deliver_at, self.delay)
-        raise InvalidMessage(
-            f"deliver_at/delay (deliver at epoch ms {deliver_ms}) need the broker's arbitrary-time timer, "
-            "which is not available yet; use delay_level=1..18")
+        clash = sorted(k for k in (self.properties or {}) if k in TIMER_PROPERTIES)
+        if clash:
+            raise InvalidMessage(f"give deliver_at/delay or the property {clash[0]!r}, not both")
+        return {m.PROPERTY_TIMER_DELIVER_MS: str(deliver_time_ms(self.deliver_at, self.delay))}
+
+    def deliver_ms(self, now_ms: int | None = None) -> int | None:
+        """The deliver time this message asks for (epoch ms), or None (a delay counts from ``now_ms``,
+        by default the current time)."""
+        if self.deliver_at is None and self.delay is None:
+            return None
+        return deliver_time_ms(self.deliver_at, self.delay, now_ms)
+
+
+# the properties through which RocketMQ producers ask for a deliver time (chronomq reads all four)
+TIMER_PROPERTIES = (m.PROPERTY_TIMER_DELIVER_MS, m.PROPERTY_TIMER_DELAY_SEC, m.PROPERTY_TIMER_DELAY_MS,
+                    m.PROPERTY_STARTDELIVERTIME)
+
+# an epoch-ms value below this (March 1973) is almost certainly epoch *seconds*; the broker would read it
+# as seconds, so the client refuses it instead of guessing
+MIN_EPOCH_MS = 10**11
+MAX_UNIQ_KEY_LENGTH = 128
+
+
+def validate_uniq_key(key: object) -> str:
+    """A caller-chosen message id (UNIQ_KEY): a non-empty str of at most 128 chars without \\x01/\\x02."""
+    if not isinstance(key, str):
+        raise InvalidMessage(f"uniq_key must be a str, not {type(key).__name__}")
+    if not key:
+        raise InvalidMessage("uniq_key must not be empty")
+    if len(key) > MAX_UNIQ_KEY_LENGTH:
+        raise InvalidMessage(f"uniq_key is {len(key)} chars, more than {MAX_UNIQ_KEY_LENGTH}")
+    if "\x01" in key or "\x02" in key:
+        raise InvalidMessage("uniq_key must not contain \\x01 or \\x02")
+    return key
 
 
 def deliver_time_ms(deliver_at: datetime | int | None, delay: timedelta | float | None,
                     now_ms: int | None = None) -> int:
-    """Epoch ms for a deliver_at (datetime or epoch ms) or a delay (timedelta or seconds)."""
+    """Epoch ms for a deliver_at (timezone-aware datetime, or epoch ms) or a delay (timedelta or seconds,
+    counted from ``now_ms``, by default the current time). A delay is rounded up to the millisecond so
+    the deliver time is never earlier than asked. Raises InvalidMessage for anything else."""
     if deliver_at is not None:
         if isinstance(deliver_at, datetime):
-            if deliver_at.tzinfo is None:
-                raise InvalidMessage("deliver_at must be timezone-aware (e.g. datetime.now(timezone.utc))")
-            return int(deliver_at.timestamp() * 1000)
+            if deliver_at.tzinfo is None or deliver_at.utcoffset() is None:
+                raise InvalidMessage("deliver_at must be a timezone-aware datetime (e.g. "
+                                     "datetime.now(timezone.utc) + timedelta(minutes=5)); a naive "
+                                     "datetime is ambiguous")
+            ms = (deliver_at - _EPOCH) // timedelta(milliseconds=1)
+            if ms < 0:
+                raise InvalidMessage(f"deliver_at {deliver_at.isoformat()} is before 1970")
+            return ms
         if isinstance(deliver_at, int) and not isinstance(deliver_at, bool):
+            if deliver_at < MIN_EPOCH_MS:
+                raise InvalidMessage(f"deliver_at={deliver_at} is not epoch milliseconds (it would be before "
+                                     "1973: epoch seconds?); pass epoch ms or a datetime")
             return deliver_at
-        raise InvalidMessage(f"deliver_at must be a datetime or epoch ms, not {deliver_at!r}")
-    assert delay is not None
-    seconds = delay.total_seconds() if isinstance(delay, timedelta) else float(delay)
-    if seconds < 0:
-        raise InvalidMessage("delay must be >= 0")
+        raise InvalidMessage(f"deliver_at must be a datetime or epoch ms (int), not {deliver_at!r}")
+    if delay is None:
+        raise InvalidMessage("give deliver_at or delay")
+    if isinstance(delay, timedelta):
+        ms_f = delay / timedelta(milliseconds=1)
+    elif isinstance(delay, int | float) and not isinstance(delay, bool):
+        ms_f = float(delay) * 1000
+    else:
+        raise InvalidMessage(f"delay must be a timedelta or seconds (int/float), not {delay!r}")
+    if not math.isfinite(ms_f):
+        raise InvalidMessage(f"delay must be finite, got {delay!r}")
+    if ms_f < 0:
+        raise InvalidMessage(f"delay must be >= 0, got {delay!r}")
     base = now_ms if now_ms is not None else int(time.time() * 1000)
-    return base + int(seconds * 1000)
+    return base + math.ceil(ms_f)
+
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 class SendStatus(StrEnum):
@@ -147,9 +204,16 @@ class SendStatus(StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class SendResult:
-    """``msg_id`` is the client message id (UNIQ_KEY, what consumers see as ``id``); ``offset_msg_id``
-    the broker's id (store host + commit-log offset, for Admin.get_message). For a batch, the ids of
-    every message, comma-joined, and ``queue_offset`` is the first message's offset."""
+    """``msg_id`` is the client message id (UNIQ_KEY, what consumers see as ``id``; ``Message.uniq_key``
+    when given); ``offset_msg_id`` the broker's id (store host + commit-log offset, for
+    Admin.get_message). For a batch, the ids of every message, comma-joined, and ``queue_offset`` is the
+    first message's offset.
+
+    A message sent with ``deliver_at``/``delay`` is parked in chronomq's timer store until its time:
+    ``deliver_ms`` is the deliver time the broker scheduled (epoch ms; None when the broker did not say,
+    e.g. an Apache broker), ``uniq_key`` the handle the broker returned for Admin.cancel/reschedule (the
+    UNIQ_KEY; for other sends the UNIQ_KEY sent), ``offset_msg_id`` a timer handle (also accepted by
+    cancel/reschedule) and ``queue_offset`` 0 (the message is stored in its queue when delivered)."""
 
     msg_id: str
     offset_msg_id: str
@@ -157,6 +221,13 @@ class SendResult:
     queue_offset: int
     status: SendStatus = SendStatus.OK
     msg_ids: tuple[str, ...] = ()
+    uniq_key: str | None = None
+    deliver_ms: int | None = None
+
+    @property
+    def scheduled(self) -> bool:
+        """True when the broker parked the message in its timer store (it answered a deliver time)."""
+        return self.deliver_ms is not None
 
     @property
     def topic(self) -> str:

@@ -189,7 +189,7 @@ class Producer(SyncContextMixin):
         msg.validate()
         body = msg.body_bytes()
         props = msg.wire_properties()
-        uniq = self._ids.next()
+        uniq = msg.uniq_key if msg.uniq_key is not None else self._ids.next()
         props[m.PROPERTY_UNIQ_KEY] = uniq
         props[m.PROPERTY_WAIT_STORE_MSG_OK] = "true"
         sys_flag = 0
@@ -302,9 +302,18 @@ class Producer(SyncContextMixin):
             qid = resp.ext_int("queueId", mq.queue_id)
         except ValueError:
             offset, qid = -1, mq.queue_id
+        deliver_ms: int | None
+        try:
+            deliver_ms = resp.ext_int("deliverMs", -1)
+        except ValueError:
+            deliver_ms = -1
+        if deliver_ms < 0:
+            deliver_ms = None
+        uniq = resp.ext_str("uniqKey") or (msg_ids[0] if len(msg_ids) == 1 else None)
         queue = MessageQueue(mq.topic, mq.broker_name, qid)
         return SendResult(msg_id=",".join(msg_ids), offset_msg_id=resp.ext_str("msgId", "") or "",
-                          queue=queue, queue_offset=offset, status=status, msg_ids=tuple(msg_ids))
+                          queue=queue, queue_offset=offset, status=status, msg_ids=tuple(msg_ids),
+                          uniq_key=uniq, deliver_ms=deliver_ms)
 
     async def send(self, message: Message, *, timeout: float | None = None,
                    selector: QueueSelector | None = None, arg: Any = None,
@@ -348,7 +357,7 @@ class Producer(SyncContextMixin):
                 raise InvalidMessage("batched messages cannot be delayed; send them one by one")
             msg.validate()
             props = msg.wire_properties()
-            uniq = self._ids.next()
+            uniq = msg.uniq_key if msg.uniq_key is not None else self._ids.next()
             props[m.PROPERTY_UNIQ_KEY] = uniq
             props[m.PROPERTY_WAIT_STORE_MSG_OK] = "true"
             body = msg.body_bytes()
