@@ -6,7 +6,8 @@ RocketMQ 4.x delayed messages use fixed delay levels (``messageDelayLevel``). It
 other delays is to configure the level table, so the bench runs the broker with 1 s steps up to 40 s and
 coarser levels up to 2 h (LEVELS below); each message takes the smallest level that reaches its intended
 due time, and its real due time (send time + level delay) is what lateness is measured against. When the
-client accepts arbitrary delivery times (``Message(deliver_at=...)``, the timer issue), they are used
+broker honours arbitrary delivery times (``Message(deliver_at=...)``, the timer issue: probed at start
+with one message, since the client may send the property before the broker acts on it), they are used
 instead."""
 
 from __future__ import annotations
@@ -14,13 +15,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from .base import Consumer, PayloadFn, Peer, Producer, Sink
 from .procs import PeerUnavailable
-from .workloads import now_ms, quantize_to_level
+from .workloads import Recorder, make_payload, now_ms, quantize_to_level
 
 REPO = Path(__file__).resolve().parents[2]
 LEVELS = " ".join([f"{s}s" for s in range(1, 41)] + ["50s", "1m", "2m", "5m", "10m", "30m", "1h", "2h"])
@@ -129,6 +131,7 @@ class ChronomqPeer(Peer):
         self.durability = f"flushDiskType={flush}"
         self.proc: Any = None
         self._admin: Any = None
+        self.timer_probe: dict[str, Any] | None = None
 
     def check(self) -> None:
         _client()
@@ -138,7 +141,7 @@ class ChronomqPeer(Peer):
             from tests.compat.harness import ChronomqProcess  # noqa: F401
         except ImportError as e:
             raise PeerUnavailable(f"tests/compat/harness.py (ChronomqProcess) is not importable: {e}") from e
-        self.levels_ms = None if supports_deliver_at() else _levels_ms()
+        self.levels_ms = _levels_ms()  # until start() has probed the broker's timer
 
     def version(self) -> str:
         try:
@@ -159,11 +162,41 @@ class ChronomqPeer(Peer):
         from tests.compat.harness import ChronomqProcess
 
         self.workdir.mkdir(parents=True, exist_ok=True)
-        overrides = {"flushDiskType": self.flush}
-        if self.levels_ms is not None:
-            overrides["messageDelayLevel"] = LEVELS
+        overrides = {"flushDiskType": self.flush, "messageDelayLevel": LEVELS}
         self.proc = ChronomqProcess(self.data_dir, overrides)
         self.proc.start(timeout=60)
+        self.levels_ms = _levels_ms()
+        self.timer_probe = {"client_supports_deliver_at": supports_deliver_at()}
+        if self.timer_probe["client_supports_deliver_at"]:
+            self.timer_probe.update(self._probe_timer())
+            if self.timer_probe.get("honoured"):
+                self.levels_ms = None
+
+    def _probe_timer(self, delay_ms: int = 1_500) -> dict[str, Any]:
+        """Does the broker honour ``deliver_at`` (the timer), or deliver such a message at once? The
+        client may know the property before the broker does, so ask the broker: one message due in
+        1.5 s, received early = not honoured (the bench then uses delay levels)."""
+        rec = Recorder("probe", "probe")
+        consumer = self.consumer("cmp_timer_probe", rec.sink)
+        try:
+            producer = ChronomqProducer(self.namesrv, "cmp_timer_probe",
+                                        lambda seq, due: make_payload("probe", "probe", seq, due), None)
+            try:
+                due = producer.schedule([(0, now_ms() + delay_ms)])[0]
+            finally:
+                producer.close()
+            got = rec.wait_for(1, time.monotonic() + delay_ms / 1000 + 10)
+        finally:
+            consumer.close()
+        s = rec.summary({0: due})
+        return {"received": got, "lateness_ms": s["max_ms"], "honoured": got and s["early_receipts"] == 0}
+
+    def describe(self) -> dict[str, Any]:
+        d = super().describe()
+        d["delay_mode"] = "delay levels (messageDelayLevel)" if self.levels_ms is not None else \
+            "deliver_at (timer)"
+        d["timer_probe"] = self.timer_probe
+        return d
 
     @property
     def namesrv(self) -> str:

@@ -157,6 +157,8 @@ def footer_lines(results: dict[str, Any]) -> list[str]:
         d = results["systems"][s]
         desc = d.get("system", {})
         line = f"{desc.get('label', s)}: {desc.get('durability', '')}; client {desc.get('client', '')}"
+        if desc.get("delay_mode"):
+            line += f"; delays: {desc['delay_mode']}"
         if desc.get("version"):
             line += f"; {desc['version']}"
         if d.get("status") != "ok":
@@ -288,6 +290,8 @@ def readme_section(results: dict[str, Any]) -> str:
         d = results["systems"][s]
         desc = d.get("system", {})
         line = f"- {desc.get('label', s)}: {desc.get('durability', '')}; {desc.get('client', '')}"
+        if desc.get("delay_mode"):
+            line += f"; delays: {desc['delay_mode']}"
         if desc.get("version"):
             line += f"; {desc['version']}"
         if d.get("status") != "ok":

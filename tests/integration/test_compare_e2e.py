@@ -27,6 +27,10 @@ def test_tiny_run_against_chronomq(tmp_path: Path) -> None:
     cmq = res["systems"]["chronomq_async"]
     assert cmq["status"] == "ok", cmq.get("reason")
     w = cmq["workloads"]
+    # the broker was asked whether it honours deliver_at; the bench uses it only if it does
+    probe = cmq["system"]["timer_probe"]
+    assert cmq["system"]["delay_mode"] == ("deliver_at (timer)" if probe.get("honoured")
+                                           else "delay levels (messageDelayLevel)")
     errors = {k: v["error"] for k, v in w.items() if "error" in v}
     assert not errors, (errors, "\n".join(logs))
     plan = res["meta"]["plan"]
