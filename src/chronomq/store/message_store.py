@@ -909,6 +909,8 @@ class MessageStore:
                 seg, nxt = segs[0], segs[1]
                 if nxt.start >= cl.wrote:
                     break  # seg is the one being written
+                if seg.end > self._dispatched:
+                    break  # its queue entries are not built yet: they would point into a deleted file
                 if not disk_full:
                     newest = cl.store_time_at(nxt.start)  # >= every store time inside seg
                     if newest is None or newest + reserved_ms > now:
