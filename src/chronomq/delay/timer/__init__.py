@@ -28,8 +28,9 @@ proportional to it. Everything per message lives on disk; memory holds at most t
   CANCELLED, FAILED), generation, deliver_ms, done_ms, created_ms, origin, done_seq, payload crc,
   topic id`` followed by the message in RocketMQ's stored V1 record layout (message.encode_record).
   The message's bytes are *copied here*, so a long delay never pins commit-log segments; the store's
-  commit log only ever sees the delivered copy. State, generation and deliver time are updated in
-  place (pwrite). Written with positional I/O, not mmap, so resident memory stays flat.
+  commit log only ever sees the delivered copy. Appended with pwrite; state, generation and deliver
+  time are updated in place through a shared mapping whose pages are dropped from the page tables
+  every 64 updates (``SegmentedFile.patch``), so resident memory stays flat.
 * ``index/<20-digit start>``: append-only segments of 48-byte index entries ``deliver_ms, data
   position, prev entry + 1, slot, generation, topic id, record size, crc32``: one per schedule and one
   per reschedule. An entry is live only while its generation equals the record's (a reschedule bumps

@@ -80,8 +80,8 @@ class SegmentedFile:
     def patch(self, pos: int, data: bytes) -> None:
         """Overwrite a few bytes in place. Through a shared mapping: a pwrite would update the file's
         mtime (an inode journal transaction) on every call, which costs ~50-100 us on ext4 under load;
-        a store into mapped memory does not. Mappings are dropped every 4,096 patches so the pages
-        touched never accumulate in the process's resident set."""
+        a store into mapped memory does not. The mapped pages are dropped from the page tables every
+        64 patches so they never accumulate in the process's resident set."""
         start = self.seg_start(pos)
         off = pos - start
         mm = self._maps.get(start)
@@ -98,8 +98,12 @@ class SegmentedFile:
         mm[off : off + len(data)] = data
         self._dirty.add(start)
         self._patches += 1
-        if self._patches >= 4096:
-            self.release_maps()
+        if self._patches >= 64:
+            # A write fault can map a whole large folio (up to MBs of the file); dropping the page
+            # table entries (the dirty data stays in the page cache) keeps RSS flat, for < 1 us a patch.
+            for m in self._maps.values():
+                m.madvise(mmap.MADV_DONTNEED)
+            self._patches = 0
 
     def release_maps(self) -> None:
         for mm in self._maps.values():
