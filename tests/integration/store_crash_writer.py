@@ -24,7 +24,8 @@ def body_for(uniq: str) -> bytes:
 def main() -> None:
     root, run, threads, per_thread = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
     cfg = BrokerConfig(storePathRootDir=root, flushDiskType="SYNC_FLUSH", mappedFileSizeCommitLog=1 << 20,
-                       mappedFileSizeConsumeQueue=20 * 1000, maxHashSlotNum=1024, maxIndexNum=4096)
+                       mappedFileSizeConsumeQueue=20 * 1000, maxHashSlotNum=1024, maxIndexNum=4096,
+                       diskMaxUsedSpaceRatio=95)
     store = MessageStore(cfg, SystemClock())
     store.start()
     out_lock = threading.Lock()

@@ -49,7 +49,8 @@ def run_and_kill(root: Path, run: int, acks_wanted: int) -> set[str]:
 
 def verify(root: Path, acked: set[str]) -> int:
     cfg = BrokerConfig(storePathRootDir=str(root), mappedFileSizeCommitLog=1 << 20,
-                       mappedFileSizeConsumeQueue=20 * 1000, maxHashSlotNum=1024, maxIndexNum=4096)
+                       mappedFileSizeConsumeQueue=20 * 1000, maxHashSlotNum=1024, maxIndexNum=4096,
+                       diskMaxUsedSpaceRatio=95)
     store = MessageStore(cfg, SystemClock())
     store.start()
     try:

@@ -861,9 +861,11 @@ class MessageStore:
 
     # ================================================================================= clean
     def _disk_usage_ratio(self) -> float:
+        """Like df's Use%: used / (used + available to unprivileged users)."""
         st = os.statvfs(self.root)
-        total = st.f_blocks * st.f_frsize
-        return 0.0 if total == 0 else 1.0 - (st.f_bavail * st.f_frsize) / total
+        used = (st.f_blocks - st.f_bfree) * st.f_frsize
+        usable = used + st.f_bavail * st.f_frsize
+        return 0.0 if usable <= 0 else used / usable
 
     def _clean_loop(self) -> None:
         interval = self.config.cleanResourceInterval
