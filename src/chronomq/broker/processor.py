@@ -123,6 +123,7 @@ class BrokerProcessor:
         self.clock = ctrl.clock
         self._filters: dict[str, TagFilter] = {}
         self._valid_topics: set[str] = set()
+        self._checked: dict[int, RemotingCommand] = {}  # PULLs found empty inline, now being held
         self._posted: list[Callable[[], None]] = []
         self._posted_lock = threading.Lock()
         self._sync: dict[int, Callable[[RemotingCommand, Connection], RemotingCommand | None]] = {
@@ -453,6 +454,7 @@ class BrokerProcessor:
     def pull_message(self, req: RemotingCommand, conn: Connection) -> RemotingCommand | None:
         resp, may_hold = self._pull_once(req)
         if may_hold and req.ext_int("sysFlag", 0) & PULL_FLAG_SUSPEND and self.config.longPollingEnable:
+            self._checked[id(req)] = resp  # the held path starts by waiting (req lives until answered)
             return None  # hold it: handle() -> pull_message_held
         self._pull_commit(req)
         return resp
@@ -465,8 +467,12 @@ class BrokerProcessor:
         suspend = min(max(0, req.ext_int("suspendTimeoutMillis", 15_000)), MAX_SUSPEND_MS)
         deadline = self.clock.now_ms() + suspend
         hold = self.ctrl.hold
+        first = self._checked.pop(id(req), None)
         while True:
-            resp, may_hold = self._pull_once(req)
+            if first is not None:
+                resp, may_hold, first = first, True, None
+            else:
+                resp, may_hold = self._pull_once(req)
             if not may_hold or self.ctrl.stopping or self.clock.now_ms() >= deadline:
                 return resp
             arrived = await hold.wait(
