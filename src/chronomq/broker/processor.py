@@ -454,6 +454,8 @@ class BrokerProcessor:
     def pull_message(self, req: RemotingCommand, conn: Connection) -> RemotingCommand | None:
         resp, may_hold = self._pull_once(req)
         if may_hold and req.ext_int("sysFlag", 0) & PULL_FLAG_SUSPEND and self.config.longPollingEnable:
+            if len(self._checked) > 10_000:  # entries of tasks cancelled before they ran; harmless to drop
+                self._checked.clear()
             self._checked[id(req)] = resp  # the held path starts by waiting (req lives until answered)
             return None  # hold it: handle() -> pull_message_held
         self._pull_commit(req)
