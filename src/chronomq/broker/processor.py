@@ -123,7 +123,8 @@ class BrokerProcessor:
         self.clock = ctrl.clock
         self._filters: dict[str, TagFilter] = {}
         self._valid_topics: set[str] = set()
-        self._checked: dict[int, RemotingCommand] = {}  # PULLs found empty inline, now being held
+        # PULLs found empty inline, now being held (the request is kept so its id cannot be reused)
+        self._checked: dict[int, tuple[RemotingCommand, RemotingCommand]] = {}
         self._posted: list[Callable[[], None]] = []
         self._posted_lock = threading.Lock()
         self._sync: dict[int, Callable[[RemotingCommand, Connection], RemotingCommand | None]] = {
@@ -456,7 +457,7 @@ class BrokerProcessor:
         if may_hold and req.ext_int("sysFlag", 0) & PULL_FLAG_SUSPEND and self.config.longPollingEnable:
             if len(self._checked) > 10_000:  # entries of tasks cancelled before they ran; harmless to drop
                 self._checked.clear()
-            self._checked[id(req)] = resp  # the held path starts by waiting (req lives until answered)
+            self._checked[id(req)] = (req, resp)  # the held path starts by waiting
             return None  # hold it: handle() -> pull_message_held
         self._pull_commit(req)
         return resp
@@ -469,7 +470,8 @@ class BrokerProcessor:
         suspend = min(max(0, req.ext_int("suspendTimeoutMillis", 15_000)), MAX_SUSPEND_MS)
         deadline = self.clock.now_ms() + suspend
         hold = self.ctrl.hold
-        first = self._checked.pop(id(req), None)
+        entry = self._checked.pop(id(req), None)
+        first = entry[1] if entry is not None and entry[0] is req else None
         while True:
             if first is not None:
                 resp, may_hold, first = first, True, None
