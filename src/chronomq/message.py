@@ -79,6 +79,7 @@ POS_BODY = 88
 RECORD_FIXED_SIZE = 91  # calMsgLength without body, topic and properties
 
 _HEAD = struct.Struct(">iiiiiqqiq8sq8siqi")  # up to and including BODYLENGTH
+RECORD_HEAD = _HEAD  # public: fast decoders of the fixed head (delay delivery)
 assert _HEAD.size == POS_BODY
 _I32 = struct.Struct(">i")
 _I64 = struct.Struct(">q")

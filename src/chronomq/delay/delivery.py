@@ -12,7 +12,6 @@ there, so a crash does not cause duplicate deliveries.
 from __future__ import annotations
 
 import logging
-import socket
 import struct
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -23,8 +22,10 @@ from chronomq.message import (
     PROPERTY_DELAY_TIME_LEVEL,
     PROPERTY_REAL_QUEUE_ID,
     PROPERTY_REAL_TOPIC,
+    RECORD_HEAD,
     MessageExt,
     decode_properties,
+    unpack_host,
     validate_topic,
 )
 from chronomq.store.types import PutResult, PutStatus
@@ -99,7 +100,7 @@ def restore_real(parked: MessageExt, source: str | None) -> MessageExt:
     )
 
 
-_HEAD = struct.Struct(">iiiiiqqiq8sq8siqi")  # the V1 record head up to BODYLENGTH (message.py layout)
+_HEAD = RECORD_HEAD  # the V1 record head up to BODYLENGTH
 _HOSTS: dict[bytes, tuple[str, int]] = {}
 
 
@@ -108,7 +109,7 @@ def _host(raw: bytes) -> tuple[str, int]:
     if h is None:
         if len(_HOSTS) > 10_000:
             _HOSTS.clear()
-        h = _HOSTS[raw] = (socket.inet_ntoa(raw[:4]), int.from_bytes(raw[4:8], "big", signed=True))
+        h = _HOSTS[raw] = unpack_host(raw)
     return h
 
 
