@@ -251,6 +251,8 @@ def write_chart(results: dict[str, Any], path: Path) -> Path:
                         va="bottom", fontsize=8)
         if logy and any(v > 0 for v in vals):
             ax.set_yscale("symlog", linthresh=1)
+        elif not any(v > 0 for v in vals):
+            ax.set_ylim(0, 1)  # all zero (e.g. nothing lost): a flat, readable panel
         ax.set_title(title, fontsize=10)
         ax.tick_params(axis="x", labelsize=8, rotation=15)
     meta = results["meta"]
