@@ -13,6 +13,7 @@ from typing import Any
 from chronomq.clock import Clock, SystemClock
 from chronomq.config import BrokerConfig
 from chronomq.delay import DelayService
+from chronomq.delay.timer import TimerService
 from chronomq.remoting.codec import RemotingCommand
 from chronomq.remoting.codes import RequestCode
 from chronomq.remoting.server import Connection, RemotingServer
@@ -24,6 +25,7 @@ from .longpoll import PullHoldService
 from .nsclient import NamesrvClient
 from .offsets import ConsumerOffsetManager
 from .processor import BrokerProcessor
+from .timer_processor import TimerProcessor
 from .topics import TopicConfig, TopicConfigManager
 
 log = logging.getLogger("chronomq.broker")
@@ -57,6 +59,8 @@ class BrokerController:
         self.root = Path(config.storePathRootDir)
         self.store = MessageStore(config, self.clock, self.store_host)
         self.delay = DelayService(self.store, config, self.clock)
+        self.timer = TimerService(self.store, config, self.clock, store_host=self.store_host)  # issue 7
+        self.timers = TimerProcessor(self)
         self.topics = TopicConfigManager(
             self.root / "config",
             config.defaultTopicQueueNums,
@@ -101,6 +105,7 @@ class BrokerController:
         self.store.add_arrival_listener(self.hold.on_arrival)
         self.store.set_min_offset_guard(self.delay.min_needed_offset)
         await self.delay.start()
+        await self.timer.start()
         await self.server.start()
         self._register_event = asyncio.Event()
         if self.local_register is None:
@@ -141,6 +146,10 @@ class BrokerController:
             await self.delay.shutdown()
         except Exception:
             log.exception("delay service shutdown failed")
+        try:
+            await self.timer.shutdown()
+        except Exception:
+            log.exception("timer service shutdown failed")
         self._persist(force=True)
         self.store.shutdown()
         log.info("broker %s stopped", self.config.brokerName)

@@ -154,6 +154,7 @@ class BrokerProcessor:
             RequestCode.GET_TOPIC_STATS_INFO: self.get_topic_stats,
             RequestCode.GET_ALL_CONSUMER_OFFSET: self.get_all_consumer_offset,
         }
+        self._sync.update(ctrl.timers.handlers())  # 9001-9004: broker/timer_processor.py
 
     # --- dispatch ------------------------------------------------------------------------------------------
     def handle_sync(self, req: RemotingCommand, conn: Connection) -> RemotingCommand | None:
@@ -278,6 +279,9 @@ class BrokerProcessor:
                         reconsume_times=reconsume,
                     )
                 )
+            timed = self.ctrl.timers.send_batch(req, msgs)  # TIMER_* items: parked in the timer store
+            if timed is not None:
+                return timed
             result = self.store.put_messages(msgs)
             wait = True
         else:
@@ -293,6 +297,9 @@ class BrokerProcessor:
                 store_host=self.ctrl.store_host,
                 reconsume_times=reconsume,
             )
+            timed = self.ctrl.timers.send_one(req, msg)  # TIMER_* (wins over DELAY): the timer store
+            if timed is not None:
+                return timed
             self.ctrl.delay.prepare_put(msg)
             result = self.store.put_message(msg)
             wait = props.get(PROPERTY_WAIT_STORE_MSG_OK, "true") != "false"

@@ -1,0 +1,242 @@
+"""The broker side of the timer store (issue 7): the send-path hook and request codes 9001-9004.
+
+Send path (SEND_MESSAGE 10, SEND_MESSAGE_V2 310, SEND_BATCH_MESSAGE 320), before
+``DelayService.prepare_put``: a message carrying TIMER_DELAY_SEC / TIMER_DELAY_MS / TIMER_DELIVER_MS /
+__STARTDELIVERTIME with a deliver time in the future is parked in the timer store, not put in the commit
+log. The answer is SUCCESS with ext ``msgId`` = the timer offset msg id, ``queueId``, ``queueOffset`` "0",
+``uniqKey`` = the UNIQ_KEY (the handle for cancel/reschedule) and ``deliverMs`` = the deliver time (epoch
+ms). A batch whose items are all timed is scheduled as a whole (all-or-nothing); the ext values are then
+comma-separated, one per item, in item order. A batch mixing timed and immediate items is refused
+(MESSAGE_ILLEGAL): the two halves could not be acknowledged atomically. A deliver time that is not in the
+future means "deliver now": the message is put normally.
+
+Precedence: a message carrying both a DELAY level and a TIMER_* property is timed by the TIMER_* property
+(the more precise request wins); the DELAY property is dropped.
+
+Errors: an unparseable TIMER_* value (TimerPropertyError), a time beyond timerMaxDelaySec (TimerRefused)
+or a message the timer store cannot hold -> MESSAGE_ILLEGAL with the reason as remark.
+
+Request codes (every ext value a string, bodies UTF-8 JSON):
+- 9002 CHRONOMQ_CANCEL_SCHEDULED ext {id, byKey "true"|"false"} -> {"results": [OpResult...]}
+- 9003 CHRONOMQ_RESCHEDULE ext {id, byKey, deliverMs} -> {"results": [...]}
+  (the list is never empty: an UNKNOWN result when nothing matched)
+- 9004 CHRONOMQ_QUERY_PENDING ext optional {topic, key, tag, startMs, endMs, limit (default 100, 1..1000),
+  cursor, countOnly} -> {"items": [PendingInfo...], "next_cursor": str|null} (+ "count" with countOnly)
+- 9001 CHRONOMQ_DELAY_STATS: the delay service's stats plus "timer": TimerService.stats().
+A malformed argument is answered SYSTEM_ERROR "bad request header: ..." (HeaderError); a value the timer
+store refuses (time beyond the maximum delay, bad cursor) MESSAGE_ILLEGAL with the reason.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from chronomq.delay.timer import (
+    TimerError,
+    TimerService,
+    deliver_ms_from_properties,
+    has_timer_property,
+)
+from chronomq.message import PROPERTY_DELAY_TIME_LEVEL, MessageExt
+from chronomq.remoting.codec import HeaderError, RemotingCommand
+from chronomq.remoting.codes import RequestCode, ResponseCode
+
+if TYPE_CHECKING:
+    from chronomq.remoting.server import Connection
+
+    from .controller import BrokerController
+
+log = logging.getLogger("chronomq.broker.timer")
+
+DEFAULT_QUERY_LIMIT = 100
+MAX_QUERY_LIMIT = 1000
+MAX_IDENT_LEN = 4096
+
+Handler = Callable[[RemotingCommand, "Connection"], RemotingCommand | None]
+
+
+def _json(obj: Any) -> bytes:
+    return json.dumps(obj, separators=(",", ":")).encode()
+
+
+# --- request parsing (pure functions, unit-tested) ------------------------------------------------------
+def parse_bool(req: RemotingCommand, name: str) -> bool:
+    v = req.ext_str(name)
+    if v is None or v == "":
+        return False
+    low = v.strip().lower()
+    if low == "true":
+        return True
+    if low == "false":
+        return False
+    raise HeaderError(f"{name} must be \"true\" or \"false\", got {v!r}")
+
+
+def parse_int(req: RemotingCommand, name: str, *, minimum: int = 0, maximum: int | None = None,
+              required: bool = False) -> int | None:
+    v = req.ext_str(name)
+    if v is None or v.strip() == "":
+        if required:
+            raise HeaderError(f"the request header lacks the field {name!r}")
+        return None
+    try:
+        n = int(v.strip())
+    except ValueError:
+        raise HeaderError(f"{name} must be an integer, got {v!r}") from None
+    if n < minimum or (maximum is not None and n > maximum):
+        hi = f"..{maximum}" if maximum is not None else " or more"
+        raise HeaderError(f"{name} must be {minimum}{hi}, got {n}")
+    return n
+
+
+def parse_ident(req: RemotingCommand) -> tuple[str, bool]:
+    ident = req.ext_str("id")
+    if ident is None or not ident.strip():
+        raise HeaderError("the request header lacks the field 'id' (a message id or key)")
+    if len(ident) > MAX_IDENT_LEN:
+        raise HeaderError(f"id is longer than {MAX_IDENT_LEN} characters")
+    return ident, parse_bool(req, "byKey")
+
+
+def parse_query(req: RemotingCommand) -> dict[str, Any]:
+    """The filters of a QUERY_PENDING request (keyword arguments of TimerService.query/count)."""
+    q: dict[str, Any] = {}
+    for name in ("topic", "key", "tag"):
+        v = req.ext_str(name)
+        if v is not None and v != "":
+            q[name] = v
+    start = parse_int(req, "startMs")
+    end = parse_int(req, "endMs")
+    if start is not None and end is not None and end < start:
+        raise HeaderError(f"endMs ({end}) is before startMs ({start})")
+    q["start_ms"] = start
+    q["end_ms"] = end
+    return q
+
+
+def timed_deliver_ms(msg: MessageExt, now_ms: int) -> int | None:
+    """The future deliver time a message asks for through a TIMER_* property, or None (put it now).
+    Applies the broker's precedence (a TIMER_* property overrides DELAY, which is then dropped). Raises
+    TimerPropertyError for an unusable value."""
+    props = msg.properties
+    if not has_timer_property(props):
+        return None
+    deliver_ms = deliver_ms_from_properties(props, now_ms)
+    props.pop(PROPERTY_DELAY_TIME_LEVEL, None)
+    if deliver_ms is None or deliver_ms <= now_ms:
+        return None
+    return deliver_ms
+
+
+class TimerProcessor:
+    """Owned by the BrokerController (``ctrl.timers``); ``ctrl.timer`` is the TimerService."""
+
+    def __init__(self, ctrl: BrokerController) -> None:
+        self.ctrl = ctrl
+        self.timer: TimerService = ctrl.timer
+        self.clock = ctrl.clock
+        self.scheduled = 0
+
+    def handlers(self) -> dict[int, Handler]:
+        return {
+            RequestCode.CHRONOMQ_CANCEL_SCHEDULED: self.cancel,
+            RequestCode.CHRONOMQ_RESCHEDULE: self.reschedule,
+            RequestCode.CHRONOMQ_QUERY_PENDING: self.query_pending,
+            RequestCode.CHRONOMQ_DELAY_STATS: self.delay_stats,
+        }
+
+    # --- send path ----------------------------------------------------------------------------------------
+    def send_one(self, req: RemotingCommand, msg: MessageExt) -> RemotingCommand | None:
+        """Park ``msg`` if it is timed and answer for it; None: put it normally."""
+        try:
+            deliver_ms = timed_deliver_ms(msg, self.clock.now_ms())
+            if deliver_ms is None:
+                return None
+            r = self.timer.schedule(msg, deliver_ms)
+        except TimerError as e:
+            return req.response(ResponseCode.MESSAGE_ILLEGAL, remark=str(e))
+        self.scheduled += 1
+        return req.response(ext_fields={
+            "msgId": r.offset_msg_id,
+            "queueId": str(msg.queue_id),
+            "queueOffset": "0",
+            "uniqKey": r.msg_id,
+            "deliverMs": str(r.deliver_ms),
+            "MSG_REGION": "DefaultRegion",
+            "TRACE_ON": "true",
+        })
+
+    def send_batch(self, req: RemotingCommand, msgs: list[MessageExt]) -> RemotingCommand | None:
+        """Schedule a batch whose items are all timed; None when no item is timed (put it normally)."""
+        now = self.clock.now_ms()
+        try:
+            times = [timed_deliver_ms(m, now) for m in msgs]
+        except TimerError as e:
+            return req.response(ResponseCode.MESSAGE_ILLEGAL, remark=str(e))
+        n_timed = sum(t is not None for t in times)
+        if n_timed == 0:
+            return None
+        if n_timed != len(msgs):
+            return req.response(
+                ResponseCode.MESSAGE_ILLEGAL,
+                remark=f"the batch mixes {n_timed} timed and {len(msgs) - n_timed} immediate messages;"
+                       " send them in separate batches")
+        try:
+            results = self.timer.schedule_batch(
+                [(m, t) for m, t in zip(msgs, times, strict=True) if t is not None])
+        except TimerError as e:
+            return req.response(ResponseCode.MESSAGE_ILLEGAL, remark=str(e))
+        self.scheduled += len(results)
+        return req.response(ext_fields={
+            "msgId": ",".join(r.offset_msg_id for r in results),
+            "queueId": str(msgs[0].queue_id),
+            "queueOffset": "0",
+            "uniqKey": ",".join(r.msg_id for r in results),
+            "deliverMs": ",".join(str(r.deliver_ms) for r in results),
+            "MSG_REGION": "DefaultRegion",
+            "TRACE_ON": "true",
+        })
+
+    # --- 9002 / 9003 / 9004 ---------------------------------------------------------------------------------
+    def cancel(self, req: RemotingCommand, conn: Connection) -> RemotingCommand:
+        ident, by_key = parse_ident(req)
+        try:
+            results = self.timer.cancel(ident, by_key)
+        except TimerError as e:
+            return req.response(ResponseCode.MESSAGE_ILLEGAL, remark=str(e))
+        return req.response(body=_json({"results": [r.to_dict() for r in results]}))
+
+    def reschedule(self, req: RemotingCommand, conn: Connection) -> RemotingCommand:
+        ident, by_key = parse_ident(req)
+        deliver_ms = parse_int(req, "deliverMs", required=True)
+        assert deliver_ms is not None
+        try:
+            results = self.timer.reschedule(ident, deliver_ms, by_key)
+        except TimerError as e:
+            return req.response(ResponseCode.MESSAGE_ILLEGAL, remark=str(e))
+        return req.response(body=_json({"results": [r.to_dict() for r in results]}))
+
+    def query_pending(self, req: RemotingCommand, conn: Connection) -> RemotingCommand:
+        q = parse_query(req)
+        limit = parse_int(req, "limit", minimum=1, maximum=MAX_QUERY_LIMIT)
+        cursor = req.ext_str("cursor") or None
+        try:
+            if parse_bool(req, "countOnly"):
+                return req.response(body=_json({"items": [], "next_cursor": None,
+                                                "count": self.timer.count(**q)}))
+            page = self.timer.query(limit=limit or DEFAULT_QUERY_LIMIT, cursor=cursor, **q)
+        except TimerError as e:
+            return req.response(ResponseCode.MESSAGE_ILLEGAL, remark=str(e))
+        return req.response(body=_json({"items": [i.to_dict() for i in page.items],
+                                        "next_cursor": page.next_cursor}))
+
+    def delay_stats(self, req: RemotingCommand, conn: Connection) -> RemotingCommand:
+        stats = dict(self.ctrl.delay.stats())
+        try:
+            stats["timer"] = self.timer.stats()
+        except TimerError as e:  # not open (shutting down)
+            stats["timer"] = {"error": str(e)}
+        return req.response(body=_json(stats))
