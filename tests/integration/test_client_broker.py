@@ -8,6 +8,7 @@ import os
 import threading
 import time
 from collections.abc import Awaitable, Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,7 @@ import pytest
 from chronomq.client import (
     LATER,
     Admin,
+    BrokerError,
     ClientError,
     InvalidMessage,
     Message,
@@ -24,7 +26,9 @@ from chronomq.client import (
     PushConsumer,
     ReceivedMessage,
     SimpleConsumer,
+    TimerOutcome,
 )
+from chronomq.remoting.codes import ResponseCode
 from tests.compat.harness import ChronomqProcess
 from tests.conftest import async_wait_for
 
@@ -368,3 +372,106 @@ async def test_consumer_process_killed_survivor_takes_over(server: ChronomqProce
         if victim.poll() is None:
             victim.kill()
             victim.wait(10)
+
+
+# --- deliver times through the timer store (issue 7) ---------------------------------------------------
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+async def test_deliver_time_cancel_reschedule_pending(server: ChronomqProcess) -> None:
+    """delay=1.5 s arrives not before its deliver time; a cancelled message never arrives; a rescheduled
+    one arrives at its new time; pending lists by key/topic/tag/window, paged; outcomes are definite."""
+    ns = server.namesrv_addr
+    topic = "CliTimer"
+    async with Admin(ns) as a:
+        await a.create_topic(topic, 2)
+    arrivals: dict[str, tuple[ReceivedMessage, int]] = {}
+
+    async def listener(msg: ReceivedMessage) -> None:
+        arrivals.setdefault(msg.id, (msg, _now_ms()))
+
+    async with Producer("PG_timer", ns) as p, Admin(ns) as a, \
+            PushConsumer("CG_timer", topic, listener, ns, consume_from="first", **CONSUMER_OPTS):
+        due = await p.send(Message(topic, b"due", keys="t-due", tags="T", delay=1.5))
+        doomed = await p.send(Message(topic, b"doomed", keys="t-doomed", tags="T", delay=1.5))
+        moved = await p.send(Message(topic, b"moved", keys="t-moved", tags="T", delay=timedelta(hours=1)))
+        far_at = datetime.now(UTC) + timedelta(days=7)
+        far = [await p.send(Message(topic, f"far{i}", keys="t-far", tags="F", deliver_at=far_at + timedelta(
+            milliseconds=i))) for i in range(3)]
+        mine = await p.send(Message(topic, b"mine", uniq_key="client-chosen-id-1", delay=timedelta(days=1)))
+        for r in (due, doomed, moved, *far, mine):
+            assert r.scheduled and r.uniq_key == r.msg_id and r.deliver_ms is not None
+        assert mine.msg_id == "client-chosen-id-1"
+        assert far[1].deliver_ms == int(far_at.timestamp() * 1000) + 1
+        # cancel before due, then move the one-hour message to 1.5 s from now
+        [c] = await a.cancel(doomed.uniq_key)
+        assert (c.outcome, c.msg_id, c.deliver_ms, c.topic) == (TimerOutcome.CANCELLED, doomed.msg_id,
+                                                                 doomed.deliver_ms, topic)
+        assert (await a.cancel(doomed.uniq_key))[0].outcome == TimerOutcome.ALREADY_CANCELLED
+        new_ms = _now_ms() + 1500
+        [r] = await a.reschedule(moved.uniq_key, new_ms)
+        assert (r.outcome, r.deliver_ms) == (TimerOutcome.RESCHEDULED, new_ms)
+        # the pending index: by key, by topic (paged), by tag and window, counts
+        [hit] = (await a.pending(key="t-moved")).items
+        assert (hit.msg_id, hit.deliver_ms, hit.topic) == (moved.msg_id, new_ms, topic)
+        assert (hit.tags, hit.keys) == ("T", ["t-moved"])
+        assert [x.msg_id for x in (await a.pending(key="t-far")).items] == [x.msg_id for x in far]
+        assert await a.pending_count(topic=topic) == 6
+        assert await a.pending_count(tag="F", start=far[1].deliver_ms, end=far[2].deliver_ms) == 2
+        seen, cursor = [], None
+        for _ in range(10):
+            page = await a.pending(topic=topic, limit=2, cursor=cursor)
+            assert len(page.items) <= 2
+            seen += [x.msg_id for x in page.items]
+            cursor = page.next_cursor
+            if cursor is None:
+                break
+        assert sorted(seen) == sorted([due.msg_id, moved.msg_id, mine.msg_id, *(x.msg_id for x in far)])
+        # a marker due after everything above: once it has arrived the timer has released everything due
+        # before it (oldest-due-first), so "doomed" would have arrived by then if the cancel had failed
+        marker = await p.send(Message(topic, b"marker", delay=3.0))
+        await async_wait_for(lambda: {due.msg_id, moved.msg_id, marker.msg_id} <= set(arrivals), timeout=30,
+                             message="the due, rescheduled and marker messages")
+        for r_, deliver_ms in ((due, due.deliver_ms), (moved, new_ms), (marker, marker.deliver_ms)):
+            msg, arrival = arrivals[r_.msg_id]
+            assert msg.store_timestamp >= deliver_ms, "delivered early"
+            assert arrival >= deliver_ms
+            assert msg.get_property("TIMER_DELIVER_MS") == str(deliver_ms)
+            print(f"{msg.body!r}: stored {msg.store_timestamp - deliver_ms} ms, consumed "
+                  f"{arrival - deliver_ms} ms after its deliver time")
+        assert arrivals[due.msg_id][0].body == b"due" and arrivals[due.msg_id][0].keys == ["t-due"]
+        assert doomed.msg_id not in arrivals
+        async with SimpleConsumer("SC_timer", ns) as sc:
+            stored = [x for q in await sc.queues(topic) for x in (await sc.pull(q, 0, 64)).messages]
+        assert doomed.msg_id not in {x.id for x in stored} and len(stored) == 3
+        # after delivery: definite answers
+        for call in (a.cancel(due.uniq_key), a.reschedule(due.uniq_key, delay=60)):
+            [d] = await call
+            assert d.outcome == TimerOutcome.ALREADY_DELIVERED and d.deliver_ms is not None
+        [u] = await a.cancel("no-such-message-id")
+        assert u.outcome == TimerOutcome.UNKNOWN
+        # cancel by key: every pending message with it; by a caller-chosen id
+        res = await a.cancel("t-far", by_key=True)
+        assert sorted(x.msg_id for x in res) == sorted(x.msg_id for x in far)
+        assert {x.outcome for x in res} == {TimerOutcome.CANCELLED}
+        assert (await a.cancel("client-chosen-id-1"))[0].outcome == TimerOutcome.CANCELLED
+        assert await a.pending_count(topic=topic) == 0
+        # beyond the maximum delay (40 days by default): refused at once, not retried elsewhere
+        with pytest.raises(BrokerError) as ei:
+            await p.send(Message(topic, b"too far", delay=timedelta(days=41)))
+        assert ei.value.code == ResponseCode.MESSAGE_ILLEGAL
+        assert "timer" in (await a.delay_stats())["broker-a"]
+
+
+def test_timer_admin_blocking(server: ChronomqProcess) -> None:
+    ns = server.namesrv_addr
+    with Producer("PG_timer_b", ns) as p, Admin(ns) as a:
+        r = p.send(Message("CliTimerB", b"x", keys="blocking-key", delay=timedelta(minutes=10)))
+        assert r.scheduled and a.pending_count(key="blocking-key") == 1
+        [res] = a.reschedule("blocking-key", r.deliver_ms + 5000, by_key=True)
+        assert res.outcome == TimerOutcome.RESCHEDULED and res.deliver_ms == r.deliver_ms + 5000
+        assert a.pending(topic="CliTimerB").items[0].deliver_ms == r.deliver_ms + 5000
+        [res] = a.cancel(r.offset_msg_id)   # the offset msg id is a handle too
+        assert res.outcome == TimerOutcome.CANCELLED and res.msg_id == r.msg_id
+        assert a.pending_count(topic="CliTimerB") == 0
