@@ -5,11 +5,20 @@ from __future__ import annotations
 
 import asyncio
 import base64
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
 
-from chronomq.client import Message, Producer, PushConsumer, ReceivedMessage, SimpleConsumer
+from chronomq.client import (
+    Admin,
+    Message,
+    Producer,
+    PushConsumer,
+    ReceivedMessage,
+    SimpleConsumer,
+    TimerOutcome,
+)
 from tests.compat.harness import ChronomqProcess, run_driver, start_driver
 from tests.conftest import async_wait_for
 
@@ -126,3 +135,33 @@ async def test_mixed_group_theirs_and_ours_share_queues(chronomq_server: Chronom
     # every message consumed by the group (a late rebalance of the C++ client under load may deliver a
     # few twice: at least once is the contract)
     assert set(mine) | set(theirs_mx) == want
+
+
+async def test_ours_schedules_theirs_consumes_at_the_time(chronomq_server: ChronomqProcess) -> None:
+    """Messages we send with delay=/deliver_at= reach the official consumer not before their deliver
+    time, with TIMER_DELIVER_MS and our ids; the one we cancel never does."""
+    ns = chronomq_server.namesrv_addr
+    topic = "InteropTimer"
+    async with Admin(ns) as a:
+        await a.create_topic(topic, 2)
+    async with Producer("PG_timer_interop", ns) as p, Admin(ns) as a:
+        doomed = await p.send(Message(topic, b"doomed", delay=1.0))
+        sent = [await p.send(Message(topic, f"t{i}", keys=f"tk{i}", delay=1.5 + i * 0.5)) for i in range(2)]
+        sent.append(await p.send(Message(topic, b"at", uniq_key="interop-at-1",
+                                         deliver_at=datetime.now(UTC) + timedelta(milliseconds=2500))))
+        [c] = await a.cancel(doomed.uniq_key)
+        assert c.outcome == TimerOutcome.CANCELLED
+    res = await asyncio.to_thread(run_driver, "push_consume",
+                                  {"namesrv": ns, "group": "CG_theirs_timer", "topic": topic,
+                                   "expect": len(sent), "deadline_s": 60, "props": ["TIMER_DELIVER_MS"]}, 90)
+    got = {d["id"]: d for d in res["messages"] if d["consumed"]}
+    assert set(got) == {r.msg_id for r in sent}
+    assert "interop-at-1" in got
+    for r in sent:
+        d = got[r.msg_id]
+        assert r.deliver_ms is not None
+        assert d["store_timestamp"] >= r.deliver_ms and d["receipt_ms"] >= r.deliver_ms, "delivered early"
+        assert d["properties"]["TIMER_DELIVER_MS"] == str(r.deliver_ms)
+    async with SimpleConsumer("SC_timer_interop", ns) as sc:
+        stored = [x for q in await sc.queues(topic) for x in (await sc.pull(q, 0, 64)).messages]
+    assert sorted(x.id for x in stored) == sorted(r.msg_id for r in sent)
