@@ -122,3 +122,19 @@ def test_config_keys_from_broker_config(tmp_path: Path) -> None:
     bad, _ = BrokerConfig.load(None, {"timerPrecisionMs": "7"})
     with pytest.raises(TimerError, match="divide"):
         TimerService(FakeStore(VirtualClock()), bad, VirtualClock())
+
+
+async def test_schedule_async_under_sync_flush(tmp_path: Path) -> None:
+    clock = VirtualClock()
+    store = FakeStore(clock)
+    cfg, _ = BrokerConfig.load(None, {"storePathRootDir": str(tmp_path), "flushDiskType": "SYNC_FLUSH"})
+    svc = TimerService(store, cfg, clock, timer_config=small_config())
+    assert svc.sync_flush
+    await svc.start()
+    now = clock.now_ms()
+    r = await svc.schedule_async(msg("a1"), now + 700)
+    rs = await svc.schedule_batch_async([(msg("a2"), now + 800), (msg("a3"), now + 900)])
+    assert [r.msg_id] + [x.msg_id for x in rs] == ["a1", "a2", "a3"]
+    await run_until(svc, clock, now + 1000)
+    assert [(u, at - now) for u, at, _ in store.puts] == [("a1", 700), ("a2", 800), ("a3", 900)]
+    await svc.shutdown()

@@ -90,16 +90,32 @@ class TimerService:
     def schedule(self, msg: MessageExt, deliver_ms: int) -> ScheduleResult:
         """Park ``msg`` (its real topic/queue) until ``deliver_ms`` (epoch ms). Raises TimerRefused
         beyond the maximum delay, TimerError for a bad message. Durable against a process crash on
-        return; also fsynced under SYNC_FLUSH."""
+        return; also fsynced under SYNC_FLUSH (which blocks the caller: from an event loop, prefer
+        ``schedule_async``). Adds UNIQ_KEY (when missing) and TIMER_DELIVER_MS to ``msg.properties``."""
         r = self.timer.schedule(msg, deliver_ms)
         if self.sync_flush:
             self.timer.sync_files()
         return r
 
     def schedule_batch(self, items: Iterable[tuple[MessageExt, int]]) -> list[ScheduleResult]:
+        """Like ``schedule`` for many messages at once (all validated before anything is written)."""
         r = self.timer.schedule_batch(items)
         if self.sync_flush:
             self.timer.sync_files()
+        return r
+
+    async def schedule_async(self, msg: MessageExt, deliver_ms: int) -> ScheduleResult:
+        """``schedule`` for event-loop callers: under SYNC_FLUSH the fsync runs in a worker thread
+        instead of stalling the loop."""
+        r = self.timer.schedule(msg, deliver_ms)
+        if self.sync_flush:
+            await asyncio.to_thread(self.timer.sync_files)
+        return r
+
+    async def schedule_batch_async(self, items: Iterable[tuple[MessageExt, int]]) -> list[ScheduleResult]:
+        r = self.timer.schedule_batch(items)
+        if self.sync_flush:
+            await asyncio.to_thread(self.timer.sync_files)
         return r
 
     def maybe_schedule(self, msg: MessageExt) -> ScheduleResult | None:
