@@ -133,3 +133,36 @@ def test_write_refuses_bad_frames(spark, broker) -> None:
     df2 = spark.createDataFrame([("x",)], "value string")
     with pytest.raises(Exception, match="no topic"):
         df2.write.format("chronomq").option("namesrv", ns).mode("append").save()
+    # a row the client refuses fails the task with the client's reason
+    df3 = spark.createDataFrame([("x", ["bad\x01key"])], "value string, keys array<string>")
+    with pytest.raises(Exception, match=r"cannot be sent as a message|0x01/0x02"):
+        df3.write.format("chronomq").option("namesrv", ns).option("topic", "T").mode("append").save()
+
+
+def test_write_delay_ms_carries_timer_deliver_time(spark, broker) -> None:
+    """delay_ms / deliver_at rows are sent with TIMER_DELIVER_MS (the timer issue's property); the
+    reader's deliver_time shows it. (Holding the message until then is the broker timer's job; the
+    delays are short so the rows arrive within the wait either way.)"""
+    from datetime import UTC, datetime, timedelta
+
+    ns = broker.namesrv_addr
+    at = (datetime.now(UTC) + timedelta(seconds=2)).replace(microsecond=0)
+    df = spark.createDataFrame([("a", 1500), ("b", 2500)], "value string, delay_ms bigint")
+    df.write.format("chronomq").option("namesrv", ns).option("topic", "TimerT").mode("append").save()
+    df2 = spark.createDataFrame([("c", at)], "value string, deliver_at timestamp")
+    df2.write.format("chronomq").option("namesrv", ns).option("topic", "TimerT").mode("append").save()
+
+    def rows():
+        rs = reader(spark, ns, subscribe="TimerT").select("value", "properties", "deliver_time",
+                                                          "born_timestamp").collect()
+        return rs if len(rs) == 3 else None
+
+    by = {r.value: r for r in wait_for(rows, timeout=60, message="the 3 rows with a deliver time")}
+    for v, delay in ((b"a", 1500), (b"b", 2500)):
+        r = by[v]
+        want = int(r.properties["TIMER_DELIVER_MS"])
+        assert int(r.deliver_time.timestamp() * 1000) == want
+        born = int(r.born_timestamp.timestamp() * 1000)
+        # computed from the writer's clock just before the producer stamps the born time
+        assert -5_000 < want - born - delay < 60_000
+    assert int(by[b"c"].properties["TIMER_DELIVER_MS"]) == int(at.timestamp() * 1000)

@@ -19,7 +19,9 @@ import pyarrow as pa
 
 from chronomq.client import (
     Admin,
+    BrokerError,
     ClientError,
+    InvalidMessage,
     Message,
     MessageQueue,
     NoRouteError,
@@ -35,6 +37,7 @@ from .schema import DEFAULT_LEVELS_MS, messages_to_batch, row_uniq_key, to_epoch
 
 log = logging.getLogger("chronomq.spark")
 T = TypeVar("T")
+MESSAGE_ILLEGAL = 13  # RocketMQ ResponseCode.MESSAGE_ILLEGAL
 
 READER_GROUP = "chronomq_spark_reader"
 # Topics a subscribePattern never matches (name them with 'subscribe' to read them anyway).
@@ -301,22 +304,6 @@ class WriteStats:
     topics: dict[str, int] = field(default_factory=dict)
 
 
-class _PresetIds:
-    """Feeds caller-chosen UNIQ_KEYs to a Producer whose Message type has no ``uniq_key`` field yet
-    (see /tmp/brief/client-requests.md). Ids are pushed right before a send and consumed synchronously
-    by the producer's message preparation (before its first await), so concurrent sends cannot mix."""
-
-    def __init__(self, fallback: Any) -> None:
-        self.fallback = fallback
-        self.pending: collections.deque[str] = collections.deque()
-
-    def next(self) -> str:
-        return self.pending.popleft() if self.pending else self.fallback.next()
-
-
-_HAS_UNIQ_FIELD = "uniq_key" in getattr(Message, "__dataclass_fields__", {})
-
-
 def _column(batch: pa.RecordBatch, name: str) -> list[Any] | None:
     idx = batch.schema.get_field_index(name)
     if idx < 0:
@@ -383,40 +370,32 @@ def write_rows(opts: WriteOptions, batches: Iterator[pa.RecordBatch], query_id: 
     stats = WriteStats()
     proxy = Producer(opts.producer_group, opts.namesrv, send_timeout=opts.request_timeout_s).blocking()
     producer = proxy.async_client
-    preset: _PresetIds | None = None
-    if not _HAS_UNIQ_FIELD:
-        preset = _PresetIds(producer._ids)
-        producer._ids = preset
     sem_holder: dict[str, asyncio.Semaphore] = {}
 
-    async def send(msgs: list[Message], ids: list[str], single: bool) -> None:
+    async def send(msgs: list[Message], single: bool) -> None:
         sem = sem_holder.get("s")
         if sem is None:
             sem = sem_holder["s"] = asyncio.Semaphore(opts.max_in_flight)
         async with sem:
-            if _HAS_UNIQ_FIELD:
-                for m_, u in zip(msgs, ids, strict=True):
-                    m_.uniq_key = u  # type: ignore[attr-defined]
-            elif preset is not None:
-                preset.pending.extend(ids)
-            try:
-                coro = producer.send(msgs[0]) if single else producer.send_batch(msgs)
-                await coro
-            except BaseException:
-                if preset is not None:
-                    preset.pending.clear()
-                raise
+            await (producer.send(msgs[0]) if single else producer.send_batch(msgs))
 
     futures: collections.deque[Any] = collections.deque()
 
-    def submit(msgs: list[Message], ids: list[str], single: bool) -> None:
-        futures.append(asyncio.run_coroutine_threadsafe(send(msgs, ids, single), proxy.loop))
+    def submit(msgs: list[Message], single: bool) -> None:
+        futures.append(asyncio.run_coroutine_threadsafe(send(msgs, single), proxy.loop))
         while len(futures) > opts.max_in_flight * 4:
             _wait(futures.popleft())
 
     def _wait(f: Any) -> None:
         try:
             f.result(opts.request_timeout_s * 4 + 30)
+        except InvalidMessage as e:
+            raise ChronomqSparkError(f"chronomq write: a row cannot be sent as a message: {e}") from e
+        except BrokerError as e:
+            if e.code == MESSAGE_ILLEGAL:
+                raise ChronomqSparkError(f"chronomq write: the broker refused a row: {e}") from e
+            raise ChronomqSparkError(f"chronomq write failed (Spark will retry the task; rows already sent "
+                                     f"are sent again with the same UNIQ_KEY): {e}") from e
         except ClientError as e:
             raise ChronomqSparkError(f"chronomq write failed (Spark will retry the task; rows already sent "
                                      f"are sent again with the same UNIQ_KEY): {e}") from e
@@ -430,28 +409,23 @@ def write_rows(opts: WriteOptions, batches: Iterator[pa.RecordBatch], query_id: 
                 items = batch_to_messages(batch, opts.topic)
             except (ValueError, ClientError) as e:
                 raise ChronomqSparkError(f"chronomq write: {e}") from e
-            per_topic: dict[str, tuple[list[Message], list[str]]] = {}
+            per_topic: dict[str, list[Message]] = {}
             for msg, delayed in items:
-                uid = row_uniq_key(query_id, batch_id, partition_id, row)
+                msg.uniq_key = row_uniq_key(query_id, batch_id, partition_id, row)
                 row += 1
                 stats.topics[msg.topic] = stats.topics.get(msg.topic, 0) + 1
-                try:
-                    msg.validate()
-                    msg.wire_properties()
-                except ClientError as e:
-                    raise ChronomqSparkError(f"chronomq write: row {row - 1}: {e}") from e
+                # (the producer validates each message; an invalid one fails the task with its reason)
                 if delayed:
-                    submit([msg], [uid], True)
+                    submit([msg], True)
                     continue
-                ms, ids = per_topic.setdefault(msg.topic, ([], []))
+                ms = per_topic.setdefault(msg.topic, [])
                 ms.append(msg)
-                ids.append(uid)
                 if len(ms) >= opts.batch_size:
-                    submit(ms, ids, False)
-                    per_topic[msg.topic] = ([], [])
-            for ms, ids in per_topic.values():
+                    submit(ms, False)
+                    per_topic[msg.topic] = []
+            for ms in per_topic.values():
                 if ms:
-                    submit(ms, ids, False)
+                    submit(ms, False)
         while futures:
             _wait(futures.popleft())
         stats.rows = row
