@@ -8,31 +8,13 @@ import os
 from pathlib import Path
 from typing import Any
 
+from chronomq.store.atomicfile import write_atomic
+
 log = logging.getLogger("chronomq.broker")
 
 
 def write_json_atomic(path: Path, obj: Any) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    data = json.dumps(obj, indent=1, sort_keys=True).encode()
-    tmp = path.with_name(path.name + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        view = memoryview(data)
-        while view:
-            n = os.write(fd, view)
-            view = view[n:]
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
-    try:
-        dfd = os.open(path.parent, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(dfd)
-    finally:
-        os.close(dfd)
+    write_atomic(path, json.dumps(obj, indent=1, sort_keys=True).encode())
 
 
 def read_json(path: Path) -> Any | None:

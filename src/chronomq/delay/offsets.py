@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from chronomq.store.atomicfile import write_atomic
 
 log = logging.getLogger(__name__)
 
@@ -66,26 +67,5 @@ class OffsetFile:
         return None
 
     def save(self, snap: OffsetSnapshot) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        data = snap.to_json().encode()
-        tmp = self.path.with_suffix(".json.tmp")
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        if self.path.exists():
-            # keep the previous good snapshot as a fallback (it is older, so never ahead of the truth)
-            bak = self.path.with_suffix(".json.bak")
-            try:
-                os.replace(self.path, bak)
-            except OSError:
-                pass
-        os.replace(tmp, self.path)
-        try:
-            dfd = os.open(self.path.parent, os.O_RDONLY)
-            try:
-                os.fsync(dfd)
-            finally:
-                os.close(dfd)
-        except OSError:
-            pass
+        # the previous good snapshot stays as .bak: it is older, so never ahead of the truth
+        write_atomic(self.path, snap.to_json().encode(), backup=True)

@@ -4,10 +4,11 @@ missing or damaged checkpoint means "recover from the first segment"."""
 
 from __future__ import annotations
 
-import os
 import struct
 import zlib
 from dataclasses import dataclass
+
+from .atomicfile import write_atomic
 
 _FMT = struct.Struct(">iqqqq")
 _MAGIC = 0x43514B50  # "CQKP"
@@ -25,19 +26,7 @@ class Checkpoint:
         data = _FMT.pack(_MAGIC, self.commit_log_flushed, self.recover_from, self.commit_log_end,
                          self.timestamp)
         data += _CRC.pack(zlib.crc32(data))
-        tmp = path + ".tmp"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        try:
-            os.write(fd, data)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
-        dfd = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY)
-        try:
-            os.fsync(dfd)  # the rename itself
-        finally:
-            os.close(dfd)
+        write_atomic(path, data)
 
     @classmethod
     def load(cls, path: str) -> Checkpoint | None:
