@@ -127,8 +127,12 @@ def delay_stats_table(stats: dict[str, Any]) -> str:
         "late_p99",
         "late_max",
     ]
-    extra = {k: v for k, v in stats.items() if k != "levels"}
-    return _table(rows, header) + "\n" + "  ".join(f"{k}={v}" for k, v in extra.items())
+    extra = {k: v for k, v in stats.items() if k not in ("levels", "timer")}
+    from .admin_timer import timer_stats_text  # the timer store's part (issue 7)
+
+    timer = timer_stats_text(stats.get("timer"))
+    return (_table(rows, header) + "\n" + "  ".join(f"{k}={v}" for k, v in extra.items())
+            + ("\n" + timer if timer else ""))
 
 
 def run_admin(args: argparse.Namespace) -> int:
@@ -218,6 +222,10 @@ def run_admin(args: argparse.Namespace) -> int:
                 print(f"broker {name} ({addr})")
                 for k, v in sorted(table.items()):
                     print(f"  {k:28s} {v}")
+        elif verb in ("cancel", "reschedule", "pending"):
+            from .admin_timer import run_timer_verb  # timer store verbs (issue 7)
+
+            return run_timer_verb(args) or 0
         else:
             print(f"unknown admin verb {verb!r}", file=sys.stderr)
             return 2
@@ -252,3 +260,6 @@ def add_admin_parsers(p: argparse.ArgumentParser) -> None:
     sp = sub.add_parser("consumer-progress", help="committed offsets and lag of a consumer group")
     common(sp)
     sp.add_argument("-g", "--group", required=True)
+    from .admin_timer import add_timer_parsers  # cancel, reschedule, pending (issue 7)
+
+    add_timer_parsers(sub, common)

@@ -2,7 +2,8 @@
 
 - ``chronomq start``: name server + broker in one process (the README's run command);
 - ``chronomq namesrv`` and ``chronomq broker -n HOST:PORT`` for separate processes;
-- ``chronomq admin <verb>``: delay-stats, cluster, topics, route, update-topic, broker-status.
+- ``chronomq admin <verb>``: delay-stats, cluster, topics, route, update-topic, broker-status,
+  consumer-progress, and for the timer store cancel, reschedule, pending (cli/admin_timer.py).
 
 The event loop is uvloop when installed (the ``fast`` extra) unless CHRONOMQ_LOOP=asyncio; see
 ``choose_loop`` for the measurement behind that default.
