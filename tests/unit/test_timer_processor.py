@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 from pathlib import Path
 
 import pytest
@@ -88,13 +89,14 @@ def test_timed_deliver_ms_precedence_past_and_errors() -> None:
 
 # --- in process -------------------------------------------------------------------------------------
 class Env:
-    def __init__(self, tmp_path: Path, clock: VirtualClock | None = None) -> None:
+    def __init__(self, tmp_path: Path, clock: VirtualClock | None = None,
+                 overrides: dict[str, str] | None = None) -> None:
         from chronomq.broker.controller import BrokerController
 
         self.clock = clock or VirtualClock(NOW)
         self.routes = RouteInfoManager()
         values = {"storePathRootDir": str(tmp_path / "store"), "listenPort": str(free_port()),
-                  "messageDelayLevel": "1s 5s 10s", "timerMaxDelaySec": "3600"}
+                  "messageDelayLevel": "1s 5s 10s", "timerMaxDelaySec": "3600", **(overrides or {})}
         self.config, _ = BrokerConfig.load(None, values)
         self.broker = BrokerController(self.config, self.clock, local_register=self.routes.register_broker)
         self.client: AsyncRawClient | None = None
@@ -262,3 +264,30 @@ async def test_pending_survives_a_clean_restart(tmp_path: Path) -> None:
         assert [m.body for m in await e2.queue_msgs("TR", 0)] == [b"kept"]
     finally:
         await e2.close()
+
+
+async def test_sync_flush_answers_after_the_fsync_off_the_loop(tmp_path: Path) -> None:
+    e = Env(tmp_path, overrides={"flushDiskType": "SYNC_FLUSH"})
+    c = await e.start()
+    try:
+        assert e.broker.timer.sync_flush
+        synced: list[str] = []
+        real_sync = e.broker.timer.timer.sync_files
+
+        def sync_files() -> None:
+            synced.append(threading.current_thread().name)
+            real_sync()
+
+        e.broker.timer.timer.sync_files = sync_files  # type: ignore[method-assign]
+        rs = await asyncio.gather(*(c.send_message("TS", f"s{i}".encode(), 0,
+                                                   {"TIMER_DELAY_MS": "1000", "UNIQ_KEY": f"S{i}"})
+                                    for i in range(3)))
+        assert [r.code for r in rs] == [C.SUCCESS] * 3, [r.remark for r in rs]
+        assert [r.ext_fields["uniqKey"] for r in rs] == ["S0", "S1", "S2"]
+        assert len(synced) >= 3 and threading.main_thread().name not in synced
+        r = await c.send_message("TS", b"x", 0, {"TIMER_DELAY_SEC": "7200"})
+        assert r.code == C.MESSAGE_ILLEGAL and "maximum delay" in (r.remark or "")
+        await e.advance(1000)
+        assert [m.body for m in await e.queue_msgs("TS", 0)] == [b"s0", b"s1", b"s2"]
+    finally:
+        await e.close()

@@ -279,7 +279,7 @@ class BrokerProcessor:
                         reconsume_times=reconsume,
                     )
                 )
-            timed = self.ctrl.timers.send_batch(req, msgs)  # TIMER_* items: parked in the timer store
+            timed = self.ctrl.timers.send_batch(req, msgs, conn)  # TIMER_* items: parked in the timer store
             if timed is not None:
                 return timed
             result = self.store.put_messages(msgs)
@@ -297,7 +297,7 @@ class BrokerProcessor:
                 store_host=self.ctrl.store_host,
                 reconsume_times=reconsume,
             )
-            timed = self.ctrl.timers.send_one(req, msg)  # TIMER_* (wins over DELAY): the timer store
+            timed = self.ctrl.timers.send_one(req, msg, conn)  # TIMER_* (wins over DELAY): the timer store
             if timed is not None:
                 return timed
             self.ctrl.delay.prepare_put(msg)

@@ -14,7 +14,9 @@ Precedence: a message carrying both a DELAY level and a TIMER_* property is time
 (the more precise request wins); the DELAY property is dropped.
 
 Errors: an unparseable TIMER_* value (TimerPropertyError), a time beyond timerMaxDelaySec (TimerRefused)
-or a message the timer store cannot hold -> MESSAGE_ILLEGAL with the reason as remark.
+or a message the timer store cannot hold -> MESSAGE_ILLEGAL with the reason as remark. Under SYNC_FLUSH
+the answer is sent once the timer files are fsynced (in a worker thread: the event loop never waits on
+the disk).
 
 Request codes (every ext value a string, bodies UTF-8 JSON):
 - 9002 CHRONOMQ_CANCEL_SCHEDULED ext {id, byKey "true"|"false"} -> {"results": [OpResult...]}
@@ -35,6 +37,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from chronomq.delay.timer import (
+    ScheduleResult,
     TimerError,
     TimerService,
     deliver_ms_from_properties,
@@ -43,8 +46,11 @@ from chronomq.delay.timer import (
 from chronomq.message import PROPERTY_DELAY_TIME_LEVEL, MessageExt
 from chronomq.remoting.codec import HeaderError, RemotingCommand
 from chronomq.remoting.codes import RequestCode, ResponseCode
+from chronomq.remoting.server import DEFERRED
 
 if TYPE_CHECKING:
+    import asyncio
+
     from chronomq.remoting.server import Connection
 
     from .controller import BrokerController
@@ -139,6 +145,7 @@ class TimerProcessor:
         self.timer: TimerService = ctrl.timer
         self.clock = ctrl.clock
         self.scheduled = 0
+        self._tasks: set[asyncio.Task[None]] = set()
 
     def handlers(self) -> dict[int, Handler]:
         return {
@@ -149,46 +156,64 @@ class TimerProcessor:
         }
 
     # --- send path ----------------------------------------------------------------------------------------
-    def send_one(self, req: RemotingCommand, msg: MessageExt) -> RemotingCommand | None:
+    def send_one(self, req: RemotingCommand, msg: MessageExt, conn: Connection) -> RemotingCommand | None:
         """Park ``msg`` if it is timed and answer for it; None: put it normally."""
         try:
             deliver_ms = timed_deliver_ms(msg, self.clock.now_ms())
-            if deliver_ms is None:
-                return None
-            r = self.timer.schedule(msg, deliver_ms)
         except TimerError as e:
             return req.response(ResponseCode.MESSAGE_ILLEGAL, remark=str(e))
-        self.scheduled += 1
-        return req.response(ext_fields={
-            "msgId": r.offset_msg_id,
-            "queueId": str(msg.queue_id),
-            "queueOffset": "0",
-            "uniqKey": r.msg_id,
-            "deliverMs": str(r.deliver_ms),
-            "MSG_REGION": "DefaultRegion",
-            "TRACE_ON": "true",
-        })
+        if deliver_ms is None:
+            return None
+        return self._schedule(req, conn, [msg], [deliver_ms])
 
-    def send_batch(self, req: RemotingCommand, msgs: list[MessageExt]) -> RemotingCommand | None:
+    def send_batch(self, req: RemotingCommand, msgs: list[MessageExt], conn: Connection
+                   ) -> RemotingCommand | None:
         """Schedule a batch whose items are all timed; None when no item is timed (put it normally)."""
         now = self.clock.now_ms()
         try:
             times = [timed_deliver_ms(m, now) for m in msgs]
         except TimerError as e:
             return req.response(ResponseCode.MESSAGE_ILLEGAL, remark=str(e))
-        n_timed = sum(t is not None for t in times)
-        if n_timed == 0:
+        timed = [t for t in times if t is not None]
+        if not timed:
             return None
-        if n_timed != len(msgs):
+        if len(timed) != len(msgs):
             return req.response(
                 ResponseCode.MESSAGE_ILLEGAL,
-                remark=f"the batch mixes {n_timed} timed and {len(msgs) - n_timed} immediate messages;"
+                remark=f"the batch mixes {len(timed)} timed and {len(msgs) - len(timed)} immediate messages;"
                        " send them in separate batches")
-        try:
-            results = self.timer.schedule_batch(
-                [(m, t) for m, t in zip(msgs, times, strict=True) if t is not None])
-        except TimerError as e:
-            return req.response(ResponseCode.MESSAGE_ILLEGAL, remark=str(e))
+        return self._schedule(req, conn, msgs, timed)
+
+    def _schedule(self, req: RemotingCommand, conn: Connection, msgs: list[MessageExt],
+                  times: list[int]) -> RemotingCommand:
+        items = list(zip(msgs, times, strict=True))
+        if not self.timer.sync_flush or self.ctrl.loop is None:
+            try:
+                results = self.timer.schedule_batch(items)
+            except TimerError as e:
+                return req.response(ResponseCode.MESSAGE_ILLEGAL, remark=str(e))
+            return self._scheduled(req, msgs, results)
+
+        # SYNC_FLUSH: the fsync runs off the event loop; answer when it is done (tasks run in creation
+        # order, so records are written in the order the requests arrived)
+        async def run() -> None:
+            try:
+                resp = self._scheduled(req, msgs, await self.timer.schedule_batch_async(items))
+            except TimerError as e:
+                resp = req.response(ResponseCode.MESSAGE_ILLEGAL, remark=str(e))
+            except Exception as e:  # an fsync failure: not acknowledged
+                log.error("timer schedule failed: %s: %s", type(e).__name__, e)
+                resp = req.response(ResponseCode.SYSTEM_ERROR,
+                                    remark=f"timer store: {type(e).__name__}: {e}"[:500])
+            conn.reply(req, resp)
+
+        task = self.ctrl.loop.create_task(run())
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return DEFERRED
+
+    def _scheduled(self, req: RemotingCommand, msgs: list[MessageExt], results: list[ScheduleResult]
+                   ) -> RemotingCommand:
         self.scheduled += len(results)
         return req.response(ext_fields={
             "msgId": ",".join(r.offset_msg_id for r in results),
