@@ -203,6 +203,17 @@ class FakeBroker:
             return cmd.response(ext_fields={"msgId": f"{len(self.timer):032X}", "queueId": str(qid),
                                             "queueOffset": "0", "uniqKey": uniq,
                                             "deliverMs": str(deliver_ms)})
+        if items is not None and all(m.PROPERTY_TIMER_DELIVER_MS in it.properties for it in items):
+            for it in items:
+                self.timer[it.properties[m.PROPERTY_UNIQ_KEY]] = {
+                    "ext": m.MessageExt(topic=topic, body=it.body, properties=it.properties, **base),
+                    "deliver_ms": int(it.properties[m.PROPERTY_TIMER_DELIVER_MS]), "state": "PENDING",
+                    "created_ms": int(time.time() * 1000)}
+            return cmd.response(ext_fields={
+                "msgId": ",".join("H" + it.properties[m.PROPERTY_UNIQ_KEY] for it in items),
+                "queueId": str(qid),
+                "queueOffset": "0", "uniqKey": ",".join(it.properties[m.PROPERTY_UNIQ_KEY] for it in items),
+                "deliverMs": ",".join(it.properties[m.PROPERTY_TIMER_DELIVER_MS] for it in items)})
         if items is None:
             exts = [self.put(m.MessageExt(topic=topic, body=cmd.body, flag=c.ext_int("flag"),
                                           properties=m.decode_properties(c.ext_str("properties", "")),
@@ -967,6 +978,17 @@ def test_deliver_time_properties_and_validation():
     assert raw == {"TIMER_DELAY_SEC": "9"}
 
 
+def test_generated_ids_never_look_like_a_timer_handle():
+    from chronomq.client.producer import _UniqIdGen
+
+    for _ in range(200):
+        uid = _UniqIdGen("10.1.2.3").next()
+        assert len(uid) == 32 and uid.startswith("0A010203")
+        # read as an offset msgId, bits 63..62 of the offset (chronomq's timer-handle flag) are clear
+        _host, off = m.decode_offset_msg_id(uid)
+        assert 0 <= off < 1 << 62
+
+
 def test_uniq_key_validation():
     Message("T", b"x", uniq_key="a" * 128).validate()
     Message("T", b"x", uniq_key="q1-b7-p3-r42 with space").validate()
@@ -1013,8 +1035,21 @@ async def test_producer_deliver_time_send_result(broker):
         at = datetime.now(UTC) + timedelta(days=3)
         r2 = await p.send(Message("T", b"at", deliver_at=at, uniq_key="my-handle"))
         assert r2.uniq_key == "my-handle" and r2.deliver_ms == int(at.timestamp() * 1000)
-        with pytest.raises(InvalidMessage, match="batched"):
-            await p.send_batch([Message("T", b"x", delay=1)])
+        # a timed batch: every item scheduled, one deliver time each
+        tb = await p.send_batch([Message("T", b"b0", delay=60, uniq_key="id,with,commas"),
+                                 Message("T", b"b1", deliver_at=at)])
+        assert tb.msg_ids[0] == "id,with,commas" and tb.uniq_key == tb.msg_id
+        first_ms = broker.timer["id,with,commas"]["deliver_ms"]
+        assert tb.deliver_times_ms == (first_ms, int(at.timestamp() * 1000))
+        assert tb.deliver_ms == tb.deliver_times_ms[0] and tb.scheduled
+        plain = await p.send_batch([Message("T", b"p0"), Message("T", b"p1")])
+        assert plain.deliver_times_ms == () and plain.deliver_ms is None and not plain.scheduled
+        with pytest.raises(InvalidMessage, match="all timed"):
+            await p.send_batch([Message("T", b"x", delay=1), Message("T", b"y")])
+        with pytest.raises(InvalidMessage, match="all timed"):
+            await p.send_batch([Message("T", b"y"), Message("T", b"x", delay=1)])
+        with pytest.raises(InvalidMessage, match="delay_level"):
+            await p.send_batch([Message("T", b"x", delay_level=1)])
         with pytest.raises(InvalidMessage, match="delay_level"):
             await p.send(Message("T", b"x", delay=1, delay_level=2))
 

@@ -211,9 +211,12 @@ class SendResult:
 
     A message sent with ``deliver_at``/``delay`` is parked in chronomq's timer store until its time:
     ``deliver_ms`` is the deliver time the broker scheduled (epoch ms; None when the broker did not say,
-    e.g. an Apache broker), ``uniq_key`` the handle the broker returned for Admin.cancel/reschedule (the
-    UNIQ_KEY; for other sends the UNIQ_KEY sent), ``offset_msg_id`` a timer handle (also accepted by
-    cancel/reschedule) and ``queue_offset`` 0 (the message is stored in its queue when delivered)."""
+    e.g. an Apache broker, or the time had already come and the message was stored at once),
+    ``uniq_key`` the handle for Admin.cancel/reschedule (the UNIQ_KEY the broker returned; for other sends
+    the UNIQ_KEY sent; for a batch the ids comma-joined like ``msg_id``), ``offset_msg_id`` a timer handle
+    (also accepted by cancel/reschedule) and ``queue_offset`` 0 (the message is stored in its queue when
+    delivered). For a timed batch ``deliver_times_ms`` has one deliver time per message (``deliver_ms``
+    is the first)."""
 
     msg_id: str
     offset_msg_id: str
@@ -223,6 +226,7 @@ class SendResult:
     msg_ids: tuple[str, ...] = ()
     uniq_key: str | None = None
     deliver_ms: int | None = None
+    deliver_times_ms: tuple[int, ...] = ()
 
     @property
     def scheduled(self) -> bool:

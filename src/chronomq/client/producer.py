@@ -49,15 +49,19 @@ _DEGRADED = {ResponseCode.FLUSH_DISK_TIMEOUT: SendStatus.FLUSH_DISK_TIMEOUT,
 
 
 class _UniqIdGen:
-    """32 hex chars: ip(4) pid(2) random(4) | ms since process start (4) counter(2)."""
+    """32 hex chars: ip(4) pid(2) random(4) | ms since process start (4) counter(2).
+
+    The two top bits of the third random byte are kept clear: read as an offset msgId (host 8 bytes +
+    offset 8 bytes), an id then never has bit 62 of the "offset" set, which chronomq's timer store uses to
+    mark its own handles (a 32-hex UNIQ_KEY with that bit could be taken for one)."""
 
     def __init__(self, ip: str) -> None:
         try:
             ipb = bytes(int(p) for p in ip.split("."))
         except ValueError:
             ipb = b"\x7f\x00\x00\x01"
-        self._prefix = (ipb + struct.pack(">H", os.getpid() & 0xFFFF)
-                        + random.getrandbits(32).to_bytes(4, "big")).hex().upper()
+        rnd = random.getrandbits(32) & 0xFFFF3FFF
+        self._prefix = (ipb + struct.pack(">H", os.getpid() & 0xFFFF) + rnd.to_bytes(4, "big")).hex().upper()
         self._start = time.monotonic()
         self._counter = itertools.count(random.randrange(1 << 16))
         self._lock = threading.Lock()
@@ -302,18 +306,22 @@ class Producer(SyncContextMixin):
             qid = resp.ext_int("queueId", mq.queue_id)
         except ValueError:
             offset, qid = -1, mq.queue_id
-        deliver_ms: int | None
-        try:
-            deliver_ms = resp.ext_int("deliverMs", -1)
-        except ValueError:
-            deliver_ms = -1
-        if deliver_ms < 0:
-            deliver_ms = None
-        uniq = resp.ext_str("uniqKey") or (msg_ids[0] if len(msg_ids) == 1 else None)
+        # chronomq's timer store answers the deliver time(s) it scheduled: one per message, comma-joined
+        times: tuple[int, ...] = ()
+        raw = resp.ext_str("deliverMs")
+        if raw:
+            try:
+                times = tuple(int(x) for x in raw.split(","))
+            except ValueError:
+                times = ()
+            if len(times) != len(msg_ids):
+                times = ()
+        # a batch: our ids, joined like msg_id (a caller-chosen id may itself contain a comma)
+        uniq = (resp.ext_str("uniqKey") or msg_ids[0]) if len(msg_ids) == 1 else ",".join(msg_ids)
         queue = MessageQueue(mq.topic, mq.broker_name, qid)
         return SendResult(msg_id=",".join(msg_ids), offset_msg_id=resp.ext_str("msgId", "") or "",
                           queue=queue, queue_offset=offset, status=status, msg_ids=tuple(msg_ids),
-                          uniq_key=uniq, deliver_ms=deliver_ms)
+                          uniq_key=uniq, deliver_ms=times[0] if times else None, deliver_times_ms=times)
 
     async def send(self, message: Message, *, timeout: float | None = None,
                    selector: QueueSelector | None = None, arg: Any = None,
@@ -340,7 +348,8 @@ class Producer(SyncContextMixin):
 
     async def send_batch(self, messages: Sequence[Message], *, timeout: float | None = None,
                          queue: MessageQueue | None = None) -> SendResult:
-        """Send several messages of one topic in one request; they land contiguously in one queue."""
+        """Send several messages of one topic in one request; they land contiguously in one queue. Either
+        every message has a deliver time (deliver_at/delay; they are scheduled all or none) or none has."""
         msgs = list(messages)
         if not msgs:
             raise InvalidMessage("send_batch needs at least one message")
@@ -348,13 +357,17 @@ class Producer(SyncContextMixin):
         items: list[BatchItem] = []
         ids: list[str] = []
         total = 0
+        timed = isinstance(msgs[0], Message) and (msgs[0].deliver_at is not None or msgs[0].delay is not None)
         for msg in msgs:
             if not isinstance(msg, Message):
                 raise InvalidMessage(f"expected chronomq.client.Message items, got {type(msg).__name__}")
             if msg.topic != topic:
                 raise InvalidMessage(f"a batch must have one topic; got {topic!r} and {msg.topic!r}")
-            if msg.delay_level or msg.deliver_at is not None or msg.delay is not None:
-                raise InvalidMessage("batched messages cannot be delayed; send them one by one")
+            if msg.delay_level:
+                raise InvalidMessage("batched messages cannot use delay_level; send them one by one")
+            if (msg.deliver_at is not None or msg.delay is not None) != timed:
+                raise InvalidMessage("a batch is all timed (deliver_at/delay on every message) or not timed "
+                                     "at all; the broker refuses a mix: send them in separate batches")
             msg.validate()
             props = msg.wire_properties()
             uniq = msg.uniq_key if msg.uniq_key is not None else self._ids.next()
