@@ -23,7 +23,7 @@ from chronomq.remoting.codes import SEND_V2_FIELDS
 from chronomq.remoting.codes import RequestCode as R
 from chronomq.remoting.codes import ResponseCode as C
 from tests.compat.harness import ChronomqProcess
-from tests.conftest import wait_for
+from tests.conftest import free_port, wait_for
 from tests.integration.rawclient import RawClient, send_ext
 
 pytestmark = pytest.mark.timeout(120)
@@ -247,3 +247,13 @@ def test_clean_restart_keeps_pending_messages(tmp_path: Path) -> None:
             assert list(seen) == [b"kept"]
     finally:
         p.stop()
+
+
+def test_bad_timer_settings_are_configuration_errors(tmp_path: Path) -> None:
+    for setting, word in (("timerPrecisionMs=7", "timerPrecisionMs"),
+                          ("timerMaxDelaySec=abc", "timerMaxDelaySec")):
+        out = _cli("start", "--data-dir", str(tmp_path / "d"), "--namesrv-port", str(free_port()),
+                   "--broker-port", str(free_port()), "--set", setting)
+        assert out.returncode == 2, out.stderr
+        assert "configuration error" in out.stderr and word in out.stderr and "Traceback" not in out.stderr
+        assert "unknown configuration key" not in out.stderr  # the timer's keys are known

@@ -11,9 +11,9 @@ from pathlib import Path
 from typing import Any
 
 from chronomq.clock import Clock, SystemClock
-from chronomq.config import BrokerConfig
+from chronomq.config import BrokerConfig, ConfigError
 from chronomq.delay import DelayService
-from chronomq.delay.timer import TimerService
+from chronomq.delay.timer import TimerError, TimerService
 from chronomq.remoting.codec import RemotingCommand
 from chronomq.remoting.codes import RequestCode
 from chronomq.remoting.server import Connection, RemotingServer
@@ -59,7 +59,10 @@ class BrokerController:
         self.root = Path(config.storePathRootDir)
         self.store = MessageStore(config, self.clock, self.store_host)
         self.delay = DelayService(self.store, config, self.clock)
-        self.timer = TimerService(self.store, config, self.clock, store_host=self.store_host)  # issue 7
+        try:  # issue 7: the timer store (its settings are broker keys: timerMaxDelaySec, ...)
+            self.timer = TimerService(self.store, config, self.clock, store_host=self.store_host)
+        except TimerError as e:
+            raise ConfigError(str(e)) from None
         self.timers = TimerProcessor(self)
         self.topics = TopicConfigManager(
             self.root / "config",
