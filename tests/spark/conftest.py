@@ -51,9 +51,10 @@ def spark() -> Iterator[object]:
     session.stop()
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
-    """A fresh ``chronomq start`` for a test module (short delay levels so delayed rows arrive fast)."""
+    """One ``chronomq start`` for the run (short delay levels so delayed rows arrive fast); every test
+    uses its own topics."""
     from tests.compat.harness import ChronomqProcess
 
     p = ChronomqProcess(tmp_path_factory.mktemp("chronomq") / "data",
