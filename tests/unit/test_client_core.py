@@ -1162,6 +1162,24 @@ async def test_admin_timer_ops_span_brokers(broker):
                 ("broker-b", "b1", "ALREADY_CANCELLED"), ("broker-b", "b2", "RESCHEDULED")]
             [u] = await a.cancel("nothing")
             assert u.outcome == TimerOutcome.UNKNOWN
+            # a timer handle names one broker's timer store: only that broker is asked
+            handle = m.create_offset_msg_id(("127.0.0.1", other.port), (1 << 62) | 77)
+            [h] = await a.cancel(handle)
+            assert h.broker == "broker-b"
+
+            def asked(b: FakeBroker) -> bool:
+                return any(c.code == RequestCode.CHRONOMQ_CANCEL_SCHEDULED and c.ext_str("id") == handle
+                           for c in b.requests)
+
+            assert asked(other) and not asked(broker)
+            # by key, or an id that only looks like a handle of no broker here: every broker is asked
+            stray = m.create_offset_msg_id(("10.9.9.9", 1), (1 << 62) | 77)
+            await a.cancel(stray)
+            await a.cancel(handle, by_key=True)
+            for ident in (stray, handle):
+                assert sum(c.ext_str("id") == ident for c in broker.requests + other.requests
+                           if c.code == RequestCode.CHRONOMQ_CANCEL_SCHEDULED) >= 2
+            assert any(c.ext_str("id") == handle for c in broker.requests)
             gone = _encode_cursor_for_test("broker-z")
             with pytest.raises(ValueError, match="broker-z"):
                 await a.pending(cursor=gone)

@@ -137,6 +137,24 @@ def _window_ms(value: datetime | int | None, name: str) -> int | None:
     raise ValueError(f"{name} must be a timezone-aware datetime or epoch ms >= 0, not {value!r}")
 
 
+# chronomq's timer store marks the offset of its handles (offset msg ids naming a timer record) with bit 62
+TIMER_HANDLE_FLAG = 1 << 62
+
+
+def _timer_handle_addr(ident: str) -> str | None:
+    """"host:port" of the broker a timer handle (SendResult.offset_msg_id of a scheduled message) names,
+    or None when ``ident`` is not shaped like one."""
+    if len(ident) != 32:
+        return None
+    try:
+        (host, port), offset = m.decode_offset_msg_id(ident)
+    except ValueError:
+        return None
+    if offset < 0 or not offset & TIMER_HANDLE_FLAG:
+        return None
+    return f"{host}:{port}"
+
+
 def _encode_cursor(broker: str, cursor: str | None) -> str:
     raw = json.dumps([broker, cursor or ""], separators=(",", ":")).encode()
     return base64.urlsafe_b64encode(raw).decode().rstrip("=")
@@ -404,7 +422,13 @@ class Admin(SyncContextMixin):
     async def _timer_op(self, code: int, ext: dict[str, str], what: str) -> list[TimerOpResult]:
         found: list[TimerOpResult] = []
         unknown: list[TimerOpResult] = []
-        for name, addr in await self._masters():
+        masters = await self._masters()
+        if ext["byKey"] == "false":
+            # a timer handle (offset msg id with the timer flag) names a position in ONE broker's timer
+            # store: asking the others would make them read that position in theirs
+            owner = _timer_handle_addr(ext["id"])
+            masters = [(n, a) for n, a in masters if a == owner] or masters
+        for name, addr in masters:
             resp = await self._instance.invoke_ok(addr, self._instance.request(code, ext), what=what)
             data = _json_body(resp.body, what, addr)
             try:
