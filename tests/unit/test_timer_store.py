@@ -371,3 +371,29 @@ def test_write_failure_is_a_clear_error_and_leaves_nothing_pending(tmp_path: Pat
     t.flush()
     clock.advance_sync(1000)
     assert t.stats()["pending"] == 0
+
+
+def test_delivery_marks_survive_a_crash_through_the_done_log(tmp_path: Path, clock: VirtualClock,
+                                                             fstore: FakeStore) -> None:
+    t = open_store(tmp_path, clock)
+    now = clock.now_ms()
+    for i in range(300):
+        t.schedule(msg(f"d{i}"), now + 10 + i)
+    t.flush()
+    drive(t, clock, fstore, until=now + 200)  # ~190 delivered, marks only in memory and done logs
+    delivered = {u for u, _, _ in fstore.puts}
+    assert t.footprint()["unapplied_marks"] == len(delivered) > 100
+    assert t.cancel("d5")[0].outcome is Outcome.ALREADY_DELIVERED  # the overlay answers
+    t.abandon()  # crash: the records themselves still say PENDING
+    t = open_store(tmp_path, clock)
+    assert t.cancel("d5")[0].outcome is Outcome.ALREADY_DELIVERED
+    drive(t, clock, fstore)
+    uids = [u for u, _, _ in fstore.puts]
+    assert len(uids) == len(set(uids)) == 300  # nothing delivered twice
+    assert t.count() == 0
+    t.flush()  # marks written into the records, logs emptied
+    assert t.footprint()["unapplied_marks"] == 0
+    assert all((tmp_path / f"done.{k}.log").stat().st_size == 0 for k in (0, 1))
+    t.close()
+    t = open_store(tmp_path, clock)
+    assert t.cancel("d299")[0].outcome is Outcome.ALREADY_DELIVERED

@@ -77,6 +77,25 @@ class SegmentedFile:
         os.pwrite(fd, data, pos - start)
         self._dirty.add(start)
 
+    def write_existing(self, pos: int, data: bytes) -> bool:
+        """pwrite into a segment only if it still exists (never re-creates a deleted one). Safe from
+        a worker thread: a segment deleted meanwhile just makes this a no-op."""
+        start = self.seg_start(pos)
+        fd = self._fds.get(start)
+        try:
+            if fd is None:
+                if start not in self.starts:
+                    return False
+                fd = self._fd(start)
+            os.pwrite(fd, data, pos - start)
+            return True
+        except (OSError, ValueError):
+            return False
+
+    def fds_for(self, positions: list[int]) -> list[int]:
+        starts = {self.seg_start(p) for p in positions}
+        return [fd for s, fd in list(self._fds.items()) if s in starts]
+
     def patch(self, pos: int, data: bytes) -> None:
         """Overwrite a few bytes in place. Through a shared mapping: a pwrite would update the file's
         mtime (an inode journal transaction) on every call, which costs ~50-100 us on ext4 under load;

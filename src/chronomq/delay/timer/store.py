@@ -63,6 +63,7 @@ OFF_DELIVER = 16
 OFF_DONE = 24  # done_ms, created_ms, origin, done_seq: rewritten together
 _DONE_BLOCK = struct.Struct("<qqqq")
 _STATE_BLOCK = struct.Struct("<iiqqqqq")  # state, gen, deliver, done_ms, created, origin, done_seq
+_DONE_ENTRY = struct.Struct("<q48s")  # done.log: data position + the state block to write there
 _I32 = struct.Struct("<i")
 _I64 = struct.Struct("<q")
 
@@ -275,6 +276,16 @@ class TimerStore:
         self.early = 0
         self.stale_skipped = 0
         self.data_recheck: dict[int, int] = {}
+        # Deliveries are recorded in memory (an overlay on the record headers) and appended to
+        # done.log once per batch; the flush thread later writes them into the records and truncates
+        # the log. Marking each record in place at delivery cost an ext4 journal transaction per
+        # message (dirtying a clean page), 50-100 us under I/O contention.
+        self._marks: dict[int, tuple[int, int, int, bytes]] = {}  # pos -> state, done_ms, seq, block
+        self._mark_buf = bytearray()
+        # Two logs: the flush swaps them, applies the full one and empties it.
+        self._done_fds = [os.open(self.root / f"done.{k}.log", os.O_RDWR | os.O_CREAT, 0o644) for k in (0, 1)]
+        self._done_fd = self._done_fds[0]
+        self._apply_done_log()
         self.dirty = True
         abort_path.write_bytes(b"")
         self._opened = True
@@ -342,6 +353,40 @@ class TimerStore:
             self.wheel.set(slot, head)
         self.idx_seg_max = seg_max
 
+    def _apply_done_log(self) -> None:
+        """At open: write every mark of both done logs into its record (idempotent: a delivered
+        record never changes again), then empty the logs."""
+        n = 0
+        sizes = [os.fstat(fd).st_size for fd in self._done_fds]
+        for fd, size in zip(self._done_fds, sizes, strict=True):
+            raw = os.pread(fd, size, 0) if size else b""
+            for off in range(0, len(raw) - len(raw) % _DONE_ENTRY.size, _DONE_ENTRY.size):
+                pos, block = _DONE_ENTRY.unpack_from(raw, off)
+                if self.data.min_pos <= pos < self.data_end and \
+                        self.data.write_existing(pos + OFF_STATE, block):
+                    n += 1
+        if any(sizes):
+            self.data.sync()
+            for fd in self._done_fds:
+                os.ftruncate(fd, 0)
+                os.fsync(fd)
+            log.info("timer: applied %d delivery marks from the done logs", n)
+        self._done_end = 0
+
+    def _commit_marks(self) -> None:
+        """Append the marks of the last batch to done.log (one pwrite): from here a process crash
+        no longer loses them."""
+        if self._mark_buf:
+            os.pwrite(self._done_fd, self._mark_buf, self._done_end)
+            self._done_end += len(self._mark_buf)
+            self._mark_buf = bytearray()
+
+    def _overlay(self, pos: int, h: tuple[int, ...]) -> tuple[int, ...]:
+        m = self._marks.get(pos)
+        if m is None:
+            return h
+        return (h[0], h[1], m[0], h[3], h[4], m[1], h[6], h[7], m[2], h[9], h[10])
+
     def close(self) -> None:
         """Flush everything and write a clean checkpoint."""
         with self.lock:
@@ -350,6 +395,8 @@ class TimerStore:
             # Whatever was taken into memory but not delivered stays pending on disk; make sure the
             # watermark never passes a slot still held in memory.
             self.flush(clean=True)
+            for fd in self._done_fds:
+                os.close(fd)
             self.data.close()
             self.index.close()
             self.wheel.close()
@@ -360,6 +407,8 @@ class TimerStore:
     def abandon(self) -> None:
         """Drop the store without flushing (tests: a simulated process crash)."""
         with self.lock:
+            for fd in self._done_fds:
+                os.close(fd)
             self.data.close()
             self.index.close()
             self.wheel.close()
@@ -389,11 +438,27 @@ class TimerStore:
         """fsync everything written so far, then write a checkpoint describing exactly that state.
         Safe to call from a worker thread while the loop keeps delivering."""
         with self.lock:
+            self._commit_marks()
+            marks = list(self._marks.items())
+            full_fd = self._done_fd  # everything in ``marks`` is in this log (or an older, applied one)
+            self._done_fd = self._done_fds[1] if full_fd == self._done_fds[0] else self._done_fds[0]
+            self._done_end = 0
             fds = self._fds_to_sync()
             snap = self._checkpoint_dict(clean)
             self.dirty = False
-        self._fsync_all(fds)
+        marks.sort()
+        for pos, m in marks:  # records of delivered messages never change again
+            self.data.write_existing(pos + OFF_STATE, m[3])
+        self._fsync_all(fds + self.data.fds_for([pos for pos, _ in marks]))
         self._store_checkpoint(snap)
+        with self.lock:
+            for pos, m in marks:
+                if self._marks.get(pos) is m:
+                    del self._marks[pos]
+        try:
+            os.ftruncate(full_fd, 0)  # its marks are in the records now, and fsynced
+        except OSError:
+            pass
 
     def _write_checkpoint(self, clean: bool) -> None:
         self._store_checkpoint(self._checkpoint_dict(clean))
@@ -635,7 +700,7 @@ class TimerStore:
         raw = self.data.read(pos, h[1])
         if len(raw) < h[1]:
             return None
-        return h, raw
+        return self._overlay(pos, h), raw
 
     def _find(self, ident: str, by_key: bool) -> list[tuple[int, tuple[int, ...], MessageExt]]:
         positions: list[int] = []
@@ -739,6 +804,7 @@ class TimerStore:
         (None: nothing pending at all; a new schedule calls ``wakeup``)."""
         n = max_items or self.cfg.deliver_batch
         with self.lock:
+            self._commit_marks()
             self._advance_window(now)
             cur = self.cur
             if cur is not None:
@@ -814,6 +880,8 @@ class TimerStore:
                 if h is None or h[0] != DATA_MAGIC or h[1] != size:
                     self.stale_skipped += 1
                     return "skipped"
+                if self._marks:
+                    h = self._overlay(pos, h)
                 if h[3] != gen:
                     self.stale_skipped += 1
                     return "skipped"
@@ -852,7 +920,11 @@ class TimerStore:
                     res = PutResult(PutStatus.UNKNOWN_ERROR, error="exception")
                 if res.ok or res.status is PutStatus.FLUSH_DISK_TIMEOUT:
                     t = self.clock.now_ms()
-                    self._write_done(pos, h, DELIVERED, t)
+                    self.done_seq += 1
+                    block = _STATE_BLOCK.pack(DELIVERED, h[3], h[4], t, h[6], h[7], self.done_seq)
+                    self._marks[pos] = (DELIVERED, t, self.done_seq, block)
+                    self._mark_buf += _I64.pack(pos)
+                    self._mark_buf += block
                     self.pending[tid] -= 1
                     self.delivered += 1
                     late = t - max(deliver_ms, h[6])  # a time already past when scheduled is not lateness
@@ -1036,7 +1108,7 @@ class TimerStore:
             h = DATA_HDR.unpack(hdr)
             if h[0] != DATA_MAGIC or h[1] < DATA_HDR_SIZE:
                 break
-            if h[2] == PENDING:
+            if h[2] == PENDING and pos not in self._marks:
                 best = h[4] if best is None else max(best, h[4])
             pos += h[1]
         return best
@@ -1089,6 +1161,7 @@ class TimerStore:
         with self.lock:
             return {
                 "window_entries": sum(w.entries() for w in (self.cur, self.nxt) if w is not None),
+                "unapplied_marks": len(self._marks),  # deliveries since the last flush
                 "topics": len(self.topics),
                 "pending_counters": len(self.pending),
                 "index_segments_tracked": len(self.idx_seg_max),
