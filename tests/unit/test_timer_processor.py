@@ -291,3 +291,27 @@ async def test_sync_flush_answers_after_the_fsync_off_the_loop(tmp_path: Path) -
         assert [m.body for m in await e.queue_msgs("TS", 0)] == [b"s0", b"s1", b"s2"]
     finally:
         await e.close()
+
+
+# --- the admin verbs' argument parsing (cli/admin_timer.py) ----------------------------------------------
+def test_admin_time_arguments() -> None:
+    from chronomq.cli.admin import AdminError
+    from chronomq.cli.admin_timer import fmt_epoch_ms, parse_in_seconds, parse_time_ms, timer_stats_text
+
+    assert parse_time_ms("1700000000123") == 1_700_000_000_123
+    assert parse_time_ms("1700000000") == 1_700_000_000_000  # epoch seconds, as the broker reads them
+    assert parse_time_ms("2023-11-14T22:13:20Z") == 1_700_000_000_000
+    assert parse_time_ms("2023-11-14T23:13:20+01:00") == 1_700_000_000_000
+    assert parse_time_ms("2023-11-14T22:13:20.5") == 1_700_000_000_500  # naive = UTC
+    for bad in ("", "-5", "next tuesday"):
+        with pytest.raises(AdminError):
+            parse_time_ms(bad)
+    assert parse_in_seconds("1.5") == 1500 and parse_in_seconds("0") == 0
+    for bad in ("-1", "nan", "inf", "soon"):
+        with pytest.raises(AdminError):
+            parse_in_seconds(bad)
+    assert fmt_epoch_ms(1_700_000_000_005) == "2023-11-14T22:13:20.005Z" and fmt_epoch_ms(None) == "-"
+    text = timer_stats_text({"pending": 7, "pending_by_topic": {"T": 7}, "lateness_ms": {"count": 2},
+                             "lateness_ms_by_topic": {"T": {"count": 2, "p50": 1, "p99": 3, "max": 3}}})
+    assert "pending=7" in text and "T" in text.splitlines()[-1] and "3" in text.splitlines()[-1]
+    assert timer_stats_text(None) == ""
