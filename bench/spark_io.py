@@ -65,6 +65,9 @@ def main() -> int:
         spark.range(100).select(F.col("id").cast("string").alias("value")).write.format("chronomq") \
             .option("namesrv", namesrv).option("topic", topic + "W").mode("append").save()
         spark.range(100).write.mode("overwrite").parquet(str(work / "warm.parquet"))
+        (spark.read.format("chronomq").option("namesrv", namesrv).option("subscribe", topic + "W")
+         .load().count())
+        spark.read.parquet(str(work / "warm.parquet")).count()
 
         t0 = time.perf_counter()
         df.write.format("chronomq").option("namesrv", namesrv).option("topic", topic).mode("append").save()
