@@ -80,3 +80,24 @@ def test_delay_report(spark, broker, tmp_path) -> None:
     assert all(r["early"] == 0 and r["p50_ms"] >= 0 and r["max_ms"] < 10_000 for r in rows)
     assert (out / "report.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert (out / "report.csv").read_text().startswith("level,delay_ms,count")
+
+
+def test_delay_report_builtin_png_renderer(tmp_path) -> None:
+    """The chart fallback used when matplotlib is not installed: a valid RGB PNG with bars drawn."""
+    import struct
+    import zlib
+
+    report = load("delay_report/report.py")
+    rows = [{"level": 1, "p50_ms": 3.0, "p99_ms": 12.0}, {"level": 2, "p50_ms": 5.0, "p99_ms": 40.0}]
+    path = tmp_path / "chart.png"
+    report._png_builtin(rows, path, width=200, height=100)
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    width, height = struct.unpack(">II", data[16:24])
+    assert (width, height) == (200, 100)
+    idat = data.index(b"IDAT")
+    (length,) = struct.unpack(">I", data[idat - 4:idat])
+    raw = zlib.decompress(data[idat + 4:idat + 4 + length])
+    assert len(raw) == height * (1 + 3 * width)
+    dark_bar = bytes((20, 60, 140))
+    assert raw.count(dark_bar) > 50  # the p99 bars are there
