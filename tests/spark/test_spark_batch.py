@@ -140,9 +140,9 @@ def test_write_refuses_bad_frames(spark, broker) -> None:
 
 
 def test_write_delay_ms_carries_timer_deliver_time(spark, broker) -> None:
-    """delay_ms / deliver_at rows are sent with TIMER_DELIVER_MS (the timer issue's property); the
-    reader's deliver_time shows it. (Holding the message until then is the broker timer's job; the
-    delays are short so the rows arrive within the wait either way.)"""
+    """delay_ms / deliver_at rows are sent with TIMER_DELIVER_MS (the timer issue's property), the
+    reader's deliver_time shows it, and the broker's timer holds each row until then: the delivered
+    copy's store time is never before its deliver time."""
     from datetime import UTC, datetime, timedelta
 
     ns = broker.namesrv_addr
@@ -154,7 +154,7 @@ def test_write_delay_ms_carries_timer_deliver_time(spark, broker) -> None:
 
     def rows():
         rs = reader(spark, ns, subscribe="TimerT").select("value", "properties", "deliver_time",
-                                                          "born_timestamp").collect()
+                                                          "born_timestamp", "timestamp").collect()
         return rs if len(rs) == 3 else None
 
     by = {r.value: r for r in wait_for(rows, timeout=60, message="the 3 rows with a deliver time")}
@@ -166,3 +166,5 @@ def test_write_delay_ms_carries_timer_deliver_time(spark, broker) -> None:
         # computed from the writer's clock just before the producer stamps the born time
         assert -5_000 < want - born - delay < 60_000
     assert int(by[b"c"].properties["TIMER_DELIVER_MS"]) == int(at.timestamp() * 1000)
+    for r in by.values():  # never early: stored on the real topic at or after the deliver time
+        assert int(r.timestamp.timestamp() * 1000) >= int(r.properties["TIMER_DELIVER_MS"])
