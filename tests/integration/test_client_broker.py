@@ -487,9 +487,6 @@ def test_timer_admin_blocking(server: ChronomqProcess) -> None:
         assert a.pending_count(topic="CliTimerB") == 0
 
 
-@pytest.mark.xfail(strict=True, reason="timer store bug (/tmp/brief/compat-findings.md): a 32-hex UNIQ_KEY "
-                   "whose bit 62 is set is taken for a timer handle, so cancel by it answers UNKNOWN; remove "
-                   "this marker once delay/timer/store.py _find falls back to the key index")
 async def test_cancel_by_a_uniq_key_shaped_like_a_timer_handle(server: ChronomqProcess) -> None:
     """Ids from other clients (the official 4.x ones, Spark row ids) have this shape a quarter of the time."""
     ns = server.namesrv_addr

@@ -397,3 +397,18 @@ def test_delivery_marks_survive_a_crash_through_the_done_log(tmp_path: Path, clo
     t.close()
     t = open_store(tmp_path, clock)
     assert t.cancel("d299")[0].outcome is Outcome.ALREADY_DELIVERED
+
+
+def test_uniq_key_shaped_like_a_handle_and_foreign_handles(tmp_path: Path, clock: VirtualClock) -> None:
+    """A UNIQ_KEY has the 32-hex shape of a handle: one whose "offset" has bit 62 set must still be found
+    by the key index; a handle naming another broker's host is not read as a position in this store."""
+    t = open_store(tmp_path, clock)
+    now = clock.now_ms()
+    uid = "7F000001ABCD12344000000000000123"  # bits 63..62 of the offset part = 01
+    t.schedule(msg(uid), now + 1000)
+    mine = t.schedule(msg("plain"), now + 2000)
+    foreign = "0A0000010000270F" + mine.offset_msg_id[16:]  # same position, host 10.0.0.1:9999
+    assert t.cancel(foreign)[0].outcome is Outcome.UNKNOWN
+    (r,) = t.cancel(uid)
+    assert (r.outcome, r.msg_id) == (Outcome.CANCELLED, uid)
+    assert t.cancel(mine.offset_msg_id)[0].outcome is Outcome.CANCELLED

@@ -703,21 +703,22 @@ class TimerStore:
         return self._overlay(pos, h), raw
 
     def _find(self, ident: str, by_key: bool) -> list[tuple[int, tuple[int, ...], MessageExt]]:
-        positions: list[int] = []
-        if not by_key and len(ident) == 32:
+        """Records named by ``ident``: a key (by_key), or an id that is a UNIQ_KEY or one of this
+        store's own handles (offset_msg_id). A UNIQ_KEY has the same 32-hex shape as a handle, so the
+        id is read as a handle only when its host part is this broker's, and the key index (verified
+        against the record's UNIQ_KEY) is consulted in every case."""
+        found: dict[int, bool] = {}  # position -> needs verification against the record
+        if not by_key and len(ident) == 32 and self.offset_msg_id(0)[:16] == ident[:16].upper():
             try:
                 _, off = decode_offset_msg_id(ident)
             except ValueError:
                 off = -1
             if off >= 0 and off & TIMER_OFFSET_FLAG:
-                positions.append(off & ~TIMER_OFFSET_FLAG)
-        if not positions:
-            positions = self.hash.lookup(("k:" if by_key else "u:") + ident)
-            verify = True
-        else:
-            verify = False  # a timer offset msgId names the record itself
+                found[off & ~TIMER_OFFSET_FLAG] = False  # a handle names the record itself
+        for pos in self.hash.lookup(("k:" if by_key else "u:") + ident):
+            found.setdefault(pos, True)
         out = []
-        for pos in sorted(set(positions)):
+        for pos in sorted(found):
             if pos < self.data.min_pos or pos >= self.data_end:
                 continue
             r = self._read_record(pos)
@@ -728,7 +729,7 @@ class TimerStore:
                 msg = decode_record(raw, DATA_HDR_SIZE, read_body=False)
             except MessageFormatError:
                 continue
-            if verify and (ident not in msg.keys if by_key else msg.uniq_key != ident):
+            if found[pos] and (ident not in msg.keys if by_key else msg.uniq_key != ident):
                 continue
             out.append((pos, h, msg))
         return out
