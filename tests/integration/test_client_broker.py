@@ -488,7 +488,8 @@ def test_timer_admin_blocking(server: ChronomqProcess) -> None:
 
 
 async def test_cancel_by_a_uniq_key_shaped_like_a_timer_handle(server: ChronomqProcess) -> None:
-    """Ids from other clients (the official 4.x ones, Spark row ids) have this shape a quarter of the time."""
+    """A 32-hex UNIQ_KEY whose "offset" bit 62 is set (ids of the official 4.x clients and Spark row ids
+    have this shape a quarter of the time) is found by the key index, not taken for a timer handle."""
     ns = server.namesrv_addr
     uid = "7F000001ABCD12344000000000000123"  # 17th hex char '4': bits 63..62 of the "offset" = 01
     async with Producer("PG_timer_shape", ns) as p, Admin(ns) as a:
