@@ -77,6 +77,12 @@ class BrokerConfig:
     messageDelayLevel: str = DEFAULT_DELAY_LEVELS
     flushDelayOffsetInterval: int = 10_000
     maxReconsumeTimes: int = 16
+    # timer store (any deliver time; validated by chronomq.delay.timer.TimerConfig)
+    timerMaxDelaySec: int = 40 * 86_400
+    timerPrecisionMs: int = 1000  # wheel slot size; must divide a day
+    timerFlushIntervalMs: int = 1000
+    timerDataSegmentSize: int = 64 * 1024 * 1024
+    timerRetentionIntervalMs: int = 60_000
     # consumers
     flushConsumerOffsetInterval: int = 5000
     longPollingEnable: bool = True

@@ -48,3 +48,10 @@ def test_missing_file() -> None:
 
 def test_parse_properties_edge_cases() -> None:
     assert parse_properties("a=1\n!c\n  b : 2 \nc\n") == {"a": "1", "b": "2", "c": ""}
+
+
+def test_timer_keys_are_known_and_typed() -> None:
+    warnings = BrokerConfig().apply({"timerMaxDelaySec": "86400", "timerPrecisionMs": "100"})
+    assert warnings == []
+    with pytest.raises(ConfigError, match="timerFlushIntervalMs"):
+        BrokerConfig().apply({"timerFlushIntervalMs": "soon"})

@@ -57,10 +57,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("chronomq.broker.timer")
 
-# broker.conf / --set keys the timer store reads (TimerConfig.from_broker_config, via BrokerConfig.extra)
-TIMER_CONFIG_KEYS = ("timerMaxDelaySec", "timerPrecisionMs", "timerFlushIntervalMs", "timerDataSegmentSize",
-                     "timerRetentionIntervalMs")
-
 DEFAULT_QUERY_LIMIT = 100
 MAX_QUERY_LIMIT = 1000
 MAX_IDENT_LEN = 4096

@@ -115,7 +115,8 @@ class TimerConfig:
 
     @classmethod
     def from_broker_config(cls, cfg: Any) -> TimerConfig:
-        """Read the timer keys from a BrokerConfig (attributes, or its ``extra`` dict of unknown keys)."""
+        """Read the timer keys from a BrokerConfig (its typed attributes; a plain object may carry them in
+        an ``extra`` dict instead)."""
         extra = getattr(cfg, "extra", {}) or {}
 
         def get(key: str) -> int | None:
