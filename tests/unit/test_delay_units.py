@@ -254,3 +254,17 @@ async def test_system_clock_never_wakes_before_the_deadline():
         await clock.sleep_until_ms(deadline)
         assert clock.now_ms() >= deadline
         assert time.time() * 1000 >= deadline
+
+
+def test_histogram_merged() -> None:
+    from chronomq.delay.histogram import Histogram
+
+    a, b, empty = Histogram(), Histogram(), Histogram()
+    for v in (5, 7, 40):
+        a.record(v)
+    for v in (3, 1000):
+        b.record(v)
+    m = Histogram.merged([a, empty, b])
+    assert (m.count, m.total, m.min, m.max) == (5, 1055, 3, 1000)
+    assert m.percentile(50) == 7 and m.percentile(100) == 1000
+    assert Histogram.merged([]).count == 0

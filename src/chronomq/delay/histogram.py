@@ -4,6 +4,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 _SUB_BITS = 4
 _SUB = 1 << _SUB_BITS  # 16 sub-buckets per power of two
 _EXACT = 2 * _SUB  # values below 32 have their own bucket
@@ -61,6 +63,21 @@ class Histogram:
             if seen >= rank:
                 return min(bucket_upper(idx), self.max)
         return self.max
+
+    @classmethod
+    def merged(cls, hists: Iterable[Histogram]) -> Histogram:
+        """One histogram holding every sample of ``hists`` (e.g. per-topic lateness, all topics)."""
+        out = cls()
+        for h in hists:
+            if not h.count:
+                continue
+            for idx, n in h._counts.items():
+                out._counts[idx] = out._counts.get(idx, 0) + n
+            out.min = h.min if out.count == 0 else min(out.min, h.min)
+            out.count += h.count
+            out.total += h.total
+            out.max = max(out.max, h.max)
+        return out
 
     @property
     def buckets(self) -> int:

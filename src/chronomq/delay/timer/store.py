@@ -37,8 +37,8 @@ from chronomq.message import (
 )
 from chronomq.store.types import PutResult, PutStatus
 
+from ..histogram import Histogram
 from .files import HashIndex, SegmentedFile, Wheel
-from .metrics import Histogram
 from .props import TIMER_PROPERTIES
 from .types import (
     OpResult,
