@@ -75,6 +75,7 @@ from chronomq.store.commitlog import (
 )
 from chronomq.store.consumequeue import UNIT, ConsumeQueue
 from chronomq.store.index import IndexService
+from chronomq.store.mapped import MappedFile
 from chronomq.store.types import AppendResult, CQUnit, GetResult, GetStatus, PutResult, PutStatus
 
 log = logging.getLogger("chronomq.store")
@@ -302,6 +303,29 @@ class MessageStore:
         except (TypeError, ValueError, AttributeError, OverflowError, struct.error) as e:
             return self._fail(PutStatus.MESSAGE_ILLEGAL, f"malformed message: {e}")
 
+    def _reserve(self, size: int) -> tuple[MappedFile, int, int] | PutResult:
+        """Under the commit-log lock: the segment, commit-log offset and in-segment position where
+        ``size`` bytes go (rolling to a new segment and allocating disk as needed), or a failed
+        PutResult. A record never spans two segments."""
+        if not self._running:
+            return self._fail(PutStatus.SERVICE_NOT_AVAILABLE, "the message store is not running")
+        seg = self._cur_seg
+        wrote = self._cl.wrote
+        r = wrote - seg.start if seg is not None else 0
+        if seg is None or r + size + 8 > self._seg_size:
+            try:
+                seg = self._roll(seg, r)
+            except OSError as e:
+                return self._fail(PutStatus.SERVICE_NOT_AVAILABLE, f"cannot create a commit-log segment: {e}")
+            wrote = seg.start
+            r = 0
+        if r + size > seg.allocated:
+            try:
+                seg.allocate(r + size)
+            except OSError as e:
+                return self._fail(PutStatus.SERVICE_NOT_AVAILABLE, f"cannot allocate commit-log space: {e}")
+        return seg, wrote, r
+
     def put_message(self, msg: MessageExt) -> PutResult:
         try:
             prep = self._prepare(msg)
@@ -314,25 +338,10 @@ class MessageStore:
         qkey = (topic, qid)
         cl = self._cl
         with cl.lock:
-            if not self._running:
-                return self._fail(PutStatus.SERVICE_NOT_AVAILABLE, "the message store is not running")
-            seg = self._cur_seg
-            wrote = cl.wrote
-            r = wrote - seg.start if seg is not None else 0
-            if seg is None or r + size + 8 > self._seg_size:
-                try:
-                    seg = self._roll(seg, r)
-                except OSError as e:
-                    return self._fail(PutStatus.SERVICE_NOT_AVAILABLE,
-                                      f"cannot create a commit-log segment: {e}")
-                wrote = seg.start
-                r = 0
-            if r + size > seg.allocated:
-                try:
-                    seg.allocate(r + size)
-                except OSError as e:
-                    return self._fail(PutStatus.SERVICE_NOT_AVAILABLE,
-                                      f"cannot allocate commit-log space: {e}")
+            reserved = self._reserve(size)
+            if reserved.__class__ is PutResult:
+                return reserved  # type: ignore[return-value]
+            seg, wrote, r = reserved  # type: ignore[misc]
             ts = self.clock.now_ms()
             if ts < self._last_ts:
                 ts = self._last_ts
@@ -382,25 +391,10 @@ class MessageStore:
         qkey = (topic, qid)
         cl = self._cl
         with cl.lock:
-            if not self._running:
-                return self._fail(PutStatus.SERVICE_NOT_AVAILABLE, "the message store is not running")
-            seg = self._cur_seg
-            wrote = cl.wrote
-            r = wrote - seg.start if seg is not None else 0
-            if seg is None or r + total + 8 > self._seg_size:
-                try:
-                    seg = self._roll(seg, r)
-                except OSError as e:
-                    return self._fail(PutStatus.SERVICE_NOT_AVAILABLE,
-                                      f"cannot create a commit-log segment: {e}")
-                wrote = seg.start
-                r = 0
-            if r + total > seg.allocated:
-                try:
-                    seg.allocate(r + total)
-                except OSError as e:
-                    return self._fail(PutStatus.SERVICE_NOT_AVAILABLE,
-                                      f"cannot allocate commit-log space: {e}")
+            reserved = self._reserve(total)
+            if reserved.__class__ is PutResult:
+                return reserved  # type: ignore[return-value]
+            seg, wrote, r = reserved  # type: ignore[misc]
             ts = max(self.clock.now_ms(), self._last_ts)
             self._last_ts = ts
             first_q = self._queue_table.get(qkey, 0)
