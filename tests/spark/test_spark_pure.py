@@ -37,16 +37,21 @@ from chronomq.spark.options import (
     EARLIEST,
     LATEST,
     OptionError,
+    parse_pending_options,
     parse_read_options,
+    parse_time_ms,
     parse_write_options,
+    read_mode,
 )
 from chronomq.spark.schema import (
     DEFAULT_LEVELS_MS,
+    PENDING_SCHEMA,
     READ_SCHEMA,
     WriteSchemaError,
     arrow_schema,
     deliver_ms,
     messages_to_batch,
+    pending_to_batch,
     row_uniq_key,
     validate_write_schema,
 )
@@ -283,3 +288,85 @@ def test_messages_to_batch_matches_spark_schema() -> None:
     assert [f.name for f in READ_SCHEMA.fields][:6] == ["key", "value", "topic", "partition", "offset",
                                                           "timestamp"]
     assert isinstance(READ_SCHEMA["timestamp"].dataType, TimestampType)
+
+
+# --- mode=pending ---------------------------------------------------------------------------------------
+def pending(streaming: bool = False, **kw: str):
+    return parse_pending_options({**NS, "mode": "pending", **kw}, streaming)
+
+
+def test_read_mode_default_and_values() -> None:
+    assert read_mode({}) == "messages" and read_mode({"MODE": " Pending "}) == "pending"
+    assert read_mode({"mode": ""}) == "messages"
+    assert read(subscribe="t", mode="messages").subscribe == ("t",)
+    with pytest.raises(OptionError, match="'mode': 'later' must be one of messages, pending"):
+        read_mode({"mode": "later"})
+    with pytest.raises(OptionError, match="own options"):
+        read(mode="pending")
+
+
+def test_pending_options_filters_and_defaults() -> None:
+    p = pending()
+    assert (p.topic, p.key, p.tag, p.deliver_from_ms, p.deliver_to_ms) == (None, None, None, None, None)
+    assert p.page_size == 1000 and p.request_timeout_s == 10.0 and p.namesrv == NS["namesrv"]
+    p = pending(Topic="Invoices", key="customer-42", tag="renew", deliverFrom="1767225600000",
+                deliverTo="2026-01-01T00:00:01Z", pageSize="7")
+    assert (p.topic, p.key, p.tag, p.page_size) == ("Invoices", "customer-42", "renew", 7)
+    assert (p.deliver_from_ms, p.deliver_to_ms) == (1_767_225_600_000, 1_767_225_601_000)
+    # an ISO timestamp without an offset is UTC; with one it is honoured; milliseconds are kept
+    assert pending(deliverFrom="2026-01-01T00:00:00.250").deliver_from_ms == 1_767_225_600_250
+    assert pending(deliverFrom="2026-01-01T01:00:00+01:00").deliver_from_ms == 1_767_225_600_000
+    assert parse_time_ms("2026-01-01", "x") == 1_767_225_600_000
+
+
+@pytest.mark.parametrize("kw, text", [
+    ({"subscribe": "t"}, r"'subscribe'.* do not apply to mode 'pending'"),
+    ({"startingOffsets": "earliest"}, r"'startingOffsets'.* do not apply to mode 'pending'"),
+    ({"maxOffsetsPerTrigger": "5", "failOnDataLoss": "false"},
+     r"'failOnDataLoss', 'maxOffsetsPerTrigger' do not apply"),
+    ({"deliverFrm": "1"}, "unknown pending-mode option"),
+    ({"deliverFrom": "tomorrow"}, "neither epoch milliseconds nor an ISO 8601"),
+    ({"deliverFrom": "1969-12-31T23:59:59Z"}, "before 1970"),
+    ({"deliverFrom": "2000", "deliverTo": "1000"}, "is before 'deliverFrom'"),
+    ({"topic": "bad topic!"}, "option 'topic'"),
+    ({"key": "a\x01b"}, "control characters"),
+    ({"pageSize": "0"}, "must be >= 1"),
+    ({"pageSize": "1001"}, "must be <= 1000"),
+    ({"namesrv": ""}, "required"),
+])
+def test_bad_pending_options(kw: dict[str, str], text: str) -> None:
+    with pytest.raises(OptionError, match=text):
+        pending(**kw)
+
+
+def test_pending_mode_is_batch_only_and_its_options_are_refused_elsewhere() -> None:
+    with pytest.raises(OptionError, match=r"mode 'pending' is a batch read \(spark.read\)"):
+        pending(True)
+    with pytest.raises(OptionError, match=r"'deliverFrom', 'tag' apply to mode 'pending' only"):
+        read(subscribe="t", tag="x", deliverFrom="1")
+    # the default mode's own checks are unchanged
+    with pytest.raises(OptionError, match="unknown read option"):
+        read(subscribe="t", startingOffset="earliest")
+
+
+def test_pending_schema_and_batch() -> None:
+    from datetime import UTC, datetime
+
+    from chronomq.client import PendingMessage
+
+    sch = arrow_schema(PENDING_SCHEMA)
+    items = [PendingMessage("ID1", "OFF1", "t", 2, "a", ["k1", "k2"], 1_700_000_005_000,
+                            1_700_000_000_000, 10, "broker-a"),
+             PendingMessage("ID2", "", "t", 0, None, [], 1_700_000_006_000, 0, 0, "broker-b")]
+    batch = pending_to_batch(items, sch)
+    assert batch.schema.equals(sch)
+    assert [f.name for f in PENDING_SCHEMA.fields] == [
+        "msg_id", "offset_msg_id", "topic", "queue_id", "tags", "keys", "deliver_time", "created",
+        "body_size", "broker"]
+    r0, r1 = batch.to_pylist()
+    assert (r0["msg_id"], r0["offset_msg_id"], r0["queue_id"], r0["tags"], r0["keys"]) == (
+        "ID1", "OFF1", 2, "a", ["k1", "k2"])
+    assert r0["deliver_time"] == datetime.fromtimestamp(1_700_000_005, UTC)
+    assert r0["created"] == datetime.fromtimestamp(1_700_000_000, UTC)
+    assert (r0["body_size"], r0["broker"]) == (10, "broker-a")
+    assert r1["offset_msg_id"] is None and r1["created"] is None and r1["tags"] is None and r1["keys"] == []

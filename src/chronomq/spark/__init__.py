@@ -4,6 +4,8 @@
     register(spark)
     df = (spark.read.format("chronomq").option("namesrv", "127.0.0.1:9876")
           .option("subscribe", "orders").load())
+    pending = (spark.read.format("chronomq").option("namesrv", "127.0.0.1:9876")
+               .option("mode", "pending").option("topic", "orders").load())   # the timer stores' index
 
 See docs/spark.md. Imports only chronomq.client and chronomq.message from chronomq (ARCHITECTURE.md).
 """
@@ -13,16 +15,18 @@ from __future__ import annotations
 from typing import Any
 
 from .offsets import QueueRange, offsets_from_json, offsets_to_json, plan_ranges, rate_limit
-from .options import OptionError, parse_read_options, parse_write_options
-from .schema import READ_SCHEMA, row_uniq_key
+from .options import OptionError, parse_pending_options, parse_read_options, parse_write_options
+from .schema import PENDING_SCHEMA, READ_SCHEMA, row_uniq_key
 
 __all__ = [
+    "PENDING_SCHEMA",
     "READ_SCHEMA",
     "ChronomqDataSource",
     "OptionError",
     "QueueRange",
     "offsets_from_json",
     "offsets_to_json",
+    "parse_pending_options",
     "parse_read_options",
     "parse_write_options",
     "plan_ranges",

@@ -25,6 +25,7 @@ from chronomq.client import (
     Message,
     MessageQueue,
     NoRouteError,
+    NotSupported,
     Producer,
     PullStatus,
     SimpleConsumer,
@@ -32,8 +33,8 @@ from chronomq.client import (
 from chronomq.message import DEFAULT_TOPIC, SCHEDULE_TOPIC
 
 from .offsets import QueueKey, QueueRange
-from .options import EARLIEST, LATEST, OffsetSpec, ReadOptions, WriteOptions
-from .schema import DEFAULT_LEVELS_MS, messages_to_batch, row_uniq_key, to_epoch_ms
+from .options import EARLIEST, LATEST, OffsetSpec, PendingOptions, ReadOptions, WriteOptions
+from .schema import DEFAULT_LEVELS_MS, messages_to_batch, pending_to_batch, row_uniq_key, to_epoch_ms
 
 log = logging.getLogger("chronomq.spark")
 T = TypeVar("T")
@@ -295,6 +296,37 @@ def _lost(settings: ReadSettings, mq: MessageQueue, frm: int, to: int, end: int,
         raise DataLossError(f"data loss: {what}. Set failOnDataLoss=false to skip them (they are logged)")
     log.warning("chronomq: data loss skipped (failOnDataLoss=false): %s", what)
     return to
+
+
+# --- mode=pending: the timer stores' pending index ----------------------------------------------------------
+def read_pending(opts: PendingOptions, schema: pa.Schema) -> Iterator[pa.RecordBatch]:
+    """Every pending message matching the filters, one Arrow batch per page, paging through all master
+    brokers with Admin.pending's cursor (ordered by broker, then deliver time)."""
+    proxy = Admin(opts.namesrv, request_timeout=opts.request_timeout_s).blocking()
+    seen: set[str] = set()
+    cursor: str | None = None
+    try:
+        while True:
+            try:
+                page = proxy.pending(topic=opts.topic, key=opts.key, tag=opts.tag,
+                                     start=opts.deliver_from_ms, end=opts.deliver_to_ms,
+                                     limit=opts.page_size, cursor=cursor)
+            except NotSupported as e:
+                raise ChronomqSparkError(f"mode 'pending': a broker does not keep a pending index (it is "
+                                         f"not chronomq, or too old to have a timer store): {e}") from e
+            except (ClientError, ValueError) as e:
+                raise ChronomqSparkError(f"mode 'pending': listing the pending messages failed: {e}") from e
+            if page.items:
+                yield pending_to_batch(page.items, schema)
+            cursor = page.next_cursor
+            if cursor is None:
+                return
+            if cursor in seen:  # bounded: a broker that hands out the same cursor again would loop forever
+                raise ChronomqSparkError(f"mode 'pending': the brokers returned cursor {cursor!r} twice; "
+                                         "the listing makes no progress")
+            seen.add(cursor)
+    finally:
+        proxy.close()
 
 
 # --- executor side: writing ---------------------------------------------------------------------------------

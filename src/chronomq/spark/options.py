@@ -19,7 +19,13 @@ The read options follow Spark's Kafka source, which Spark users already know:
 ``minPartitions``            split large queue ranges so there are at least this many Spark partitions
 ``pullBatchSize``            messages per pull request (default 256, 1..1024; brokers may cap it)
 ``requestTimeoutMs``         client request timeout (default 10000)
+``mode``                     ``messages`` (default: the rows of topics, as above) or ``pending``
 ==========================  ==========================================================================
+
+``mode=pending`` (batch only) reads the brokers' timer stores instead: one row per message waiting for
+its deliver time (PENDING_SCHEMA), with its own options ``topic``, ``key``, ``tag``, ``deliverFrom`` /
+``deliverTo`` (epoch ms or ISO 8601; without an offset UTC; both inclusive), ``pageSize`` (1..1000,
+default 1000) besides ``namesrv`` and ``requestTimeoutMs``. The queue options above do not apply there.
 
 Write options: ``namesrv``, ``topic`` (overrides a ``topic`` column, like Kafka), ``producerGroup``,
 ``batchSize`` (messages per batched send, default 64), ``maxInFlight`` (concurrent batched sends per task,
@@ -35,6 +41,7 @@ import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 
 from chronomq.message import validate_topic
 
@@ -52,7 +59,23 @@ _ENGINE_KEYS = {"path", "checkpointlocation", "queryname"}
 READ_KEYS = {
     "namesrv", "nameserver", "subscribe", "subscribepattern", "assign", "startingoffsets",
     "endingoffsets", "startingtimestamp", "maxoffsetspertrigger", "failondataloss", "tagexpression",
-    "minpartitions", "pullbatchsize", "requesttimeoutms",
+    "minpartitions", "pullbatchsize", "requesttimeoutms", "mode",
+}
+PENDING_KEYS = {"namesrv", "nameserver", "mode", "topic", "key", "tag", "deliverfrom", "deliverto",
+                "pagesize", "requesttimeoutms"}
+# read modes: the rows of topics (default) / the timer stores' pending index
+MODE_MESSAGES = "messages"
+MODE_PENDING = "pending"
+READ_MODES = (MODE_MESSAGES, MODE_PENDING)
+# the spelling users write, for error messages (Spark lower-cases option keys)
+_SPELLING = {
+    "namesrv": "namesrv", "nameserver": "nameServer", "subscribe": "subscribe",
+    "subscribepattern": "subscribePattern", "assign": "assign", "startingoffsets": "startingOffsets",
+    "endingoffsets": "endingOffsets", "startingtimestamp": "startingTimestamp",
+    "maxoffsetspertrigger": "maxOffsetsPerTrigger", "failondataloss": "failOnDataLoss",
+    "tagexpression": "tagExpression", "minpartitions": "minPartitions", "pullbatchsize": "pullBatchSize",
+    "requesttimeoutms": "requestTimeoutMs", "mode": "mode", "topic": "topic", "key": "key", "tag": "tag",
+    "deliverfrom": "deliverFrom", "deliverto": "deliverTo", "pagesize": "pageSize",
 }
 WRITE_KEYS = {"namesrv", "nameserver", "topic", "producergroup", "batchsize", "maxinflight", "writeid",
               "requesttimeoutms"}
@@ -260,9 +283,44 @@ def _offset_spec(opts: dict[str, str], key: str, name: str, default: str) -> Off
                       '{"topic": {"broker-a": {"0": 42}}}')
 
 
+def read_mode(options: Mapping[str, str]) -> str:
+    """The ``mode`` option: ``messages`` (default, also when empty) or ``pending``."""
+    raw = _lower(options).get("mode", "").strip().lower()
+    if not raw:
+        return MODE_MESSAGES
+    if raw not in READ_MODES:
+        raise OptionError(f"option 'mode': {raw!r} must be one of {', '.join(READ_MODES)} (default "
+                          f"{MODE_MESSAGES}: the messages of topics; pending: the messages waiting in the "
+                          "brokers' timer stores)")
+    return raw
+
+
+def _names(keys: set[str]) -> str:
+    return ", ".join(sorted(_SPELLING.get(k, k) for k in keys))
+
+
+def _check_mode_keys(opts: dict[str, str], mode: str) -> None:
+    """Options of the other read mode get a message saying which mode they belong to."""
+    known = READ_KEYS if mode == MODE_MESSAGES else PENDING_KEYS
+    other = PENDING_KEYS if mode == MODE_MESSAGES else READ_KEYS
+    misplaced = sorted(k for k in opts if k not in known and k in other)
+    if misplaced:
+        names = ", ".join(repr(_SPELLING.get(k, k)) for k in misplaced)
+        if mode == MODE_PENDING:
+            raise OptionError(f"option(s) {names} do not apply to mode 'pending' (it lists the messages "
+                              "waiting in the brokers' timer stores, not the queues of topics); its options "
+                              f"are {_names(PENDING_KEYS)}")
+        raise OptionError(f"option(s) {names} apply to mode 'pending' only; set .option('mode', 'pending') "
+                          "to list the messages waiting in the timer stores (the default mode reads topics "
+                          "with subscribe / subscribePattern / assign)")
+    _check_unknown(opts, known, "read" if mode == MODE_MESSAGES else "pending-mode")
+
+
 def parse_read_options(options: Mapping[str, str], streaming: bool) -> ReadOptions:
     opts = _lower(options)
-    _check_unknown(opts, READ_KEYS, "read")
+    if read_mode(opts) != MODE_MESSAGES:
+        raise OptionError("mode 'pending' has its own options: use parse_pending_options")
+    _check_mode_keys(opts, MODE_MESSAGES)
     namesrv = _namesrv(opts)
     given = [k for k in ("subscribe", "subscribepattern", "assign") if opts.get(k, "").strip()]
     if len(given) != 1:
@@ -346,6 +404,80 @@ def _check_within_assign(offsets: QueueOffsets, assign: dict[str, dict[str, tupl
             outside = sorted(q for q in queues if q not in allowed)
             if outside:
                 raise OptionError(f"option '{name}': {topic}/{broker} queue(s) {outside} are not in 'assign'")
+
+
+@dataclass(frozen=True)
+class PendingOptions:
+    """``mode=pending``: filters of the pending index (None = no filter; the window is inclusive)."""
+
+    namesrv: str
+    topic: str | None
+    key: str | None
+    tag: str | None
+    deliver_from_ms: int | None
+    deliver_to_ms: int | None
+    page_size: int
+    request_timeout_s: float
+
+
+def parse_time_ms(raw: str, name: str) -> int:
+    """Epoch milliseconds (digits) or an ISO 8601 timestamp (UTC when it carries no offset) -> epoch ms."""
+    text = raw.strip()
+    if text.isdigit():
+        return int(text)
+    try:
+        dt = datetime.fromisoformat(text)
+    except ValueError:
+        raise OptionError(f"option '{name}': {raw!r} is neither epoch milliseconds nor an ISO 8601 timestamp "
+                          "(e.g. 1767225600000 or 2026-01-01T00:00:00Z)") from None
+    if dt.tzinfo is None or dt.utcoffset() is None:
+        dt = dt.replace(tzinfo=UTC)
+    ms = (dt - datetime(1970, 1, 1, tzinfo=UTC)) // timedelta(milliseconds=1)
+    if ms < 0:
+        raise OptionError(f"option '{name}': {raw!r} is before 1970")
+    return ms
+
+
+def _filter_text(opts: dict[str, str], key: str, name: str) -> str | None:
+    raw = opts.get(key)
+    if raw is None or not raw.strip():
+        return None
+    value = raw.strip()
+    if "\x01" in value or "\x02" in value:
+        raise OptionError(f"option '{name}' contains control characters")
+    return value
+
+
+def parse_pending_options(options: Mapping[str, str], streaming: bool) -> PendingOptions:
+    """Options of ``mode=pending`` (batch only)."""
+    opts = _lower(options)
+    if read_mode(opts) != MODE_PENDING:
+        raise OptionError("parse_pending_options is for .option('mode', 'pending')")
+    if streaming:
+        raise OptionError("mode 'pending' is a batch read (spark.read): the pending index is a snapshot of "
+                          "what waits in the timer stores, not a stream; use spark.read...load(), or stream "
+                          "the delivered messages with the default mode (subscribe=...)")
+    _check_mode_keys(opts, MODE_PENDING)
+    topic = _filter_text(opts, "topic", "topic")
+    if topic is not None:
+        _topic(topic, "option 'topic'")
+    start = end = None
+    if (raw := opts.get("deliverfrom", "").strip()):
+        start = parse_time_ms(raw, "deliverFrom")
+    if (raw := opts.get("deliverto", "").strip()):
+        end = parse_time_ms(raw, "deliverTo")
+    if start is not None and end is not None and end < start:
+        raise OptionError(f"option 'deliverTo' ({end}) is before 'deliverFrom' ({start})")
+    return PendingOptions(
+        namesrv=_namesrv(opts),
+        topic=topic,
+        key=_filter_text(opts, "key", "key"),
+        tag=_filter_text(opts, "tag", "tag"),
+        deliver_from_ms=start,
+        deliver_to_ms=end,
+        page_size=_int(opts, "pagesize", "pageSize", minimum=1, maximum=1000) or 1000,
+        request_timeout_s=(_int(opts, "requesttimeoutms", "requestTimeoutMs", minimum=100) or 10_000) / 1000,
+    )
 
 
 def parse_write_options(options: Mapping[str, str]) -> WriteOptions:

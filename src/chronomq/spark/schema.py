@@ -52,6 +52,20 @@ READ_SCHEMA = StructType([
     StructField("deliver_time", TimestampType(), True),
 ])
 
+# mode=pending: one row per message waiting in a broker's timer store (chronomq.client.PendingMessage)
+PENDING_SCHEMA = StructType([
+    StructField("msg_id", StringType(), True),
+    StructField("offset_msg_id", StringType(), True),
+    StructField("topic", StringType(), True),
+    StructField("queue_id", IntegerType(), True),
+    StructField("tags", StringType(), True),
+    StructField("keys", ArrayType(StringType(), True), True),
+    StructField("deliver_time", TimestampType(), True),
+    StructField("created", TimestampType(), True),
+    StructField("body_size", IntegerType(), True),
+    StructField("broker", StringType(), True),
+])
+
 
 def arrow_schema(schema: StructType = READ_SCHEMA) -> pa.Schema:
     from pyspark.sql.pandas.types import to_arrow_schema
@@ -111,6 +125,23 @@ def messages_to_batch(msgs: Sequence[Any], topic: str, broker: str, queue_id: in
         _ts([mm.born_timestamp for mm in msgs]),
         pa.array([mm.reconsume_times for mm in msgs], type=pa.int32()),
         _ts(deliver),
+    ]
+    return pa.RecordBatch.from_arrays(cols, schema=schema)
+
+
+def pending_to_batch(items: Sequence[Any], schema: pa.Schema) -> pa.RecordBatch:
+    """Pending messages (chronomq.client.PendingMessage-like) -> one Arrow batch of PENDING_SCHEMA."""
+    cols = [
+        pa.array([p.msg_id for p in items], type=pa.string()),
+        pa.array([p.offset_msg_id or None for p in items], type=pa.string()),
+        pa.array([p.topic for p in items], type=pa.string()),
+        pa.array([p.queue_id for p in items], type=pa.int32()),
+        pa.array([p.tags for p in items], type=pa.string()),
+        pa.array([list(p.keys) for p in items], type=schema.field("keys").type),
+        _ts([p.deliver_ms for p in items]),
+        _ts([p.created_ms or None for p in items]),
+        pa.array([p.body_size for p in items], type=pa.int32()),
+        pa.array([p.broker for p in items], type=pa.string()),
     ]
     return pa.RecordBatch.from_arrays(cols, schema=schema)
 

@@ -25,10 +25,20 @@ from pyspark.sql.streaming.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from .io import ChronomqSparkError, Metadata, ReadSettings, key_of, read_range, write_rows
+from .io import ChronomqSparkError, Metadata, ReadSettings, key_of, read_pending, read_range, write_rows
 from .offsets import QueueKey, QueueRange, offsets_from_json, offsets_to_json, plan_ranges, rate_limit
-from .options import EARLIEST, LATEST, OptionError, parse_read_options, parse_write_options
-from .schema import READ_SCHEMA, WriteSchemaError, arrow_schema, validate_write_schema
+from .options import (
+    EARLIEST,
+    LATEST,
+    MODE_PENDING,
+    OptionError,
+    PendingOptions,
+    parse_pending_options,
+    parse_read_options,
+    parse_write_options,
+    read_mode,
+)
+from .schema import PENDING_SCHEMA, READ_SCHEMA, WriteSchemaError, arrow_schema, validate_write_schema
 
 log = logging.getLogger("chronomq.spark")
 
@@ -42,10 +52,18 @@ class RangePartition(InputPartition):
         self.settings = settings
 
 
-def _check_schema(schema: StructType) -> None:
-    if schema != READ_SCHEMA:
+class PendingPartition(InputPartition):
+    """mode=pending: the one partition that pages through the pending index of every broker."""
+
+    def __init__(self, opts: PendingOptions) -> None:
+        super().__init__(None)
+        self.opts = opts
+
+
+def _check_schema(schema: StructType, expected: StructType = READ_SCHEMA) -> None:
+    if schema != expected:
         raise OptionError("the chronomq source has a fixed schema; do not pass .schema(...) (select the "
-                          f"columns you need instead). Expected {READ_SCHEMA.simpleString()}")
+                          f"columns you need instead). Expected {expected.simpleString()}")
 
 
 class ChronomqDataSource(DataSource):
@@ -56,13 +74,18 @@ class ChronomqDataSource(DataSource):
         return "chronomq"
 
     def schema(self) -> StructType:
-        return READ_SCHEMA
+        return PENDING_SCHEMA if read_mode(self.options) == MODE_PENDING else READ_SCHEMA
 
     def reader(self, schema: StructType) -> DataSourceReader:
+        if read_mode(self.options) == MODE_PENDING:
+            _check_schema(schema, PENDING_SCHEMA)
+            return ChronomqPendingReader(self.options)
         _check_schema(schema)
         return ChronomqBatchReader(self.options)
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        if read_mode(self.options) == MODE_PENDING:
+            parse_pending_options(self.options, streaming=True)  # raises: batch only
         _check_schema(schema)
         return ChronomqStreamReader(self.options)
 
@@ -107,6 +130,21 @@ class ChronomqBatchReader(DataSourceReader):
         if not isinstance(partition, RangePartition):
             return iter(())  # Spark plans one empty partition when there is nothing to read
         return read_range(partition.settings, partition.range, arrow_schema())
+
+
+# --- batch read, mode=pending ----------------------------------------------------------------------------
+class ChronomqPendingReader(DataSourceReader):
+    """The messages waiting in the brokers' timer stores (PENDING_SCHEMA), one partition."""
+
+    def __init__(self, options: Any) -> None:
+        self.opts = parse_pending_options(options, streaming=False)
+
+    def partitions(self) -> list[InputPartition]:
+        return [PendingPartition(self.opts)]
+
+    def read(self, partition: InputPartition):  # type: ignore[no-untyped-def]
+        opts = partition.opts if isinstance(partition, PendingPartition) else self.opts
+        return read_pending(opts, arrow_schema(PENDING_SCHEMA))
 
 
 # --- streaming read ---------------------------------------------------------------------------------------
