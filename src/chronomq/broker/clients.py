@@ -5,6 +5,7 @@ unregisters, or when its connection closes; the remaining consumers of its group
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -101,21 +102,16 @@ class ConsumerManager:
 
     def drop_connection(self, conn: Connection) -> list[str]:
         """Remove every client registered through conn; returns the groups that changed."""
-        changed = []
-        for name, g in list(self.groups.items()):
-            gone = [cid for cid, c in g.clients.items() if c.conn is conn]
-            for cid in gone:
-                del g.clients[cid]
-            if gone:
-                changed.append(name)
-                if not g.clients:
-                    del self.groups[name]
-        return changed
+        return self._drop_where(lambda c: c.conn is conn)
 
     def expire(self, now_ms: int) -> list[str]:
+        """Remove clients silent for longer than the expiry; returns the groups that changed."""
+        return self._drop_where(lambda c: now_ms - c.last_update_ms > self.expire_ms)
+
+    def _drop_where(self, pred: Callable[[Any], bool]) -> list[str]:
         changed = []
         for name, g in list(self.groups.items()):
-            gone = [cid for cid, c in g.clients.items() if now_ms - c.last_update_ms > self.expire_ms]
+            gone = [cid for cid, c in g.clients.items() if pred(c)]
             for cid in gone:
                 del g.clients[cid]
             if gone:

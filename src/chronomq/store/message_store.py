@@ -167,15 +167,7 @@ class MessageStore:
         """Stop accepting puts, dispatch and flush everything, write the checkpoint, remove the abort file."""
         if not self._running:
             return
-        with self._cl.lock:
-            self._running = False
-        self._stop.set()
-        self._wake.set()
-        with self._flush_cv:
-            self._flush_cv.notify_all()
-        for t in self._threads:
-            t.join(timeout=30)
-        self._threads = []
+        self._stop_threads()
         self._dispatch_pending()  # anything left after the dispatcher stopped
         self._do_flush()
         with self._clean_lock:
@@ -189,9 +181,8 @@ class MessageStore:
         except FileNotFoundError:
             pass
 
-    def _halt(self) -> None:
-        """Tests: stop threads and close files without a clean shutdown (as if the process died after
-        the last write; the abort file stays, the checkpoint is whatever was written last)."""
+    def _stop_threads(self) -> None:
+        """Refuse further puts, then wake and join the service threads."""
         with self._cl.lock:
             self._running = False
         self._stop.set()
@@ -201,6 +192,11 @@ class MessageStore:
         for t in self._threads:
             t.join(timeout=30)
         self._threads = []
+
+    def _halt(self) -> None:
+        """Tests: stop threads and close files without a clean shutdown (as if the process died after
+        the last write; the abort file stays, the checkpoint is whatever was written last)."""
+        self._stop_threads()
         self._fail_flush_requests()
         self._close_files()
 
