@@ -185,6 +185,21 @@ def test_zero_length_tail_and_missing_segment(tmp_path):
         s2.shutdown()
 
 
+
+def wait_for_checkpoint(s: MessageStore, clock: VirtualClock, root: str, recover_from: int) -> None:
+    """Drive the virtual clock until the flush threads have written a checkpoint whose recover-from
+    offset is ``recover_from``. The dispatcher, the commit-log flush and the queue flush run in their
+    own threads in any order, so one clock step may checkpoint less than everything; keep stepping."""
+    s.wait_dispatched(recover_from, 10)
+    ck_path = os.path.join(root, "checkpoint")
+
+    def covered() -> bool:
+        clock.advance_sync(250)
+        c = Checkpoint.load(ck_path)
+        return c is not None and c.recover_from == recover_from
+
+    wait_for(covered, interval=0.02, message="a checkpoint covering the first batch")
+
 def test_recovery_from_a_checkpoint_rebuilds_only_the_tail(tmp_path):
     root = str(tmp_path)
     rng = random.Random(3)
@@ -193,10 +208,7 @@ def test_recovery_from_a_checkpoint_rebuilds_only_the_tail(tmp_path):
     s = MessageStore(cfg, clock)
     s.start()
     first = fill(s, rng, 40)
-    clock.advance_sync(1500)  # the flush threads run: commit log, queues, checkpoint
-    ck_path = os.path.join(root, "checkpoint")
-    wait_for(lambda: (c := Checkpoint.load(ck_path)) is not None and c.recover_from == first[-1][1],
-             message="a checkpoint covering the first batch")
+    wait_for_checkpoint(s, clock, root, first[-1][1])
     second = fill(s, rng, 40)
     s._halt()
     s2 = MessageStore(cfg, clock)
@@ -237,10 +249,7 @@ def test_lost_queue_files_behind_the_checkpoint_are_rebuilt_from_the_log(tmp_pat
     s = MessageStore(cfg, clock)
     s.start()
     first = fill(s, rng, 40)
-    clock.advance_sync(1500)
-    ck_path = os.path.join(root, "checkpoint")
-    wait_for(lambda: (c := Checkpoint.load(ck_path)) is not None and c.recover_from == first[-1][1],
-             message="a checkpoint covering the first batch")
+    wait_for_checkpoint(s, clock, root, first[-1][1])
     second = fill(s, rng, 20)
     s._halt()
     shutil.rmtree(os.path.join(root, "consumequeue", "Crash", "1"))
