@@ -137,15 +137,8 @@ class ScheduleService:
             await asyncio.to_thread(self._flush_and_save, snap)
 
     def _flush_and_save(self, snap: OffsetSnapshot) -> None:
-        # The re-puts a snapshot counts as done must be durable before the snapshot is. (A concurrent
-        # checkpoint write by the store's own flush thread can make flush() raise; try again.)
-        for attempt in range(3):
-            try:
-                self.store.flush()
-                break
-            except OSError:
-                if attempt == 2:
-                    raise
+        # The re-puts a snapshot counts as done must be durable before the snapshot is.
+        self.store.flush()
         self.offset_file.save(snap)
 
     async def _persist_loop(self) -> None:
