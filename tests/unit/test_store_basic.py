@@ -346,7 +346,7 @@ def test_disk_full_is_a_clean_error_not_a_crash(store, monkeypatch):
 
 
 def test_changed_segment_size_is_refused_not_truncated(tmp_path, clock):
-    from chronomq.store.commitlog import StoreConfigError
+    from chronomq.store import StoreConfigError
 
     s = MessageStore(make_config(tmp_path), clock)
     s.start()

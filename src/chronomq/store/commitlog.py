@@ -39,7 +39,7 @@ from chronomq.message import (
     MessageExt,
     validate_topic,
 )
-from chronomq.store.mapped import MappedFile
+from chronomq.store.mapped import MappedFile, segment_files
 
 HEAD = struct.Struct(">iiiiiqqiq8sq8siqi")  # the record up to and including BODYLENGTH
 I32 = struct.Struct(">i")
@@ -103,10 +103,6 @@ def check_record(mm, r: int, seg_start: int, seg_size: int, check_crc: bool) -> 
     return total
 
 
-class StoreConfigError(RuntimeError):
-    """The files on disk were written with a configuration that differs from the current one."""
-
-
 class CommitLog:
     """Segments plus the write position. ``lock`` serialises appends (the store's put path holds it)."""
 
@@ -123,19 +119,13 @@ class CommitLog:
 
     # --- files --------------------------------------------------------------------------------------
     def load(self) -> None:
-        names = sorted(n for n in os.listdir(self.dir) if n.isdigit() and len(n) == 20)
-        for n in names:
-            start = int(n)
-            size = os.path.getsize(os.path.join(self.dir, n))
-            if size > self.seg_size or start % self.seg_size:
-                raise StoreConfigError(
-                    f"commit-log segment {n} ({size} bytes) does not match mappedFileSizeCommitLog="
-                    f"{self.seg_size}; the store was written with another segment size: set it back")
+        for path, start in segment_files(self.dir, self.seg_size, "commit-log segment",
+                                         "mappedFileSizeCommitLog"):
             if self.segments and start != self.segments[-1].end:
                 # A gap (a lost middle file) makes everything after it unreachable; keep the prefix.
-                os.replace(os.path.join(self.dir, n), os.path.join(self.dir, n + ".orphan"))
+                os.replace(path, path + ".orphan")
                 continue
-            mf = MappedFile(os.path.join(self.dir, n), start, self.seg_size)
+            mf = MappedFile(path, start, self.seg_size)
             self.segments.append(mf)
 
     def new_segment(self, start: int) -> MappedFile:

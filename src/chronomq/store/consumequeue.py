@@ -10,8 +10,7 @@ import struct
 import threading
 from collections.abc import Callable
 
-from chronomq.store.commitlog import StoreConfigError
-from chronomq.store.mapped import MappedFile
+from chronomq.store.mapped import MappedFile, segment_files
 from chronomq.store.types import CQUnit
 
 UNIT = struct.Struct(">qiq")
@@ -35,17 +34,11 @@ class ConsumeQueue:
     def load(self) -> None:
         if not os.path.isdir(self.dir):
             return
-        names = sorted(n for n in os.listdir(self.dir) if n.isdigit() and len(n) == 20)
-        for n in names:
-            start = int(n)
-            size = os.path.getsize(os.path.join(self.dir, n))
-            if size > self.file_size or start % self.file_size:
-                raise StoreConfigError(
-                    f"consume-queue file {self.dir}/{n} ({size} bytes) does not match "
-                    f"mappedFileSizeConsumeQueue={self.file_size}; set it back")
+        for path, start in segment_files(self.dir, self.file_size, "consume-queue file",
+                                         "mappedFileSizeConsumeQueue"):
             if self.files and start != self.files[-1].end:
                 break
-            self.files.append(MappedFile(os.path.join(self.dir, n), start, self.file_size))
+            self.files.append(MappedFile(path, start, self.file_size))
         if not self.files:
             return
         # The first used unit: normally the first of the file; a queue rebuilt from the middle of the log

@@ -18,6 +18,10 @@ import threading
 ALLOC_CHUNK = 4 * 1024 * 1024
 
 
+class StoreConfigError(RuntimeError):
+    """The files on disk were written with a configuration that differs from the current one."""
+
+
 class MappedFile:
     __slots__ = ("_lock", "allocated", "closed", "fd", "file_size", "flushed", "mm", "path", "start",
                  "was_short", "written")
@@ -95,3 +99,19 @@ class MappedFile:
             os.unlink(self.path)
         except FileNotFoundError:
             pass
+
+
+def segment_files(directory: str, file_size: int, what: str, key: str) -> list[tuple[str, int]]:
+    """The segment files of ``directory`` (20-digit names = start offsets), in order, as (path, start).
+    Raises StoreConfigError when one does not fit ``file_size``: the store was written with another
+    segment size, and opening it with this one would truncate data."""
+    out = []
+    for n in sorted(n for n in os.listdir(directory) if n.isdigit() and len(n) == 20):
+        path = os.path.join(directory, n)
+        start = int(n)
+        size = os.path.getsize(path)
+        if size > file_size or start % file_size:
+            raise StoreConfigError(f"{what} {path} ({size} bytes) does not match {key}={file_size}; "
+                                   "the store was written with another segment size: set it back")
+        out.append((path, start))
+    return out
