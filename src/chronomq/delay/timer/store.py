@@ -35,6 +35,7 @@ from chronomq.message import (
     encode_record,
     validate_topic,
 )
+from chronomq.store.atomicfile import write_atomic
 from chronomq.store.types import PutResult, PutStatus
 
 from ..histogram import Histogram
@@ -487,7 +488,7 @@ class TimerStore:
         with self._ckpt_lock:
             if snap["seq"] <= self._ckpt_written:
                 return  # a newer snapshot is already on disk
-            _atomic_write(self.root / "checkpoint.json", json.dumps(snap).encode())
+            write_atomic(self.root / "checkpoint.json", json.dumps(snap).encode())
             self._ckpt_written = snap["seq"]
             self.persisted_watermark = max(self.persisted_watermark, snap["watermark"])
 
@@ -498,7 +499,7 @@ class TimerStore:
             tid = len(self.topics) + 1
             self.topics[topic] = tid
             self.topic_names[tid] = topic
-            _atomic_write(self.root / "topics.json", json.dumps(self.topics).encode())
+            write_atomic(self.root / "topics.json", json.dumps(self.topics).encode())
         return tid
 
     def topic_name(self, tid: int) -> str:
@@ -1175,14 +1176,3 @@ class TimerStore:
 
 def _pos_of(offset_msg_id: str) -> int:
     return decode_offset_msg_id(offset_msg_id)[1] & ~TIMER_OFFSET_FLAG
-
-
-def _atomic_write(path: Path, data: bytes) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        os.write(fd, data)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
