@@ -3,6 +3,12 @@ and the same workload: 1 KiB messages, single sync sends, async sends (64 in fli
 and a push consumer draining a topic. Prints both figures side by side with the ratio ours/theirs.
 
     .venv/bin/python bench/client.py [--quick] [--uvloop] [--count N]
+    .venv/bin/python bench/client.py --drain N [--profile FILE]
+
+``--drain N`` measures only our push consumer (the configuration of ``python -m bench.compare``:
+concurrency=64, pull_batch_size=32, long_poll_timeout=5) draining a pre-filled backlog of N 1 KiB
+messages: messages/s, and CPU microseconds per message of this process (time.process_time) and of the
+broker process (/proc/<pid>/stat), so an optimisation can be judged on CPU time, not noisy wall time.
 
 The official client runs in its own venv (tests/compat/harness.official_python) as a subprocess; ours
 runs in this process. Both talk to one `chronomq start` on loopback (ASYNC_FLUSH).
@@ -97,6 +103,58 @@ async def ours_consume(ns: str, topic: str, count: int, group: str) -> float:
     return count / elapsed
 
 
+def _proc_cpu_s(pid: int) -> float:
+    """utime + stime of a process in seconds (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def ours_drain(ns: str, topic: str, count: int, group: str, broker_pid: int,
+                     profile: str | None = None) -> dict[str, float]:
+    """Drain a pre-filled topic with the bench.compare consumer configuration; CPU per message."""
+    got = 0
+    done = asyncio.Event()
+
+    async def listener(_msg: object) -> None:
+        nonlocal got
+        got += 1
+        if got >= count:
+            done.set()
+
+    prof = None
+    if profile:
+        import cProfile
+        prof = cProfile.Profile()
+    b0, c0, t0 = _proc_cpu_s(broker_pid), time.process_time(), time.monotonic()
+    if prof is not None:
+        prof.enable()
+    async with PushConsumer(group, {topic: "*"}, listener, ns, consume_from="first", concurrency=64,
+                            pull_batch_size=32, long_poll_timeout=5.0):
+        await asyncio.wait_for(done.wait(), 300)
+        elapsed = time.monotonic() - t0
+        c1, b1 = time.process_time(), _proc_cpu_s(broker_pid)
+    if prof is not None:
+        prof.disable()
+        prof.dump_stats(profile)  # type: ignore[arg-type]
+    return {"msgs_per_s": count / elapsed, "client_us": (c1 - c0) / count * 1e6,
+            "broker_us": (b1 - b0) / count * 1e6}
+
+
+def drain_main(count: int, repeat: int, profile: str | None) -> None:
+    with tempfile.TemporaryDirectory() as d, ChronomqProcess(Path(d) / "data") as server:
+        ns = server.namesrv_addr
+        pid = server.pid
+        assert pid is not None
+        asyncio.run(ours_batch(ns, "BenchDrain", count - 1, 64))  # + 1 warm-up message = count
+        print(f"backlog of {count} 1 KiB messages in BenchDrain; consumer: concurrency=64, "
+              "pull_batch_size=32")
+        for i in range(repeat):
+            r = asyncio.run(ours_drain(ns, "BenchDrain", count, f"CG_drain{i}", pid,
+                                       profile if i == repeat - 1 else None))
+            print(f"  run {i}: {r['msgs_per_s']:,.0f} msg/s; CPU per message: client "
+                  f"{r['client_us']:.1f} us, broker {r['broker_us']:.1f} us")
+
+
 def theirs(ns: str, topic: str, **args: object) -> float:
     res = run_driver("client_bench", {"namesrv": ns, "topic": topic, **args}, timeout=400)
     if args.get("role") == "consume":
@@ -115,7 +173,12 @@ def main() -> None:
     ap.add_argument("--uvloop", action="store_true", help="run our client on uvloop")
     ap.add_argument("--count", type=int, default=0, help="messages per single-send run")
     ap.add_argument("--repeat", type=int, default=3, help="alternating runs per workload (median)")
+    ap.add_argument("--drain", type=int, default=0, help="only: our push consumer draining N messages")
+    ap.add_argument("--profile", help="with --drain: cProfile stats of the last run to this file")
     a = ap.parse_args()
+    if a.drain:
+        drain_main(a.drain, a.repeat, a.profile)
+        return
     n_sync = a.count or (2000 if a.quick else 10000)
     n_async = n_sync * 3
     n_batch = n_sync * 10

@@ -42,7 +42,7 @@ from chronomq.client import (
     TimerOutcome,
     allocate_average,
 )
-from chronomq.client.model import TopicRoute, deliver_time_ms
+from chronomq.client.model import ReceivedMessage, TopicRoute, decode_received, deliver_time_ms
 from chronomq.remoting.client import RemotingClient, RemotingConnectError, RemotingTimeoutError
 from chronomq.remoting.codec import (
     FrameDecoder,
@@ -1244,3 +1244,80 @@ def test_blocking_admin_timer_ops():
         loop.call_soon_threadsafe(loop.stop)
         t.join(5)
         loop.close()
+
+
+def _record(topic: str, body: bytes, props: dict[str, str], *, qid: int = 0, qoff: int = 0, phys: int = 0,
+            sys_flag: int = 0, reconsume: int = 0) -> bytes:
+    ext = m.MessageExt(topic=topic, body=body, properties=props, queue_id=qid, sys_flag=sys_flag,
+                       born_timestamp=1_700_000_000_000, born_host=("10.1.2.3", 4567),
+                       store_timestamp=1_700_000_000_123, store_host=("127.0.0.1", 10911),
+                       reconsume_times=reconsume, queue_offset=qoff, commit_log_offset=phys)
+    return bytes(m.encode_record(ext))
+
+
+def test_decode_received_matches_the_message_ext_path():
+    big = os.urandom(64) * 100
+    recs = [
+        _record("T", b"plain", {m.PROPERTY_UNIQ_KEY: "U1", m.PROPERTY_TAGS: "A", "u": "1"}, qoff=7, phys=0),
+        _record("T", zlib.compress(big), {m.PROPERTY_TAGS: "B"}, qid=1, qoff=8, phys=200,
+                sys_flag=m.SYSFLAG_COMPRESSED | 0x4),  # no UNIQ_KEY: the offset msg id
+        _record("%RETRY%G", b"again", {m.PROPERTY_RETRY_TOPIC: "T", m.PROPERTY_UNIQ_KEY: "U3"}, qoff=0,
+                phys=5000, reconsume=2),
+        _record("T", b"no props", {}, qoff=9, phys=6000),
+    ]
+    buf = b"".join(recs)
+    want = [ReceivedMessage.from_ext(x, "bk") for x in m.decode_records(buf)]
+    got = decode_received(buf, "bk")
+    assert got == want
+    assert got[1].body == big and got[1].sys_flag == 0x4 and got[2].topic == "T"
+    pair = decode_received(recs[0] + recs[3], "bk")
+    assert pair[0].queue is pair[1].queue  # one MessageQueue per queue in a batch
+    assert decode_received(b"", "bk") == []
+    for bad in (buf[:-1], buf[:50], b"\x00" * 4 + buf[4:]):
+        with pytest.raises(m.MessageFormatError):
+            decode_received(bad, "bk")
+
+
+async def test_push_consumer_pulls_bigger_batches_from_a_backlog(broker):
+    broker.topics["T"] = 1
+    async with Producer("pg", broker.addr) as p:
+        await p.send_batch([Message("T", f"{i}") for i in range(300)])
+    got: list[int] = []
+    c = PushConsumer("GB", "T", lambda msg: got.append(int(msg.body)), broker.addr, consume_from="first",
+                     pull_batch_size=8, max_inflight_per_queue=100, rebalance_interval=0.2,
+                     long_poll_timeout=0.3)
+    async with c:
+        await async_wait_for(lambda: len(got) == 300)
+    pulls = [x.ext_int("maxMsgNums") for x in broker.requests
+             if x.code == RequestCode.PULL_MESSAGE and x.require_str("topic") == "T"]
+    assert pulls[0] == 8  # nothing known about the queue yet: pull_batch_size
+    assert max(pulls) > 8  # a backlog: bigger pulls ...
+    assert max(pulls) <= 100  # ... within the in-flight limit
+    assert sorted(got) == list(range(300))
+
+
+async def test_push_consumer_runs_concurrency_listeners_from_one_pulled_batch(broker):
+    broker.topics["T"] = 1
+    async with Producer("pg", broker.addr) as p:
+        await p.send_batch([Message("T", f"{i}") for i in range(20)])
+    gate = asyncio.Event()
+    running = 0
+    peak = 0
+    done: list[int] = []
+
+    async def listener(msg):
+        nonlocal running, peak
+        running += 1
+        peak = max(peak, running)
+        await gate.wait()
+        running -= 1
+        done.append(int(msg.body))
+
+    c = PushConsumer("GC", "T", listener, broker.addr, consume_from="first", concurrency=8,
+                     pull_batch_size=32, rebalance_interval=0.2, long_poll_timeout=0.3)
+    async with c:
+        await async_wait_for(lambda: running == 8, message="8 listeners at once from one batch of 20")
+        assert peak == 8
+        gate.set()
+        await async_wait_for(lambda: len(done) == 20)
+    assert peak == 8 and sorted(done) == list(range(20))

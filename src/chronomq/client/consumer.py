@@ -19,13 +19,25 @@ from typing import Any
 
 from chronomq import message as m
 from chronomq.remoting.codec import RemotingCommand
-from chronomq.remoting.codes import RequestCode, ResponseCode
+from chronomq.remoting.codes import (
+    PULL_FLAG_COMMIT_OFFSET,
+    PULL_FLAG_SUBSCRIPTION,
+    PULL_FLAG_SUSPEND,
+    RequestCode,
+    ResponseCode,
+)
 
 from . import ops
 from .blocking import SyncContextMixin
-from .errors import ClientClosed, ClientError, NoRouteError
+from .errors import BrokerError, ClientClosed, ClientError, NoRouteError, error_for_code
 from .instance import ClientInstance
-from .model import MessageQueue, ReceivedMessage, TopicRoute, tag_set
+from .model import MessageQueue, ReceivedMessage, TopicRoute, decode_received, tag_set
+
+# while a queue has a backlog, a pull asks for up to this many messages (chronomq's broker answers at
+# most 256 per pull; an Apache broker its maxTransferCountOnMessageInMemory): fewer round trips
+MAX_BACKLOG_PULL = 256
+_PULL_CODES = (ResponseCode.SUCCESS, ResponseCode.PULL_NOT_FOUND, ResponseCode.PULL_RETRY_IMMEDIATELY,
+               ResponseCode.PULL_OFFSET_MOVED)
 
 log = logging.getLogger("chronomq.client")
 
@@ -89,6 +101,8 @@ class ProcessQueue:
     puller: asyncio.Task[None] | None = None
     worker: asyncio.Task[None] | None = None
     consumed: int = 0
+    backlog: int = 0  # messages beyond next_offset, as of the last pull (maxOffset - nextBeginOffset)
+    tags: set[str] | None = None  # tag_set(expression), for the client-side filter of pulled messages
 
     order: collections.deque[int] = field(default_factory=collections.deque)
 
@@ -173,7 +187,13 @@ class PushConsumer(SyncContextMixin):
         self._offsets: dict[MessageQueue, int] = {}
         self._committed: dict[MessageQueue, int] = {}
         self._workers: list[asyncio.Task[None]] = []
-        self._work: asyncio.Queue[tuple[ProcessQueue, ReceivedMessage]] | None = None
+        # concurrent consumption: pulled messages wait in _ready; the `concurrency` workers take them one
+        # at a time (so a listener that awaits never holds up the others); a worker with nothing to do
+        # sleeps on its own future in _sleepers; _waking counts workers woken but not yet running, so a
+        # burst wakes one more worker at a time instead of one per message
+        self._ready: collections.deque[tuple[ProcessQueue, ReceivedMessage]] = collections.deque()
+        self._sleepers: collections.deque[asyncio.Future[None]] = collections.deque()
+        self._waking = 0
         self._busy = 0
         self._idle: asyncio.Event | None = None
         self._sem: asyncio.Semaphore | None = None
@@ -203,8 +223,7 @@ class PushConsumer(SyncContextMixin):
         self._idle = asyncio.Event()
         self._idle.set()
         if not self.orderly:
-            # a fixed pool of consume workers fed by one queue (cheaper than a task per message)
-            self._work = asyncio.Queue()
+            # a fixed pool of consume workers fed by one deque (cheaper than a task per message)
             loop = asyncio.get_running_loop()
             self._workers = [loop.create_task(self._worker(), name="chronomq-consume")
                              for _ in range(self.concurrency)]
@@ -393,7 +412,7 @@ class PushConsumer(SyncContextMixin):
                 log.debug("%s: cannot take %s yet: %s", self.group, mq, e)
                 continue
             pq = ProcessQueue(mq=mq, expression=expr, next_offset=start, high=start,
-                              locked=self.orderly and not self.broadcasting)
+                              locked=self.orderly and not self.broadcasting, tags=tag_set(expr))
             pq.space.set()
             self._pqs[mq] = pq
             self._offsets[mq] = start
@@ -444,11 +463,12 @@ class PushConsumer(SyncContextMixin):
                 await pq.space.wait()
                 continue
             commit = None if self.broadcasting else self._offsets.get(pq.mq)
+            count = self.pull_batch_size
+            if pq.backlog > count:  # catching up: ask for more, within the in-flight limit
+                room = self.max_inflight_per_queue - len(pq.msgs)
+                count = max(count, min(pq.backlog, MAX_BACKLOG_PULL, room))
             try:
-                res = await ops.pull(self._instance, pq.mq, pq.next_offset, self.pull_batch_size,
-                                     group=self.group, expression=pq.expression,
-                                     suspend_ms=int(self.long_poll_timeout * 1000), commit_offset=commit,
-                                     timeout=self.long_poll_timeout + 15)
+                res = await self._pull(pq, count, commit)
             except ClientClosed:
                 return
             except ClientError as e:
@@ -462,12 +482,15 @@ class PushConsumer(SyncContextMixin):
             backoff = 0.05
             if pq.dropped:
                 return
+            pq.backlog = max(0, res.max_offset - res.next_offset)
             if res.status == ops.PullStatus.FOUND:
-                for msg in res.messages:
-                    if msg.queue_offset >= pq.next_offset and msg.queue_offset not in pq.msgs:
-                        pq.add(msg)
-                        if not self.orderly:
-                            self._spawn_consume(pq, msg)
+                fresh = [msg for msg in res.messages
+                         if msg.queue_offset >= pq.next_offset and msg.queue_offset not in pq.msgs]
+                for msg in fresh:
+                    pq.add(msg)
+                if not self.orderly:
+                    self._ready.extend([(pq, msg) for msg in fresh])
+                    self._wake()
                 pq.next_offset = max(res.next_offset, pq.next_offset)
                 pq.high = pq.next_offset
                 if self.orderly:
@@ -488,10 +511,66 @@ class PushConsumer(SyncContextMixin):
             if not pq.msgs:
                 self._offsets[pq.mq] = pq.high
 
+    async def _pull(self, pq: ProcessQueue, count: int, commit: int | None) -> ops.PullResult:
+        """ops.pull for the pull loop: the same request and result, decoded with decode_received (no
+        intermediate MessageExt per message) and with the queue's tag set computed once."""
+        mq = pq.mq
+        inst = self._instance
+        addr = await inst.broker_addr(mq.broker_name, mq.topic)
+        suspend_ms = int(self.long_poll_timeout * 1000)
+        flag = PULL_FLAG_SUBSCRIPTION
+        if suspend_ms > 0:
+            flag |= PULL_FLAG_SUSPEND
+        if commit is not None and commit >= 0:
+            flag |= PULL_FLAG_COMMIT_OFFSET
+        offset = pq.next_offset
+        ext = {"consumerGroup": self.group, "topic": mq.topic, "queueId": mq.queue_id, "queueOffset": offset,
+               "maxMsgNums": count, "sysFlag": flag, "commitOffset": commit or 0,
+               "suspendTimeoutMillis": suspend_ms or 20000, "subscription": pq.expression or "*",
+               "subVersion": 0}
+        what = f"pull {mq} at offset {offset}"
+        cmd = inst.request(RequestCode.PULL_MESSAGE, ext)
+        resp = await inst.invoke(addr, cmd, self.long_poll_timeout + 15, what)
+        code = resp.code
+        if code not in _PULL_CODES:
+            raise error_for_code(code, resp.remark, what, addr)
+        nxt = resp.ext_int("nextBeginOffset", offset)
+        lo = resp.ext_int("minOffset", 0)
+        hi = resp.ext_int("maxOffset", 0)
+        if code == ResponseCode.PULL_NOT_FOUND:
+            return ops.PullResult(ops.PullStatus.NO_NEW_MSG, nxt, lo, hi)
+        if code == ResponseCode.PULL_RETRY_IMMEDIATELY:
+            return ops.PullResult(ops.PullStatus.NO_MATCHED_MSG, nxt, lo, hi)
+        if code == ResponseCode.PULL_OFFSET_MOVED:
+            return ops.PullResult(ops.PullStatus.OFFSET_ILLEGAL, nxt, lo, hi)
+        try:
+            msgs = decode_received(resp.body, mq.broker_name)
+        except m.MessageFormatError as e:
+            raise BrokerError(f"{what}: the broker returned an undecodable message body: {e}",
+                              ResponseCode.SYSTEM_ERROR, None, addr) from None
+        tags = pq.tags
+        if tags is not None:
+            msgs = [x for x in msgs if x.properties.get(m.PROPERTY_TAGS) in tags]
+        if not msgs:
+            return ops.PullResult(ops.PullStatus.NO_MATCHED_MSG, nxt, lo, hi)
+        return ops.PullResult(ops.PullStatus.FOUND, nxt, lo, hi, msgs)
+
     # --- consuming ------------------------------------------------------------------------------------
     def _spawn_consume(self, pq: ProcessQueue, msg: ReceivedMessage) -> None:
-        assert self._work is not None
-        self._work.put_nowait((pq, msg))
+        self._ready.append((pq, msg))
+        self._wake()
+
+    def _wake(self) -> None:
+        """Wake one sleeping worker, unless one is already on its way (it wakes the next if work is left
+        when it takes a message)."""
+        if self._waking == 0 and self._ready:
+            sleepers = self._sleepers
+            while sleepers:
+                fut = sleepers.popleft()
+                if not fut.done():
+                    fut.set_result(None)
+                    self._waking += 1
+                    return
 
     async def _call_listener(self, msg: ReceivedMessage) -> bool:
         listener = self.listener
@@ -504,6 +583,8 @@ class PushConsumer(SyncContextMixin):
                 result = listener(msg)
                 if inspect.isawaitable(result):
                     result = await result
+            if result is None or result is True:
+                return True
             return _is_success(result)
         except asyncio.CancelledError:
             raise
@@ -512,9 +593,24 @@ class PushConsumer(SyncContextMixin):
             return False
 
     async def _worker(self) -> None:
-        assert self._work is not None and self._idle is not None
+        assert self._idle is not None
+        loop = asyncio.get_running_loop()
+        ready = self._ready
         while True:
-            pq, msg = await self._work.get()
+            if not ready:
+                fut = loop.create_future()
+                self._sleepers.append(fut)
+                try:
+                    await fut
+                except asyncio.CancelledError:
+                    if fut.done() and not fut.cancelled():
+                        self._waking -= 1
+                    raise
+                self._waking -= 1
+                continue
+            pq, msg = ready.popleft()
+            if ready:
+                self._wake()  # more work: let another worker take the next message if this one awaits
             if self._stopping or (pq.dropped and pq.mq not in self._pqs):
                 continue  # not started: stays uncommitted, delivered again (to the queue's new owner)
             self._busy += 1
