@@ -433,3 +433,48 @@ def test_missing_python_client_says_what_to_pip_install(monkeypatch: pytest.Monk
     monkeypatch.delitem(__import__("sys").modules, "pika", raising=False)
     with pytest.raises(PeerUnavailable, match="pip install"):
         base.need_module("pika", "pika")
+
+
+def test_chronomq_timed_messages_go_in_batches_in_order_and_levels_stay_single() -> None:
+    import asyncio
+
+    from bench.compare.chronomq_peer import BATCH_SIZE, ChronomqProducer
+
+    import chronomq.client as client
+
+    class FakeAsyncProducer:
+        def __init__(self) -> None:
+            self.batches: list[list[Any]] = []
+            self.singles: list[Any] = []
+
+        async def send_batch(self, msgs: list[Any]) -> None:
+            await asyncio.sleep(0)
+            self.batches.append(msgs)
+
+        async def send(self, msg: Any) -> None:
+            self.singles.append(msg)
+
+    def producer(levels: list[int] | None) -> tuple[ChronomqProducer, FakeAsyncProducer]:
+        p = object.__new__(ChronomqProducer)
+        fake = FakeAsyncProducer()
+        p.client, p.topic, p.levels_ms, p.producer = client, "T", levels, fake
+        p.payload = lambda seq, due: make_payload("r", "w", seq, due)
+        return p, fake
+
+    p, fake = producer(None)
+    due0 = now_ms() + 60_000
+    items = [(i, due0 + i) for i in range(2 * BATCH_SIZE + 7)]
+    dues = asyncio.run(p._send_all(items))
+    assert dues == [d for _s, d in items]
+    assert [len(b) for b in fake.batches] == [BATCH_SIZE, BATCH_SIZE, 7] and not fake.singles
+    sent = [m for b in fake.batches for m in b]
+    assert [m.deliver_at for m in sent] == dues
+    assert [parse_payload(m.body)[2] for m in sent] == list(range(len(items)))
+
+    levels = [1_000, 5_000, 120_000]
+    p, fake = producer(levels)
+    wanted = [(0, now_ms() + 3_000), (1, now_ms() + 100_000)]
+    dues = asyncio.run(p._send_all(wanted))
+    assert not fake.batches and len(fake.singles) == 2  # RocketMQ refuses delay levels in a batch
+    assert [m.delay_level for m in fake.singles] == [2, 3]
+    assert all(real >= want for real, (_s, want) in zip(dues, wanted, strict=True))  # never earlier
