@@ -127,6 +127,8 @@ def run(args: argparse.Namespace, log: Callable[[str], None] = print) -> dict[st
             log(f"== {peer.label} ({peer.durability})")
             results["systems"][name] = run_system(peer, plan, run_id, log, only)
             log(f"== {peer.label} done in {results['systems'][name].get('total_s', 0):.0f} s")
+            if not args.keep:  # full mode leaves tens of GiB per system: free them before the next one
+                shutil.rmtree(parent / name, ignore_errors=True)
     finally:
         results["meta"]["elapsed_s"] = time.monotonic() - started
         results["meta"]["load_avg_end"] = _loadavg()

@@ -36,8 +36,10 @@ def queue_names(dest: str) -> tuple[str, str]:
 def declare(channel: Any, dest: str) -> None:
     delay_q, ready_q = queue_names(dest)
     channel.queue_declare(ready_q, durable=True)
+    # lazy: RabbitMQ 3.10's documented mode for queues that grow to millions of messages (they go to disk
+    # at once instead of filling RAM until the memory alarm blocks every publisher)
     channel.queue_declare(delay_q, durable=True, arguments={
-        "x-dead-letter-exchange": "", "x-dead-letter-routing-key": ready_q})
+        "x-dead-letter-exchange": "", "x-dead-letter-routing-key": ready_q, "x-queue-mode": "lazy"})
 
 
 class ConfirmingPublisher(Producer):
@@ -204,7 +206,7 @@ class RabbitConsumer(Consumer):
 class RabbitPeer(Peer):
     name = "rabbitmq"
     label = "RabbitMQ TTL+DLX"
-    durability = "durable queues, persistent msgs, confirms per batch"
+    durability = "durable queues (delay queue lazy), persistent msgs, confirms per batch"
     client = "pika (SelectConnection confirms per batch; BlockingConnection consumer, batched acks)"
 
     def __init__(self, workdir: Path) -> None:
