@@ -85,6 +85,11 @@ class Peer(ABC):
     def version(self) -> str:
         return ""
 
+    def settle(self, timeout_s: float) -> dict[str, Any]:
+        """Before memory and disk are read (workload 5): wait, bounded by ``timeout_s``, until the server
+        has no background job that would distort them (e.g. a forked rewrite child). Returns what it did."""
+        return {}
+
     def backlog(self, dest: str) -> dict[str, Any] | None:
         """What the server still holds for ``dest`` (diagnostics for messages not received), if it can
         say cheaply."""

@@ -160,6 +160,22 @@ class RedisPeer(Peer):
     def consumer(self, dest: str, sink: Sink) -> Consumer:
         return RedisPoller(self.port, dest, sink)
 
+    def settle(self, timeout_s: float) -> dict[str, Any]:
+        """Wait for a running AOF rewrite to finish: its forked child shares the parent's pages, so the
+        process tree's RSS would count the data set twice (and the AOF is mid-rewrite on disk)."""
+        redis = need_module("redis", "redis-py")
+        r = redis.Redis(host="127.0.0.1", port=self.port)
+        t0 = time.monotonic()
+        try:
+            while True:
+                info = r.info("persistence")
+                busy = bool(info.get("aof_rewrite_in_progress")) or bool(info.get("aof_rewrite_scheduled"))
+                if not busy or time.monotonic() - t0 > timeout_s:
+                    return {"aof_rewrite_waited_s": round(time.monotonic() - t0, 1), "aof_rewrite_busy": busy}
+                time.sleep(0.5)
+        finally:
+            r.close()
+
     def backlog(self, dest: str) -> dict[str, Any]:
         redis = need_module("redis", "redis-py")
         r = redis.Redis(host="127.0.0.1", port=self.port)

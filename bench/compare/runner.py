@@ -100,6 +100,7 @@ def w_pending(ctx: Ctx, already: int) -> dict[str, Any]:
     time.sleep(p.settle_s)  # let background flushes/appends settle before measuring (a fixed pause)
     out: dict[str, Any] = {"pending": pending, "target": p.pending_count, "load_elapsed_s": r["elapsed_s"],
                            "capped": r["capped"]}
+    out.update(ctx.peer.settle(max(p.settle_s, min(600.0, p.load_cap_s / 4))))
     out.update(tree_rss(ctx.peer.server_pids()))
     out.update(disk_usage(ctx.peer.data_dir))
     if pending:

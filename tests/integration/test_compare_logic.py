@@ -267,6 +267,10 @@ class MemPeer(Peer):
 
         return [os.getpid()]
 
+    def settle(self, timeout_s: float) -> dict[str, Any]:
+        self.events.append("settle")
+        return {"settled_within_s": timeout_s}
+
     def producer(self, dest: str, payload: PayloadFn) -> Producer:
         assert self.server is not None
         return MemProducer(self.server, dest, payload)
@@ -284,7 +288,7 @@ def test_run_system_measures_all_six_workloads(tmp_path: Path) -> None:
     peer = MemPeer(tmp_path / "mem")
     logs: list[str] = []
     res = runner.run_system(peer, plan, "t1", logs.append)
-    assert peer.events == ["start", "kill9", "restart", "stop"]
+    assert peer.events == ["start", "kill9", "restart", "settle", "stop"]  # settled before RSS/disk
     w = res["workloads"]
     assert set(w) == set(runner.WORKLOADS)
     assert all("error" not in v for v in w.values()), w
@@ -296,7 +300,7 @@ def test_run_system_measures_all_six_workloads(tmp_path: Path) -> None:
     # kill -9 dropped 3 pending messages and duplicated 2
     assert w["restart"]["lost"] == 3 and w["restart"]["duplicates"] == 2
     assert w["pending"]["pending"] == 350 and w["pending"]["disk_bytes"] >= 10_000
-    assert w["pending"]["rss_bytes"] > 0
+    assert w["pending"]["rss_bytes"] > 0 and w["pending"]["settled_within_s"] >= plan.settle_s
 
 
 # --- report assembly -----------------------------------------------------------------------------------
