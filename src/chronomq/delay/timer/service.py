@@ -174,6 +174,7 @@ class TimerService:
         t = self.timer
         cfg = t.cfg
         put = self.store.put_message
+        put_many = getattr(self.store, "put_messages", None)  # one call per (topic, queue) of a batch
         now = self.clock.now_ms()
         next_flush = now + cfg.flush_interval_ms
         next_retention = now + cfg.retention_interval_ms
@@ -194,11 +195,7 @@ class TimerService:
                 if now >= backoff_until:
                     items, wake = t.poll(now)
                     if items:
-                        retry = False
-                        for it in items:
-                            if t.deliver(it, put) == "retry":
-                                retry = True
-                        if retry:
+                        if "retry" in t.deliver_many(items, put, put_many):
                             backoff_until = self.clock.now_ms() + cfg.retry_backoff_ms
                         await asyncio.sleep(0)
                         continue

@@ -33,6 +33,7 @@ from chronomq.message import (
     decode_offset_msg_id,
     decode_record,
     encode_record,
+    record_size_at,
     validate_topic,
 )
 from chronomq.store.atomicfile import write_atomic
@@ -79,6 +80,7 @@ TIMER_OFFSET_FLAG = 1 << 62  # marks an offset msgId that names a timer data pos
 _SEQ_JUMP = 1 << 40  # done_seq numbers of a run after a crash start this far above the checkpoint's
 
 Item = tuple[int, int, int, int, int, int]  # deliver_ms, index entry, data pos, gen, topic id, size
+_Taken = tuple[int, MessageExt, tuple[int, ...], Item]  # batch index, message to put, header, item
 
 
 def _pack_index(deliver: int, pos: int, prev: int, slot: int, gen: int, topic: int, size: int) -> bytes:
@@ -870,85 +872,204 @@ class TimerStore:
         """Deliver one taken item through ``put`` (the MessageStore's put_message). Returns 'delivered',
         'skipped' (cancelled, rescheduled, already delivered), 'failed' (the store refused it for good)
         or 'retry' (the store could not take it now; the item is back in the window)."""
+        return self.deliver_many([item], put, None, now)[0]
+
+    def deliver_many(self, items: list[Item], put: Callable[[MessageExt], PutResult],
+                     put_many: Callable[[list[MessageExt]], PutResult] | None = None,
+                     now: int | None = None) -> list[str]:
+        """Deliver taken items (a ``poll``'s batch) under one lock hold; one outcome per item, as for
+        ``deliver``. The records are read in few large reads (a batch's records are mostly adjacent on
+        disk), and the messages of one real topic and queue go to ``put_many`` (the MessageStore's
+        put_messages: one call, contiguous queue offsets, deliver order kept) when given and there are
+        several, else to ``put`` one by one. A group refused for good is retried message by message to
+        isolate the bad one. After a transient failure the groups not yet tried are not tried: their
+        items and the failed ones go back to the window ('retry'). An item is marked delivered only
+        once the store has accepted it; an exception leaves every item without an outcome pending in
+        the window."""
+        n = len(items)
+        out: list[str] = [""] * n
         with self.lock:
             now = self.clock.now_ms() if now is None else now
-            deliver_ms, _idx, pos, gen, tid, size = item
             try:
-                if deliver_ms > now:
-                    self.early += 1  # never happens: poll only hands out due items
-                    raise AssertionError(f"timer item due at {deliver_ms} handed out at {now}")
-                raw = self.data.read(pos, size) if pos >= self.data.min_pos else b""
-                h = DATA_HDR.unpack_from(raw) if len(raw) == size and size >= DATA_HDR_SIZE else None
-                if h is None or h[0] != DATA_MAGIC or h[1] != size:
-                    self.stale_skipped += 1
-                    return "skipped"
-                if self._marks:
-                    h = self._overlay(pos, h)
-                if h[3] != gen:
-                    self.stale_skipped += 1
-                    return "skipped"
-                if h[2] != PENDING:
-                    if h[2] in (DELIVERED, FAILED) and self.open_ranges and \
-                            any(lo < h[8] < hi for lo, hi, _ in self.open_ranges):
-                        # Completed after the last checkpoint, before a crash: subtract it now, and give
-                        # it a sequence number of this run so it is never subtracted twice.
-                        self.pending[tid] -= 1
-                        self.done_seq += 1
-                        self.data.patch(pos + OFF_DONE, _DONE_BLOCK.pack(h[5], h[6], h[7], self.done_seq))
-                        self.dirty = True
-                    self.stale_skipped += 1
-                    return "skipped"
-                try:
-                    m = decode_record(raw, DATA_HDR_SIZE)
-                except MessageFormatError as e:
-                    log.error("timer record at %d is corrupt (%s); marked failed", pos, e)
-                    self._write_done(pos, h, FAILED, now)
-                    self.pending[tid] -= 1
-                    self.failed += 1
-                    return "failed"
-                props = m.properties
-                for k in TIMER_PROPERTIES:
-                    props.pop(k, None)
-                props.pop(PROPERTY_DELAY_TIME_LEVEL, None)
-                props[PROPERTY_TIMER_DELIVER_MS] = str(deliver_ms)
-                # The decoded message becomes the new one: the store assigns offsets and store time.
-                m.store_host = self.store_host
-                m.queue_offset = m.commit_log_offset = m.store_timestamp = m.store_size = 0  # crc stays
-                m.prepared_transaction_offset = 0
-                try:
-                    res = put(m)
-                except Exception:  # the store is the caller's; keep the message and try again
-                    log.exception("timer: put_message raised; will retry")
-                    res = PutResult(PutStatus.UNKNOWN_ERROR, error="exception")
-                if res.ok or res.status is PutStatus.FLUSH_DISK_TIMEOUT:
-                    t = self.clock.now_ms()
-                    self.done_seq += 1
-                    block = _STATE_BLOCK.pack(DELIVERED, h[3], h[4], t, h[6], h[7], self.done_seq)
-                    self._marks[pos] = (DELIVERED, t, self.done_seq, block)
-                    self._mark_buf += _I64.pack(pos)
-                    self._mark_buf += block
-                    self.pending[tid] -= 1
-                    self.delivered += 1
-                    late = t - max(deliver_ms, h[6])  # a time already past when scheduled is not lateness
-                    hist = self.hist.get(tid)
-                    if hist is None:
-                        hist = self.hist[tid] = Histogram()
-                    hist.record(late)
-                    self.dirty = True
-                    return "delivered"
-                if res.status in (PutStatus.MESSAGE_ILLEGAL, PutStatus.PROPERTIES_SIZE_EXCEEDED):
-                    log.error("timer: store refused message %s for good: %s", m.uniq_key, res.error)
-                    self._write_done(pos, h, FAILED, now)
-                    self.pending[tid] -= 1
-                    self.failed += 1
-                    return "failed"
-                self.put_retries += 1
-                if self.cur is not None:
-                    heapq.heappush(self.cur.late, item)
-                return "retry"
+                groups = self._prepare_batch(items, now, out)
+                for group in groups.values():
+                    if self._put_group(group, put, put_many, out):
+                        break  # transient failure: the rest stays pending
             finally:
-                if self.cur is not None:
-                    self.cur.inflight -= 1
+                cur = self.cur
+                for k in range(n):
+                    if not out[k]:
+                        out[k] = "retry"
+                    if out[k] == "retry" and cur is not None:
+                        heapq.heappush(cur.late, items[k])
+                if cur is not None:
+                    cur.inflight -= n
+        return out
+
+    def _prepare_batch(self, items: list[Item], now: int, out: list[str]
+                       ) -> dict[tuple[str, int], list[_Taken]]:
+        """Read and check the records of ``items`` and turn the live ones into the messages to put,
+        grouped by real (topic, queue) in ``items`` order. Outcomes of the others go into ``out``."""
+        data = self.data
+        seg = self.data_seg
+        n = len(items)
+        for it in items:
+            if it[0] > now:
+                self.early += 1  # never happens: poll only hands out due items
+                raise AssertionError(f"timer item due at {it[0]} handed out at {now}")
+        # 1. read: one pread per run of nearby records (same segment, gaps < 64 KiB, up to 1 MiB)
+        bufs: list[tuple[bytes, int]] = [(b"", 0)] * n
+        order = sorted(range(n), key=lambda k: items[k][2])
+        min_pos = data.min_pos
+        j = 0
+        while j < n:
+            k = order[j]
+            lo = items[k][2]
+            if lo < min_pos:
+                j += 1
+                continue
+            hi = lo + items[k][5]
+            seg_lo = lo - lo % seg
+            e = j + 1
+            while e < n:
+                p2 = items[order[e]][2]
+                end2 = p2 + items[order[e]][5]
+                if p2 - p2 % seg != seg_lo or p2 - hi > 65536 or end2 - lo > (1 << 20):
+                    break
+                if end2 > hi:
+                    hi = end2
+                e += 1
+            raw = data.read(lo, hi - lo)
+            for q in range(j, e):
+                kk = order[q]
+                bufs[kk] = (raw, items[kk][2] - lo)
+            j = e
+        # 2. check and decode, in deliver order
+        groups: dict[tuple[str, int], list[_Taken]] = {}
+        unpack_from = DATA_HDR.unpack_from
+        marks = self._marks
+        store_host = self.store_host
+        strip = (*TIMER_PROPERTIES, PROPERTY_DELAY_TIME_LEVEL)
+        for k in range(n):
+            item = items[k]
+            deliver_ms, _idx, pos, gen, tid, size = item
+            raw, off = bufs[k]
+            if size < DATA_HDR_SIZE or off + size > len(raw):
+                self.stale_skipped += 1
+                out[k] = "skipped"
+                continue
+            h = unpack_from(raw, off)
+            if h[0] != DATA_MAGIC or h[1] != size:
+                self.stale_skipped += 1
+                out[k] = "skipped"
+                continue
+            if marks:
+                h = self._overlay(pos, h)
+            if h[3] != gen:
+                self.stale_skipped += 1
+                out[k] = "skipped"
+                continue
+            if h[2] != PENDING:
+                if h[2] in (DELIVERED, FAILED) and self.open_ranges and \
+                        any(lo < h[8] < hi for lo, hi, _ in self.open_ranges):
+                    # Completed after the last checkpoint, before a crash: subtract it now, and give
+                    # it a sequence number of this run so it is never subtracted twice.
+                    self.pending[tid] -= 1
+                    self.done_seq += 1
+                    self.data.patch(pos + OFF_DONE, _DONE_BLOCK.pack(h[5], h[6], h[7], self.done_seq))
+                    self.dirty = True
+                self.stale_skipped += 1
+                out[k] = "skipped"
+                continue
+            try:
+                if record_size_at(raw, off + DATA_HDR_SIZE) != size - DATA_HDR_SIZE:
+                    raise MessageFormatError("record length does not match the timer header")
+                m = decode_record(raw, off + DATA_HDR_SIZE)
+            except MessageFormatError as e:
+                log.error("timer record at %d is corrupt (%s); marked failed", pos, e)
+                self._write_done(pos, h, FAILED, now)
+                self.pending[tid] -= 1
+                self.failed += 1
+                out[k] = "failed"
+                continue
+            props = m.properties
+            for key in strip:
+                props.pop(key, None)
+            props[PROPERTY_TIMER_DELIVER_MS] = str(deliver_ms)
+            # The decoded message becomes the new one: the store assigns offsets and store time.
+            m.store_host = store_host
+            m.queue_offset = m.commit_log_offset = m.store_timestamp = m.store_size = 0  # crc stays
+            m.prepared_transaction_offset = 0
+            g = groups.get((m.topic, m.queue_id))
+            if g is None:
+                groups[(m.topic, m.queue_id)] = [(k, m, h, item)]
+            else:
+                g.append((k, m, h, item))
+        return groups
+
+    def _put_group(self, group: list[_Taken],
+                   put: Callable[[MessageExt], PutResult],
+                   put_many: Callable[[list[MessageExt]], PutResult] | None, out: list[str]) -> bool:
+        """Put one (topic, queue) group; True after a transient failure (its items are 'retry')."""
+        try:
+            if put_many is not None and len(group) > 1:
+                res = put_many([g[1] for g in group])
+            else:
+                res = put(group[0][1])
+        except Exception:  # the store is the caller's; keep the messages and try again
+            log.exception("timer: putting into the store raised; will retry")
+            res = PutResult(PutStatus.UNKNOWN_ERROR, error="exception")
+        if res.ok or res.status is PutStatus.FLUSH_DISK_TIMEOUT:
+            self._mark_delivered(group, out)
+            return False
+        if res.status in (PutStatus.MESSAGE_ILLEGAL, PutStatus.PROPERTIES_SIZE_EXCEEDED):
+            if len(group) > 1:  # one bad message (or the batch's size) refused the group: isolate
+                for g in group:
+                    if self._put_group([g], put, None, out):
+                        for g2 in group:
+                            if not out[g2[0]]:
+                                out[g2[0]] = "retry"
+                        return True
+                return False
+            k, m, h, item = group[0]
+            log.error("timer: store refused message %s for good: %s", m.uniq_key, res.error)
+            self._write_done(item[2], h, FAILED, self.clock.now_ms())
+            self.pending[item[4]] -= 1
+            self.failed += 1
+            out[k] = "failed"
+            return False
+        self.put_retries += len(group)
+        for g in group:
+            out[g[0]] = "retry"
+        return True
+
+    def _mark_delivered(self, group: list[_Taken], out: list[str]) -> None:
+        t = self.clock.now_ms()
+        marks = self._marks
+        buf = self._mark_buf
+        pending = self.pending
+        pack = _STATE_BLOCK.pack
+        i64 = _I64.pack
+        hists = self.hist
+        seq = self.done_seq
+        for k, _m, h, item in group:
+            pos, tid = item[2], item[4]
+            seq += 1
+            block = pack(DELIVERED, h[3], h[4], t, h[6], h[7], seq)
+            marks[pos] = (DELIVERED, t, seq, block)
+            buf += i64(pos)
+            buf += block
+            pending[tid] -= 1
+            hist = hists.get(tid)
+            if hist is None:
+                hist = hists[tid] = Histogram()
+            created = h[6]
+            d = item[0]
+            hist.record(t - (d if d > created else created))  # past when scheduled: not lateness
+            out[k] = "delivered"
+        self.done_seq = seq
+        self.delivered += len(group)
+        self.dirty = True
 
     # ============================================================================== query and counting
     def _info(self, pos: int, h: tuple[int, ...], m: MessageExt) -> PendingInfo:
