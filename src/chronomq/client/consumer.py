@@ -596,6 +596,8 @@ class PushConsumer(SyncContextMixin):
         assert self._idle is not None
         loop = asyncio.get_running_loop()
         ready = self._ready
+        listener = self.listener
+        direct = self._executor is None and inspect.iscoroutinefunction(listener)
         while True:
             if not ready:
                 fut = loop.create_future()
@@ -616,14 +618,33 @@ class PushConsumer(SyncContextMixin):
             self._busy += 1
             self._idle.clear()
             try:
-                await self._consume_one(pq, msg)
+                if direct:  # a coroutine listener, called here (one coroutine less per message)
+                    try:
+                        result = await listener(msg)
+                        ok = result is None or result is True or _is_success(result)
+                    except asyncio.CancelledError:
+                        raise
+                    except Exception as e:
+                        log.warning("%s: listener failed on message %s (%s): %r", self.group, msg.id,
+                                    msg.queue, e)
+                        ok = False
+                    if ok:
+                        self.stats_consumed += 1
+                        self._done(pq, msg)
+                    else:
+                        await self._consume_one(pq, msg, False)
+                else:
+                    await self._consume_one(pq, msg)
             finally:
                 self._busy -= 1
                 if self._busy == 0:
                     self._idle.set()
 
-    async def _consume_one(self, pq: ProcessQueue, msg: ReceivedMessage) -> None:
-        if await self._call_listener(msg):
+    async def _consume_one(self, pq: ProcessQueue, msg: ReceivedMessage, ok: bool | None = None) -> None:
+        """Call the listener (unless ``ok`` already says how it went) and settle the message."""
+        if ok is None:
+            ok = await self._call_listener(msg)
+        if ok:
             self.stats_consumed += 1
         else:
             self.stats_failed += 1
