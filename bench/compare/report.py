@@ -142,6 +142,9 @@ def table_rows(results: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
             cell = "error" if failed else fmt(value(results, s, m), m.unit)
             if not failed and isinstance(wl, dict) and overran(wl) and cell != "-":
                 cell += " *"
+            if not failed and isinstance(wl, dict) and wl.get("capped") and cell != "-":
+                done = wl.get("pending", wl.get("count", wl.get("sent")))
+                cell += f" † {done:,}" if isinstance(done, int) else " †"
             row.append(cell)
         for s in cmq:
             row.append(fmt_ratio(ratio(value(results, s, m), best[1] if best else None), m.better))
@@ -152,7 +155,8 @@ def table_rows(results: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
 def footer_lines(results: dict[str, Any]) -> list[str]:
     """The legend and one line per system: configuration, client, version, and why it did not run."""
     lines = ["ratio = chronomq / best peer;  ↑ higher is better,  ↓ lower is better;  * loading had not "
-             "finished when the first message fell due"]
+             "finished when the first message fell due;  † N: the load hit its time cap (load_cap_s) after N "
+             "messages, and the figure is for those"]
     for s in systems_present(results):
         d = results["systems"][s]
         desc = d.get("system", {})

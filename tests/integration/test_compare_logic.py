@@ -365,6 +365,18 @@ def test_table_has_a_row_per_figure_and_all_six_workloads() -> None:
     assert missing[2:6] == ["-", "-", "-", "-"] and missing[6] == "-"
 
 
+def test_a_load_cut_by_its_time_cap_shows_how_far_it_got() -> None:
+    res = _results()
+    res["systems"]["redis"]["workloads"]["pending"] = {"rss_bytes": 3 << 30, "pending": 4_321_000,
+                                                       "capped": True}
+    res["systems"]["rabbitmq"]["workloads"]["pending"] = {"rss_bytes": 1 << 30, "pending": 10_000,
+                                                          "capped": False}
+    _header, rows = report.table_rows(res)
+    rss = next(r for r in rows if r[1] == "server RSS")
+    assert rss[4] == "3.0 GiB † 4,321,000" and rss[5] == "1.0 GiB"
+    assert "† N: the load hit its time cap" in report.footer_lines(res)[0]
+
+
 def test_skipped_system_shows_its_status_and_reason() -> None:
     res = _results()
     res["systems"]["rabbitmq"] = {"status": "skipped", "reason": f"install with {APT_LINE}",
