@@ -124,7 +124,12 @@ class ProcessQueue:
 
 
 class PushConsumer(SyncContextMixin):
-    """``PushConsumer(group, subscriptions={"Topic": "tagA || tagB"}, listener=fn, namesrv=...)``."""
+    """``PushConsumer(group, subscriptions={"Topic": "tagA || tagB"}, listener=fn, namesrv=...)``.
+
+    A pull asks for ``pull_batch_size`` messages; while the broker reports a backlog on the queue (its
+    maxOffset beyond the next offset) it asks for up to MAX_BACKLOG_PULL, within
+    ``max_inflight_per_queue``, so catching up costs fewer round trips. At most ``concurrency`` listener
+    calls run at once, each message in its own call."""
 
     def __init__(self, group: str, subscriptions: Mapping[str, str] | Sequence[str] | str,
                  listener: Listener | None = None, namesrv: str | Sequence[str] = "127.0.0.1:9876", *,
