@@ -23,17 +23,22 @@ from typing import Any
 
 from chronomq.clock import Clock
 from chronomq.message import (
+    MAGIC_V1,
+    POS_BODY,
     PROPERTY_DELAY_TIME_LEVEL,
     PROPERTY_KEYS,
     PROPERTY_TIMER_DELIVER_MS,
     PROPERTY_UNIQ_KEY,
+    RECORD_FIXED_SIZE,
+    RECORD_HEAD,
     MessageExt,
     MessageFormatError,
     create_offset_msg_id,
     decode_offset_msg_id,
+    decode_properties,
     decode_record,
     encode_record,
-    record_size_at,
+    unpack_host,
     validate_topic,
 )
 from chronomq.store.atomicfile import write_atomic
@@ -97,6 +102,60 @@ def _unpack_index(raw: bytes) -> tuple[int, int, int, int, int, int, int] | None
     return tuple(body)  # type: ignore[return-value]
 
 
+_HEAD = RECORD_HEAD  # the V1 record head up to BODYLENGTH
+_H16 = struct.Struct(">H")
+_HOSTS: dict[bytes, tuple[str, int]] = {}
+
+
+def _born_host(raw: bytes) -> tuple[str, int]:
+    h = _HOSTS.get(raw)
+    if h is None:
+        if len(_HOSTS) > 10_000:
+            _HOSTS.clear()
+        h = _HOSTS[raw] = unpack_host(raw)
+    return h
+
+
+def _decode_to_deliver(buf: bytes, pos: int, size: int, store_host: tuple[str, int]) -> MessageExt:
+    """The stored V1 record of ``size`` bytes at ``buf[pos:]`` as the new message to put: what
+    decode_record checks, without the fields the store assigns anew (offsets, store time and host)."""
+    if size < RECORD_FIXED_SIZE or pos + size > len(buf):
+        raise MessageFormatError("record truncated")
+    (total, magic, crc, queue_id, flag, _qoff, _phys, sys_flag, born_ts, born_host, _sts, _shost,
+     reconsume, _prep, body_len) = _HEAD.unpack_from(buf, pos)
+    if magic != MAGIC_V1:
+        raise MessageFormatError(f"bad magic code {magic & 0xFFFFFFFF:#x}")
+    if total != size:
+        raise MessageFormatError("record length does not match the timer header")
+    end = pos + size
+    p = pos + POS_BODY
+    if body_len < 0 or p + body_len + 3 > end:
+        raise MessageFormatError("body length out of range")
+    body = buf[p : p + body_len]
+    p += body_len
+    topic_len = buf[p]
+    try:
+        topic = buf[p + 1 : p + 1 + topic_len].decode()
+    except UnicodeDecodeError as e:
+        raise MessageFormatError("topic is not UTF-8") from e
+    p += 1 + topic_len
+    if p + 2 > end:
+        raise MessageFormatError("properties length out of range")
+    (props_len,) = _H16.unpack_from(buf, p)
+    p += 2
+    if p + props_len != end:
+        raise MessageFormatError("record length does not match its fields")
+    try:
+        props = decode_properties(buf[p:end].decode())
+    except UnicodeDecodeError as e:
+        raise MessageFormatError("properties are not UTF-8") from e
+    # positional, in MessageExt's field order (topic, body, properties, flag, queue_id, sys_flag,
+    # born_timestamp, born_host, store_timestamp, store_host, reconsume_times, prepared_transaction_offset,
+    # queue_offset, commit_log_offset, body_crc): the store assigns offsets and store time; crc stays
+    return MessageExt(topic, body, props, flag, queue_id, sys_flag, born_ts, _born_host(born_host), 0,
+                      store_host, reconsume, 0, 0, 0, crc)
+
+
 class _Slot:
     """One slot's entries in memory: the chain read from disk (sorted) plus late arrivals (a heap)."""
 
@@ -127,9 +186,27 @@ class _Slot:
     def step(self, index: SegmentedFile, budget: int) -> None:
         d, i, p, g, t, s = self.d, self.i, self.p, self.g, self.t, self.s
         cur = self.walk
+        # A chain written by one schedule_batch runs through adjacent entries: after a link to the
+        # entry just before, read the next up-to-256 entries (same index segment) in one pread.
+        blk = b""
+        blk_lo = blk_n = 0
+        seg_entries = index.segment_size // IDX_SIZE
+        adjacent = False
         while cur and budget > 0:
             budget -= 1
-            e = _unpack_index(index.read((cur - 1) * IDX_SIZE, IDX_SIZE))
+            e_no = cur - 1
+            rel = e_no - blk_lo
+            if 0 <= rel < blk_n:
+                raw = blk[rel * IDX_SIZE : (rel + 1) * IDX_SIZE]
+            elif adjacent:
+                blk_lo = max(e_no - 255, e_no - e_no % seg_entries)
+                blk = index.read(blk_lo * IDX_SIZE, (e_no - blk_lo + 1) * IDX_SIZE)
+                blk_n = len(blk) // IDX_SIZE
+                rel = e_no - blk_lo
+                raw = blk[rel * IDX_SIZE : (rel + 1) * IDX_SIZE]
+            else:
+                raw = index.read(e_no * IDX_SIZE, IDX_SIZE)
+            e = _unpack_index(raw)
             if e is None or e[3] != self.slot or e[2] >= cur:
                 log.error("timer index chain of slot %d broken at entry %d; rest of the chain skipped",
                           self.slot, cur - 1)
@@ -141,6 +218,7 @@ class _Slot:
             g.append(e[4])
             t.append(e[5])
             s.append(e[6])
+            adjacent = e[2] == cur - 1
             cur = e[2]
         self.walk = cur
         if cur == 0:
@@ -813,6 +891,13 @@ class TimerStore:
             cur = self.cur
             if cur is not None:
                 out: list[Item] = []
+                if not cur.late:  # the common case: a slice of the sorted chain, no per-item peek/pop
+                    c = cur.cursor
+                    end = min(bisect.bisect_right(cur.d, now, lo=c), c + n)
+                    if end > c:
+                        out = list(zip(cur.d[c:end], cur.i[c:end], cur.p[c:end], cur.g[c:end], cur.t[c:end],
+                                       cur.s[c:end], strict=True))
+                        cur.cursor = end
                 while len(out) < n:
                     head = cur.peek()
                     if head is None or head[0] > now:
@@ -950,6 +1035,7 @@ class TimerStore:
         marks = self._marks
         store_host = self.store_host
         strip = (*TIMER_PROPERTIES, PROPERTY_DELAY_TIME_LEVEL)
+        decode = _decode_to_deliver
         for k in range(n):
             item = items[k]
             deliver_ms, _idx, pos, gen, tid, size = item
@@ -982,9 +1068,7 @@ class TimerStore:
                 out[k] = "skipped"
                 continue
             try:
-                if record_size_at(raw, off + DATA_HDR_SIZE) != size - DATA_HDR_SIZE:
-                    raise MessageFormatError("record length does not match the timer header")
-                m = decode_record(raw, off + DATA_HDR_SIZE)
+                m = decode(raw, off + DATA_HDR_SIZE, size - DATA_HDR_SIZE, store_host)
             except MessageFormatError as e:
                 log.error("timer record at %d is corrupt (%s); marked failed", pos, e)
                 self._write_done(pos, h, FAILED, now)
@@ -996,10 +1080,6 @@ class TimerStore:
             for key in strip:
                 props.pop(key, None)
             props[PROPERTY_TIMER_DELIVER_MS] = str(deliver_ms)
-            # The decoded message becomes the new one: the store assigns offsets and store time.
-            m.store_host = store_host
-            m.queue_offset = m.commit_log_offset = m.store_timestamp = m.store_size = 0  # crc stays
-            m.prepared_transaction_offset = 0
             g = groups.get((m.topic, m.queue_id))
             if g is None:
                 groups[(m.topic, m.queue_id)] = [(k, m, h, item)]
@@ -1050,7 +1130,7 @@ class TimerStore:
         pending = self.pending
         pack = _STATE_BLOCK.pack
         i64 = _I64.pack
-        hists = self.hist
+        lates: dict[tuple[int, int], int] = {}
         seq = self.done_seq
         for k, _m, h, item in group:
             pos, tid = item[2], item[4]
@@ -1060,13 +1140,17 @@ class TimerStore:
             buf += i64(pos)
             buf += block
             pending[tid] -= 1
+            created = h[6]
+            d = item[0]
+            lk = (tid, t - (d if d > created else created))  # past when scheduled: not lateness
+            lates[lk] = lates.get(lk, 0) + 1
+            out[k] = "delivered"
+        hists = self.hist
+        for (tid, late), c in lates.items():  # a burst shares few distinct values
             hist = hists.get(tid)
             if hist is None:
                 hist = hists[tid] = Histogram()
-            created = h[6]
-            d = item[0]
-            hist.record(t - (d if d > created else created))  # past when scheduled: not lateness
-            out[k] = "delivered"
+            hist.record(late, c)
         self.done_seq = seq
         self.delivered += len(group)
         self.dirty = True
