@@ -412,3 +412,99 @@ def test_uniq_key_shaped_like_a_handle_and_foreign_handles(tmp_path: Path, clock
     (r,) = t.cancel(uid)
     assert (r.outcome, r.msg_id) == (Outcome.CANCELLED, uid)
     assert t.cancel(mine.offset_msg_id)[0].outcome is Outcome.CANCELLED
+
+
+def test_near_due_schedules_are_handed_out_at_their_time(tmp_path: Path, clock: VirtualClock,
+                                                          fstore: FakeStore) -> None:
+    """Head-of-line shape: a long delay holds the window, then messages due 1 s after they are sent,
+    every 37 ms: they land in the slot being delivered, the next one and beyond the preloaded one, and
+    each must come out at its own time, not a slot, a promotion or a preload step later."""
+    t = open_store(tmp_path, clock)
+    start = clock.now_ms()
+    t.schedule(msg("long"), start + 60_000)
+    drive(t, clock, fstore, until=start + 1)  # the long one's slot is preloaded
+    due: dict[str, int] = {}
+    for k in range(80):
+        now = clock.now_ms()
+        t.schedule(msg(f"s{k}"), now + 1000)
+        due[f"s{k}"] = now + 1000
+        drive(t, clock, fstore, until=now + 37)
+    drive(t, clock, fstore, until=start + 61_000)
+    got = {u: at for u, at, _ in fstore.puts}
+    assert {u: got.get(u) for u in due} == due
+    assert got["long"] == start + 60_000 and len(fstore.puts) == 81
+
+
+class BatchStore(FakeStore):
+    """FakeStore plus put_messages (one topic and queue per call), which can refuse on demand."""
+
+    def __init__(self, clock: VirtualClock) -> None:
+        super().__init__(clock)
+        self.batches: list[list[str]] = []
+        self.fail_batches = 0
+        self.batch_status = PutStatus.SERVICE_NOT_AVAILABLE
+
+    def put_messages(self, msgs: list[MessageExt]) -> PutResult:
+        assert len({(m.topic, m.queue_id) for m in msgs}) == 1
+        if self.fail_batches > 0:
+            self.fail_batches -= 1
+            return PutResult(self.batch_status, error="refused by the test")
+        self.batches.append([m.properties["UNIQ_KEY"] for m in msgs])
+        for m in msgs:
+            self.puts.append((m.properties["UNIQ_KEY"], self.clock.now_ms(), m))
+        return PutResult(PutStatus.PUT_OK)
+
+
+def _deliver_all(t: TimerStore, clock: VirtualClock, store: BatchStore) -> list[str]:
+    items, _ = t.poll(clock.now_ms())
+    return t.deliver_many(items, store.put_message, store.put_messages)
+
+
+def test_batch_delivery_groups_by_real_queue_in_deliver_order(tmp_path: Path, clock: VirtualClock) -> None:
+    bs = BatchStore(clock)
+    t = open_store(tmp_path, clock)
+    now = clock.now_ms()
+    for i in range(12):
+        t.schedule(msg(f"b{i:02d}", topic="A" if i % 3 else "B", queue_id=i % 2), now + 500 + i // 4)
+    clock.advance_sync(600)
+    assert _deliver_all(t, clock, bs) == ["delivered"] * 12
+    assert sorted(bs.batches) == sorted([[f"b{i:02d}" for i in range(12) if (i % 3 != 0, i % 2) == key]
+                                         for key in ((True, 0), (True, 1), (False, 0), (False, 1))])
+    for _u, _at, m in bs.puts:
+        assert m.properties["TIMER_DELIVER_MS"] in {str(now + 500 + k) for k in range(3)}
+    s = t.stats()
+    assert s["pending"] == 0 and s["delivered"] == 12 and s["lateness_ms"]["count"] == 12
+    assert t.cancel("b05")[0].outcome is Outcome.ALREADY_DELIVERED
+
+
+def test_batch_transient_failure_keeps_every_untried_item_pending(tmp_path: Path,
+                                                                  clock: VirtualClock) -> None:
+    bs = BatchStore(clock)
+    t = open_store(tmp_path, clock)
+    now = clock.now_ms()
+    for i in range(8):
+        t.schedule(msg(f"f{i}", topic="A" if i < 4 else "B"), now + 100)
+    clock.advance_sync(100)
+    bs.fail_batches = 1  # the first group is refused: neither it nor the second group is stored
+    assert _deliver_all(t, clock, bs) == ["retry"] * 8
+    assert bs.puts == [] and t.count() == 8 and t.stats()["put_retries"] == 4
+    assert t.cancel("f6")[0].outcome is Outcome.CANCELLED  # still pending, not marked delivered
+    clock.advance_sync(100)
+    out = _deliver_all(t, clock, bs)
+    assert out.count("delivered") == 7 and out.count("skipped") == 1
+    assert sorted(u for u, _, _ in bs.puts) == [f"f{i}" for i in range(8) if i != 6]
+    assert t.count() == 0 and _deliver_all(t, clock, bs) == []
+
+
+def test_batch_refused_for_good_is_isolated_message_by_message(tmp_path: Path, clock: VirtualClock) -> None:
+    bs = BatchStore(clock)
+    t = open_store(tmp_path, clock)
+    now = clock.now_ms()
+    for i in range(4):
+        t.schedule(msg(f"i{i}"), now + 100)
+    clock.advance_sync(100)
+    bs.fail_batches, bs.batch_status = 1, PutStatus.MESSAGE_ILLEGAL
+    bs.fail_next, bs.fail_status = 1, PutStatus.MESSAGE_ILLEGAL  # the first single put: the bad one
+    assert _deliver_all(t, clock, bs) == ["failed", "delivered", "delivered", "delivered"]
+    assert [u for u, _, _ in bs.puts] == ["i1", "i2", "i3"]
+    assert t.cancel("i0")[0].outcome is Outcome.FAILED and t.count() == 0
