@@ -14,8 +14,9 @@ API (all synchronous and thread-safe except start/shutdown/settle)::
                                                # __STARTDELIVERTIME -> epoch ms or None
 
 A message id is the UNIQ_KEY (generated when missing) or the returned ``offset_msg_id``; a key is a
-word of KEYS. A delivered message is put through ``message_store.put_message`` as a new message of its
-real topic and queue, with TIMER_DELIVER_MS = its deliver time and the other timer properties removed.
+word of KEYS. A delivered message is put into ``message_store`` as a new message of its real topic and
+queue, with TIMER_DELIVER_MS = its deliver time and the other timer properties removed: a due batch
+goes as one ``put_messages`` per real (topic, queue) when the store has it, else ``put_message`` each.
 
 On-disk format (``<root>/timer``) and why
 -----------------------------------------
@@ -51,7 +52,9 @@ proportional to it. Everything per message lives on disk; memory holds at most t
 
 Delivery: the loop finds the next non-empty slot, reads its chain (in steps, from ``preload_ms``
 before the slot falls due; one slot at most), sorts it by (deliver_ms, entry number) and hands out
-entries whose time has come, oldest-due first, in batches, as fast as the store takes them. It sleeps
+entries whose time has come, oldest-due first, in batches, as fast as the store takes them (a batch
+under one lock hold: its records read in a few large preads, one put per real queue; after a
+transient put failure every item not yet stored goes back to the window). It sleeps
 on the clock until exactly the next deliver time: never early (``poll`` only returns due entries).
 Millisecond resolution comes from sorting within the slot; the slot size only sets how much is read
 at once. When a slot is finished, the watermark advances past it.

@@ -30,7 +30,8 @@ class TimerService:
     """Any-millisecond delayed delivery, persisted in ``<storePathRootDir>/timer``.
 
     ``store`` is anything with ``put_message(MessageExt) -> PutResult`` (the MessageStore); delivered
-    messages are put there as new messages of their real topic and queue."""
+    messages are put there as new messages of their real topic and queue, through
+    ``put_messages(list[MessageExt])`` (one topic and queue per call) when the store has it."""
 
     def __init__(self, store: Any, config: Any = None, clock: Clock | None = None, *,
                  timer_config: TimerConfig | None = None, root_dir: str | Path | None = None,
