@@ -139,6 +139,13 @@ async def test_simple_consumer_offsets_and_long_poll(server: ChronomqProcess) ->
         for i in range(1, 5):
             await p.send(Message("CliPull", f"m{i}", tags="Y" if i % 2 else "X"))
         (q,) = await c.queues("CliPull")
+
+        async def dispatched() -> bool:
+            return await c.max_offset(q) == 5
+
+        # a send is answered once the commit log has the message; its consume-queue entry (what
+        # max_offset counts) follows from the dispatcher thread, which a loaded host can delay
+        await async_wait_for(dispatched, message="the 5 messages in the consume queue")
         assert await c.min_offset(q) == 0 and await c.max_offset(q) == 5
         res = await c.pull(q, 0, 2)
         assert [x.body for x in res.messages] == [b"m0", b"m1"] and res.next_offset == 2
