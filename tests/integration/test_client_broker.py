@@ -118,6 +118,48 @@ async def test_push_consumer_retry_dlq_and_redrive(server: ChronomqProcess) -> N
     assert [b for b, _, _ in deliveries].count(b"fine") == 1
 
 
+async def test_push_consumer_drains_a_backlog_once_with_big_pulls(server: ChronomqProcess) -> None:
+    """A backlog of 3000 in 2 queues: the consumer pulls more than pull_batch_size per request while it
+    catches up (the broker answers up to 256), delivers every message once with its own body, and
+    commits the end of both queues."""
+    ns = server.namesrv_addr
+    async with Admin(ns) as a:
+        await a.create_topic("CliBacklog", 2)
+    async with Producer("PG_backlog", ns) as p:
+        for start in range(0, 3000, 100):
+            await p.send_batch([Message("CliBacklog", f"b{i}") for i in range(start, start + 100)])
+    seen: dict[bytes, int] = {}
+    pulls: list[int] = []
+
+    async def listener(msg: ReceivedMessage) -> None:
+        seen[msg.body] = seen.get(msg.body, 0) + 1
+
+    c = PushConsumer("CG_backlog", {"CliBacklog": "*"}, listener, ns, consume_from="first",
+                     concurrency=16, pull_batch_size=32, **CONSUMER_OPTS)
+    real_pull = c._pull
+
+    async def counting_pull(pq, count, commit):  # type: ignore[no-untyped-def]
+        res = await real_pull(pq, count, commit)
+        if pq.mq.topic == "CliBacklog":
+            pulls.append(len(res.messages))
+        return res
+
+    c._pull = counting_pull  # type: ignore[method-assign]
+    async with c:
+        await async_wait_for(lambda: len(seen) == 3000, timeout=60, message="3000 distinct messages")
+        async with Admin(ns) as a:
+
+            async def committed() -> bool:
+                await c.commit_offsets()
+                rows = await a.group_progress("CG_backlog", "CliBacklog")
+                return sum(r.consumer_offset for r in rows if r.queue.topic == "CliBacklog") == 3000
+
+            await async_wait_for(committed, timeout=20, message="offsets committed at the end of both queues")
+    assert set(seen) == {f"b{i}".encode() for i in range(3000)}
+    assert set(seen.values()) == {1}
+    assert max(pulls) > 32  # the broker answered a bigger pull while there was a backlog
+
+
 async def _count(coro: Awaitable[list[ReceivedMessage]], n: int = 6) -> bool:
     return len(await coro) >= n
 
