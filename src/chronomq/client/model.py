@@ -342,6 +342,8 @@ def decode_received(buf: bytes, broker_name: str) -> list[ReceivedMessage]:
     uniq, retry_topic = m.PROPERTY_UNIQ_KEY, m.PROPERTY_RETRY_TOPIC
     psep, nvsep = m.PROPERTY_SEPARATOR, m.NAME_VALUE_SEPARATOR
     queues: dict[tuple[str, int], MessageQueue] = {}
+    hosts: dict[bytes, tuple[str, int]] = {}
+    last_topic, last_qid, mq = "", -1, None
     new = ReceivedMessage.__new__
     n = len(buf)
     pos = 0
@@ -388,10 +390,17 @@ def decode_received(buf: bytes, broker_name: str) -> list[ReceivedMessage]:
         topic = raw_topic
         if topic.startswith(retry_prefix):
             topic = props.get(retry_topic, topic)
-        mq = queues.get((raw_topic, queue_id))
-        if mq is None:
-            mq = queues[(raw_topic, queue_id)] = MessageQueue(raw_topic, broker_name, queue_id)
-        shost = _host(store_host)
+        if mq is None or queue_id != last_qid or raw_topic != last_topic:  # a batch is mostly one queue
+            mq = queues.get((raw_topic, queue_id))
+            if mq is None:
+                mq = queues[(raw_topic, queue_id)] = MessageQueue(raw_topic, broker_name, queue_id)
+            last_topic, last_qid = raw_topic, queue_id
+        shost = hosts.get(store_host)
+        if shost is None:
+            shost = hosts[store_host] = _host(store_host)
+        bhost = hosts.get(born_host)
+        if bhost is None:
+            bhost = hosts[born_host] = _host(born_host)
         msg = new(ReceivedMessage)
         msg.topic = topic
         msg.body = body
@@ -403,7 +412,7 @@ def decode_received(buf: bytes, broker_name: str) -> list[ReceivedMessage]:
         msg.reconsume_times = reconsume
         msg.born_timestamp = born_ts
         msg.store_timestamp = store_ts
-        msg.born_host = _host(born_host)
+        msg.born_host = bhost
         msg.store_host = shost
         msg.flag = flag
         msg.sys_flag = sys_flag & ~compressed
