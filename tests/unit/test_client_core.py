@@ -1321,3 +1321,22 @@ async def test_push_consumer_runs_concurrency_listeners_from_one_pulled_batch(br
         gate.set()
         await async_wait_for(lambda: len(done) == 20)
     assert peak == 8 and sorted(done) == list(range(20))
+
+
+def test_push_consumer_commit_offset_is_the_oldest_message_in_flight():
+    from chronomq.client.consumer import ProcessQueue
+
+    c = PushConsumer("GO", "T", lambda msg: None, "127.0.0.1:1", max_inflight_per_queue=3)
+    msgs = decode_received(b"".join(_record("T", b"x", {}, qoff=i, phys=i * 100) for i in range(5)), "bk")
+    mq = msgs[0].queue
+    pq = ProcessQueue(mq=mq, expression="*", next_offset=0, high=5)
+    c._pqs[mq] = pq
+    c._offsets[mq] = 0  # as _apply sets it when the queue is taken
+    for x in msgs:
+        pq.add(x)
+    seen = []
+    for i in (2, 0, 1, 4, 3):
+        c._done(pq, msgs[i])
+        seen.append((c._offsets.get(mq), pq.space.is_set()))
+    assert seen == [(0, False), (1, False), (3, True), (3, True), (5, True)]
+    assert pq.consumed == 5 and not pq.msgs

@@ -662,11 +662,17 @@ class PushConsumer(SyncContextMixin):
         self._done(pq, msg)
 
     def _done(self, pq: ProcessQueue, msg: ReceivedMessage) -> None:
-        pq.msgs.pop(msg.queue_offset, None)
+        msgs = pq.msgs
+        offset = msg.queue_offset
+        msgs.pop(offset, None)
         pq.consumed += 1
         if not pq.dropped:
-            self._offsets[pq.mq] = pq.commit_offset()
-        if len(pq.msgs) < self.max_inflight_per_queue:
+            order = pq.order
+            if order and order[0] == offset:  # the oldest in flight: the commit offset moves
+                self._offsets[pq.mq] = pq.commit_offset()
+            elif not msgs:
+                self._offsets[pq.mq] = pq.high
+        if len(msgs) < self.max_inflight_per_queue and not pq.space.is_set():
             pq.space.set()
 
     async def _send_back(self, pq: ProcessQueue, msg: ReceivedMessage) -> bool:
