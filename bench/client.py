@@ -140,6 +140,78 @@ async def ours_drain(ns: str, topic: str, count: int, group: str, broker_pid: in
             "broker_us": (b1 - b0) / count * 1e6}
 
 
+async def _produce_at_rate(ns: str, topic: str, rate: int, seconds: float) -> None:
+    async with Producer("PG_tail", ns) as p:
+        await p.send(Message(topic, BODY))
+        step = 0.005
+        per = max(1, round(rate * step))
+        t0 = time.monotonic()
+        n = 0
+        while n < rate * seconds:
+            await p.send_batch([Message(topic, BODY) for _ in range(per)])
+            n += per
+            await asyncio.sleep(max(0.0, t0 + n / rate - time.monotonic()))
+
+
+def _producer_process(ns: str, topic: str, rate: int, seconds: float) -> None:
+    asyncio.run(_produce_at_rate(ns, topic, rate, seconds))
+
+
+async def ours_tail(ns: str, topic: str, rate: int, seconds: float, broker_pid: int) -> dict[str, float]:
+    """Our push consumer following a topic written at ``rate`` msg/s by another process (batches every
+    5 ms): CPU per message of this process and of the broker, and messages per FOUND pull."""
+    import multiprocessing
+
+    got = 0
+    pulls = 0
+
+    async def listener(_msg: object) -> None:
+        nonlocal got
+        got += 1
+
+    async with PushConsumer("CG_tail", {topic: "*"}, listener, ns, consume_from="last", concurrency=64,
+                            pull_batch_size=32, long_poll_timeout=5.0) as c:
+        real_pull = getattr(c, "_pull", None)  # (absent in older consumers: per_pull then reads 0)
+
+        async def counting_pull(pq, count, commit):  # type: ignore[no-untyped-def]
+            nonlocal pulls
+            assert real_pull is not None
+            res = await real_pull(pq, count, commit)
+            pulls += bool(res.messages)
+            return res
+
+        if real_pull is not None:
+            c._pull = counting_pull  # type: ignore[method-assign]
+        await asyncio.sleep(1.0)  # queues assigned, pulls held
+        proc = multiprocessing.get_context("spawn").Process(target=_producer_process,
+                                                            args=(ns, topic, rate, seconds))
+        b0, c0 = _proc_cpu_s(broker_pid), time.process_time()
+        got0 = got
+        proc.start()
+        await asyncio.get_running_loop().run_in_executor(None, proc.join)
+        expected = got0 + int(rate * seconds) + 1
+        deadline = time.monotonic() + 30
+        while got < expected and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        n = got - got0
+        c1, b1 = time.process_time(), _proc_cpu_s(broker_pid)
+    return {"received": n, "client_us": (c1 - c0) / n * 1e6, "broker_us": (b1 - b0) / n * 1e6,
+            "per_pull": n / pulls if pulls else 0.0}
+
+
+def tail_main(rate: int, seconds: float, repeat: int) -> None:
+    with tempfile.TemporaryDirectory() as d, ChronomqProcess(Path(d) / "data") as server:
+        pid = server.pid
+        assert pid is not None
+        asyncio.run(ours_batch(server.namesrv_addr, "BenchTail", 1, 1))  # create the topic
+        print(f"a producer process writes {rate} msg/s for {seconds} s (a batch every 5 ms); our consumer "
+              "follows (the client CPU below is the consumer's alone)")
+        for i in range(repeat):
+            r = asyncio.run(ours_tail(server.namesrv_addr, "BenchTail", rate, seconds, pid))
+            print(f"  run {i}: {r['received']:.0f} received, {r['per_pull']:.1f} per pull; CPU per message: "
+                  f"client {r['client_us']:.1f} us, broker {r['broker_us']:.1f} us (with the sends)")
+
+
 def drain_main(count: int, repeat: int, profile: str | None) -> None:
     with tempfile.TemporaryDirectory() as d, ChronomqProcess(Path(d) / "data") as server:
         ns = server.namesrv_addr
@@ -175,9 +247,13 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3, help="alternating runs per workload (median)")
     ap.add_argument("--drain", type=int, default=0, help="only: our push consumer draining N messages")
     ap.add_argument("--profile", help="with --drain: cProfile stats of the last run to this file")
+    ap.add_argument("--tail", type=int, default=0, help="only: our push consumer following N msg/s")
     a = ap.parse_args()
     if a.drain:
         drain_main(a.drain, a.repeat, a.profile)
+        return
+    if a.tail:
+        tail_main(a.tail, 5.0, a.repeat)
         return
     n_sync = a.count or (2000 if a.quick else 10000)
     n_async = n_sync * 3
