@@ -284,7 +284,8 @@ async def test_sync_flush_answers_after_the_fsync_off_the_loop(tmp_path: Path) -
                                     for i in range(3)))
         assert [r.code for r in rs] == [C.SUCCESS] * 3, [r.remark for r in rs]
         assert [r.ext_fields["uniqKey"] for r in rs] == ["S0", "S1", "S2"]
-        assert len(synced) >= 3 and threading.main_thread().name not in synced
+        # one fsync round may serve all three (group commit), never the event loop's thread
+        assert 1 <= len(synced) <= 3 and threading.main_thread().name not in synced
         r = await c.send_message("TS", b"x", 0, {"TIMER_DELAY_SEC": "7200"})
         assert r.code == C.MESSAGE_ILLEGAL and "maximum delay" in (r.remark or "")
         await e.advance(1000)

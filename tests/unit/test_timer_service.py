@@ -138,3 +138,61 @@ async def test_schedule_async_under_sync_flush(tmp_path: Path) -> None:
     await run_until(svc, clock, now + 1000)
     assert [(u, at - now) for u, at, _ in store.puts] == [("a1", 700), ("a2", 800), ("a3", 900)]
     await svc.shutdown()
+
+
+async def test_sync_flush_group_commit_acknowledges_only_after_a_round_covering_the_write(
+        tmp_path: Path) -> None:
+    import asyncio
+    import threading
+
+    clock = VirtualClock()
+    cfg, _ = BrokerConfig.load(None, {"storePathRootDir": str(tmp_path), "flushDiskType": "SYNC_FLUSH"})
+    svc = TimerService(FakeStore(clock), cfg, clock, timer_config=small_config())
+    await svc.start()
+    written: list[str] = []
+    rounds: list[tuple[int, int]] = []  # (writes covered when the round started, writes when it ended)
+    real_batch, real_sync = svc.timer.schedule_batch, svc.timer.sync_files
+    gate, started = threading.Event(), threading.Event()
+
+    def counting_batch(items: list) -> list:
+        out = real_batch(items)
+        written.append(items[0][0].uniq_key)
+        return out
+
+    def slow_sync() -> None:
+        covers = len(written)
+        started.set()
+        gate.wait(5)  # the first round stays open until the other requests have written
+        real_sync()
+        rounds.append((covers, len(written)))
+
+    svc.timer.schedule_batch = counting_batch  # type: ignore[method-assign]
+    svc.timer.sync_files = slow_sync  # type: ignore[method-assign]
+    now = clock.now_ms()
+
+    async def one(i: int) -> None:
+        await svc.schedule_batch_async([(msg(f"g{i}"), now + 500 + i)])
+        pos = written.index(f"g{i}") + 1
+        assert rounds and max(c for c, _ in rounds) >= pos, (i, pos, rounds)  # its write was fsynced
+
+    tasks = [asyncio.create_task(one(0))]
+    await asyncio.wait_for(asyncio.to_thread(started.wait, 5), 10)  # the first round is in its fsync
+    tasks += [asyncio.create_task(one(i)) for i in range(1, 20)]
+    for _ in range(100):
+        await asyncio.sleep(0)
+    assert len(written) == 20 and not rounds and not any(t.done() for t in tasks)
+    gate.set()
+    await asyncio.wait_for(asyncio.gather(*tasks), 10)
+    # the open round covered the first write only; the 19 writes behind it shared one more round
+    assert rounds == [(1, 20), (20, 20)] and svc.sync_rounds == 2
+
+    def failing_sync() -> None:
+        raise OSError(5, "Input/output error")
+
+    svc.timer.sync_files = failing_sync  # type: ignore[method-assign]
+    results = await asyncio.gather(*(svc.schedule_batch_async([(msg(f"f{i}"), now + 900)]) for i in range(3)),
+                                   return_exceptions=True)
+    assert all(isinstance(r, OSError) for r in results)  # never acknowledged as durable
+    svc.timer.sync_files = real_sync  # type: ignore[method-assign]
+    assert (await svc.schedule_batch_async([(msg("ok"), now + 950)]))[0].msg_id == "ok"
+    await svc.shutdown()

@@ -55,6 +55,13 @@ class TimerService:
         self._sleeping = False
         self._sleep_target = _NEVER
         self._version = 0
+        # SYNC_FLUSH group commit: fsync rounds run one at a time; a schedule is acknowledged once a round
+        # that started after its write has completed, so concurrent requests share fsyncs
+        self._sync_lock = threading.Lock()
+        self._write_seq = 0
+        self._synced_seq = 0
+        self._sync_round_fut: asyncio.Future[None] | None = None
+        self.sync_rounds = 0
 
     # --- lifecycle --------------------------------------------------------------------------------------
     def open(self) -> None:
@@ -95,29 +102,52 @@ class TimerService:
         ``schedule_async``). Adds UNIQ_KEY (when missing) and TIMER_DELIVER_MS to ``msg.properties``."""
         r = self.timer.schedule(msg, deliver_ms)
         if self.sync_flush:
-            self.timer.sync_files()
+            self._sync_files()
         return r
 
     def schedule_batch(self, items: Iterable[tuple[MessageExt, int]]) -> list[ScheduleResult]:
         """Like ``schedule`` for many messages at once (all validated before anything is written)."""
         r = self.timer.schedule_batch(items)
         if self.sync_flush:
-            self.timer.sync_files()
+            self._sync_files()
         return r
 
     async def schedule_async(self, msg: MessageExt, deliver_ms: int) -> ScheduleResult:
         """``schedule`` for event-loop callers: under SYNC_FLUSH the fsync runs in a worker thread
-        instead of stalling the loop."""
+        instead of stalling the loop, shared with the requests that arrive meanwhile (group commit)."""
         r = self.timer.schedule(msg, deliver_ms)
         if self.sync_flush:
-            await asyncio.to_thread(self.timer.sync_files)
+            await self._durable()
         return r
 
     async def schedule_batch_async(self, items: Iterable[tuple[MessageExt, int]]) -> list[ScheduleResult]:
         r = self.timer.schedule_batch(items)
         if self.sync_flush:
-            await asyncio.to_thread(self.timer.sync_files)
+            await self._durable()
         return r
+
+    def _sync_files(self) -> None:
+        """One fsync round at a time: the store hands each dirty file to one round only, so a second
+        caller running alongside could otherwise return before the round holding its data has finished."""
+        with self._sync_lock:
+            self.timer.sync_files()
+            self.sync_rounds += 1
+
+    async def _durable(self) -> None:
+        """Group commit (event-loop callers, after their write): wait for an fsync round that started
+        after the write; start one if none is running. A failed round raises to every waiter."""
+        self._write_seq += 1
+        want = self._write_seq
+        while self._synced_seq < want:
+            fut = self._sync_round_fut
+            if fut is None or fut.done():
+                fut = self._sync_round_fut = asyncio.ensure_future(self._sync_round())
+            await asyncio.shield(fut)
+
+    async def _sync_round(self) -> None:
+        covers = self._write_seq  # every write counted so far happened before this round takes its files
+        await asyncio.to_thread(self._sync_files)
+        self._synced_seq = max(self._synced_seq, covers)
 
     def maybe_schedule(self, msg: MessageExt) -> ScheduleResult | None:
         """The broker's send path: if ``msg`` carries a timer property (and no DELAY level, and is not
