@@ -603,26 +603,36 @@ class PushConsumer(SyncContextMixin):
         ready = self._ready
         listener = self.listener
         direct = self._executor is None and inspect.iscoroutinefunction(listener)
-        while True:
-            if not ready:
-                fut = loop.create_future()
-                self._sleepers.append(fut)
-                try:
-                    await fut
-                except asyncio.CancelledError:
-                    if fut.done() and not fut.cancelled():
-                        self._waking -= 1
-                    raise
-                self._waking -= 1
-                continue
-            pq, msg = ready.popleft()
-            if ready:
-                self._wake()  # more work: let another worker take the next message if this one awaits
-            if self._stopping or (pq.dropped and pq.mq not in self._pqs):
-                continue  # not started: stays uncommitted, delivered again (to the queue's new owner)
-            self._busy += 1
-            self._idle.clear()
-            try:
+        busy = False  # counted in self._busy from the first message taken until the worker sleeps again
+        try:
+            while True:
+                if not ready or self._stopping:
+                    while ready and self._stopping:
+                        ready.popleft()  # not started: stays uncommitted, delivered again
+                    if busy:
+                        busy = False
+                        self._busy -= 1
+                        if self._busy == 0:
+                            self._idle.set()
+                    fut = loop.create_future()
+                    self._sleepers.append(fut)
+                    try:
+                        await fut
+                    except asyncio.CancelledError:
+                        if fut.done() and not fut.cancelled():
+                            self._waking -= 1
+                        raise
+                    self._waking -= 1
+                    continue
+                pq, msg = ready.popleft()
+                if ready:
+                    self._wake()  # more work: let another worker take the next message if this one awaits
+                if pq.dropped and pq.mq not in self._pqs:
+                    continue  # not started: stays uncommitted, delivered again (to the queue's new owner)
+                if not busy:
+                    busy = True
+                    self._busy += 1
+                    self._idle.clear()
                 if direct:  # a coroutine listener, called here (one coroutine less per message)
                     try:
                         result = await listener(msg)
@@ -640,7 +650,8 @@ class PushConsumer(SyncContextMixin):
                         await self._consume_one(pq, msg, False)
                 else:
                     await self._consume_one(pq, msg)
-            finally:
+        finally:
+            if busy:
                 self._busy -= 1
                 if self._busy == 0:
                     self._idle.set()
