@@ -8,7 +8,14 @@ import pytest
 
 from chronomq.clock import VirtualClock
 from chronomq.config import BrokerConfig
-from chronomq.message import SCHEDULE_TOPIC, MessageExt, decode_record, decode_records, tags_code
+from chronomq.message import (
+    SCHEDULE_TOPIC,
+    MessageExt,
+    decode_record,
+    decode_records,
+    encode_record,
+    tags_code,
+)
 from chronomq.store import GetStatus, MessageStore, PutStatus
 
 
@@ -376,3 +383,87 @@ def test_malformed_message_objects_are_illegal_not_exceptions(store, bad):
     assert r.status is PutStatus.MESSAGE_ILLEGAL and r.error
     assert store.put_messages([bad]).status is PutStatus.MESSAGE_ILLEGAL
     assert store.max_phy_offset == 0
+
+
+def _stored(m: MessageExt) -> bytes:
+    return bytes(encode_record(m))
+
+
+def test_put_records_reputs_a_parked_record_to_its_real_queue(store, clock):
+    parked = msg(topic=SCHEDULE_TOPIC, qid=1, body=b"payload", DELAY="2", REAL_TOPIC="TopicB",
+                 REAL_QID="3", TAGS="t9", KEYS="k1 k2", UNIQ_KEY="U7")
+    raw = _stored(parked)
+    props = {"REAL_TOPIC": "TopicB", "REAL_QID": "3", "TAGS": "t9", "KEYS": "k1 k2", "UNIQ_KEY": "U7"}
+    seen = []
+    store.add_arrival_listener(lambda t, q, off, ts: seen.append((t, q, off)))
+    r = store.put_records("TopicB", 3, [(b"junk" + raw, 4, len(raw), props), (raw, 0, len(raw), props)])
+    assert r.ok and r.append.msg_count == 2 and r.append.queue_offset == 0
+    assert r.append.msg_id.split(",") == [
+        f"0A00000700002A9F{r.append.wrote_offset:016X}",
+        f"0A00000700002A9F{r.append.wrote_offset + r.append.wrote_bytes // 2:016X}"]
+    assert store.wait_dispatched(store.max_phy_offset, 5)
+    units = store.get_cq_units("TopicB", 3, 0, 10)
+    assert [(u.queue_offset, u.tags_code) for u in units] == [(0, tags_code("t9")), (1, tags_code("t9"))]
+    m = decode_record(store.read_record(units[1].commit_log_offset), check_crc=True)
+    assert (m.topic, m.queue_id, m.body, m.properties, m.born_host, m.store_host, m.store_timestamp) == (
+        "TopicB", 3, b"payload", props, ("192.168.1.2", 5555), ("10.0.0.7", 10911), clock.now_ms())
+    assert [x.queue_offset for x in store.query_message("TopicB", "k2", 10, 0, 2**62)] == [0, 1]
+    assert [x.queue_offset for x in store.query_message("TopicB", "U7", 10, 0, 2**62)] == [0, 1]
+    deadline = threading.Event()
+    for _ in range(500):
+        if ("TopicB", 3, 2) in seen:
+            break
+        deadline.wait(0.01)
+    assert ("TopicB", 3, 2) in seen
+    # to the schedule topic: tagsCode is the deliver time, as for put_message
+    r2 = store.put_records(SCHEDULE_TOPIC, 2, [(raw, 0, len(raw), {"DELAY": "3"})])
+    assert r2.ok and store.wait_dispatched(store.max_phy_offset, 5)
+    [u] = store.get_cq_units(SCHEDULE_TOPIC, 2, 0, 10)
+    assert u.tags_code == r2.append.store_timestamp + 10_000
+
+
+def test_put_records_sync_flush_future(tmp_path, clock):
+    s = MessageStore(make_config(tmp_path, flushDiskType="SYNC_FLUSH"), clock)
+    s.start()
+    try:
+        raw = _stored(msg())
+        r = s.put_records("TopicA", 0, [(raw, 0, len(raw), {})])
+        assert r.ok and r.flushed is not None and r.flushed.result(10) is True
+    finally:
+        s.shutdown()
+
+
+@pytest.mark.parametrize("args, status, words", [
+    (("TopicA", 0, []), PutStatus.MESSAGE_ILLEGAL, "empty"),
+    (("bad topic", 0, None), PutStatus.MESSAGE_ILLEGAL, "characters"),
+    (("TopicA", -1, None), PutStatus.MESSAGE_ILLEGAL, "queue id"),
+    (("TopicA", 0, [(b"\x00" * 200, 0, 200, {})]), PutStatus.MESSAGE_ILLEGAL, "not a stored record"),
+    (("TopicA", 0, "short"), PutStatus.MESSAGE_ILLEGAL, "not a stored record"),
+    (("TopicA", 0, "size"), PutStatus.MESSAGE_ILLEGAL, "not a stored record"),
+    (("TopicA", 0, "body"), PutStatus.MESSAGE_ILLEGAL, "maxMessageSize"),
+    (("TopicA", 0, {"k\x01": "v"}), PutStatus.MESSAGE_ILLEGAL, "separator"),
+    (("TopicA", 0, {"big": "v" * 40000}), PutStatus.PROPERTIES_SIZE_EXCEEDED, "properties"),
+])
+def test_put_records_bad_input_writes_nothing(tmp_path, clock, args, status, words):
+    s = MessageStore(make_config(tmp_path, maxMessageSize=4096), clock)
+    s.start()
+    try:
+        topic, qid, recs = args
+        raw = _stored(msg())
+        if recs is None:
+            recs = [(raw, 0, len(raw), {})]
+        elif recs == "short":
+            recs = [(raw, 0, len(raw) + 1, {})]
+        elif recs == "size":
+            recs = [(raw + b"\x00", 0, len(raw) + 1, {})]
+        elif recs == "body":
+            big = _stored(msg(body=b"x" * 5000))
+            recs = [(raw, 0, len(raw), {}), (big, 0, len(big), {})]
+        elif isinstance(recs, dict):
+            recs = [(raw, 0, len(raw), {}), (raw, 0, len(raw), recs)]
+        r = s.put_records(topic, qid, recs)
+        assert r.status is status and words in r.error
+        assert s.max_phy_offset == 0 and s.topics() == []
+        assert s.put_records("TopicA", 0, [(raw, 0, len(raw), {})]).ok  # the store still works
+    finally:
+        s.shutdown()

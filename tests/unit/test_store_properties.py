@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from chronomq.clock import VirtualClock
 from chronomq.config import BrokerConfig
-from chronomq.message import MessageExt, decode_record, decode_records, tags_code
+from chronomq.message import MessageExt, decode_record, decode_records, encode_record, tags_code
 from chronomq.store import MessageStore
 
 SETTINGS = settings(max_examples=15, deadline=None,
@@ -123,3 +123,79 @@ def test_index_queries_match_a_model(tmp_path_factory, entries, probe, window, l
         assert [m.commit_log_offset for m in hit] == [model[j][4]]
     finally:
         s.shutdown()
+
+
+# --- put_records: a stored record re-put without decode + re-encode ---------------------------------------
+new_topic_st = st.one_of(topic_st, st.just("SCHEDULE_TOPIC_XXXX"))
+new_props_st = st.dictionaries(
+    st.one_of(prop_text.filter(bool), st.sampled_from(["TAGS", "KEYS", "UNIQ_KEY", "DELAY", "WAIT"])),
+    st.one_of(prop_text, st.sampled_from(["a b", " k1  k2 ", "2", "false"])), max_size=5)
+
+
+def _reput_store(root, clock, sync: bool):
+    cfg = BrokerConfig(storePathRootDir=str(root), mappedFileSizeCommitLog=16 * 1024,
+                       mappedFileSizeConsumeQueue=20 * 4, maxHashSlotNum=8, maxIndexNum=64,
+                       messageDelayLevel="1s 5s 10s", flushDiskType="SYNC_FLUSH" if sync else "ASYNC_FLUSH")
+    s = MessageStore(cfg, clock, ("10.1.2.3", 10911))
+    s.start()
+    return s
+
+
+@SETTINGS
+@given(parked=st.lists(st.tuples(message_st, new_props_st), min_size=1, max_size=12),
+       topic=new_topic_st, qid=st.integers(0, 5), lead=st.integers(0, 3), sync=st.booleans(),
+       prefix=st.binary(max_size=40))
+def test_put_records_stores_exactly_what_put_messages_stores(tmp_path_factory, parked, topic, qid, lead, sync,
+                                                             prefix):
+    """The spliced record is byte for byte the record put_messages stores for the decoded message with the
+    new topic, queue and properties (prepared offset 0, as both delivery decoders set it): two fresh
+    stores on one clock given the same puts agree on every byte, every queue entry (tagsCode, delay
+    deliver time), every index hit and the flush future."""
+    clock = VirtualClock()
+    a = _reput_store(tmp_path_factory.mktemp("put_messages"), clock, sync)
+    b = _reput_store(tmp_path_factory.mktemp("put_records"), clock, sync)
+    try:
+        for k in range(lead):  # other queues first: offsets that are not 0
+            for s in (a, b):
+                assert s.put_message(MessageExt(topic="Lead", body=b"x" * k, queue_id=k)).ok
+        raws = [bytes(encode_record(m)) for m, _ in parked]
+        buf = prefix + b"".join(raws)  # the records inside a larger read, as the timer holds them
+        entries = []
+        pos = len(prefix)
+        msgs = []
+        for (_m, props), raw in zip(parked, raws, strict=True):
+            entries.append((buf, pos, len(raw), props))
+            pos += len(raw)
+            d = decode_record(raw)
+            d.topic, d.queue_id, d.properties, d.prepared_transaction_offset = topic, qid, dict(props), 0
+            msgs.append(d)
+        before = [dict(e[3]) for e in entries]
+        clock.advance_sync(11)
+        ra = a.put_messages(msgs)
+        rb = b.put_records(topic, qid, entries)
+        assert [e[3] for e in entries] == before  # the caller's dicts are not touched
+        assert ra.status == rb.status
+        if not ra.ok:
+            assert ra.status.value in ("MESSAGE_ILLEGAL", "PROPERTIES_SIZE_EXCEEDED")
+            assert a.max_phy_offset == b.max_phy_offset
+            return
+        assert ra.append == rb.append
+        assert (ra.flushed is None) == (rb.flushed is None) == (not sync)
+        if sync:
+            assert ra.flushed.result(10) and rb.flushed.result(10)
+        assert a.max_phy_offset == b.max_phy_offset
+        assert a.wait_dispatched(a.max_phy_offset, 10) and b.wait_dispatched(b.max_phy_offset, 10)
+        off = ra.append.wrote_offset
+        for _ in msgs:
+            rec_a, rec_b = a.read_record(off), b.read_record(off)
+            assert rec_a == rec_b
+            decode_record(rec_b, check_crc=True)
+            off += len(rec_b)
+        ua = a.get_cq_units(topic, qid, 0, 100)
+        assert ua == b.get_cq_units(topic, qid, 0, 100) and len(ua) == len(msgs)
+        for m in msgs:
+            for key in {*m.keys, *([m.uniq_key] if m.uniq_key else [])}:
+                assert a.query_message(topic, key, 50, 0, 2**62) == b.query_message(topic, key, 50, 0, 2**62)
+    finally:
+        a.shutdown()
+        b.shutdown()

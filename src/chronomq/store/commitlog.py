@@ -65,6 +65,31 @@ def encode(msg: MessageExt, topic_b: bytes, props_b: bytes, store_host_b: bytes,
     return b"".join((head, body, _TOPIC_LEN[len(topic_b)], topic_b, H16.pack(len(props_b)), props_b))
 
 
+def splice(buf: bytes | bytearray | memoryview, pos: int, size: int, topic_b: bytes, queue_id: int,
+           props_b: bytes, store_host_b: bytes) -> tuple[bytes, int]:
+    """The record ``encode`` would build for the stored V1 record of ``size`` bytes at ``buf[pos:]``
+    re-addressed to ``topic_b``/``queue_id`` with the properties ``props_b``: flag, sysFlag (IPv6 bits
+    cleared), born timestamp and host, reconsume times and body copied as they are; prepared
+    transaction offset 0, our store host, queue offset, physical offset and store time 0 (patched
+    later), the body CRC computed anew (never trusted from the old record), sizes recomputed. Returns
+    (record, body length). Raises ValueError when the bytes are not one whole V1 record."""
+    if size < RECORD_FIXED_SIZE or pos < 0 or pos + size > len(buf):
+        raise ValueError("record truncated")
+    (total, magic, _crc, _qid, flag, _qoff, _phys, sys_flag, born_ts, born_host_b, _sts, _shost,
+     reconsume, _prep, body_len) = HEAD.unpack_from(buf, pos)
+    if magic != MAGIC_V1 or total != size:
+        raise ValueError("not a V1 record of the given size")
+    b = pos + POS_BODY
+    if body_len < 0 or b + body_len + 3 > pos + size:
+        raise ValueError("body length out of range")
+    body = buf[b : b + body_len]
+    new_total = RECORD_FIXED_SIZE + body_len + len(topic_b) + len(props_b)
+    head = HEAD.pack(new_total, MAGIC_V1, zlib.crc32(body) & 0x7FFFFFFF, queue_id, flag, 0, 0,
+                     sys_flag & _HOST_MASK, born_ts, born_host_b, 0, store_host_b, reconsume, 0, body_len)
+    rec = b"".join((head, body, _TOPIC_LEN[len(topic_b)], topic_b, H16.pack(len(props_b)), props_b))
+    return rec, body_len
+
+
 def check_record(mm, r: int, seg_start: int, seg_size: int, check_crc: bool) -> int:
     """Validate the record at relative position ``r`` of a segment. Returns its size (> 0), 0 at the
     clean end of the data (zeros), -1 for a blank filler that ends the segment, or -2 when the bytes are

@@ -72,6 +72,7 @@ from chronomq.store.commitlog import (
     CommitLog,
     check_record,
     encode,
+    splice,
 )
 from chronomq.store.consumequeue import UNIT, ConsumeQueue
 from chronomq.store.index import IndexService
@@ -421,6 +422,128 @@ class MessageStore:
         fut = self._request_flush(wrote) if self._sync else None
         return PutResult(PutStatus.PUT_OK,
                          AppendResult(first_phys, total, ",".join(ids), first_q, ts, len(msgs)), None, fut)
+
+    def put_records(self, topic: str, queue_id: int,
+                    records: list[tuple[bytes | bytearray | memoryview, int, int, dict[str, str]]]
+                    ) -> PutResult:
+        """put_messages for records the caller holds as stored bytes (a parked delayed message): each
+        entry (buf, pos, size, properties) is the V1 record of ``size`` bytes at ``buf[pos:]`` and the
+        properties its copy gets. The copy goes to ``topic``/``queue_id``; flag, sysFlag, born time and
+        host, reconsume times and body are taken from the bytes without decoding the message (see
+        commitlog.splice), so the record is byte for byte the one put_messages would store for the
+        decoded message with those fields. Same checks, guarantees and result as put_messages
+        (contiguous queue offsets, one segment, tagsCode / delay, index keys, SYNC_FLUSH future); the
+        entries' properties dicts are not modified. A malformed record refuses the batch with
+        MESSAGE_ILLEGAL."""
+        if not records:
+            return self._fail(PutStatus.MESSAGE_ILLEGAL, "an empty batch")
+        topic_b = self._topic_cache.get(topic)
+        if topic_b is None:
+            err = validate_topic(topic) if isinstance(topic, str) else "the topic is not a string"
+            if err is not None:
+                return self._fail(PutStatus.MESSAGE_ILLEGAL, err)
+            topic_b = topic.encode()
+            if len(self._topic_cache) > 100_000:
+                self._topic_cache.clear()
+            self._topic_cache[topic] = topic_b
+        if queue_id.__class__ is not int or queue_id < 0 or queue_id > 0x7FFFFFFF:
+            return self._fail(PutStatus.MESSAGE_ILLEGAL, f"queue id {queue_id!r} out of range")
+        schedule = topic == SCHEDULE_TOPIC
+        levels = self._delay_levels
+        tag_cache = self._tag_cache
+        max_body = self._max_body
+        store_host_b = self._store_host_b
+        preps = []
+        total = 0
+        for buf, pos, size, props in records:
+            if props:
+                n = len(props)
+                text = "\x02".join(map("\x01".join, props.items()))
+                if text.count("\x01") != n or text.count("\x02") != n - 1 or "" in props:
+                    return self._fail(PutStatus.MESSAGE_ILLEGAL,
+                                      "a property has an empty name or contains a 0x01/0x02 separator")
+                props_b = (text + "\x02").encode()
+                if len(props_b) > MAX_PROPERTIES_LENGTH:
+                    return self._fail(PutStatus.PROPERTIES_SIZE_EXCEEDED,
+                                      f"the properties are {len(props_b)} bytes, more than "
+                                      f"{MAX_PROPERTIES_LENGTH}")
+                tags = props.get(PROPERTY_TAGS)
+                keys = props.get(PROPERTY_KEYS)
+                keys_l = [k for k in keys.split(" ") if k] if keys else None
+                uniq = props.get(PROPERTY_UNIQ_KEY)
+            else:
+                props_b = b""
+                tags = keys_l = uniq = None
+            try:
+                rec, body_len = splice(buf, pos, size, topic_b, queue_id, props_b, store_host_b)
+            except (ValueError, TypeError, struct.error) as e:
+                return self._fail(PutStatus.MESSAGE_ILLEGAL, f"not a stored record: {e}")
+            if body_len > max_body:
+                return self._fail(PutStatus.MESSAGE_ILLEGAL,
+                                  f"the message body is {body_len} bytes, more than maxMessageSize="
+                                  f"{max_body}")
+            if schedule:
+                try:
+                    level = int(props.get(PROPERTY_DELAY_TIME_LEVEL, "1")) if props else 1
+                except ValueError:
+                    level = 1
+                delay = levels[min(max(level, 1), len(levels)) - 1]
+                tc = 0
+            else:
+                delay = None
+                if tags:
+                    tc = tag_cache.get(tags)
+                    if tc is None:
+                        tc = tags_code(tags)
+                        if len(tag_cache) > 100_000:
+                            tag_cache.clear()
+                        tag_cache[tags] = tc
+                else:
+                    tc = 0
+            total += len(rec)
+            preps.append((rec, tc, delay, keys_l, uniq))
+        if total > self._seg_size - 8:
+            return self._fail(PutStatus.MESSAGE_ILLEGAL,
+                              f"the batch ({total} bytes) does not fit a commit-log segment")
+        qkey = (topic, queue_id)
+        cl = self._cl
+        pending = self._pending
+        with cl.lock:
+            reserved = self._reserve(total)
+            if reserved.__class__ is PutResult:
+                return reserved  # type: ignore[return-value]
+            seg, wrote, r = reserved  # type: ignore[misc]
+            ts = max(self.clock.now_ms(), self._last_ts)
+            self._last_ts = ts
+            first_q = qoff = self._queue_table.get(qkey, 0)
+            self._queue_table[qkey] = first_q + len(preps)
+            first_phys = wrote
+            mm = seg.mm
+            patch = PATCH.pack_into
+            i64 = I64.pack_into
+            for rec, tc, delay, keys_l, uniq in preps:
+                size = len(rec)
+                mm[r : r + size] = rec
+                patch(mm, r + 20, qoff, wrote)
+                i64(mm, r + _POS_STORETIMESTAMP, ts)
+                pending.append((wrote, size, topic, queue_id, qoff, tc if delay is None else ts + delay, ts,
+                                keys_l, uniq))
+                qoff += 1
+                r += size
+                wrote += size
+            seg.written = r
+            cl.wrote = wrote
+        if not self._wake.is_set():
+            self._wake.set()
+        prefix = self._msg_id_prefix
+        ids = []
+        off = first_phys
+        for p in preps:
+            ids.append(f"{prefix}{off:016X}")
+            off += len(p[0])
+        fut = self._request_flush(wrote) if self._sync else None
+        return PutResult(PutStatus.PUT_OK,
+                         AppendResult(first_phys, total, ",".join(ids), first_q, ts, len(preps)), None, fut)
 
     def put_message_and_wait(self, msg: MessageExt) -> PutResult:
         res = self.put_message(msg)
