@@ -20,18 +20,15 @@ from typing import Any
 from chronomq import message as m
 from chronomq.remoting.codec import RemotingCommand
 from chronomq.remoting.codes import (
-    PULL_FLAG_COMMIT_OFFSET,
-    PULL_FLAG_SUBSCRIPTION,
-    PULL_FLAG_SUSPEND,
     RequestCode,
     ResponseCode,
 )
 
 from . import ops
 from .blocking import SyncContextMixin
-from .errors import BrokerError, ClientClosed, ClientError, NoRouteError, error_for_code
+from .errors import ClientClosed, ClientError, NoRouteError
 from .instance import ClientInstance
-from .model import MessageQueue, ReceivedMessage, TopicRoute, decode_received, tag_set
+from .model import MessageQueue, ReceivedMessage, TopicRoute, tag_set
 
 # while a queue has a backlog, a pull asks for up to this many messages (chronomq's broker answers at
 # most 256 per pull; an Apache broker its maxTransferCountOnMessageInMemory): fewer round trips
@@ -517,48 +514,16 @@ class PushConsumer(SyncContextMixin):
                 self._offsets[pq.mq] = pq.high
 
     async def _pull(self, pq: ProcessQueue, count: int, commit: int | None) -> ops.PullResult:
-        """ops.pull for the pull loop: the same request and result, decoded with decode_received (no
-        intermediate MessageExt per message) and with the queue's tag set computed once."""
+        """ops.pull for the pull loop, with the queue's tag set computed once."""
         mq = pq.mq
         inst = self._instance
         addr = await inst.broker_addr(mq.broker_name, mq.topic)
-        suspend_ms = int(self.long_poll_timeout * 1000)
-        flag = PULL_FLAG_SUBSCRIPTION
-        if suspend_ms > 0:
-            flag |= PULL_FLAG_SUSPEND
-        if commit is not None and commit >= 0:
-            flag |= PULL_FLAG_COMMIT_OFFSET
         offset = pq.next_offset
-        ext = {"consumerGroup": self.group, "topic": mq.topic, "queueId": mq.queue_id, "queueOffset": offset,
-               "maxMsgNums": count, "sysFlag": flag, "commitOffset": commit or 0,
-               "suspendTimeoutMillis": suspend_ms or 20000, "subscription": pq.expression or "*",
-               "subVersion": 0}
+        req = ops.pull_request(inst, mq, offset, count, self.group, pq.expression,
+                               int(self.long_poll_timeout * 1000), commit)
         what = f"pull {mq} at offset {offset}"
-        cmd = inst.request(RequestCode.PULL_MESSAGE, ext)
-        resp = await inst.invoke(addr, cmd, self.long_poll_timeout + 15, what)
-        code = resp.code
-        if code not in _PULL_CODES:
-            raise error_for_code(code, resp.remark, what, addr)
-        nxt = resp.ext_int("nextBeginOffset", offset)
-        lo = resp.ext_int("minOffset", 0)
-        hi = resp.ext_int("maxOffset", 0)
-        if code == ResponseCode.PULL_NOT_FOUND:
-            return ops.PullResult(ops.PullStatus.NO_NEW_MSG, nxt, lo, hi)
-        if code == ResponseCode.PULL_RETRY_IMMEDIATELY:
-            return ops.PullResult(ops.PullStatus.NO_MATCHED_MSG, nxt, lo, hi)
-        if code == ResponseCode.PULL_OFFSET_MOVED:
-            return ops.PullResult(ops.PullStatus.OFFSET_ILLEGAL, nxt, lo, hi)
-        try:
-            msgs = decode_received(resp.body, mq.broker_name)
-        except m.MessageFormatError as e:
-            raise BrokerError(f"{what}: the broker returned an undecodable message body: {e}",
-                              ResponseCode.SYSTEM_ERROR, None, addr) from None
-        tags = pq.tags
-        if tags is not None:
-            msgs = [x for x in msgs if x.properties.get(m.PROPERTY_TAGS) in tags]
-        if not msgs:
-            return ops.PullResult(ops.PullStatus.NO_MATCHED_MSG, nxt, lo, hi)
-        return ops.PullResult(ops.PullStatus.FOUND, nxt, lo, hi, msgs)
+        resp = await inst.invoke(addr, req, self.long_poll_timeout + 15, what)
+        return ops.pull_result(resp, mq, offset, pq.tags, what, addr)
 
     # --- consuming ------------------------------------------------------------------------------------
     def _spawn_consume(self, pq: ProcessQueue, msg: ReceivedMessage) -> None:

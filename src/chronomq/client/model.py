@@ -497,9 +497,5 @@ def tag_set(expression: str | None) -> set[str] | None:
     return tags or None
 
 
-def matches(tags: set[str] | None, msg_tag: str | None) -> bool:
-    return tags is None or (msg_tag is not None and msg_tag in tags)
-
-
 def ids_of(results: Iterable[SendResult]) -> list[str]:
     return [r.msg_id for r in results]

@@ -8,6 +8,7 @@ from enum import StrEnum
 from typing import Any
 
 from chronomq import message as m
+from chronomq.remoting.codec import RemotingCommand
 from chronomq.remoting.codes import (
     PULL_FLAG_COMMIT_OFFSET,
     PULL_FLAG_SUBSCRIPTION,
@@ -18,7 +19,7 @@ from chronomq.remoting.codes import (
 
 from .errors import BrokerError, error_for_code
 from .instance import ClientInstance
-from .model import MessageQueue, ReceivedMessage, matches, tag_set
+from .model import MessageQueue, ReceivedMessage, decode_received, tag_set
 
 
 class PullStatus(StrEnum):
@@ -37,14 +38,13 @@ class PullResult:
     messages: list[ReceivedMessage] = field(default_factory=list)
 
 
-async def pull(inst: ClientInstance, mq: MessageQueue, offset: int, max_count: int, *, group: str,
-               expression: str = "*", suspend_ms: int = 0, commit_offset: int | None = None,
-               timeout: float | None = None) -> PullResult:
-    if offset < 0:
-        raise ValueError(f"pull offset must be >= 0, got {offset}")
-    if max_count < 1:
-        raise ValueError(f"max_count must be >= 1, got {max_count}")
-    addr = await inst.broker_addr(mq.broker_name, mq.topic)
+_PULL_CODES = (ResponseCode.SUCCESS, ResponseCode.PULL_NOT_FOUND, ResponseCode.PULL_RETRY_IMMEDIATELY,
+               ResponseCode.PULL_OFFSET_MOVED)
+
+
+def pull_request(inst: ClientInstance, mq: MessageQueue, offset: int, max_count: int, group: str,
+                 expression: str, suspend_ms: int, commit_offset: int | None) -> RemotingCommand:
+    """The PULL_MESSAGE request (the pull consumer's and the push consumer's)."""
     flag = PULL_FLAG_SUBSCRIPTION
     if suspend_ms > 0:
         flag |= PULL_FLAG_SUSPEND
@@ -54,12 +54,15 @@ async def pull(inst: ClientInstance, mq: MessageQueue, offset: int, max_count: i
            "maxMsgNums": max_count, "sysFlag": flag, "commitOffset": commit_offset or 0,
            "suspendTimeoutMillis": suspend_ms or 20000, "subscription": expression or "*",
            "subVersion": 0}
-    rto = timeout if timeout is not None else (suspend_ms / 1000 + 10 if suspend_ms else inst.request_timeout)
-    what = f"pull {mq} at offset {offset}"
-    resp = await inst.invoke(addr, inst.request(RequestCode.PULL_MESSAGE, ext), rto, what)
+    return inst.request(RequestCode.PULL_MESSAGE, ext)
+
+
+def pull_result(resp: RemotingCommand, mq: MessageQueue, offset: int, tags: set[str] | None, what: str,
+                addr: str) -> PullResult:
+    """A PULL_MESSAGE response as a PullResult: its status, offsets and the messages that match ``tags``
+    (None: all), decoded straight from the stored records."""
     code = resp.code
-    if code not in (ResponseCode.SUCCESS, ResponseCode.PULL_NOT_FOUND, ResponseCode.PULL_RETRY_IMMEDIATELY,
-                    ResponseCode.PULL_OFFSET_MOVED):
+    if code not in _PULL_CODES:
         raise error_for_code(code, resp.remark, what, addr)
     nxt = resp.ext_int("nextBeginOffset", offset)
     lo = resp.ext_int("minOffset", 0)
@@ -71,16 +74,30 @@ async def pull(inst: ClientInstance, mq: MessageQueue, offset: int, max_count: i
     if code == ResponseCode.PULL_OFFSET_MOVED:
         return PullResult(PullStatus.OFFSET_ILLEGAL, nxt, lo, hi)
     try:
-        exts = m.decode_records(resp.body)
+        msgs = decode_received(resp.body, mq.broker_name)
     except m.MessageFormatError as e:
         raise BrokerError(f"{what}: the broker returned an undecodable message body: {e}",
                           ResponseCode.SYSTEM_ERROR, None, addr) from None
-    tags = tag_set(expression)
-    msgs = [ReceivedMessage.from_ext(x, mq.broker_name) for x in exts]
-    msgs = [x for x in msgs if matches(tags, x.tags)]
+    if tags is not None:
+        msgs = [x for x in msgs if x.properties.get(m.PROPERTY_TAGS) in tags]
     if not msgs:
         return PullResult(PullStatus.NO_MATCHED_MSG, nxt, lo, hi)
     return PullResult(PullStatus.FOUND, nxt, lo, hi, msgs)
+
+
+async def pull(inst: ClientInstance, mq: MessageQueue, offset: int, max_count: int, *, group: str,
+               expression: str = "*", suspend_ms: int = 0, commit_offset: int | None = None,
+               timeout: float | None = None) -> PullResult:
+    if offset < 0:
+        raise ValueError(f"pull offset must be >= 0, got {offset}")
+    if max_count < 1:
+        raise ValueError(f"max_count must be >= 1, got {max_count}")
+    addr = await inst.broker_addr(mq.broker_name, mq.topic)
+    req = pull_request(inst, mq, offset, max_count, group, expression, suspend_ms, commit_offset)
+    rto = timeout if timeout is not None else (suspend_ms / 1000 + 10 if suspend_ms else inst.request_timeout)
+    what = f"pull {mq} at offset {offset}"
+    resp = await inst.invoke(addr, req, rto, what)
+    return pull_result(resp, mq, offset, tag_set(expression), what, addr)
 
 
 async def _offset_call(inst: ClientInstance, code: int, mq: MessageQueue, what: str,
