@@ -85,7 +85,10 @@ TIMER_OFFSET_FLAG = 1 << 62  # marks an offset msgId that names a timer data pos
 _SEQ_JUMP = 1 << 40  # done_seq numbers of a run after a crash start this far above the checkpoint's
 
 Item = tuple[int, int, int, int, int, int]  # deliver_ms, index entry, data pos, gen, topic id, size
-_Taken = tuple[int, MessageExt, tuple[int, ...], Item]  # batch index, message to put, header, item
+# batch index, message to put (or put_records entry: buffer, position, size, properties), header, item
+_Taken = tuple[int, Any, tuple[int, ...], Item]
+# MessageStore.put_records: (topic, queue id, [(buffer, position, size, properties)]) -> PutResult
+PutRaw = Callable[[str, int, list[tuple[bytes, int, int, dict[str, str]]]], PutResult]
 
 
 def _pack_index(deliver: int, pos: int, prev: int, slot: int, gen: int, topic: int, size: int) -> bytes:
@@ -104,6 +107,8 @@ def _unpack_index(raw: bytes) -> tuple[int, int, int, int, int, int, int] | None
 
 _HEAD = RECORD_HEAD  # the V1 record head up to BODYLENGTH
 _H16 = struct.Struct(">H")
+_TMQ = struct.Struct(">ii4xi")  # TOTALSIZE, MAGICCODE, (BODYCRC skipped), QUEUEID
+_BODYLEN = struct.Struct(">i")
 _HOSTS: dict[bytes, tuple[str, int]] = {}
 
 
@@ -154,6 +159,41 @@ def _decode_to_deliver(buf: bytes, pos: int, size: int, store_host: tuple[str, i
     # queue_offset, commit_log_offset, body_crc): the store assigns offsets and store time; crc stays
     return MessageExt(topic, body, props, flag, queue_id, sys_flag, born_ts, _born_host(born_host), 0,
                       store_host, reconsume, 0, 0, 0, crc)
+
+
+def _parse_to_splice(buf: bytes, pos: int, size: int) -> tuple[str, int, dict[str, str]]:
+    """The stored V1 record of ``size`` bytes at ``buf[pos:]`` checked as _decode_to_deliver checks it:
+    its topic, queue id and properties (the store's put_records copies the rest from the bytes)."""
+    if size < RECORD_FIXED_SIZE or pos + size > len(buf):
+        raise MessageFormatError("record truncated")
+    total, magic, queue_id = _TMQ.unpack_from(buf, pos)
+    if magic != MAGIC_V1:
+        raise MessageFormatError(f"bad magic code {magic & 0xFFFFFFFF:#x}")
+    if total != size:
+        raise MessageFormatError("record length does not match the timer header")
+    end = pos + size
+    (body_len,) = _BODYLEN.unpack_from(buf, pos + POS_BODY - 4)
+    p = pos + POS_BODY
+    if body_len < 0 or p + body_len + 3 > end:
+        raise MessageFormatError("body length out of range")
+    p += body_len
+    topic_len = buf[p]
+    try:
+        topic = buf[p + 1 : p + 1 + topic_len].decode()
+    except UnicodeDecodeError as e:
+        raise MessageFormatError("topic is not UTF-8") from e
+    p += 1 + topic_len
+    if p + 2 > end:
+        raise MessageFormatError("properties length out of range")
+    (props_len,) = _H16.unpack_from(buf, p)
+    p += 2
+    if p + props_len != end:
+        raise MessageFormatError("record length does not match its fields")
+    try:
+        props = decode_properties(buf[p:end].decode())
+    except UnicodeDecodeError as e:
+        raise MessageFormatError("properties are not UTF-8") from e
+    return topic, queue_id, props
 
 
 class _Slot:
@@ -961,24 +1001,27 @@ class TimerStore:
 
     def deliver_many(self, items: list[Item], put: Callable[[MessageExt], PutResult],
                      put_many: Callable[[list[MessageExt]], PutResult] | None = None,
-                     now: int | None = None) -> list[str]:
+                     now: int | None = None, put_raw: PutRaw | None = None) -> list[str]:
         """Deliver taken items (a ``poll``'s batch) under one lock hold; one outcome per item, as for
         ``deliver``. The records are read in few large reads (a batch's records are mostly adjacent on
-        disk), and the messages of one real topic and queue go to ``put_many`` (the MessageStore's
-        put_messages: one call, contiguous queue offsets, deliver order kept) when given and there are
-        several, else to ``put`` one by one. A group refused for good is retried message by message to
-        isolate the bad one. After a transient failure the groups not yet tried are not tried: their
-        items and the failed ones go back to the window ('retry'). An item is marked delivered only
-        once the store has accepted it; an exception leaves every item without an outcome pending in
-        the window."""
+        disk). The records of one real topic and queue go to ``put_raw`` (the MessageStore's
+        put_records: the stored bytes re-put with the edited properties, no decode + re-encode; taken
+        from ``put_many``'s object when that has it), else as messages to ``put_many`` (put_messages:
+        one call, contiguous queue offsets, deliver order kept) when given and there are several, else
+        to ``put`` one by one. A group refused for good is retried message by message to isolate the
+        bad one. After a transient failure the groups not yet tried are not tried: their items and the
+        failed ones go back to the window ('retry'). An item is marked delivered only once the store
+        has accepted it; an exception leaves every item without an outcome pending in the window."""
         n = len(items)
         out: list[str] = [""] * n
+        if put_raw is None and put_many is not None:
+            put_raw = getattr(getattr(put_many, "__self__", None), "put_records", None)
         with self.lock:
             now = self.clock.now_ms() if now is None else now
             try:
-                groups = self._prepare_batch(items, now, out)
-                for group in groups.values():
-                    if self._put_group(group, put, put_many, out):
+                groups = self._prepare_batch(items, now, out, put_raw is not None)
+                for key, group in groups.items():
+                    if self._put_group(key, group, put, put_many, put_raw, out):
                         break  # transient failure: the rest stays pending
             finally:
                 cur = self.cur
@@ -991,10 +1034,11 @@ class TimerStore:
                     cur.inflight -= n
         return out
 
-    def _prepare_batch(self, items: list[Item], now: int, out: list[str]
+    def _prepare_batch(self, items: list[Item], now: int, out: list[str], as_records: bool = False
                        ) -> dict[tuple[str, int], list[_Taken]]:
-        """Read and check the records of ``items`` and turn the live ones into the messages to put,
-        grouped by real (topic, queue) in ``items`` order. Outcomes of the others go into ``out``."""
+        """Read and check the records of ``items`` and turn the live ones into the messages to put (with
+        ``as_records``: the (buffer, position, size, properties) entries of put_records), grouped by real
+        (topic, queue) in ``items`` order. Outcomes of the others go into ``out``."""
         data = self.data
         seg = self.data_seg
         n = len(items)
@@ -1036,6 +1080,8 @@ class TimerStore:
         store_host = self.store_host
         strip = (*TIMER_PROPERTIES, PROPERTY_DELAY_TIME_LEVEL)
         decode = _decode_to_deliver
+        parse = _parse_to_splice
+        raw_mode = as_records
         for k in range(n):
             item = items[k]
             deliver_ms, _idx, pos, gen, tid, size = item
@@ -1068,7 +1114,12 @@ class TimerStore:
                 out[k] = "skipped"
                 continue
             try:
-                m = decode(raw, off + DATA_HDR_SIZE, size - DATA_HDR_SIZE, store_host)
+                if raw_mode:
+                    topic, qid, props = parse(raw, off + DATA_HDR_SIZE, size - DATA_HDR_SIZE)
+                    m: Any = (raw, off + DATA_HDR_SIZE, size - DATA_HDR_SIZE, props)
+                else:
+                    m = decode(raw, off + DATA_HDR_SIZE, size - DATA_HDR_SIZE, store_host)
+                    topic, qid, props = m.topic, m.queue_id, m.properties
             except MessageFormatError as e:
                 log.error("timer record at %d is corrupt (%s); marked failed", pos, e)
                 self._write_done(pos, h, FAILED, now)
@@ -1076,23 +1127,25 @@ class TimerStore:
                 self.failed += 1
                 out[k] = "failed"
                 continue
-            props = m.properties
             for key in strip:
                 props.pop(key, None)
             props[PROPERTY_TIMER_DELIVER_MS] = str(deliver_ms)
-            g = groups.get((m.topic, m.queue_id))
+            g = groups.get((topic, qid))
             if g is None:
-                groups[(m.topic, m.queue_id)] = [(k, m, h, item)]
+                groups[(topic, qid)] = [(k, m, h, item)]
             else:
                 g.append((k, m, h, item))
         return groups
 
-    def _put_group(self, group: list[_Taken],
+    def _put_group(self, key: tuple[str, int], group: list[_Taken],
                    put: Callable[[MessageExt], PutResult],
-                   put_many: Callable[[list[MessageExt]], PutResult] | None, out: list[str]) -> bool:
+                   put_many: Callable[[list[MessageExt]], PutResult] | None,
+                   put_raw: PutRaw | None, out: list[str]) -> bool:
         """Put one (topic, queue) group; True after a transient failure (its items are 'retry')."""
         try:
-            if put_many is not None and len(group) > 1:
+            if put_raw is not None:
+                res = put_raw(key[0], key[1], [g[1] for g in group])
+            elif put_many is not None and len(group) > 1:
                 res = put_many([g[1] for g in group])
             else:
                 res = put(group[0][1])
@@ -1105,14 +1158,15 @@ class TimerStore:
         if res.status in (PutStatus.MESSAGE_ILLEGAL, PutStatus.PROPERTIES_SIZE_EXCEEDED):
             if len(group) > 1:  # one bad message (or the batch's size) refused the group: isolate
                 for g in group:
-                    if self._put_group([g], put, None, out):
+                    if self._put_group(key, [g], put, None, put_raw, out):
                         for g2 in group:
                             if not out[g2[0]]:
                                 out[g2[0]] = "retry"
                         return True
                 return False
             k, m, h, item = group[0]
-            log.error("timer: store refused message %s for good: %s", m.uniq_key, res.error)
+            uniq = m[3].get(PROPERTY_UNIQ_KEY) if put_raw is not None else m.uniq_key
+            log.error("timer: store refused message %s for good: %s", uniq, res.error)
             self._write_done(item[2], h, FAILED, self.clock.now_ms())
             self.pending[item[4]] -= 1
             self.failed += 1
