@@ -16,7 +16,7 @@ from chronomq.delay.timer import (
     TimerRefused,
     TimerStore,
 )
-from chronomq.message import MessageExt
+from chronomq.message import MessageExt, decode_record, decode_records
 from chronomq.store.types import PutResult, PutStatus
 
 DAY = 86_400_000
@@ -508,3 +508,118 @@ def test_batch_refused_for_good_is_isolated_message_by_message(tmp_path: Path, c
     assert _deliver_all(t, clock, bs) == ["failed", "delivered", "delivered", "delivered"]
     assert [u for u, _, _ in bs.puts] == ["i1", "i2", "i3"]
     assert t.cancel("i0")[0].outcome is Outcome.FAILED and t.count() == 0
+
+
+class RecordStore(BatchStore):
+    """BatchStore plus put_records (the parked bytes and the properties of the copy); the copies are
+    decoded from the bytes, so a test sees what the store would keep."""
+
+    def __init__(self, clock: VirtualClock) -> None:
+        super().__init__(clock)
+        self.record_batches: list[list[str]] = []
+
+    def put_records(self, topic: str, queue_id: int, records: list) -> PutResult:
+        if self.fail_batches > 0:
+            self.fail_batches -= 1
+            return PutResult(self.batch_status, error="refused by the test")
+        if self.fail_next > 0 and len(records) == 1:
+            self.fail_next -= 1
+            return PutResult(self.fail_status, error="refused by the test")
+        msgs = []
+        for buf, pos, size, props in records:
+            m = decode_record(buf[pos:pos + size])
+            m.topic, m.queue_id, m.properties = topic, queue_id, dict(props)
+            msgs.append(m)
+        self.record_batches.append([m.properties["UNIQ_KEY"] for m in msgs])
+        for m in msgs:
+            self.puts.append((m.properties["UNIQ_KEY"], self.clock.now_ms(), m))
+        return PutResult(PutStatus.PUT_OK)
+
+
+def test_batch_delivery_uses_put_records_when_the_store_has_it(tmp_path: Path, clock: VirtualClock) -> None:
+    rs = RecordStore(clock)
+    t = open_store(tmp_path, clock)
+    now = clock.now_ms()
+    for i in range(6):
+        m = msg(f"r{i}", topic="A" if i % 2 else "B", keys="k", tags="tg", queue_id=i % 2)
+        m.properties.update({"DELAY": "3", "TIMER_DELAY_SEC": "9", "user": "v"})
+        t.schedule(m, now + 200 + i)
+    clock.advance_sync(300)
+    assert _deliver_all(t, clock, rs) == ["delivered"] * 6
+    assert rs.batches == [] and sorted(rs.record_batches) == [["r0", "r2", "r4"], ["r1", "r3", "r5"]]
+    by_uid = {u: m for u, _, m in rs.puts}
+    for i in range(6):
+        m = by_uid[f"r{i}"]
+        assert (m.topic, m.queue_id) == ("A" if i % 2 else "B", i % 2)
+        assert m.body == f"r{i}".encode().ljust(32, b".")
+        assert m.properties == {"UNIQ_KEY": f"r{i}", "KEYS": "k", "TAGS": "tg", "user": "v",
+                                "TIMER_DELIVER_MS": str(now + 200 + i)}
+    assert t.stats()["delivered"] == 6 and t.count() == 0
+    # without put_many (single deliver) the message path is used
+    t.schedule(msg("single"), clock.now_ms() + 10)
+    clock.advance_sync(10)
+    items, _ = t.poll(clock.now_ms())
+    assert [t.deliver(it, rs.put_message) for it in items] == ["delivered"]
+    assert len(rs.record_batches) == 2 and rs.puts[-1][0] == "single"
+
+
+def test_put_records_failures_isolate_and_keep_pending(tmp_path: Path, clock: VirtualClock) -> None:
+    rs = RecordStore(clock)
+    t = open_store(tmp_path, clock)
+    now = clock.now_ms()
+    for i in range(4):
+        t.schedule(msg(f"p{i}"), now + 100)
+    clock.advance_sync(100)
+    rs.fail_batches = 1  # transient: nothing stored, everything stays pending
+    assert _deliver_all(t, clock, rs) == ["retry"] * 4 and t.count() == 4
+    clock.advance_sync(100)
+    rs.fail_batches, rs.batch_status = 1, PutStatus.MESSAGE_ILLEGAL
+    rs.fail_next, rs.fail_status = 1, PutStatus.MESSAGE_ILLEGAL  # the first single re-put: the bad one
+    assert _deliver_all(t, clock, rs) == ["failed", "delivered", "delivered", "delivered"]
+    assert rs.record_batches == [["p1"], ["p2"], ["p3"]] and t.count() == 0
+    assert t.cancel("p0")[0].outcome is Outcome.FAILED
+
+
+def test_put_records_and_put_messages_store_the_same_bytes(tmp_path: Path, clock: VirtualClock) -> None:
+    """The same due batch delivered into two real stores, once as decoded messages through
+    put_messages and once through put_records: identical commit logs."""
+    from chronomq.config import BrokerConfig
+    from chronomq.store import MessageStore
+
+    stores = []
+    for name in ("messages", "records"):
+        s = MessageStore(BrokerConfig(storePathRootDir=str(tmp_path / name), mappedFileSizeCommitLog=1 << 20),
+                         clock, ("10.0.0.9", 10911))
+        s.start()
+        stores.append(s)
+    try:
+        timers = [open_store(tmp_path / f"timer-{k}", clock) for k in range(2)]
+        now = clock.now_ms()
+        for i in range(40):
+            m = msg(f"e{i}", topic=f"T{i % 3}", keys=f"a{i} b", tags="x" if i % 2 else None, size=i * 7,
+                    queue_id=i % 2)
+            m.properties["DELAY"] = "2"
+            m.flag, m.sys_flag, m.born_timestamp, m.reconsume_times = i, i % 2, now - i, i % 4
+            m.born_host = (f"192.168.7.{i}", 1000 + i)
+            fields = ("topic", "body", "flag", "queue_id", "sys_flag", "born_timestamp", "born_host",
+                      "reconsume_times")
+            for t in timers:
+                copy = MessageExt(**{f: getattr(m, f) for f in fields}, properties=dict(m.properties))
+                t.schedule(copy, now + 50 + i % 5)
+        clock.advance_sync(100)
+        s_msg, s_rec = stores
+        t_msg, t_rec = timers
+        items, _ = t_msg.poll(clock.now_ms())
+        assert t_msg.deliver_many(items, s_msg.put_message, lambda ms: s_msg.put_messages(ms)) == [
+            "delivered"] * 40
+        items, _ = t_rec.poll(clock.now_ms())
+        assert t_rec.deliver_many(items, s_rec.put_message, s_rec.put_messages) == ["delivered"] * 40
+        assert s_msg.max_phy_offset == s_rec.max_phy_offset > 0
+        a = s_msg._cl.read(0, s_msg.max_phy_offset)
+        b = s_rec._cl.read(0, s_rec.max_phy_offset)
+        assert a == b and len(decode_records(a)) == 40
+        for t in timers:
+            t.close()
+    finally:
+        for s in stores:
+            s.shutdown()
