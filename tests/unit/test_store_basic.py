@@ -467,3 +467,30 @@ def test_put_records_bad_input_writes_nothing(tmp_path, clock, args, status, wor
         assert s.put_records("TopicA", 0, [(raw, 0, len(raw), {})]).ok  # the store still works
     finally:
         s.shutdown()
+
+
+def test_put_records_concurrent_with_the_dispatcher_loses_no_queue_entry(store):
+    """Writers in several threads while the dispatcher takes batches: every record gets its queue
+    entry, in queue order (a writer must append its dispatch requests to the list the dispatcher has
+    not taken yet)."""
+    raw = _stored(msg(body=b"r" * 20))
+    entries = [(raw, 0, len(raw), {"UNIQ_KEY": "u"})] * 4
+    errors = []
+
+    def writer(qid: int) -> None:
+        for _ in range(150):
+            r = store.put_records("Conc", qid, entries)
+            if not r.ok:
+                errors.append(r.error)
+
+    threads = [threading.Thread(target=writer, args=(q,)) for q in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert store.wait_dispatched(store.max_phy_offset, 10)
+    for q in range(3):
+        units = store.get_cq_units("Conc", q, 0, 1000)
+        assert [u.queue_offset for u in units] == list(range(600))
+        assert all(u.size == len(raw) - len("TopicA") + len("Conc") + len("UNIQ_KEY\x01u\x02") for u in units)

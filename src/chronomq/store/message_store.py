@@ -507,8 +507,8 @@ class MessageStore:
                               f"the batch ({total} bytes) does not fit a commit-log segment")
         qkey = (topic, queue_id)
         cl = self._cl
-        pending = self._pending
         with cl.lock:
+            pending = self._pending  # only under the lock: the dispatcher swaps the list
             reserved = self._reserve(total)
             if reserved.__class__ is PutResult:
                 return reserved  # type: ignore[return-value]
