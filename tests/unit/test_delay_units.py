@@ -11,7 +11,13 @@ import pytest
 from chronomq.clock import SystemClock
 from chronomq.config import BrokerConfig, ConfigError
 from chronomq.delay import PROPERTY_DELAY_SOURCE, DelayLevels, DelayService, Histogram, restore_real
-from chronomq.delay.delivery import UndeliverableError, make_source, parse_source, restore_from_record
+from chronomq.delay.delivery import (
+    UndeliverableError,
+    make_source,
+    parse_source,
+    restore_from_record,
+    restore_props_from_record,
+)
 from chronomq.delay.histogram import bucket_index, bucket_upper
 from chronomq.delay.offsets import OffsetFile, OffsetSnapshot
 from chronomq.message import (
@@ -128,6 +134,16 @@ def test_restore_real_round_trip(tmp_path):
     with pytest.raises(UndeliverableError):
         restore_from_record(bytes(encode_record(_msg(REAL_TOPIC="bad topic!", REAL_QID="1"))), None)
     assert parse_source("1:2") is None and parse_source("a:b:c") is None and parse_source(None) is None
+    # put_records path: the same decision (topic, queue, properties) without building the message
+    assert restore_props_from_record(raw, make_source(2, 17, 4096)) == ("TopicA", 2, real.properties)
+    assert PROPERTY_DELAY_SOURCE not in restore_props_from_record(
+        bytes(encode_record(_msg(REAL_TOPIC="TopicA", REAL_QID="1", **{PROPERTY_DELAY_SOURCE: "x"}))),
+        None)[2]
+    for bad_raw in (raw[:-3], raw[:60], bytes(encode_record(_msg(REAL_TOPIC="TopicA", REAL_QID="-1"))),
+                    bytes(encode_record(_msg(REAL_TOPIC="bad topic!", REAL_QID="1"))),
+                    bytes(encode_record(_msg(REAL_QID="1")))):
+        with pytest.raises(UndeliverableError):
+            restore_props_from_record(bad_raw, None)
 
 
 # --- send-back: retry ladder and DLQ ---

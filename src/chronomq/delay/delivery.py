@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import struct
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from chronomq.message import (
     MAGIC_V1,
@@ -154,6 +154,46 @@ def restore_from_record(raw: bytes, source: str | None) -> MessageExt:
                       0, _NO_HOST, reconsume, 0, 0, 0, crc)
 
 
+_H16 = struct.Struct(">H")
+
+
+def restore_props_from_record(raw: bytes, source: str | None) -> tuple[str, int, dict[str, str]]:
+    """What restore_from_record decides, without building the message: (real topic, real queue id,
+    properties of the copy), for MessageStore.put_records, which copies the rest of the record from
+    ``raw``. Same checks; raises UndeliverableError for a record that cannot be decoded or restored."""
+    try:
+        total, magic = _TM.unpack_from(raw, 0)
+        (body_len,) = _BODYLEN.unpack_from(raw, POS_BODY - 4)
+        if magic != MAGIC_V1 or total != len(raw) or body_len < 0:
+            raise UndeliverableError("the parked record is corrupt (bad magic or length)")
+        p = POS_BODY + body_len
+        p += 1 + raw[p]
+        (props_len,) = _H16.unpack_from(raw, p)
+        props = decode_properties(raw[p + 2:p + 2 + props_len].decode())
+    except (struct.error, IndexError, UnicodeDecodeError) as e:
+        raise UndeliverableError(f"the parked record cannot be decoded: {e}") from None
+    real_topic = props.get(PROPERTY_REAL_TOPIC)
+    if real_topic not in _VALID_TOPICS:
+        if not real_topic or validate_topic(real_topic) is not None:
+            raise UndeliverableError(f"parked message has no valid {PROPERTY_REAL_TOPIC}: {real_topic!r}")
+        if len(_VALID_TOPICS) > 100_000:
+            _VALID_TOPICS.clear()
+        _VALID_TOPICS.add(real_topic)
+    qid_raw = props.get(PROPERTY_REAL_QUEUE_ID, "")
+    if not qid_raw.isdigit() or not qid_raw.isascii():
+        raise UndeliverableError(f"parked message has no valid {PROPERTY_REAL_QUEUE_ID}: {qid_raw!r}")
+    props.pop(PROPERTY_DELAY_TIME_LEVEL, None)
+    if source is not None:
+        props[PROPERTY_DELAY_SOURCE] = source
+    else:
+        props.pop(PROPERTY_DELAY_SOURCE, None)
+    return real_topic, int(qid_raw), props
+
+
+_TM = struct.Struct(">ii")  # TOTALSIZE, MAGICCODE
+_BODYLEN = struct.Struct(">i")
+
+
 @dataclass(slots=True)
 class Delivered:
     """Outcome of one delivery attempt."""
@@ -181,35 +221,46 @@ class DeliveryPath:
 
     def deliver_many(self, items: list[tuple[int, str | None]]) -> list[Delivered]:
         """Deliver a batch; returns one outcome per item, in order. Messages for the same real
-        topic/queue are written with one put_messages (their order kept); after a transient failure the
-        remaining groups are not attempted (their outcome says retry)."""
+        topic/queue are written with one put (their order kept): the store's put_records when it has one
+        (the parked bytes re-put with the restored properties, no decode + re-encode), else
+        put_messages / put_message with restored messages. After a transient failure the remaining
+        groups are not attempted (their outcome says retry)."""
         out: list[Delivered | None] = [None] * len(items)
-        groups: dict[tuple[str, int], list[tuple[int, MessageExt]]] = {}
+        groups: dict[tuple[str, int], list[tuple[int, Any]]] = {}
         read = self.store.read_record
+        put_records = getattr(self.store, "put_records", None)
         for i, (phy, source) in enumerate(items):
             raw = read(phy)
             if raw is None:
                 out[i] = Delivered(False, False, error=f"parked record at commit-log offset {phy} not found")
                 continue
             try:
-                real = restore_from_record(raw, source)
+                if put_records is not None:
+                    topic, qid, props = restore_props_from_record(raw, source)
+                    real: Any = (raw, 0, len(raw), props)
+                    key = (topic, qid)
+                else:
+                    real = restore_from_record(raw, source)
+                    key = (real.topic, real.queue_id)
             except UndeliverableError as e:
                 out[i] = Delivered(False, False, error=str(e))
                 continue
-            key = (real.topic, real.queue_id)
             g = groups.get(key)
             if g is None:
                 groups[key] = [(i, real)]
             else:
                 g.append((i, real))
         stopped = False
-        for group in groups.values():
+        for key, group in groups.items():
             if stopped:
                 for i, _ in group:
                     out[i] = _NOT_TRIED
                 continue
             msgs = [m for _, m in group]
-            res = self.store.put_messages(msgs) if len(msgs) > 1 else self.store.put_message(msgs[0])
+            if put_records is not None:
+                res = put_records(key[0], key[1], msgs)
+            else:
+                res = self.store.put_messages(msgs) if len(msgs) > 1 else self.store.put_message(msgs[0])
             if res.status in WRITTEN and res.append is not None:
                 d = Delivered(True, False, res.append.store_timestamp, res)  # shared by the group
                 for i, _ in group:
@@ -225,12 +276,12 @@ class DeliveryPath:
                 if stopped:
                     out[i] = _NOT_TRIED
                     continue
-                out[i] = d = self._put_one(m)
+                out[i] = d = self._put_one(key, m, put_records)
                 stopped = d.retry
         return out  # type: ignore[return-value]
 
-    def _put_one(self, real: MessageExt) -> Delivered:
-        res = self.store.put_message(real)
+    def _put_one(self, key: tuple[str, int], real: Any, put_records: Any) -> Delivered:
+        res = put_records(key[0], key[1], [real]) if put_records is not None else self.store.put_message(real)
         if res.status in WRITTEN and res.append is not None:
             return Delivered(True, False, res.append.store_timestamp, res)
         if res.status in PERMANENT_FAILURES:
