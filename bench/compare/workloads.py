@@ -60,7 +60,7 @@ QUICK = Plan(mode="quick", schedule_count=10_000, spread_count=10_000, spread_wi
              grace_ms=15_000)
 FULL = Plan(mode="full", schedule_count=1_000_000, spread_count=100_000, spread_window_ms=10_000,
             burst_count=100_000, hol_short_count=1_000, hol_long_ms=60_000, hol_short_ms=1_000,
-            pending_count=10_000_000, restart_count=100_000, restart_window_ms=10_000, load_cap_s=3_600,
+            pending_count=10_000_000, restart_count=100_000, restart_window_ms=10_000, load_cap_s=1_500,
             grace_ms=60_000, restart_grace_ms=120_000)
 # a seconds-long plan for the end-to-end test
 TINY = Plan(mode="tiny", schedule_count=300, spread_count=200, spread_window_ms=2_000, burst_count=200,
