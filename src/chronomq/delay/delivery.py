@@ -228,7 +228,9 @@ class DeliveryPath:
         out: list[Delivered | None] = [None] * len(items)
         groups: dict[tuple[str, int], list[tuple[int, Any]]] = {}
         read = self.store.read_record
-        put_records = getattr(self.store, "put_records", None)
+        # Only a store whose class has put_records (the MessageStore): a wrapper that overrides
+        # put_message/put_messages and forwards the rest (__getattr__) keeps getting its own puts.
+        put_records = self.store.put_records if hasattr(type(self.store), "put_records") else None
         for i, (phy, source) in enumerate(items):
             raw = read(phy)
             if raw is None:

@@ -1015,7 +1015,11 @@ class TimerStore:
         n = len(items)
         out: list[str] = [""] * n
         if put_raw is None and put_many is not None:
-            put_raw = getattr(getattr(put_many, "__self__", None), "put_records", None)
+            # only from a store whose class has put_records (the MessageStore), not from a wrapper
+            # that overrides put_messages and forwards the rest
+            owner = getattr(put_many, "__self__", None)
+            if owner is not None and hasattr(type(owner), "put_records"):
+                put_raw = owner.put_records
         with self.lock:
             now = self.clock.now_ms() if now is None else now
             try:
