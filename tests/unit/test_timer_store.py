@@ -17,7 +17,7 @@ from chronomq.delay.timer import (
     TimerStore,
 )
 from chronomq.message import MessageExt, decode_record, decode_records
-from chronomq.store.types import PutResult, PutStatus
+from chronomq.store.types import PutResult, PutStatus, records_put_of
 
 DAY = 86_400_000
 
@@ -457,7 +457,7 @@ class BatchStore(FakeStore):
 
 def _deliver_all(t: TimerStore, clock: VirtualClock, store: BatchStore) -> list[str]:
     items, _ = t.poll(clock.now_ms())
-    return t.deliver_many(items, store.put_message, store.put_messages)
+    return t.deliver_many(items, store.put_message, store.put_messages, put_raw=records_put_of(store))
 
 
 def test_batch_delivery_groups_by_real_queue_in_deliver_order(tmp_path: Path, clock: VirtualClock) -> None:
@@ -613,7 +613,8 @@ def test_put_records_and_put_messages_store_the_same_bytes(tmp_path: Path, clock
         assert t_msg.deliver_many(items, s_msg.put_message, lambda ms: s_msg.put_messages(ms)) == [
             "delivered"] * 40
         items, _ = t_rec.poll(clock.now_ms())
-        assert t_rec.deliver_many(items, s_rec.put_message, s_rec.put_messages) == ["delivered"] * 40
+        assert t_rec.deliver_many(items, s_rec.put_message, s_rec.put_messages,
+                                  put_raw=records_put_of(s_rec)) == ["delivered"] * 40
         assert s_msg.max_phy_offset == s_rec.max_phy_offset > 0
         a = s_msg._cl.read(0, s_msg.max_phy_offset)
         b = s_rec._cl.read(0, s_rec.max_phy_offset)

@@ -8,8 +8,8 @@ SCHEDULE_TOPIC_XXXX (queue level-1, REAL_TOPIC/REAL_QID kept); ``build_send_back
 How it works (schedule.py): one asyncio task per level reads its schedule queue (tagsCode = deliver
 time) and sleeps on the injected clock exactly until the head is due (or, when drained, until the
 store's arrival listener wakes it). Due entries are delivered in batches through ``DeliveryPath``
-(delivery.py: raw parked record -> real-topic message, one put_messages per real queue), so a backlog
-drains at the store's put rate. Nothing is put before clock.now_ms() >= its deliver time.
+(delivery.py: the parked record re-put under its real topic, one store.put_records per real queue),
+so a backlog drains at the store's put rate. Nothing is put before clock.now_ms() >= its deliver time.
 
 Guarantees:
 - Clean restart: offsets are persisted at shutdown (delayOffset.json, tmp + fsync + rename, after a

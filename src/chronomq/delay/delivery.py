@@ -28,7 +28,7 @@ from chronomq.message import (
     unpack_host,
     validate_topic,
 )
-from chronomq.store.types import PutResult, PutStatus
+from chronomq.store.types import PutResult, PutStatus, records_put_of
 
 if TYPE_CHECKING:
     from chronomq.store import MessageStore
@@ -228,9 +228,7 @@ class DeliveryPath:
         out: list[Delivered | None] = [None] * len(items)
         groups: dict[tuple[str, int], list[tuple[int, Any]]] = {}
         read = self.store.read_record
-        # Only a store whose class has put_records (the MessageStore): a wrapper that overrides
-        # put_message/put_messages and forwards the rest (__getattr__) keeps getting its own puts.
-        put_records = self.store.put_records if hasattr(type(self.store), "put_records") else None
+        put_records = records_put_of(self.store)
         for i, (phy, source) in enumerate(items):
             raw = read(phy)
             if raw is None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import concurrent.futures
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import Any
 
 
 class PutStatus(Enum):
@@ -79,3 +80,10 @@ class CQUnit:
     commit_log_offset: int
     size: int
     tags_code: int  # tag hash; for SCHEDULE_TOPIC_XXXX the deliver time (epoch ms)
+
+
+def records_put_of(store: Any) -> Any:
+    """The store's ``put_records`` (re-put stored record bytes, see MessageStore.put_records), or None.
+    Only a store whose class defines it counts: a wrapper that overrides put_message/put_messages and
+    forwards the rest (``__getattr__``, as test fault injectors do) keeps getting its own puts."""
+    return store.put_records if hasattr(type(store), "put_records") else None

@@ -17,6 +17,7 @@ from chronomq.message import (
     MessageExt,
     transaction_type,
 )
+from chronomq.store.types import records_put_of
 
 from .props import deliver_ms_from_properties, has_timer_property
 from .store import TimerStore
@@ -206,6 +207,7 @@ class TimerService:
         cfg = t.cfg
         put = self.store.put_message
         put_many = getattr(self.store, "put_messages", None)  # one call per (topic, queue) of a batch
+        put_raw = records_put_of(self.store)  # the same, re-putting the parked bytes (no re-encode)
         now = self.clock.now_ms()
         next_flush = now + cfg.flush_interval_ms
         next_retention = now + cfg.retention_interval_ms
@@ -226,7 +228,7 @@ class TimerService:
                 if now >= backoff_until:
                     items, wake = t.poll(now)
                     if items:
-                        if "retry" in t.deliver_many(items, put, put_many):
+                        if "retry" in t.deliver_many(items, put, put_many, put_raw=put_raw):
                             backoff_until = self.clock.now_ms() + cfg.retry_backoff_ms
                         await asyncio.sleep(0)
                         continue

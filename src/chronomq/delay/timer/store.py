@@ -1005,8 +1005,8 @@ class TimerStore:
         """Deliver taken items (a ``poll``'s batch) under one lock hold; one outcome per item, as for
         ``deliver``. The records are read in few large reads (a batch's records are mostly adjacent on
         disk). The records of one real topic and queue go to ``put_raw`` (the MessageStore's
-        put_records: the stored bytes re-put with the edited properties, no decode + re-encode; taken
-        from ``put_many``'s object when that has it), else as messages to ``put_many`` (put_messages:
+        put_records, see chronomq.store.types.records_put_of: the stored bytes re-put with the edited
+        properties, no decode + re-encode), else as messages to ``put_many`` (put_messages:
         one call, contiguous queue offsets, deliver order kept) when given and there are several, else
         to ``put`` one by one. A group refused for good is retried message by message to isolate the
         bad one. After a transient failure the groups not yet tried are not tried: their items and the
@@ -1014,12 +1014,6 @@ class TimerStore:
         has accepted it; an exception leaves every item without an outcome pending in the window."""
         n = len(items)
         out: list[str] = [""] * n
-        if put_raw is None and put_many is not None:
-            # only from a store whose class has put_records (the MessageStore), not from a wrapper
-            # that overrides put_messages and forwards the rest
-            owner = getattr(put_many, "__self__", None)
-            if owner is not None and hasattr(type(owner), "put_records"):
-                put_raw = owner.put_records
         with self.lock:
             now = self.clock.now_ms() if now is None else now
             try:
