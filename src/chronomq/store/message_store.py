@@ -236,24 +236,10 @@ class MessageStore:
         if qid < 0 or qid > 0x7FFFFFFF:
             return self._fail(PutStatus.MESSAGE_ILLEGAL, f"queue id {qid} out of range")
         props = msg.properties
-        if props:
-            n = len(props)
-            text = "\x02".join(map("\x01".join, props.items()))
-            if text.count("\x01") != n or text.count("\x02") != n - 1 or "" in props:
-                return self._fail(PutStatus.MESSAGE_ILLEGAL,
-                                  "a property has an empty name or contains a 0x01/0x02 separator")
-            props_b = (text + "\x02").encode()
-            if len(props_b) > MAX_PROPERTIES_LENGTH:
-                return self._fail(PutStatus.PROPERTIES_SIZE_EXCEEDED,
-                                  f"the properties are {len(props_b)} bytes, more than "
-                                  f"{MAX_PROPERTIES_LENGTH}")
-            tags = props.get(PROPERTY_TAGS)
-            keys = props.get(PROPERTY_KEYS)
-            keys_l = [k for k in keys.split(" ") if k] if keys else None
-            uniq = props.get(PROPERTY_UNIQ_KEY)
-        else:
-            props_b = b""
-            tags = keys_l = uniq = None
+        fields = self._property_fields(props)
+        if isinstance(fields, PutResult):
+            return fields
+        props_b, tags, keys_l, uniq = fields
         host = msg.born_host
         born_b = self._host_cache.get(host)
         if born_b is None:
@@ -322,6 +308,25 @@ class MessageStore:
             except OSError as e:
                 return self._fail(PutStatus.SERVICE_NOT_AVAILABLE, f"cannot allocate commit-log space: {e}")
         return seg, wrote, r
+
+    def _property_fields(self, props: dict[str, str]
+                         ) -> tuple[bytes, str | None, list[str] | None, str | None] | PutResult:
+        """The stored properties text (checked: names non-empty, no separators inside, size limit) and
+        what the dispatcher indexes (tags, KEYS words, UNIQ_KEY); a refusal as a PutResult."""
+        if not props:
+            return b"", None, None, None
+        n = len(props)
+        text = "\x02".join(map("\x01".join, props.items()))
+        if text.count("\x01") != n or text.count("\x02") != n - 1 or "" in props:
+            return self._fail(PutStatus.MESSAGE_ILLEGAL,
+                              "a property has an empty name or contains a 0x01/0x02 separator")
+        props_b = (text + "\x02").encode()
+        if len(props_b) > MAX_PROPERTIES_LENGTH:
+            return self._fail(PutStatus.PROPERTIES_SIZE_EXCEEDED,
+                              f"the properties are {len(props_b)} bytes, more than {MAX_PROPERTIES_LENGTH}")
+        keys = props.get(PROPERTY_KEYS)
+        keys_l = [k for k in keys.split(" ") if k] if keys else None
+        return props_b, props.get(PROPERTY_TAGS), keys_l, props.get(PROPERTY_UNIQ_KEY)
 
     def put_message(self, msg: MessageExt) -> PutResult:
         try:
@@ -456,24 +461,10 @@ class MessageStore:
         preps = []
         total = 0
         for buf, pos, size, props in records:
-            if props:
-                n = len(props)
-                text = "\x02".join(map("\x01".join, props.items()))
-                if text.count("\x01") != n or text.count("\x02") != n - 1 or "" in props:
-                    return self._fail(PutStatus.MESSAGE_ILLEGAL,
-                                      "a property has an empty name or contains a 0x01/0x02 separator")
-                props_b = (text + "\x02").encode()
-                if len(props_b) > MAX_PROPERTIES_LENGTH:
-                    return self._fail(PutStatus.PROPERTIES_SIZE_EXCEEDED,
-                                      f"the properties are {len(props_b)} bytes, more than "
-                                      f"{MAX_PROPERTIES_LENGTH}")
-                tags = props.get(PROPERTY_TAGS)
-                keys = props.get(PROPERTY_KEYS)
-                keys_l = [k for k in keys.split(" ") if k] if keys else None
-                uniq = props.get(PROPERTY_UNIQ_KEY)
-            else:
-                props_b = b""
-                tags = keys_l = uniq = None
+            fields = self._property_fields(props)
+            if isinstance(fields, PutResult):
+                return fields
+            props_b, tags, keys_l, uniq = fields
             try:
                 rec, body_len = splice(buf, pos, size, topic_b, queue_id, props_b, store_host_b)
             except (ValueError, TypeError, struct.error) as e:
