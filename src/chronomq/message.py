@@ -166,6 +166,20 @@ def unpack_host(raw: bytes) -> tuple[str, int]:
     return socket.inet_ntoa(raw[:4]), _I32.unpack(raw[4:8])[0]
 
 
+_HOSTS: dict[bytes, tuple[str, int]] = {}
+
+
+def unpack_host_cached(raw: bytes) -> tuple[str, int]:
+    """unpack_host for hot decode paths: a record batch repeats a handful of hosts, so each distinct
+    8-byte value is decoded once (the cache is emptied past 10,000 entries)."""
+    h = _HOSTS.get(raw)
+    if h is None:
+        if len(_HOSTS) > 10_000:
+            _HOSTS.clear()
+        h = _HOSTS[bytes(raw)] = unpack_host(raw)
+    return h
+
+
 @dataclass(slots=True)
 class Message:
     """What a producer sends: topic, body and properties (tags, keys, delay level, user properties)."""

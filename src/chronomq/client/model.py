@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import math
-import socket
 import time
 import zlib
 from collections.abc import Iterable, Mapping, Sequence
@@ -318,16 +317,7 @@ class ReceivedMessage:
 
 
 _HEAD = m.RECORD_HEAD
-_HOSTS: dict[bytes, tuple[str, int]] = {}
-
-
-def _host(raw: bytes) -> tuple[str, int]:
-    host = _HOSTS.get(raw)
-    if host is None:
-        if len(_HOSTS) > 1024:
-            _HOSTS.clear()
-        host = _HOSTS[raw] = (socket.inet_ntoa(raw[:4]), int.from_bytes(raw[4:8], "big", signed=True))
-    return host
+_host = m.unpack_host_cached
 
 
 def decode_received(buf: bytes, broker_name: str) -> list[ReceivedMessage]:

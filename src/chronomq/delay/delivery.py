@@ -25,7 +25,7 @@ from chronomq.message import (
     RECORD_HEAD,
     MessageExt,
     decode_properties,
-    unpack_host,
+    unpack_host_cached,
     validate_topic,
 )
 from chronomq.store.types import PutResult, PutStatus, records_put_of
@@ -101,20 +101,31 @@ def restore_real(parked: MessageExt, source: str | None) -> MessageExt:
 
 
 _HEAD = RECORD_HEAD  # the V1 record head up to BODYLENGTH
-_HOSTS: dict[bytes, tuple[str, int]] = {}
-
-
-def _host(raw: bytes) -> tuple[str, int]:
-    h = _HOSTS.get(raw)
-    if h is None:
-        if len(_HOSTS) > 10_000:
-            _HOSTS.clear()
-        h = _HOSTS[raw] = unpack_host(raw)
-    return h
 
 
 _VALID_TOPICS: set[str] = set()
 _NO_HOST = ("127.0.0.1", 0)
+
+
+def _restore_props(props: dict[str, str], source: str | None) -> tuple[str, int]:
+    """The parked message's real topic and queue id (checked), and its properties edited in place for
+    the copy: no DELAY level, the delay source recorded (or dropped)."""
+    real_topic = props.get(PROPERTY_REAL_TOPIC)
+    if real_topic not in _VALID_TOPICS:
+        if not real_topic or validate_topic(real_topic) is not None:
+            raise UndeliverableError(f"parked message has no valid {PROPERTY_REAL_TOPIC}: {real_topic!r}")
+        if len(_VALID_TOPICS) > 100_000:
+            _VALID_TOPICS.clear()
+        _VALID_TOPICS.add(real_topic)
+    qid_raw = props.get(PROPERTY_REAL_QUEUE_ID, "")
+    if not qid_raw.isdigit() or not qid_raw.isascii():
+        raise UndeliverableError(f"parked message has no valid {PROPERTY_REAL_QUEUE_ID}: {qid_raw!r}")
+    props.pop(PROPERTY_DELAY_TIME_LEVEL, None)
+    if source is not None:
+        props[PROPERTY_DELAY_SOURCE] = source
+    else:
+        props.pop(PROPERTY_DELAY_SOURCE, None)
+    return real_topic, int(qid_raw)
 
 
 def restore_from_record(raw: bytes, source: str | None) -> MessageExt:
@@ -132,25 +143,11 @@ def restore_from_record(raw: bytes, source: str | None) -> MessageExt:
         props = decode_properties(raw[p + 2:p + 2 + props_len].decode())
     except (struct.error, IndexError, UnicodeDecodeError) as e:
         raise UndeliverableError(f"the parked record cannot be decoded: {e}") from None
-    real_topic = props.get(PROPERTY_REAL_TOPIC)
-    if real_topic not in _VALID_TOPICS:
-        if not real_topic or validate_topic(real_topic) is not None:
-            raise UndeliverableError(f"parked message has no valid {PROPERTY_REAL_TOPIC}: {real_topic!r}")
-        if len(_VALID_TOPICS) > 100_000:
-            _VALID_TOPICS.clear()
-        _VALID_TOPICS.add(real_topic)
-    qid_raw = props.get(PROPERTY_REAL_QUEUE_ID, "")
-    if not qid_raw.isdigit() or not qid_raw.isascii():
-        raise UndeliverableError(f"parked message has no valid {PROPERTY_REAL_QUEUE_ID}: {qid_raw!r}")
-    props.pop(PROPERTY_DELAY_TIME_LEVEL, None)
-    if source is not None:
-        props[PROPERTY_DELAY_SOURCE] = source
-    else:
-        props.pop(PROPERTY_DELAY_SOURCE, None)
+    real_topic, qid = _restore_props(props, source)
     # positional (half the cost of keywords on this path), in MessageExt's field order: topic, body,
     # properties, flag, queue_id, sys_flag, born_timestamp, born_host, store_timestamp, store_host,
     # reconsume_times, prepared_transaction_offset, queue_offset, commit_log_offset, body_crc
-    return MessageExt(real_topic, body, props, flag, int(qid_raw), sys_flag, born_ts, _host(born_host),
+    return MessageExt(real_topic, body, props, flag, qid, sys_flag, born_ts, unpack_host_cached(born_host),
                       0, _NO_HOST, reconsume, 0, 0, 0, crc)
 
 
@@ -172,22 +169,8 @@ def restore_props_from_record(raw: bytes, source: str | None) -> tuple[str, int,
         props = decode_properties(raw[p + 2:p + 2 + props_len].decode())
     except (struct.error, IndexError, UnicodeDecodeError) as e:
         raise UndeliverableError(f"the parked record cannot be decoded: {e}") from None
-    real_topic = props.get(PROPERTY_REAL_TOPIC)
-    if real_topic not in _VALID_TOPICS:
-        if not real_topic or validate_topic(real_topic) is not None:
-            raise UndeliverableError(f"parked message has no valid {PROPERTY_REAL_TOPIC}: {real_topic!r}")
-        if len(_VALID_TOPICS) > 100_000:
-            _VALID_TOPICS.clear()
-        _VALID_TOPICS.add(real_topic)
-    qid_raw = props.get(PROPERTY_REAL_QUEUE_ID, "")
-    if not qid_raw.isdigit() or not qid_raw.isascii():
-        raise UndeliverableError(f"parked message has no valid {PROPERTY_REAL_QUEUE_ID}: {qid_raw!r}")
-    props.pop(PROPERTY_DELAY_TIME_LEVEL, None)
-    if source is not None:
-        props[PROPERTY_DELAY_SOURCE] = source
-    else:
-        props.pop(PROPERTY_DELAY_SOURCE, None)
-    return real_topic, int(qid_raw), props
+    real_topic, qid = _restore_props(props, source)
+    return real_topic, qid, props
 
 
 _TM = struct.Struct(">ii")  # TOTALSIZE, MAGICCODE

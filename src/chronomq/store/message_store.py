@@ -58,7 +58,6 @@ from chronomq.message import (
     SCHEDULE_TOPIC,
     MessageExt,
     MessageFormatError,
-    create_offset_msg_id,
     decode_record,
     pack_host,
     tags_code,
@@ -212,19 +211,26 @@ class MessageStore:
     def _fail(self, status: PutStatus, error: str) -> PutResult:
         return PutResult(status, None, error)
 
+    def _topic_bytes(self, topic: str) -> bytes | PutResult:
+        """A topic not in the cache yet: checked (a refusal as a PutResult), encoded and cached."""
+        err = validate_topic(topic) if isinstance(topic, str) else "the topic is not a string"
+        if err is not None:
+            return self._fail(PutStatus.MESSAGE_ILLEGAL, err)
+        topic_b = topic.encode()
+        if len(self._topic_cache) > 100_000:
+            self._topic_cache.clear()
+        self._topic_cache[topic] = topic_b
+        return topic_b
+
     def _prepare(self, msg: MessageExt) -> tuple | PutResult:
         """Validate and encode one message (outside any lock). Returns the pieces the locked section needs
         or a PutResult describing why nothing will be written."""
         topic = msg.topic
         topic_b = self._topic_cache.get(topic)
         if topic_b is None:
-            err = validate_topic(topic) if isinstance(topic, str) else "the topic is not a string"
-            if err is not None:
-                return self._fail(PutStatus.MESSAGE_ILLEGAL, err)
-            topic_b = topic.encode()
-            if len(self._topic_cache) > 100_000:
-                self._topic_cache.clear()
-            self._topic_cache[topic] = topic_b
+            topic_b = self._topic_bytes(topic)
+            if isinstance(topic_b, PutResult):
+                return topic_b
         body = msg.body
         if body.__class__ is not bytes and not isinstance(body, bytearray | memoryview):
             return self._fail(PutStatus.MESSAGE_ILLEGAL, "the message body is not bytes")
@@ -387,46 +393,73 @@ class MessageStore:
         if any(p[1] != topic or p[2] != qid for p in preps):
             return self._fail(PutStatus.MESSAGE_ILLEGAL, "a batch must be for one topic and one queue")
         total = sum(len(p[0]) for p in preps)
+        placed = self._append_run(topic, qid, [(p[0], p[3], p[4], p[5], p[6]) for p in preps], total)
+        if placed.__class__ is PutResult:
+            return placed  # type: ignore[return-value]
+        first_phys, first_q, ts = placed  # type: ignore[misc]
+        off = first_phys
+        host = self.store_host
+        for i, m in enumerate(msgs):
+            size = len(preps[i][0])
+            m.queue_offset = first_q + i
+            m.commit_log_offset = off
+            m.store_size = size
+            m.store_timestamp = ts
+            m.store_host = host
+            off += size
+        return self._batch_result(first_phys, first_q, ts, [len(p[0]) for p in preps], total)
+
+    def _append_run(self, topic: str, qid: int, entries: list[tuple], total: int
+                    ) -> tuple[int, int, int] | PutResult:
+        """Append encoded records (rec, tagsCode, delay or None, KEYS words, UNIQ_KEY) of one queue
+        contiguously in one segment, with consecutive queue offsets, and queue their dispatch requests.
+        Returns (first physical offset, first queue offset, store time) or a refusal."""
         if total > self._seg_size - 8:
             return self._fail(PutStatus.MESSAGE_ILLEGAL,
                               f"the batch ({total} bytes) does not fit a commit-log segment")
         qkey = (topic, qid)
         cl = self._cl
         with cl.lock:
+            pending = self._pending  # only under the lock: the dispatcher swaps the list
             reserved = self._reserve(total)
             if reserved.__class__ is PutResult:
                 return reserved  # type: ignore[return-value]
             seg, wrote, r = reserved  # type: ignore[misc]
             ts = max(self.clock.now_ms(), self._last_ts)
             self._last_ts = ts
-            first_q = self._queue_table.get(qkey, 0)
-            self._queue_table[qkey] = first_q + len(preps)
+            first_q = qoff = self._queue_table.get(qkey, 0)
+            self._queue_table[qkey] = first_q + len(entries)
             first_phys = wrote
             mm = seg.mm
-            for i, (buf, _, _, tc, delay, keys_l, uniq) in enumerate(preps):
-                size = len(buf)
-                mm[r : r + size] = buf
-                PATCH.pack_into(mm, r + 20, first_q + i, wrote)
-                I64.pack_into(mm, r + _POS_STORETIMESTAMP, ts)
-                self._pending.append((wrote, size, topic, qid, first_q + i,
-                                      tc if delay is None else ts + delay, ts, keys_l, uniq))
-                msgs[i].queue_offset = first_q + i
-                msgs[i].commit_log_offset = wrote
-                msgs[i].store_size = size
+            patch = PATCH.pack_into
+            i64 = I64.pack_into
+            for rec, tc, delay, keys_l, uniq in entries:
+                size = len(rec)
+                mm[r : r + size] = rec
+                patch(mm, r + 20, qoff, wrote)
+                i64(mm, r + _POS_STORETIMESTAMP, ts)
+                pending.append((wrote, size, topic, qid, qoff, tc if delay is None else ts + delay, ts,
+                                keys_l, uniq))
+                qoff += 1
                 r += size
                 wrote += size
             seg.written = r
             cl.wrote = wrote
         if not self._wake.is_set():
             self._wake.set()
+        return first_phys, first_q, ts
+
+    def _batch_result(self, first_phys: int, first_q: int, ts: int, sizes: list[int], total: int
+                      ) -> PutResult:
+        prefix = self._msg_id_prefix
         ids = []
-        for m in msgs:
-            m.store_timestamp = ts
-            m.store_host = self.store_host
-            ids.append(create_offset_msg_id(self.store_host, m.commit_log_offset))
-        fut = self._request_flush(wrote) if self._sync else None
+        off = first_phys
+        for size in sizes:
+            ids.append(f"{prefix}{off:016X}")
+            off += size
+        fut = self._request_flush(first_phys + total) if self._sync else None
         return PutResult(PutStatus.PUT_OK,
-                         AppendResult(first_phys, total, ",".join(ids), first_q, ts, len(msgs)), None, fut)
+                         AppendResult(first_phys, total, ",".join(ids), first_q, ts, len(sizes)), None, fut)
 
     def put_records(self, topic: str, queue_id: int,
                     records: list[tuple[bytes | bytearray | memoryview, int, int, dict[str, str]]]
@@ -444,13 +477,9 @@ class MessageStore:
             return self._fail(PutStatus.MESSAGE_ILLEGAL, "an empty batch")
         topic_b = self._topic_cache.get(topic)
         if topic_b is None:
-            err = validate_topic(topic) if isinstance(topic, str) else "the topic is not a string"
-            if err is not None:
-                return self._fail(PutStatus.MESSAGE_ILLEGAL, err)
-            topic_b = topic.encode()
-            if len(self._topic_cache) > 100_000:
-                self._topic_cache.clear()
-            self._topic_cache[topic] = topic_b
+            topic_b = self._topic_bytes(topic)
+            if isinstance(topic_b, PutResult):
+                return topic_b
         if queue_id.__class__ is not int or queue_id < 0 or queue_id > 0x7FFFFFFF:
             return self._fail(PutStatus.MESSAGE_ILLEGAL, f"queue id {queue_id!r} out of range")
         schedule = topic == SCHEDULE_TOPIC
@@ -493,48 +522,11 @@ class MessageStore:
                     tc = 0
             total += len(rec)
             preps.append((rec, tc, delay, keys_l, uniq))
-        if total > self._seg_size - 8:
-            return self._fail(PutStatus.MESSAGE_ILLEGAL,
-                              f"the batch ({total} bytes) does not fit a commit-log segment")
-        qkey = (topic, queue_id)
-        cl = self._cl
-        with cl.lock:
-            pending = self._pending  # only under the lock: the dispatcher swaps the list
-            reserved = self._reserve(total)
-            if reserved.__class__ is PutResult:
-                return reserved  # type: ignore[return-value]
-            seg, wrote, r = reserved  # type: ignore[misc]
-            ts = max(self.clock.now_ms(), self._last_ts)
-            self._last_ts = ts
-            first_q = qoff = self._queue_table.get(qkey, 0)
-            self._queue_table[qkey] = first_q + len(preps)
-            first_phys = wrote
-            mm = seg.mm
-            patch = PATCH.pack_into
-            i64 = I64.pack_into
-            for rec, tc, delay, keys_l, uniq in preps:
-                size = len(rec)
-                mm[r : r + size] = rec
-                patch(mm, r + 20, qoff, wrote)
-                i64(mm, r + _POS_STORETIMESTAMP, ts)
-                pending.append((wrote, size, topic, queue_id, qoff, tc if delay is None else ts + delay, ts,
-                                keys_l, uniq))
-                qoff += 1
-                r += size
-                wrote += size
-            seg.written = r
-            cl.wrote = wrote
-        if not self._wake.is_set():
-            self._wake.set()
-        prefix = self._msg_id_prefix
-        ids = []
-        off = first_phys
-        for p in preps:
-            ids.append(f"{prefix}{off:016X}")
-            off += len(p[0])
-        fut = self._request_flush(wrote) if self._sync else None
-        return PutResult(PutStatus.PUT_OK,
-                         AppendResult(first_phys, total, ",".join(ids), first_q, ts, len(preps)), None, fut)
+        placed = self._append_run(topic, queue_id, preps, total)
+        if placed.__class__ is PutResult:
+            return placed  # type: ignore[return-value]
+        first_phys, first_q, ts = placed  # type: ignore[misc]
+        return self._batch_result(first_phys, first_q, ts, [len(p[0]) for p in preps], total)
 
     def put_message_and_wait(self, msg: MessageExt) -> PutResult:
         res = self.put_message(msg)

@@ -38,7 +38,7 @@ from chronomq.message import (
     decode_properties,
     decode_record,
     encode_record,
-    unpack_host,
+    unpack_host_cached,
     validate_topic,
 )
 from chronomq.store.atomicfile import write_atomic
@@ -109,16 +109,40 @@ _HEAD = RECORD_HEAD  # the V1 record head up to BODYLENGTH
 _H16 = struct.Struct(">H")
 _TMQ = struct.Struct(">ii4xi")  # TOTALSIZE, MAGICCODE, (BODYCRC skipped), QUEUEID
 _BODYLEN = struct.Struct(">i")
-_HOSTS: dict[bytes, tuple[str, int]] = {}
 
 
-def _born_host(raw: bytes) -> tuple[str, int]:
-    h = _HOSTS.get(raw)
-    if h is None:
-        if len(_HOSTS) > 10_000:
-            _HOSTS.clear()
-        h = _HOSTS[raw] = unpack_host(raw)
-    return h
+def _topic_and_props(buf: bytes, pos: int, size: int, body_len: int) -> tuple[str, dict[str, str]]:
+    """The topic and properties of the stored V1 record of ``size`` bytes at ``buf[pos:]`` whose head
+    (magic and total size) the caller has checked: the lengths checked as decode_record checks them."""
+    end = pos + size
+    p = pos + POS_BODY
+    if body_len < 0 or p + body_len + 3 > end:
+        raise MessageFormatError("body length out of range")
+    p += body_len
+    topic_len = buf[p]
+    try:
+        topic = buf[p + 1 : p + 1 + topic_len].decode()
+    except UnicodeDecodeError as e:
+        raise MessageFormatError("topic is not UTF-8") from e
+    p += 1 + topic_len
+    if p + 2 > end:
+        raise MessageFormatError("properties length out of range")
+    (props_len,) = _H16.unpack_from(buf, p)
+    p += 2
+    if p + props_len != end:
+        raise MessageFormatError("record length does not match its fields")
+    try:
+        props = decode_properties(buf[p:end].decode())
+    except UnicodeDecodeError as e:
+        raise MessageFormatError("properties are not UTF-8") from e
+    return topic, props
+
+
+def _check_head(size: int, total: int, magic: int) -> None:
+    if magic != MAGIC_V1:
+        raise MessageFormatError(f"bad magic code {magic & 0xFFFFFFFF:#x}")
+    if total != size:
+        raise MessageFormatError("record length does not match the timer header")
 
 
 def _decode_to_deliver(buf: bytes, pos: int, size: int, store_host: tuple[str, int]) -> MessageExt:
@@ -128,36 +152,13 @@ def _decode_to_deliver(buf: bytes, pos: int, size: int, store_host: tuple[str, i
         raise MessageFormatError("record truncated")
     (total, magic, crc, queue_id, flag, _qoff, _phys, sys_flag, born_ts, born_host, _sts, _shost,
      reconsume, _prep, body_len) = _HEAD.unpack_from(buf, pos)
-    if magic != MAGIC_V1:
-        raise MessageFormatError(f"bad magic code {magic & 0xFFFFFFFF:#x}")
-    if total != size:
-        raise MessageFormatError("record length does not match the timer header")
-    end = pos + size
-    p = pos + POS_BODY
-    if body_len < 0 or p + body_len + 3 > end:
-        raise MessageFormatError("body length out of range")
-    body = buf[p : p + body_len]
-    p += body_len
-    topic_len = buf[p]
-    try:
-        topic = buf[p + 1 : p + 1 + topic_len].decode()
-    except UnicodeDecodeError as e:
-        raise MessageFormatError("topic is not UTF-8") from e
-    p += 1 + topic_len
-    if p + 2 > end:
-        raise MessageFormatError("properties length out of range")
-    (props_len,) = _H16.unpack_from(buf, p)
-    p += 2
-    if p + props_len != end:
-        raise MessageFormatError("record length does not match its fields")
-    try:
-        props = decode_properties(buf[p:end].decode())
-    except UnicodeDecodeError as e:
-        raise MessageFormatError("properties are not UTF-8") from e
+    _check_head(size, total, magic)
+    topic, props = _topic_and_props(buf, pos, size, body_len)
+    body = buf[pos + POS_BODY : pos + POS_BODY + body_len]
     # positional, in MessageExt's field order (topic, body, properties, flag, queue_id, sys_flag,
     # born_timestamp, born_host, store_timestamp, store_host, reconsume_times, prepared_transaction_offset,
     # queue_offset, commit_log_offset, body_crc): the store assigns offsets and store time; crc stays
-    return MessageExt(topic, body, props, flag, queue_id, sys_flag, born_ts, _born_host(born_host), 0,
+    return MessageExt(topic, body, props, flag, queue_id, sys_flag, born_ts, unpack_host_cached(born_host), 0,
                       store_host, reconsume, 0, 0, 0, crc)
 
 
@@ -167,32 +168,9 @@ def _parse_to_splice(buf: bytes, pos: int, size: int) -> tuple[str, int, dict[st
     if size < RECORD_FIXED_SIZE or pos + size > len(buf):
         raise MessageFormatError("record truncated")
     total, magic, queue_id = _TMQ.unpack_from(buf, pos)
-    if magic != MAGIC_V1:
-        raise MessageFormatError(f"bad magic code {magic & 0xFFFFFFFF:#x}")
-    if total != size:
-        raise MessageFormatError("record length does not match the timer header")
-    end = pos + size
+    _check_head(size, total, magic)
     (body_len,) = _BODYLEN.unpack_from(buf, pos + POS_BODY - 4)
-    p = pos + POS_BODY
-    if body_len < 0 or p + body_len + 3 > end:
-        raise MessageFormatError("body length out of range")
-    p += body_len
-    topic_len = buf[p]
-    try:
-        topic = buf[p + 1 : p + 1 + topic_len].decode()
-    except UnicodeDecodeError as e:
-        raise MessageFormatError("topic is not UTF-8") from e
-    p += 1 + topic_len
-    if p + 2 > end:
-        raise MessageFormatError("properties length out of range")
-    (props_len,) = _H16.unpack_from(buf, p)
-    p += 2
-    if p + props_len != end:
-        raise MessageFormatError("record length does not match its fields")
-    try:
-        props = decode_properties(buf[p:end].decode())
-    except UnicodeDecodeError as e:
-        raise MessageFormatError("properties are not UTF-8") from e
+    topic, props = _topic_and_props(buf, pos, size, body_len)
     return topic, queue_id, props
 
 
