@@ -196,3 +196,38 @@ async def test_sync_flush_group_commit_acknowledges_only_after_a_round_covering_
     svc.timer.sync_files = real_sync  # type: ignore[method-assign]
     assert (await svc.schedule_batch_async([(msg("ok"), now + 950)]))[0].msg_id == "ok"
     await svc.shutdown()
+
+
+async def test_retention_runs_off_the_loop_so_deliveries_go_on(tmp_path: Path) -> None:
+    """A retention pass scans whole data segments (seconds for a backlog of them): it runs in a worker
+    thread, and a message falling due meanwhile is still delivered on time."""
+    import asyncio
+    import threading
+
+    clock = VirtualClock()
+    store = FakeStore(clock)
+    svc = TimerService(store, None, clock, root_dir=tmp_path / "timer",
+                       timer_config=small_config(retention_interval_ms=1_000))
+    await svc.start()
+    now = clock.now_ms()
+    svc.schedule(msg("a"), now + 500)
+    in_scan, release = threading.Event(), threading.Event()
+    real_retention = svc.timer.run_retention
+
+    threads: list[int] = []
+
+    def slow_retention(at: int | None = None) -> dict[str, int]:
+        threads.append(threading.get_ident())
+        in_scan.set()
+        release.wait(10)  # a long scan
+        return real_retention(at)
+
+    svc.timer.run_retention = slow_retention  # type: ignore[method-assign]
+    await run_until(svc, clock, now + 1_000)  # the first pass starts and stays in its scan
+    assert await asyncio.to_thread(in_scan.wait, 5)
+    svc.schedule(msg("b"), now + 1_200)
+    await run_until(svc, clock, now + 1_200)
+    assert [u for u, _, _ in store.puts] == ["a", "b"]  # delivered while the scan is still running
+    assert not release.is_set() and threads and threading.get_ident() not in threads
+    release.set()
+    await svc.shutdown()  # waits for the pass to end

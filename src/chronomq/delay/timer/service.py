@@ -27,6 +27,11 @@ log = logging.getLogger(__name__)
 _NEVER = 1 << 62
 
 
+def _log_failure(fut: asyncio.Future[Any]) -> None:
+    if not fut.cancelled() and fut.exception() is not None:
+        log.error("timer retention failed (retried at the next interval): %r", fut.exception())
+
+
 class TimerService:
     """Any-millisecond delayed delivery, persisted in ``<storePathRootDir>/timer``.
 
@@ -213,6 +218,7 @@ class TimerService:
         next_retention = now + cfg.retention_interval_ms
         backoff_until = 0
         flushing: asyncio.Future[None] | None = None
+        retaining: asyncio.Future[dict[str, int]] | None = None
         while not self._stopping:
             try:
                 now = self.clock.now_ms()
@@ -222,7 +228,10 @@ class TimerService:
                         flushing = asyncio.ensure_future(asyncio.to_thread(t.flush))
                     next_flush = now + cfg.flush_interval_ms
                 if now >= next_retention:
-                    t.run_retention(now)
+                    if retaining is None or retaining.done():
+                        # scans whole data segments: in a worker thread, deliveries go on meanwhile
+                        retaining = asyncio.ensure_future(asyncio.to_thread(t.run_retention, now))
+                        retaining.add_done_callback(_log_failure)
                     next_retention = now + cfg.retention_interval_ms
                 version = self._version
                 if now >= backoff_until:
@@ -244,8 +253,9 @@ class TimerService:
             except Exception:
                 log.exception("timer delivery loop error; retrying")
                 await self.clock.sleep(0.1)
-        if flushing is not None:
-            await asyncio.wait({flushing})
+        pending = {f for f in (flushing, retaining) if f is not None}
+        if pending:
+            await asyncio.wait(pending)
 
     async def _sleep(self, target: int, version: int) -> None:
         assert self._event is not None

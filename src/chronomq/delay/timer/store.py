@@ -292,6 +292,7 @@ class TimerStore:
         self.wakeup: Callable[[int], None] | None = None  # called with a deliver time that may be earlier
         self._opened = False
         self._id_prefix: str | None = None
+        self.scan_chunk = 4 << 20  # bytes per read when retention scans a data segment
 
     # ============================================================================ open / recovery / close
     def open(self) -> None:
@@ -1303,7 +1304,9 @@ class TimerStore:
     def run_retention(self, now: int | None = None) -> dict[str, int]:
         """Delete what no pending message needs: processed wheel days and index segments (by the
         persisted watermark), data segments holding no pending record, hash generations naming only
-        deleted data. Returns counts of what was deleted."""
+        deleted data. Returns counts of what was deleted. The data segments are scanned without the
+        lock (a scan reads a whole 64 MiB segment: seconds for a backlog of them), so deliveries and
+        schedules go on meanwhile; call it from a worker thread."""
         with self.lock:
             now = self.clock.now_ms() if now is None else now
             wm = self.persisted_watermark
@@ -1320,10 +1323,16 @@ class TimerStore:
             self.wheel.delete_through(wm)
             deleted["wheel_files"] = before - self.wheel.files
             active = self.data.seg_start(self.data_end)
-            for start in list(self.data.starts):
-                if start >= active or self.data_recheck.get(start, 0) > now:
+            todo = [start for start in self.data.starts
+                    if start < active and self.data_recheck.get(start, 0) <= now]
+        # Unlocked: a segment before the active one is never appended to, and a record's state only
+        # leaves PENDING (delivered, cancelled, failed; a reschedule keeps it pending). A scan racing a
+        # state change can only see a record as still pending, which keeps its segment a while longer.
+        found = {start: self._scan_data_segment(start) for start in todo}
+        with self.lock:
+            for start, max_pending in found.items():
+                if start not in self.data.starts:
                     continue
-                max_pending = self._scan_data_segment(start)
                 if max_pending is None:
                     self.data.delete_segment(start)
                     self.data_recheck.pop(start, None)
@@ -1334,18 +1343,31 @@ class TimerStore:
             return deleted
 
     def _scan_data_segment(self, start: int) -> int | None:
-        """The latest deliver time of a pending record in the segment, or None if there is none."""
-        pos = start
+        """The latest deliver time of a pending record in the segment, or None if there is none (read in
+        large chunks: one pread per record header made a backlog's first retention pass take seconds)."""
         end = start + self.data_seg
         best = None
+        marks = self._marks
+        pos = start
+        buf = b""
+        buf_at = start
+        chunks = self.data.iter_chunks(start, self.scan_chunk)
         while pos + DATA_HDR_SIZE <= end:
-            hdr = self.data.read(pos, DATA_HDR_SIZE)
-            if len(hdr) < DATA_HDR_SIZE:
-                break
-            h = DATA_HDR.unpack(hdr)
+            while pos + DATA_HDR_SIZE > buf_at + len(buf):  # the header is (partly) beyond this chunk
+                nxt = next(chunks, None)
+                if nxt is None:
+                    return best
+                at, data = nxt
+                keep = buf[pos - buf_at:] if pos < buf_at + len(buf) else b""
+                if at + len(data) <= pos:
+                    buf, buf_at = b"", at + len(data)  # a whole chunk inside one record's body
+                    continue
+                buf = keep + data if keep else data[max(0, pos - at):]
+                buf_at = pos
+            h = DATA_HDR.unpack_from(buf, pos - buf_at)
             if h[0] != DATA_MAGIC or h[1] < DATA_HDR_SIZE:
                 break
-            if h[2] == PENDING and pos not in self._marks:
+            if h[2] == PENDING and pos not in marks:
                 best = h[4] if best is None else max(best, h[4])
             pos += h[1]
         return best
