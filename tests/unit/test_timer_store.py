@@ -523,13 +523,19 @@ def test_batch_transient_failure_keeps_every_untried_item_pending(tmp_path: Path
     assert t.count() == 0 and _deliver_all(t, clock, bs) == []
 
 
-def test_batch_refused_for_good_is_isolated_message_by_message(tmp_path: Path, clock: VirtualClock) -> None:
-    bs = BatchStore(clock)
+def _four_due(tmp_path: Path, clock: VirtualClock, prefix: str) -> TimerStore:
+    """A timer store holding four messages (uids ``<prefix>0..3``) that have just fallen due."""
     t = open_store(tmp_path, clock)
     now = clock.now_ms()
     for i in range(4):
-        t.schedule(msg(f"i{i}"), now + 100)
+        t.schedule(msg(f"{prefix}{i}"), now + 100)
     clock.advance_sync(100)
+    return t
+
+
+def test_batch_refused_for_good_is_isolated_message_by_message(tmp_path: Path, clock: VirtualClock) -> None:
+    bs = BatchStore(clock)
+    t = _four_due(tmp_path, clock, "i")
     bs.fail_batches, bs.batch_status = 1, PutStatus.MESSAGE_ILLEGAL
     bs.fail_next, bs.fail_status = 1, PutStatus.MESSAGE_ILLEGAL  # the first single put: the bad one
     assert _deliver_all(t, clock, bs) == ["failed", "delivered", "delivered", "delivered"]
@@ -592,11 +598,7 @@ def test_batch_delivery_uses_put_records_when_the_store_has_it(tmp_path: Path, c
 
 def test_put_records_failures_isolate_and_keep_pending(tmp_path: Path, clock: VirtualClock) -> None:
     rs = RecordStore(clock)
-    t = open_store(tmp_path, clock)
-    now = clock.now_ms()
-    for i in range(4):
-        t.schedule(msg(f"p{i}"), now + 100)
-    clock.advance_sync(100)
+    t = _four_due(tmp_path, clock, "p")
     rs.fail_batches = 1  # transient: nothing stored, everything stays pending
     assert _deliver_all(t, clock, rs) == ["retry"] * 4 and t.count() == 4
     clock.advance_sync(100)
