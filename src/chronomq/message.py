@@ -316,6 +316,37 @@ def record_size_at(buf: bytes | bytearray | memoryview, pos: int = 0) -> int:
     return _I32.unpack_from(buf, pos)[0]
 
 
+def record_topic_and_properties(
+    buf: bytes | bytearray | memoryview, pos: int, total: int, body_len: int
+) -> tuple[str, dict[str, str]]:
+    """The topic and properties of the V1 record of ``total`` bytes at ``buf[pos:]``, whose head the caller
+    has unpacked (``body_len``: its BODYLENGTH): every length checked against the record's end. Raises
+    MessageFormatError."""
+    end = pos + total
+    p = pos + POS_BODY
+    if body_len < 0 or p + body_len + 3 > end:
+        raise MessageFormatError("body length out of range")
+    p += body_len
+    topic_len = buf[p]
+    p += 1
+    try:
+        topic = bytes(buf[p : p + topic_len]).decode()
+    except UnicodeDecodeError as e:
+        raise MessageFormatError("topic is not UTF-8") from e
+    p += topic_len
+    if p + 2 > end:
+        raise MessageFormatError("properties length out of range")
+    (props_len,) = _H16.unpack_from(buf, p)
+    p += 2
+    if p + props_len != end:
+        raise MessageFormatError("record length does not match its fields")
+    try:
+        props = decode_properties(bytes(buf[p:end]).decode())
+    except UnicodeDecodeError as e:
+        raise MessageFormatError("properties are not UTF-8") from e
+    return topic, props
+
+
 def decode_record(
     buf: bytes | bytearray | memoryview, pos: int = 0, *, check_crc: bool = False, read_body: bool = True
 ) -> MessageExt:
@@ -344,30 +375,11 @@ def decode_record(
         raise MessageFormatError(f"bad magic code {magic & 0xFFFFFFFF:#x}")
     if total < RECORD_FIXED_SIZE or pos + total > len(buf):
         raise MessageFormatError("record length out of range")
+    topic, props = record_topic_and_properties(buf, pos, total, body_len)
     p = pos + POS_BODY
-    if body_len < 0 or p + body_len + 3 > pos + total:
-        raise MessageFormatError("body length out of range")
     body = bytes(buf[p : p + body_len]) if read_body else b""
     if check_crc and body_crc(bytes(buf[p : p + body_len])) != crc:
         raise MessageFormatError("body CRC mismatch")
-    p += body_len
-    topic_len = buf[p]
-    p += 1
-    try:
-        topic = bytes(buf[p : p + topic_len]).decode()
-    except UnicodeDecodeError as e:
-        raise MessageFormatError("topic is not UTF-8") from e
-    p += topic_len
-    if p + 2 > pos + total:
-        raise MessageFormatError("properties length out of range")
-    (props_len,) = _H16.unpack_from(buf, p)
-    p += 2
-    if p + props_len != pos + total:
-        raise MessageFormatError("record length does not match its fields")
-    try:
-        props = decode_properties(bytes(buf[p : p + props_len]).decode())
-    except UnicodeDecodeError as e:
-        raise MessageFormatError("properties are not UTF-8") from e
     return MessageExt(
         topic=topic,
         body=body,

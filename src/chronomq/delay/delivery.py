@@ -24,7 +24,8 @@ from chronomq.message import (
     PROPERTY_REAL_TOPIC,
     RECORD_HEAD,
     MessageExt,
-    decode_properties,
+    MessageFormatError,
+    record_topic_and_properties,
     unpack_host_cached,
     validate_topic,
 )
@@ -101,6 +102,8 @@ def restore_real(parked: MessageExt, source: str | None) -> MessageExt:
 
 
 _HEAD = RECORD_HEAD  # the V1 record head up to BODYLENGTH
+_TM = struct.Struct(">ii")  # TOTALSIZE, MAGICCODE
+_BODYLEN = struct.Struct(">i")
 
 
 _VALID_TOPICS: set[str] = set()
@@ -136,12 +139,9 @@ def restore_from_record(raw: bytes, source: str | None) -> MessageExt:
          reconsume, _prep, body_len) = _HEAD.unpack_from(raw, 0)
         if magic != MAGIC_V1 or total != len(raw) or body_len < 0:
             raise UndeliverableError("the parked record is corrupt (bad magic or length)")
-        p = POS_BODY + body_len
-        body = raw[POS_BODY:p]
-        p += 1 + raw[p]
-        props_len = int.from_bytes(raw[p:p + 2], "big")
-        props = decode_properties(raw[p + 2:p + 2 + props_len].decode())
-    except (struct.error, IndexError, UnicodeDecodeError) as e:
+        _topic, props = record_topic_and_properties(raw, 0, total, body_len)
+        body = raw[POS_BODY:POS_BODY + body_len]
+    except (struct.error, IndexError, MessageFormatError) as e:
         raise UndeliverableError(f"the parked record cannot be decoded: {e}") from None
     real_topic, qid = _restore_props(props, source)
     # positional (half the cost of keywords on this path), in MessageExt's field order: topic, body,
@@ -149,9 +149,6 @@ def restore_from_record(raw: bytes, source: str | None) -> MessageExt:
     # reconsume_times, prepared_transaction_offset, queue_offset, commit_log_offset, body_crc
     return MessageExt(real_topic, body, props, flag, qid, sys_flag, born_ts, unpack_host_cached(born_host),
                       0, _NO_HOST, reconsume, 0, 0, 0, crc)
-
-
-_H16 = struct.Struct(">H")
 
 
 def restore_props_from_record(raw: bytes, source: str | None) -> tuple[str, int, dict[str, str]]:
@@ -163,18 +160,11 @@ def restore_props_from_record(raw: bytes, source: str | None) -> tuple[str, int,
         (body_len,) = _BODYLEN.unpack_from(raw, POS_BODY - 4)
         if magic != MAGIC_V1 or total != len(raw) or body_len < 0:
             raise UndeliverableError("the parked record is corrupt (bad magic or length)")
-        p = POS_BODY + body_len
-        p += 1 + raw[p]
-        (props_len,) = _H16.unpack_from(raw, p)
-        props = decode_properties(raw[p + 2:p + 2 + props_len].decode())
-    except (struct.error, IndexError, UnicodeDecodeError) as e:
+        _topic, props = record_topic_and_properties(raw, 0, total, body_len)
+    except (struct.error, IndexError, MessageFormatError) as e:
         raise UndeliverableError(f"the parked record cannot be decoded: {e}") from None
     real_topic, qid = _restore_props(props, source)
     return real_topic, qid, props
-
-
-_TM = struct.Struct(">ii")  # TOTALSIZE, MAGICCODE
-_BODYLEN = struct.Struct(">i")
 
 
 @dataclass(slots=True)

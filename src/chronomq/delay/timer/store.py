@@ -35,9 +35,9 @@ from chronomq.message import (
     MessageFormatError,
     create_offset_msg_id,
     decode_offset_msg_id,
-    decode_properties,
     decode_record,
     encode_record,
+    record_topic_and_properties,
     unpack_host_cached,
     validate_topic,
 )
@@ -106,36 +106,8 @@ def _unpack_index(raw: bytes) -> tuple[int, int, int, int, int, int, int] | None
 
 
 _HEAD = RECORD_HEAD  # the V1 record head up to BODYLENGTH
-_H16 = struct.Struct(">H")
 _TMQ = struct.Struct(">ii4xi")  # TOTALSIZE, MAGICCODE, (BODYCRC skipped), QUEUEID
 _BODYLEN = struct.Struct(">i")
-
-
-def _topic_and_props(buf: bytes, pos: int, size: int, body_len: int) -> tuple[str, dict[str, str]]:
-    """The topic and properties of the stored V1 record of ``size`` bytes at ``buf[pos:]`` whose head
-    (magic and total size) the caller has checked: the lengths checked as decode_record checks them."""
-    end = pos + size
-    p = pos + POS_BODY
-    if body_len < 0 or p + body_len + 3 > end:
-        raise MessageFormatError("body length out of range")
-    p += body_len
-    topic_len = buf[p]
-    try:
-        topic = buf[p + 1 : p + 1 + topic_len].decode()
-    except UnicodeDecodeError as e:
-        raise MessageFormatError("topic is not UTF-8") from e
-    p += 1 + topic_len
-    if p + 2 > end:
-        raise MessageFormatError("properties length out of range")
-    (props_len,) = _H16.unpack_from(buf, p)
-    p += 2
-    if p + props_len != end:
-        raise MessageFormatError("record length does not match its fields")
-    try:
-        props = decode_properties(buf[p:end].decode())
-    except UnicodeDecodeError as e:
-        raise MessageFormatError("properties are not UTF-8") from e
-    return topic, props
 
 
 def _check_head(size: int, total: int, magic: int) -> None:
@@ -153,7 +125,7 @@ def _decode_to_deliver(buf: bytes, pos: int, size: int, store_host: tuple[str, i
     (total, magic, crc, queue_id, flag, _qoff, _phys, sys_flag, born_ts, born_host, _sts, _shost,
      reconsume, _prep, body_len) = _HEAD.unpack_from(buf, pos)
     _check_head(size, total, magic)
-    topic, props = _topic_and_props(buf, pos, size, body_len)
+    topic, props = record_topic_and_properties(buf, pos, size, body_len)
     body = buf[pos + POS_BODY : pos + POS_BODY + body_len]
     # positional, in MessageExt's field order (topic, body, properties, flag, queue_id, sys_flag,
     # born_timestamp, born_host, store_timestamp, store_host, reconsume_times, prepared_transaction_offset,
@@ -170,7 +142,7 @@ def _parse_to_splice(buf: bytes, pos: int, size: int) -> tuple[str, int, dict[st
     total, magic, queue_id = _TMQ.unpack_from(buf, pos)
     _check_head(size, total, magic)
     (body_len,) = _BODYLEN.unpack_from(buf, pos + POS_BODY - 4)
-    topic, props = _topic_and_props(buf, pos, size, body_len)
+    topic, props = record_topic_and_properties(buf, pos, size, body_len)
     return topic, queue_id, props
 
 
