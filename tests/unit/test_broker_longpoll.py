@@ -92,3 +92,24 @@ async def test_answered_waiters_do_not_accumulate() -> None:
         assert await w is True
     assert len(hold._deadlines) <= 4097 + 1
     hold.wake_all()
+
+
+async def test_arrival_on_the_loop_thread_wakes_at_once_without_a_thread_hop() -> None:
+    clock = VirtualClock()
+    hold = PullHoldService(clock)
+    loop = asyncio.get_running_loop()
+    hold.bind(loop)
+    w = asyncio.ensure_future(hold.wait("T", 0, 0, clock.now_ms() + 15_000, lambda: 0))
+    await async_wait_for(lambda: hold.held == 1, message="held")
+    real = loop.call_soon_threadsafe
+
+    def refuse(*a, **k):  # type: ignore[no-untyped-def]
+        raise AssertionError("the loop thread must not hop through call_soon_threadsafe")
+
+    loop.call_soon_threadsafe = refuse  # type: ignore[method-assign]
+    try:
+        hold.on_arrival("T", 0, 1, 0)  # the store dispatching on the loop (the broker's mode)
+    finally:
+        loop.call_soon_threadsafe = real  # type: ignore[method-assign]
+    await asyncio.sleep(0)  # one turn: the waiter's future was resolved inside on_arrival
+    assert w.done() and w.result() is True

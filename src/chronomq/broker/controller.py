@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -93,6 +94,8 @@ class BrokerController:
         self.started_at = 0
         self.put_count = 0
         self.put_failures = 0
+        self._dispatch_queued = False
+        self._loop_thread = 0
         self.topics.on_change.append(self._topic_changed)
 
     @property
@@ -106,6 +109,8 @@ class BrokerController:
         self.started_at = self.clock.now_ms()
         self.store.start()
         self.store.add_arrival_listener(self.hold.on_arrival)
+        self._loop_thread = threading.get_ident()
+        self.store.set_dispatch_hook(self._dispatch_soon)
         self.store.set_min_offset_guard(self.delay.min_needed_offset)
         await self.delay.start()
         await self.timer.start()
@@ -127,6 +132,23 @@ class BrokerController:
             self.root,
             self.config.flushDiskType,
         )
+
+    def _dispatch_soon(self) -> None:
+        """The store's dispatch hook: consume-queue entries of the puts made during this event-loop
+        turn are written later in the same turn, on the loop, and their held pulls are answered in the
+        turn after (no hand-off to the dispatcher thread, no wait for the GIL)."""
+        if self._dispatch_queued:
+            return
+        self._dispatch_queued = True
+        assert self.loop is not None
+        if threading.get_ident() == self._loop_thread:
+            self.loop.call_soon(self._dispatch_run)
+        else:
+            self.loop.call_soon_threadsafe(self._dispatch_run)
+
+    def _dispatch_run(self) -> None:
+        self._dispatch_queued = False
+        self.store.dispatch_now()
 
     async def shutdown(self) -> None:
         if self.stopping:

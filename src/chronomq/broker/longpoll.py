@@ -1,9 +1,10 @@
 """Long polling (RocketMQ's PullRequestHoldService): a PULL with the suspend flag and nothing to return
 waits until a message lands in its queue or its suspend timeout passes.
 
-Wake-ups come from the store's arrival listener (the reput thread), not from a sleep loop: the listener
-records the (topic, queue) and schedules one drain on the event loop (coalesced: at most one
-call_soon_threadsafe outstanding), which resolves the waiters whose offset is now below the queue's max.
+Wake-ups come from the store's arrival listener, not from a sleep loop. When the store dispatches on the
+event loop (the broker's mode) the listener resolves the waiters whose offset is now below the queue's
+max at once; from another thread (the store's dispatcher thread) it records the (topic, queue) and
+schedules one drain on the loop (coalesced: at most one call_soon_threadsafe outstanding).
 A waiter re-checks the max offset right after registering, so an arrival between the first read and the
 registration is never missed. Timeouts are measured on the injected clock.
 """
@@ -26,6 +27,7 @@ class PullHoldService:
     def __init__(self, clock: Clock) -> None:
         self.clock = clock
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop_thread = 0
         self._waiters: dict[Key, list[tuple[int, asyncio.Future[bool]]]] = {}
         self._lock = threading.Lock()
         self._arrived: dict[Key, int] = {}
@@ -39,12 +41,17 @@ class PullHoldService:
         self._armed_ms = 0
 
     def bind(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Bind to the running loop (called on it)."""
         self._loop = loop
+        self._loop_thread = threading.get_ident()
 
-    # --- called from the store's dispatcher thread ---------------------------------------------------------
+    # --- the store's arrival listener: on the loop, or on the store's dispatcher thread ---------------------
     def on_arrival(self, topic: str, queue_id: int, max_offset: int, store_timestamp: int) -> None:
         key = (topic, queue_id)
         if key not in self._waiters or self._loop is None:
+            return
+        if threading.get_ident() == self._loop_thread:
+            self.notify(topic, queue_id, max_offset)
             return
         with self._lock:
             if max_offset > self._arrived.get(key, -1):

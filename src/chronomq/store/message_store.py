@@ -121,6 +121,8 @@ class MessageStore:
         self._dispatched = 0
         self._dispatch_cv = threading.Condition()
         self._wake = threading.Event()
+        self._dispatch_lock = threading.Lock()  # one dispatcher at a time: batches go in commit-log order
+        self._dispatch_hook: Callable[[], None] | None = None
         self._listeners: list[ArrivalListener] = []
         self._guard: Callable[[], int | None] | None = None
 
@@ -168,7 +170,8 @@ class MessageStore:
         if not self._running:
             return
         self._stop_threads()
-        self._dispatch_pending()  # anything left after the dispatcher stopped
+        with self._dispatch_lock:
+            self._dispatch_pending()  # anything left after the dispatcher stopped
         self._do_flush()
         with self._clean_lock:
             self._flush_queues_and_checkpoint()
@@ -366,8 +369,7 @@ class MessageStore:
             cl.wrote = wrote + size
             self._pending.append((wrote, size, topic, qid, qoff, tc if delay is None else ts + delay, ts,
                                   keys_l, uniq))
-        if not self._wake.is_set():
-            self._wake.set()
+        self._signal_dispatch()
         msg.queue_offset = qoff
         msg.commit_log_offset = wrote
         msg.store_timestamp = ts
@@ -445,8 +447,7 @@ class MessageStore:
                 wrote += size
             seg.written = r
             cl.wrote = wrote
-        if not self._wake.is_set():
-            self._wake.set()
+        self._signal_dispatch()
         return first_phys, first_q, ts
 
     def _batch_result(self, first_phys: int, first_q: int, ts: int, sizes: list[int], total: int
@@ -717,17 +718,52 @@ class MessageStore:
                     self._queues[key] = cq
         return cq
 
+    def set_dispatch_hook(self, fn: Callable[[], None] | None) -> None:
+        """Dispatch on the caller's side: after a put queues dispatch requests, ``fn()`` is called (on
+        the putting thread, outside every store lock) instead of waking the dispatcher thread, and it
+        must arrange for ``dispatch_now()`` to run soon (the broker: later in the same event-loop turn).
+        The dispatcher thread stays as the fallback: it retries a failed batch and serves
+        ``wait_dispatched``. None restores the thread-only mode."""
+        self._dispatch_hook = fn
+
+    def _signal_dispatch(self) -> None:
+        hook = self._dispatch_hook
+        if hook is not None:
+            try:
+                hook()
+                return
+            except RuntimeError:  # the hook's loop is closed (shutdown): the thread takes over
+                self._dispatch_hook = None
+        if not self._wake.is_set():
+            self._wake.set()
+
+    def dispatch_now(self) -> None:
+        """Dispatch every queued request on this thread. If the dispatcher thread is busy, it takes
+        them after its current batch; a failed batch is left to the thread's retry."""
+        if not self._dispatch_lock.acquire(blocking=False):
+            self._wake.set()
+            return
+        try:
+            ok = self._dispatch_pending()
+        finally:
+            self._dispatch_lock.release()
+        if not ok:
+            self._wake.set()
+
     def _dispatch_loop(self) -> None:
         while True:
             self._wake.wait(0.05)
             self._wake.clear()
             stopping = self._stop.is_set()
-            if not self._dispatch_pending() and not stopping:
+            with self._dispatch_lock:
+                ok = self._dispatch_pending()
+            if not ok and not stopping:
                 self._stop.wait(0.1)  # failed (disk full?): the batch was put back; retry shortly
             if stopping:
                 return
 
     def _dispatch_pending(self) -> bool:
+        """Take and dispatch the queued requests; the caller holds ``_dispatch_lock``."""
         with self._cl.lock:
             batch = self._pending
             self._pending = []

@@ -1,0 +1,89 @@
+"""MessageStore dispatch on the caller's side (the broker's event loop): the hook replaces the thread
+wake-up, dispatch_now keeps commit-log order, a busy dispatcher thread or a closed loop hands the work
+back to the thread, and nothing is lost or dispatched twice."""
+
+from __future__ import annotations
+
+import threading
+
+from test_store_basic import make_config, msg
+
+from chronomq.clock import VirtualClock
+from chronomq.store import GetStatus, MessageStore
+
+
+def _started(tmp_path, **kw) -> MessageStore:
+    s = MessageStore(make_config(tmp_path, **kw), VirtualClock())
+    s.start()
+    return s
+
+
+def test_hook_is_called_per_put_and_dispatch_now_writes_the_entries_on_this_thread(tmp_path) -> None:
+    s = _started(tmp_path)
+    calls: list[int] = []
+    arrivals: list[tuple[str, int, int, int]] = []
+    s.set_dispatch_hook(lambda: calls.append(threading.get_ident()))
+    s.add_arrival_listener(lambda t, q, mx, ts: arrivals.append((t, q, mx, threading.get_ident())))
+    try:
+        for i in range(3):
+            assert s.put_message(msg(body=b"m%d" % i)).ok
+        assert s.put_messages([msg(body=b"b1"), msg(body=b"b2")]).ok
+        assert calls == [threading.get_ident()] * 4
+        s.dispatch_now()
+        assert arrivals == [("TopicA", 0, 5, threading.get_ident())]  # one batch, on this thread
+        g = s.get_message("TopicA", 0, 0, 32)
+        assert g.status is GetStatus.FOUND and len(g.messages) == 5 and g.max_offset == 5
+        s.dispatch_now()  # nothing queued: no second arrival
+        assert len(arrivals) == 1
+    finally:
+        s.shutdown()
+
+
+def test_entries_stay_in_commit_log_order_when_the_thread_and_the_hook_both_dispatch(tmp_path) -> None:
+    s = _started(tmp_path, mappedFileSizeConsumeQueue=20 * 4096)
+    s.set_dispatch_hook(s.dispatch_now)  # dispatch inline on every put, racing the thread's wake-ups
+    stop = threading.Event()
+
+    def nudge() -> None:  # the dispatcher thread wakes too, as wait_dispatched would make it
+        while not stop.is_set():
+            s._wake.set()
+
+    t = threading.Thread(target=nudge)
+    t.start()
+    try:
+        for i in range(600):
+            assert s.put_message(msg(body=b"%d" % i, qid=i % 2)).ok
+    finally:
+        stop.set()
+        t.join()
+    try:
+        assert s.wait_dispatched(s.max_phy_offset - 1, 5)
+        for q in (0, 1):
+            g = s.get_message("TopicA", q, 0, 400)
+            assert g.status is GetStatus.FOUND and g.max_offset == 300
+            units = s.get_cq_units("TopicA", q, 0, 300)
+            offsets = [u.commit_log_offset for u in units]
+            assert offsets == sorted(offsets) and len(set(offsets)) == 300
+    finally:
+        s.shutdown()
+
+
+def test_a_busy_dispatcher_or_a_closed_loop_hands_the_work_to_the_thread(tmp_path) -> None:
+    s = _started(tmp_path)
+    try:
+        with s._dispatch_lock:  # the thread is in the middle of a batch
+            assert s.put_message(msg(body=b"first")).ok
+            s.dispatch_now()  # does not block: wakes the thread instead
+            assert s.get_max_offset_in_queue("TopicA", 0) == 0
+        assert s.wait_dispatched(0, 5) and s.get_max_offset_in_queue("TopicA", 0) == 1
+
+        def closed() -> None:
+            raise RuntimeError("Event loop is closed")
+
+        s.set_dispatch_hook(closed)
+        assert s.put_message(msg(body=b"second")).ok  # the put still succeeds ...
+        assert s._dispatch_hook is None  # ... and the store is back to thread-only dispatch
+        assert s.wait_dispatched(s.max_phy_offset - 1, 5)
+        assert s.get_max_offset_in_queue("TopicA", 0) == 2
+    finally:
+        s.shutdown()
