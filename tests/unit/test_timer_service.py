@@ -231,3 +231,30 @@ async def test_retention_runs_off_the_loop_so_deliveries_go_on(tmp_path: Path) -
     assert not release.is_set() and threads and threading.get_ident() not in threads
     release.set()
     await svc.shutdown()  # waits for the pass to end
+
+
+async def test_first_batch_after_a_wake_up_is_small_then_batches_grow(tmp_path: Path) -> None:
+    """1,000 due at one ms: the first put carries at most 16 messages (they reach consumers at once),
+    later ones grow to the configured batch; every message still goes out once, in order, on time."""
+    clock = VirtualClock()
+    store = FakeStore(clock)
+    sizes: list[int] = []
+
+    def put_messages(msgs: list) -> object:
+        sizes.append(len(msgs))
+        res = None
+        for m in msgs:
+            res = store.put_message(m)
+        return res
+
+    store.put_messages = put_messages  # type: ignore[attr-defined]
+    svc = make(tmp_path, clock, store)
+    await svc.start()
+    due = clock.now_ms() + 5_000
+    for i in range(1000):
+        svc.schedule(msg(f"b{i}"), due)
+    await run_until(svc, clock, due + 1)
+    await svc.shutdown()
+    assert [u for u, _, _ in store.puts] == [f"b{i}" for i in range(1000)]
+    assert all(at == due for _, at, _ in store.puts)
+    assert sizes[0] <= 16 and max(sizes) > 16
