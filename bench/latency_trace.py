@@ -1,0 +1,201 @@
+"""Where the milliseconds go between a timed message's due time and the consumer's listener.
+
+Starts ``chronomq start`` in a child process with a tracer installed from outside (it wraps a few broker
+methods and records wall-clock timestamps; the product has no tracing hooks), sends N messages due at
+the same millisecond with ``chronomq.client`` and receives them with a PushConsumer, then prints, for
+the first and the last message, how long after the due time each stage finished:
+
+    timer take   the timer's delivery loop took the due entries from its window (woke up)
+    store put    the timer's batch was appended to the commit log (put_records)
+    dispatch     their consume-queue entries were written (reput)
+    pull wake    a held pull of the queue was woken
+    pull answer  the broker built a FOUND pull response
+    listener     the consumer's listener ran (client side)
+
+    .venv/bin/python bench/latency_trace.py [--n 1,1000] [--repeat 5] [--set key=value ...]
+
+Each scenario runs ``--repeat`` times on one broker; the table gives the median over the runs. Real
+clock, loopback only, bounded: every wait has a deadline.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+STAGES = ("timer take", "store put", "dispatch", "pull wake", "pull answer", "listener")
+
+
+# --- the broker side: install the tracer, then run `chronomq start` -------------------------------------
+def _wrap(cls: Any, name: str, stage: str, events: list[tuple[str, int]],
+          keep: Any = lambda res, args: True) -> None:
+    orig = getattr(cls, name, None)
+    if orig is None:
+        print(f"latency_trace: {cls.__name__}.{name} not found; stage '{stage}' not traced", file=sys.stderr)
+        return
+
+    def traced(self: Any, *args: Any, **kw: Any) -> Any:
+        res = orig(self, *args, **kw)
+        if keep(res, args):
+            events.append((stage, time.time_ns()))
+        return res
+
+    setattr(cls, name, traced)
+
+
+def serve_traced(out: str, argv: list[str]) -> None:
+    from chronomq.broker.longpoll import PullHoldService
+    from chronomq.broker.processor import BrokerProcessor
+    from chronomq.cli.main import main
+    from chronomq.delay.timer.store import TimerStore
+    from chronomq.remoting.codes import ResponseCode
+    from chronomq.store.message_store import MessageStore
+
+    events: list[tuple[str, int]] = []
+    _wrap(TimerStore, "poll", "timer take", events, lambda res, args: bool(res[0]))
+    _wrap(TimerStore, "deliver_many", "store put", events)
+    _wrap(MessageStore, "_dispatch", "dispatch", events)
+    _wrap(BrokerProcessor, "_pull_once", "pull answer", events,
+          lambda res, args: res[0].code == ResponseCode.SUCCESS)
+    orig_notify = PullHoldService.notify
+
+    def notify(self: Any, topic: str, queue_id: int, max_offset: int) -> None:
+        if self._waiters.get((topic, queue_id)):
+            events.append(("pull wake", time.time_ns()))
+        orig_notify(self, topic, queue_id, max_offset)
+
+    PullHoldService.notify = notify  # type: ignore[method-assign]
+
+    def dump() -> None:
+        done = 0
+        while True:
+            time.sleep(0.05)
+            n = len(events)
+            if n > done:
+                with open(out, "a") as f:
+                    f.writelines(f"{s}\t{t}\n" for s, t in events[done:n])
+                done = n
+
+    threading.Thread(target=dump, daemon=True).start()
+    sys.argv = ["chronomq", *argv]
+    main()
+
+
+# --- the client side -------------------------------------------------------------------------------------
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+async def _scenario(ns: str, topic: str, n: int, repeat: int, lead_ms: int) -> list[tuple[int, list[int]]]:
+    """Send ``n`` messages due at one ms, ``repeat`` times; returns (due ms, receipt ns list) per run."""
+    from chronomq.client import Message, Producer, PushConsumer
+
+    got: list[int] = []
+
+    async def listener(msg: Any) -> None:
+        got.append(time.time_ns())
+
+    consumer = PushConsumer(f"trace_c_{topic}", {topic: "*"}, listener, namesrv=ns, consume_from="first",
+                            concurrency=64, pull_batch_size=32)
+    producer = Producer(f"trace_p_{topic}", namesrv=ns)
+    await consumer.start()
+    await producer.start()
+    runs = []
+    try:
+        for _ in range(4):  # create the topic's queues and wait until the consumer pulls them all
+            await producer.send(Message(topic=topic, body=b"warm-up"))
+        deadline = time.monotonic() + 60
+        while len(got) < 4:
+            if time.monotonic() > deadline:
+                raise RuntimeError("the consumer did not receive the warm-up messages within 60 s")
+            await asyncio.sleep(0.05)
+        for _ in range(repeat):
+            await asyncio.sleep(0.3)
+            got.clear()
+            due = _now_ms() + lead_ms
+            body = b"x" * 1024
+            for i in range(0, n, 100):
+                await producer.send_batch([Message(topic=topic, body=body, deliver_at=due)
+                                           for _ in range(min(100, n - i))])
+            if _now_ms() >= due:
+                raise RuntimeError(f"sending {n} took longer than the {lead_ms} ms lead; raise --lead-ms")
+            deadline = time.monotonic() + lead_ms / 1000 + 30
+            while len(got) < n:
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"received {len(got)} of {n} within 30 s of the due time")
+                await asyncio.sleep(0.001)
+            runs.append((due, list(got)))
+    finally:
+        await consumer.close()
+        await producer.close()
+    return runs
+
+
+def _breakdown(events: list[tuple[str, int]], due_ms: int, receipts: list[int]
+               ) -> dict[str, tuple[float, float]]:
+    lo = due_ms * 1_000_000
+    hi = max(receipts)
+    out: dict[str, tuple[float, float]] = {}
+    for stage in STAGES[:-1]:
+        ts = [t for s, t in events if s == stage and lo <= t <= hi]
+        if ts:
+            out[stage] = ((min(ts) - lo) / 1e6, (max(ts) - lo) / 1e6)
+    out["listener"] = ((min(receipts) - lo) / 1e6, (hi - lo) / 1e6)
+    return out
+
+
+def main() -> None:
+    if len(sys.argv) > 2 and sys.argv[1] == "--serve-traced":
+        serve_traced(sys.argv[2], sys.argv[3:])
+        return
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--n", default="1,1000", help="comma-separated batch sizes (messages due at one ms)")
+    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--lead-ms", type=int, default=1000, help="due time = end of the warm-up + this")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="broker setting")
+    args = ap.parse_args()
+    from tests.compat.harness import ChronomqProcess
+
+    with tempfile.TemporaryDirectory(prefix="chronomq-trace-") as tmp:
+        trace = Path(tmp) / "events.tsv"
+        me = Path(__file__).resolve()
+        os.environ["CHRONOMQ_COMPAT_START"] = f"{sys.executable} {me} --serve-traced {trace}"
+        overrides = dict(kv.split("=", 1) for kv in args.set)
+        proc = ChronomqProcess(Path(tmp) / "data", overrides)
+        proc.start()
+        try:
+            print(f"broker pid {proc.pid}; load average {os.getloadavg()[0]:.2f}")
+            for n in (int(x) for x in args.n.split(",")):
+                runs = asyncio.run(_scenario(proc.namesrv_addr, f"Trace{n}", n, args.repeat, args.lead_ms))
+                time.sleep(0.2)  # the tracer writes its events every 50 ms
+                events = [(s, int(t)) for s, t in (ln.rstrip("\n").split("\t") for ln in trace.open())]
+                per_run = [_breakdown(events, due, rec) for due, rec in runs]
+                lat = sorted((t / 1e6 - due) for due, rec in runs for t in rec)
+                early = sum(1 for x in lat if x < 0)
+                p50, p99 = lat[len(lat) // 2], lat[int(len(lat) * 0.99)]
+                print(f"\n{n} message(s) due at the same ms, {len(runs)} runs: lateness p50 {p50:.1f} ms, "
+                      f"p99 {p99:.1f} ms, max {lat[-1]:.1f} ms, early {early}")
+                print(f"  {'stage (ms after due, median of runs)':40} {'first':>8} {'last':>8}")
+                for stage in STAGES:
+                    vals = [r[stage] for r in per_run if stage in r]
+                    if vals:
+                        first = statistics.median(v[0] for v in vals)
+                        last = statistics.median(v[1] for v in vals)
+                        print(f"  {stage:40} {first:8.1f} {last:8.1f}")
+        finally:
+            proc.stop()
+
+
+if __name__ == "__main__":
+    main()
