@@ -543,6 +543,26 @@ def test_batch_refused_for_good_is_isolated_message_by_message(tmp_path: Path, c
     assert t.cancel("i0")[0].outcome is Outcome.FAILED and t.count() == 0
 
 
+def test_batch_into_a_store_without_put_messages_puts_every_message(tmp_path: Path,
+                                                                     clock: VirtualClock) -> None:
+    fs = FakeStore(clock)
+    t = _four_due(tmp_path, clock, "o")
+    items, _ = t.poll(clock.now_ms())
+    assert t.deliver_many(items, fs.put_message) == ["delivered"] * 4  # one real queue, one at a time
+    assert [u for u, _, _ in fs.puts] == ["o0", "o1", "o2", "o3"] and t.count() == 0
+
+
+def test_a_put_that_raises_keeps_the_batch_pending(tmp_path: Path, clock: VirtualClock) -> None:
+    t = _four_due(tmp_path, clock, "x")
+
+    def boom(_msgs: list[MessageExt]) -> PutResult:
+        raise RuntimeError("injected")
+
+    items, _ = t.poll(clock.now_ms())
+    assert t.deliver_many(items, FakeStore(clock).put_message, boom) == ["retry"] * 4
+    assert t.count() == 4 and t.stats()["put_retries"] == 4
+
+
 class RecordStore(BatchStore):
     """BatchStore plus put_records (the parked bytes and the properties of the copy); the copies are
     decoded from the bytes, so a test sees what the store would keep."""

@@ -1,20 +1,25 @@
-"""The delivery path: turn a parked (scheduled) stored message back into a message of its real topic and
-put it into the store as a new message. Shared by the level schedule service and (later) the timer store
-for "deliver at any millisecond", so both have one way to deliver, one idempotency marker and one set
-of metrics.
+"""The one delivery path into the message store, shared by the level schedule service (``DeliveryPath``,
+below) and the timer store (``TimerStore.deliver_many``).
 
-Idempotency: every re-put carries ``PROPERTY_DELAY_SOURCE`` = "<source>:<queue offset>:<parked
-commit-log offset>" (for the level service the source is the level number). After a crash the service
-scans the commit log beyond its last persisted position and skips entries whose re-put is already
-there, so a crash does not cause duplicate deliveries.
+A delivery turns a parked stored record back into a new message of its real topic and queue. Both
+sources read their parked records their own way, then hand groups keyed by real (topic, queue id) to
+``put_groups``, which owns the rules: one put per group (the store's ``put_records``, re-putting the
+parked bytes with edited properties, else ``put_messages``, else ``put_message`` one by one), a group
+refused for good is retried message by message to isolate the bad one, and after a transient failure
+nothing more is tried (the caller keeps those entries pending).
+
+Idempotency of the level service: every re-put carries ``PROPERTY_DELAY_SOURCE`` = "<level>:<queue
+offset>:<parked commit-log offset>"; after a crash the commit log beyond the last persisted position is
+scanned and entries whose re-put is already there are skipped.
 """
 
 from __future__ import annotations
 
 import logging
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from chronomq.message import (
     MAGIC_V1,
@@ -22,6 +27,7 @@ from chronomq.message import (
     PROPERTY_DELAY_TIME_LEVEL,
     PROPERTY_REAL_QUEUE_ID,
     PROPERTY_REAL_TOPIC,
+    RECORD_FIXED_SIZE,
     RECORD_HEAD,
     MessageExt,
     MessageFormatError,
@@ -32,11 +38,12 @@ from chronomq.message import (
 from chronomq.store.types import PutResult, PutStatus, records_put_of
 
 if TYPE_CHECKING:
+    from chronomq.clock import Clock
     from chronomq.store import MessageStore
 
 log = logging.getLogger(__name__)
 
-# Internal property on every re-put (see the module docstring). Stripped from anything a client sends.
+# Internal property on every level re-put (see the module docstring). Stripped from anything a client sends.
 PROPERTY_DELAY_SOURCE = "__CHRONOMQ_DELAY_SRC"
 
 # Put failures after which retrying cannot help: the entry is dropped (logged and counted).
@@ -66,6 +73,50 @@ class UndeliverableError(ValueError):
     """A parked message whose real topic/queue cannot be restored (corrupt or forged properties)."""
 
 
+# --- reading a parked record: what to put -----------------------------------------------------------------
+_HEAD = RECORD_HEAD  # the V1 record head up to BODYLENGTH
+_TMQ = struct.Struct(">ii4xi")  # TOTALSIZE, MAGICCODE, (BODYCRC skipped), QUEUEID
+_BODYLEN = struct.Struct(">i")
+
+
+def _check_record(size: int, total: int, magic: int) -> None:
+    if magic != MAGIC_V1:
+        raise MessageFormatError(f"bad magic code {magic & 0xFFFFFFFF:#x}")
+    if total != size:
+        raise MessageFormatError("record length does not match its envelope")
+
+
+def record_to_put(buf: bytes, pos: int, size: int) -> tuple[str, int, dict[str, str]]:
+    """The stored V1 record of ``size`` bytes at ``buf[pos:]``, checked as decode_to_put checks it: its
+    topic, queue id and properties (the store's put_records copies the rest from the bytes). Raises
+    MessageFormatError."""
+    if size < RECORD_FIXED_SIZE or pos + size > len(buf):
+        raise MessageFormatError("record truncated")
+    total, magic, queue_id = _TMQ.unpack_from(buf, pos)
+    _check_record(size, total, magic)
+    (body_len,) = _BODYLEN.unpack_from(buf, pos + POS_BODY - 4)
+    topic, props = record_topic_and_properties(buf, pos, size, body_len)
+    return topic, queue_id, props
+
+
+def decode_to_put(buf: bytes, pos: int, size: int, store_host: tuple[str, int]) -> MessageExt:
+    """The stored V1 record of ``size`` bytes at ``buf[pos:]`` as a new message to put: what decode_record
+    checks, without the fields the store assigns anew (offsets, store time). Raises MessageFormatError."""
+    if size < RECORD_FIXED_SIZE or pos + size > len(buf):
+        raise MessageFormatError("record truncated")
+    (total, magic, crc, queue_id, flag, _qoff, _phys, sys_flag, born_ts, born_host, _sts, _shost,
+     reconsume, _prep, body_len) = _HEAD.unpack_from(buf, pos)
+    _check_record(size, total, magic)
+    topic, props = record_topic_and_properties(buf, pos, size, body_len)
+    body = buf[pos + POS_BODY : pos + POS_BODY + body_len]
+    # positional (half the cost of keywords on this path), in MessageExt's field order: topic, body,
+    # properties, flag, queue_id, sys_flag, born_timestamp, born_host, store_timestamp, store_host,
+    # reconsume_times, prepared_transaction_offset, queue_offset, commit_log_offset, body_crc
+    return MessageExt(topic, body, props, flag, queue_id, sys_flag, born_ts, unpack_host_cached(born_host), 0,
+                      store_host, reconsume, 0, 0, 0, crc)
+
+
+# --- the level service's restore: real topic and queue from REAL_TOPIC / REAL_QID ---------------------------
 def restore_real(parked: MessageExt, source: str | None) -> MessageExt:
     """The message to put on the real topic: topic = REAL_TOPIC, queue = REAL_QID, DELAY removed
     (REAL_TOPIC/REAL_QID stay, as in RocketMQ); body, flag, sysFlag, born timestamp/host and reconsume
@@ -101,11 +152,6 @@ def restore_real(parked: MessageExt, source: str | None) -> MessageExt:
     )
 
 
-_HEAD = RECORD_HEAD  # the V1 record head up to BODYLENGTH
-_TM = struct.Struct(">ii")  # TOTALSIZE, MAGICCODE
-_BODYLEN = struct.Struct(">i")
-
-
 _VALID_TOPICS: set[str] = set()
 _NO_HOST = ("127.0.0.1", 0)
 
@@ -132,23 +178,14 @@ def _restore_props(props: dict[str, str], source: str | None) -> tuple[str, int]
 
 
 def restore_from_record(raw: bytes, source: str | None) -> MessageExt:
-    """restore_real(decode_record(raw), source), without building the intermediate message (the
-    delivery hot path). Raises UndeliverableError for a record that cannot be decoded or restored."""
+    """restore_real(decode_record(raw), source), without building the intermediate message. Raises
+    UndeliverableError for a record that cannot be decoded or restored."""
     try:
-        (total, magic, crc, _qid, flag, _qoff, _phys, sys_flag, born_ts, born_host, _sts, _shost,
-         reconsume, _prep, body_len) = _HEAD.unpack_from(raw, 0)
-        if magic != MAGIC_V1 or total != len(raw) or body_len < 0:
-            raise UndeliverableError("the parked record is corrupt (bad magic or length)")
-        _topic, props = record_topic_and_properties(raw, 0, total, body_len)
-        body = raw[POS_BODY:POS_BODY + body_len]
+        m = decode_to_put(raw, 0, len(raw), _NO_HOST)
     except (struct.error, IndexError, MessageFormatError) as e:
         raise UndeliverableError(f"the parked record cannot be decoded: {e}") from None
-    real_topic, qid = _restore_props(props, source)
-    # positional (half the cost of keywords on this path), in MessageExt's field order: topic, body,
-    # properties, flag, queue_id, sys_flag, born_timestamp, born_host, store_timestamp, store_host,
-    # reconsume_times, prepared_transaction_offset, queue_offset, commit_log_offset, body_crc
-    return MessageExt(real_topic, body, props, flag, qid, sys_flag, born_ts, unpack_host_cached(born_host),
-                      0, _NO_HOST, reconsume, 0, 0, 0, crc)
+    m.topic, m.queue_id = _restore_props(m.properties, source)
+    return m
 
 
 def restore_props_from_record(raw: bytes, source: str | None) -> tuple[str, int, dict[str, str]]:
@@ -156,17 +193,86 @@ def restore_props_from_record(raw: bytes, source: str | None) -> tuple[str, int,
     properties of the copy), for MessageStore.put_records, which copies the rest of the record from
     ``raw``. Same checks; raises UndeliverableError for a record that cannot be decoded or restored."""
     try:
-        total, magic = _TM.unpack_from(raw, 0)
-        (body_len,) = _BODYLEN.unpack_from(raw, POS_BODY - 4)
-        if magic != MAGIC_V1 or total != len(raw) or body_len < 0:
-            raise UndeliverableError("the parked record is corrupt (bad magic or length)")
-        _topic, props = record_topic_and_properties(raw, 0, total, body_len)
+        _topic, _qid, props = record_to_put(raw, 0, len(raw))
     except (struct.error, IndexError, MessageFormatError) as e:
         raise UndeliverableError(f"the parked record cannot be decoded: {e}") from None
     real_topic, qid = _restore_props(props, source)
     return real_topic, qid, props
 
 
+# --- putting groups: the rules both sources share ----------------------------------------------------------
+# MessageStore.put_records: (topic, queue id, [(buffer, position, size, properties)]) -> PutResult
+PutRaw = Callable[[str, int, list[tuple[bytes, int, int, dict[str, str]]]], PutResult]
+G = TypeVar("G", bound=tuple)  # a group member: any tuple whose [1] is what to put
+
+
+class StorePuts:
+    """How one real queue's group goes into the store: ``put_raw`` (put_records: entries are
+    ``(buffer, position, size, properties)``), else ``put_many`` (put_messages, one topic and queue per
+    call) for several messages, else ``put`` (put_message) one message at a time. A put that raises
+    counts as a transient failure (the store is the caller's; the messages are kept and tried again)."""
+
+    __slots__ = ("batches", "put", "put_many", "put_raw")
+
+    def __init__(self, put: Callable[[MessageExt], PutResult],
+                 put_many: Callable[[list[MessageExt]], PutResult] | None = None,
+                 put_raw: PutRaw | None = None) -> None:
+        self.put = put
+        self.put_many = put_many
+        self.put_raw = put_raw
+        self.batches = put_raw is not None or put_many is not None  # a group can go in one call
+
+    @classmethod
+    def of(cls, store: Any) -> StorePuts:
+        return cls(store.put_message, getattr(store, "put_messages", None), records_put_of(store))
+
+    def __call__(self, key: tuple[str, int], entries: list[Any]) -> PutResult:
+        try:
+            if self.put_raw is not None:
+                return self.put_raw(key[0], key[1], entries)
+            if self.put_many is not None and len(entries) > 1:
+                return self.put_many(entries)
+            return self.put(entries[0])
+        except Exception:
+            log.exception("delivery: putting into the store raised; will retry")
+            return PutResult(PutStatus.UNKNOWN_ERROR, error="exception")
+
+
+def put_groups(groups: dict[tuple[str, int], list[G]], puts: StorePuts,
+               written: Callable[[list[G], PutResult], None], refused: Callable[[G, PutResult], None],
+               busy: Callable[[list[G], PutResult], None]) -> bool:
+    """Put each group (members in order; ``member[1]`` is the entry to put), groups in order. Calls
+    ``written(members, result)`` for members the store took, ``refused(member, result)`` for one it
+    refused for good, ``busy(members, result)`` for those hit by a transient failure, after which
+    nothing more is tried: returns True then (members of later groups get no call at all)."""
+    for key, group in groups.items():
+        if len(group) == 1 or puts.batches:
+            res = puts(key, [g[1] for g in group])
+            status = res.status
+            if status in WRITTEN:
+                written(group, res)
+                continue
+            if status not in PERMANENT_FAILURES:
+                busy(group, res)
+                return True
+            if len(group) == 1:
+                refused(group[0], res)
+                continue
+        # one bad message (or the batch's size) refused the whole group, or the store takes one at a
+        # time: message by message
+        for g in group:
+            res = puts(key, [g[1]])
+            if res.status in WRITTEN:
+                written([g], res)
+            elif res.status in PERMANENT_FAILURES:
+                refused(g, res)
+            else:
+                busy([g], res)
+                return True
+    return False
+
+
+# --- the level service's batches ---------------------------------------------------------------------------
 @dataclass(slots=True)
 class Delivered:
     """Outcome of one delivery attempt."""
@@ -182,33 +288,58 @@ _NOT_TRIED = Delivered(False, True, error="not attempted after an earlier transi
 
 
 class DeliveryPath:
-    """Reads parked records, restores them and puts them (synchronously: the store's put is an in-memory
-    append plus, under SYNC_FLUSH, a flush future we do not wait for; the snapshot that makes deliveries
-    permanent flushes first)."""
+    """The level service's side of the delivery path: reads parked records from the commit log,
+    restores their real topic and queue, and puts them through ``put_groups`` (synchronously: the
+    store's put is an in-memory append plus, under SYNC_FLUSH, a flush future we do not wait for; the
+    snapshot that makes deliveries permanent flushes first)."""
 
-    def __init__(self, store: MessageStore) -> None:
+    def __init__(self, store: MessageStore, clock: Clock | None = None) -> None:
         self.store = store
+        self.clock = clock
 
     def deliver(self, parked_phy: int, source: str | None) -> Delivered:
         return self.deliver_many([(parked_phy, source)])[0]
 
     def deliver_many(self, items: list[tuple[int, str | None]]) -> list[Delivered]:
         """Deliver a batch; returns one outcome per item, in order. Messages for the same real
-        topic/queue are written with one put (their order kept): the store's put_records when it has one
-        (the parked bytes re-put with the restored properties, no decode + re-encode), else
-        put_messages / put_message with restored messages. After a transient failure the remaining
-        groups are not attempted (their outcome says retry)."""
+        topic/queue are written with one put (their order kept). After a transient failure the
+        remaining groups are not attempted (their outcome says retry)."""
         out: list[Delivered | None] = [None] * len(items)
+        puts = StorePuts.of(self.store)
+        groups = self._restore(items, out, puts.put_raw is not None)
+
+        def written(members: list[tuple[int, Any]], res: PutResult) -> None:
+            if res.append is not None:
+                ts = res.append.store_timestamp
+            else:  # a store that reports no append: it wrote it now
+                ts = self.clock.now_ms() if self.clock is not None else 0
+            d = Delivered(True, False, ts, res)  # shared by the group
+            for i, _ in members:
+                out[i] = d
+
+        def refused(member: tuple[int, Any], res: PutResult) -> None:
+            out[member[0]] = Delivered(False, False, result=res, error=f"{res.status.value}: {res.error}")
+
+        def busy(members: list[tuple[int, Any]], res: PutResult) -> None:
+            for i, _ in members:
+                out[i] = Delivered(False, True, result=res, error=f"{res.status.value}: {res.error}")
+
+        put_groups(groups, puts, written, refused, busy)
+        return [d if d is not None else _NOT_TRIED for d in out]
+
+    def _restore(self, items: list[tuple[int, str | None]], out: list[Delivered | None], as_records: bool
+                 ) -> dict[tuple[str, int], list[tuple[int, Any]]]:
+        """Read and restore the parked records, grouped by real (topic, queue) in ``items`` order; the
+        outcome of those that cannot be goes into ``out``."""
         groups: dict[tuple[str, int], list[tuple[int, Any]]] = {}
         read = self.store.read_record
-        put_records = records_put_of(self.store)
         for i, (phy, source) in enumerate(items):
             raw = read(phy)
             if raw is None:
                 out[i] = Delivered(False, False, error=f"parked record at commit-log offset {phy} not found")
                 continue
             try:
-                if put_records is not None:
+                if as_records:
                     topic, qid, props = restore_props_from_record(raw, source)
                     real: Any = (raw, 0, len(raw), props)
                     key = (topic, qid)
@@ -223,40 +354,4 @@ class DeliveryPath:
                 groups[key] = [(i, real)]
             else:
                 g.append((i, real))
-        stopped = False
-        for key, group in groups.items():
-            if stopped:
-                for i, _ in group:
-                    out[i] = _NOT_TRIED
-                continue
-            msgs = [m for _, m in group]
-            if put_records is not None:
-                res = put_records(key[0], key[1], msgs)
-            else:
-                res = self.store.put_messages(msgs) if len(msgs) > 1 else self.store.put_message(msgs[0])
-            if res.status in WRITTEN and res.append is not None:
-                d = Delivered(True, False, res.append.store_timestamp, res)  # shared by the group
-                for i, _ in group:
-                    out[i] = d
-                continue
-            if res.status not in PERMANENT_FAILURES:
-                stopped = True
-                for i, _ in group:
-                    out[i] = Delivered(False, True, result=res, error=f"{res.status.value}: {res.error}")
-                continue
-            # one bad message fails the whole group: isolate it
-            for i, m in group:
-                if stopped:
-                    out[i] = _NOT_TRIED
-                    continue
-                out[i] = d = self._put_one(key, m, put_records)
-                stopped = d.retry
-        return out  # type: ignore[return-value]
-
-    def _put_one(self, key: tuple[str, int], real: Any, put_records: Any) -> Delivered:
-        res = put_records(key[0], key[1], [real]) if put_records is not None else self.store.put_message(real)
-        if res.status in WRITTEN and res.append is not None:
-            return Delivered(True, False, res.append.store_timestamp, res)
-        if res.status in PERMANENT_FAILURES:
-            return Delivered(False, False, result=res, error=f"{res.status.value}: {res.error}")
-        return Delivered(False, True, result=res, error=f"{res.status.value}: {res.error}")
+        return groups

@@ -67,7 +67,7 @@ class ScheduleService:
         self.clock = clock
         self.flush_interval_ms = max(1, flush_interval_ms)
         self.offset_file = OffsetFile(store_root)
-        self.path = DeliveryPath(store)
+        self.path = DeliveryPath(store, clock)
         self.states: dict[int, LevelState] = {
             lv: LevelState(lv, levels.delays_ms[lv - 1]) for lv in range(1, levels.max_level + 1)
         }

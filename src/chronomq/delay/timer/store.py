@@ -23,27 +23,22 @@ from typing import Any
 
 from chronomq.clock import Clock
 from chronomq.message import (
-    MAGIC_V1,
-    POS_BODY,
     PROPERTY_DELAY_TIME_LEVEL,
     PROPERTY_KEYS,
     PROPERTY_TIMER_DELIVER_MS,
     PROPERTY_UNIQ_KEY,
-    RECORD_FIXED_SIZE,
-    RECORD_HEAD,
     MessageExt,
     MessageFormatError,
     create_offset_msg_id,
     decode_offset_msg_id,
     decode_record,
     encode_record,
-    record_topic_and_properties,
-    unpack_host_cached,
     validate_topic,
 )
 from chronomq.store.atomicfile import write_atomic
-from chronomq.store.types import PutResult, PutStatus
+from chronomq.store.types import PutResult
 
+from ..delivery import PutRaw, StorePuts, decode_to_put, put_groups, record_to_put
 from ..histogram import Histogram
 from .files import HashIndex, SegmentedFile, Wheel
 from .props import TIMER_PROPERTIES
@@ -87,8 +82,6 @@ _SEQ_JUMP = 1 << 40  # done_seq numbers of a run after a crash start this far ab
 Item = tuple[int, int, int, int, int, int]  # deliver_ms, index entry, data pos, gen, topic id, size
 # batch index, message to put (or put_records entry: buffer, position, size, properties), header, item
 _Taken = tuple[int, Any, tuple[int, ...], Item]
-# MessageStore.put_records: (topic, queue id, [(buffer, position, size, properties)]) -> PutResult
-PutRaw = Callable[[str, int, list[tuple[bytes, int, int, dict[str, str]]]], PutResult]
 
 
 def _pack_index(deliver: int, pos: int, prev: int, slot: int, gen: int, topic: int, size: int) -> bytes:
@@ -103,47 +96,6 @@ def _unpack_index(raw: bytes) -> tuple[int, int, int, int, int, int, int] | None
     if zlib.crc32(raw[: IDX_SIZE - 4]) - (1 << 31) != crc:
         return None
     return tuple(body)  # type: ignore[return-value]
-
-
-_HEAD = RECORD_HEAD  # the V1 record head up to BODYLENGTH
-_TMQ = struct.Struct(">ii4xi")  # TOTALSIZE, MAGICCODE, (BODYCRC skipped), QUEUEID
-_BODYLEN = struct.Struct(">i")
-
-
-def _check_head(size: int, total: int, magic: int) -> None:
-    if magic != MAGIC_V1:
-        raise MessageFormatError(f"bad magic code {magic & 0xFFFFFFFF:#x}")
-    if total != size:
-        raise MessageFormatError("record length does not match the timer header")
-
-
-def _decode_to_deliver(buf: bytes, pos: int, size: int, store_host: tuple[str, int]) -> MessageExt:
-    """The stored V1 record of ``size`` bytes at ``buf[pos:]`` as the new message to put: what
-    decode_record checks, without the fields the store assigns anew (offsets, store time and host)."""
-    if size < RECORD_FIXED_SIZE or pos + size > len(buf):
-        raise MessageFormatError("record truncated")
-    (total, magic, crc, queue_id, flag, _qoff, _phys, sys_flag, born_ts, born_host, _sts, _shost,
-     reconsume, _prep, body_len) = _HEAD.unpack_from(buf, pos)
-    _check_head(size, total, magic)
-    topic, props = record_topic_and_properties(buf, pos, size, body_len)
-    body = buf[pos + POS_BODY : pos + POS_BODY + body_len]
-    # positional, in MessageExt's field order (topic, body, properties, flag, queue_id, sys_flag,
-    # born_timestamp, born_host, store_timestamp, store_host, reconsume_times, prepared_transaction_offset,
-    # queue_offset, commit_log_offset, body_crc): the store assigns offsets and store time; crc stays
-    return MessageExt(topic, body, props, flag, queue_id, sys_flag, born_ts, unpack_host_cached(born_host), 0,
-                      store_host, reconsume, 0, 0, 0, crc)
-
-
-def _parse_to_splice(buf: bytes, pos: int, size: int) -> tuple[str, int, dict[str, str]]:
-    """The stored V1 record of ``size`` bytes at ``buf[pos:]`` checked as _decode_to_deliver checks it:
-    its topic, queue id and properties (the store's put_records copies the rest from the bytes)."""
-    if size < RECORD_FIXED_SIZE or pos + size > len(buf):
-        raise MessageFormatError("record truncated")
-    total, magic, queue_id = _TMQ.unpack_from(buf, pos)
-    _check_head(size, total, magic)
-    (body_len,) = _BODYLEN.unpack_from(buf, pos + POS_BODY - 4)
-    topic, props = record_topic_and_properties(buf, pos, size, body_len)
-    return topic, queue_id, props
 
 
 class _Slot:
@@ -955,23 +907,22 @@ class TimerStore:
                      now: int | None = None, put_raw: PutRaw | None = None) -> list[str]:
         """Deliver taken items (a ``poll``'s batch) under one lock hold; one outcome per item, as for
         ``deliver``. The records are read in few large reads (a batch's records are mostly adjacent on
-        disk). The records of one real topic and queue go to ``put_raw`` (the MessageStore's
-        put_records, see chronomq.store.types.records_put_of: the stored bytes re-put with the edited
-        properties, no decode + re-encode), else as messages to ``put_many`` (put_messages:
-        one call, contiguous queue offsets, deliver order kept) when given and there are several, else
-        to ``put`` one by one. A group refused for good is retried message by message to isolate the
-        bad one. After a transient failure the groups not yet tried are not tried: their items and the
-        failed ones go back to the window ('retry'). An item is marked delivered only once the store
-        has accepted it; an exception leaves every item without an outcome pending in the window."""
+        disk), then go through the delivery path shared with the level service
+        (chronomq.delay.delivery.put_groups): one put per real topic and queue, to ``put_raw`` (the
+        MessageStore's put_records: the stored bytes re-put with the edited properties) when given, else
+        ``put_many`` (put_messages), else ``put`` one by one. A group refused for good is isolated
+        message by message. After a transient failure the items not stored go back to the window
+        ('retry'). An item is marked delivered only once the store has accepted it; an exception leaves
+        every item without an outcome pending in the window."""
         n = len(items)
         out: list[str] = [""] * n
         with self.lock:
             now = self.clock.now_ms() if now is None else now
             try:
                 groups = self._prepare_batch(items, now, out, put_raw is not None)
-                for key, group in groups.items():
-                    if self._put_group(key, group, put, put_many, put_raw, out):
-                        break  # transient failure: the rest stays pending
+                put_groups(groups, StorePuts(put, put_many, put_raw),
+                           lambda g, _r: self._mark_delivered(g, out),
+                           lambda g, r: self._refused(g, r, out), lambda g, _r: self._busy(g, out))
             finally:
                 cur = self.cur
                 for k in range(n):
@@ -1028,8 +979,8 @@ class TimerStore:
         marks = self._marks
         store_host = self.store_host
         strip = (*TIMER_PROPERTIES, PROPERTY_DELAY_TIME_LEVEL)
-        decode = _decode_to_deliver
-        parse = _parse_to_splice
+        decode = decode_to_put
+        parse = record_to_put
         raw_mode = as_records
         for k in range(n):
             item = items[k]
@@ -1086,45 +1037,20 @@ class TimerStore:
                 g.append((k, m, h, item))
         return groups
 
-    def _put_group(self, key: tuple[str, int], group: list[_Taken],
-                   put: Callable[[MessageExt], PutResult],
-                   put_many: Callable[[list[MessageExt]], PutResult] | None,
-                   put_raw: PutRaw | None, out: list[str]) -> bool:
-        """Put one (topic, queue) group; True after a transient failure (its items are 'retry')."""
-        try:
-            if put_raw is not None:
-                res = put_raw(key[0], key[1], [g[1] for g in group])
-            elif put_many is not None and len(group) > 1:
-                res = put_many([g[1] for g in group])
-            else:
-                res = put(group[0][1])
-        except Exception:  # the store is the caller's; keep the messages and try again
-            log.exception("timer: putting into the store raised; will retry")
-            res = PutResult(PutStatus.UNKNOWN_ERROR, error="exception")
-        if res.ok or res.status is PutStatus.FLUSH_DISK_TIMEOUT:
-            self._mark_delivered(group, out)
-            return False
-        if res.status in (PutStatus.MESSAGE_ILLEGAL, PutStatus.PROPERTIES_SIZE_EXCEEDED):
-            if len(group) > 1:  # one bad message (or the batch's size) refused the group: isolate
-                for g in group:
-                    if self._put_group(key, [g], put, None, put_raw, out):
-                        for g2 in group:
-                            if not out[g2[0]]:
-                                out[g2[0]] = "retry"
-                        return True
-                return False
-            k, m, h, item = group[0]
-            uniq = m[3].get(PROPERTY_UNIQ_KEY) if put_raw is not None else m.uniq_key
-            log.error("timer: store refused message %s for good: %s", uniq, res.error)
-            self._write_done(item[2], h, FAILED, self.clock.now_ms())
-            self.pending[item[4]] -= 1
-            self.failed += 1
-            out[k] = "failed"
-            return False
+    def _refused(self, taken: _Taken, res: PutResult, out: list[str]) -> None:
+        """The store refused one message for good: it is marked FAILED and never delivered."""
+        k, m, h, item = taken
+        uniq = m[3].get(PROPERTY_UNIQ_KEY) if isinstance(m, tuple) else m.uniq_key
+        log.error("timer: store refused message %s for good: %s", uniq, res.error)
+        self._write_done(item[2], h, FAILED, self.clock.now_ms())
+        self.pending[item[4]] -= 1
+        self.failed += 1
+        out[k] = "failed"
+
+    def _busy(self, group: list[_Taken], out: list[str]) -> None:
         self.put_retries += len(group)
         for g in group:
             out[g[0]] = "retry"
-        return True
 
     def _mark_delivered(self, group: list[_Taken], out: list[str]) -> None:
         t = self.clock.now_ms()
