@@ -284,3 +284,51 @@ def test_histogram_merged() -> None:
     assert (m.count, m.total, m.min, m.max) == (5, 1055, 3, 1000)
     assert m.percentile(50) == 7 and m.percentile(100) == 1000
     assert Histogram.merged([]).count == 0
+
+
+# --- admit: the one way in for sent messages (TIMER_* over DELAY) ---
+def _admitting(tmp_path, now: int = 1_700_000_000_000) -> DelayService:
+    from chronomq.clock import VirtualClock
+
+    svc = _svc(tmp_path)
+    svc.clock = VirtualClock(now)
+    return svc
+
+
+def test_admit_timer_wins_over_delay(tmp_path):
+    svc = _admitting(tmp_path)
+    now = svc.clock.now_ms()
+    m = _msg(DELAY="3", TIMER_DELAY_MS="1500")
+    a = svc.admit(m)
+    assert a.timed == [(m, now + 1500)] and a.put == [] and a.refused is None
+    assert "DELAY" not in m.properties and m.topic == "TopicA"
+    past = _msg(DELAY="3", TIMER_DELIVER_MS=str(now - 1))  # due already: put now, DELAY dropped too
+    a = svc.admit(past)
+    assert a.put == [past] and not a.timed and past.topic == "TopicA" and "DELAY" not in past.properties
+
+
+def test_admit_levels_plain_and_refusals(tmp_path):
+    svc = _admitting(tmp_path)
+    leveled = _msg(DELAY="2", **{PROPERTY_DELAY_SOURCE: "1:0:0"})
+    a = svc.admit(leveled)
+    assert a.put == [leveled] and leveled.topic == SCHEDULE_TOPIC and leveled.queue_id == 1
+    assert PROPERTY_DELAY_SOURCE not in leveled.properties
+    plain = _msg()
+    assert svc.admit(plain).put == [plain] and plain.topic == "TopicA"
+    bad = svc.admit(_msg(TIMER_DELIVER_MS="soon"))
+    assert bad.refused and "TIMER_DELIVER_MS" in bad.refused and not bad.put and not bad.timed
+
+
+def test_admit_batch(tmp_path):
+    svc = _admitting(tmp_path)
+    now = svc.clock.now_ms()
+    assert svc.admit_batch([_msg(), _msg(DELAY="1")]).refused == (
+        "TimeDelayLevel is not supported for batched messages")
+    mixed = svc.admit_batch([_msg(TIMER_DELAY_SEC="5"), _msg(), _msg()])
+    assert mixed.refused == "the batch mixes 1 timed and 2 immediate messages; send them in separate batches"
+    a, b = _msg(TIMER_DELAY_SEC="5"), _msg(TIMER_DELAY_MS="7")
+    assert svc.admit_batch([a, b]).timed == [(a, now + 5000), (b, now + 7)]
+    forged = _msg(**{PROPERTY_DELAY_SOURCE: "1:0:0"})
+    put = svc.admit_batch([forged, _msg()])
+    assert put.put[0] is forged and PROPERTY_DELAY_SOURCE not in forged.properties
+    assert "TIMER" in (svc.admit_batch([_msg(TIMER_DELAY_SEC="x")]).refused or "")

@@ -13,9 +13,10 @@ import pytest
 from tests.conftest import free_port
 from tests.integration.rawclient import AsyncRawClient, send_ext
 
-from chronomq.broker.timer_processor import parse_bool, parse_ident, parse_int, parse_query, timed_deliver_ms
+from chronomq.broker.timer_processor import parse_bool, parse_ident, parse_int, parse_query
 from chronomq.clock import VirtualClock
 from chronomq.config import BrokerConfig
+from chronomq.delay.admission import timed_deliver_ms
 from chronomq.delay.timer import TimerPropertyError
 from chronomq.message import MessageExt, decode_records
 from chronomq.namesrv import RouteInfoManager

@@ -16,7 +16,7 @@ import random
 import threading
 import zlib
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from chronomq.message import (
     DLQ_GROUP_TOPIC_PREFIX,
@@ -92,6 +92,47 @@ def _parse_json_body(req: RemotingCommand, what: str) -> Any:
         return json.loads(req.body) if req.body else {}
     except (ValueError, UnicodeDecodeError) as e:
         raise HeaderError(f"{what} body is not valid JSON: {e}") from None
+
+
+def _with_v1_fields(req: RemotingCommand) -> RemotingCommand:
+    """A SEND_MESSAGE_V2 / batch request with its short header names (a, b, ...) spelled out."""
+    return RemotingCommand(
+        code=req.code,
+        ext_fields={SEND_V2_FIELDS.get(k, k): v for k, v in req.ext_fields.items()},
+        body=req.body,
+        opaque=req.opaque,
+        flag=req.flag,
+        language=req.language,
+        version=req.version,
+        serialize_type=req.serialize_type,
+    )
+
+
+class _SendTarget(NamedTuple):
+    """Where a SEND goes and the header fields its messages share."""
+
+    topic: str
+    queue_id: int
+    properties: dict[str, str]
+    flag: int
+    sys_flag: int
+    born_timestamp: int
+    reconsume_times: int
+
+    def message(self, conn: Connection, store_host: tuple[str, int], props: dict[str, str], body: bytes,
+                flag: int, sys_flag: int) -> MessageExt:
+        return MessageExt(
+            topic=self.topic,
+            body=body,
+            properties=props,
+            flag=flag,
+            queue_id=self.queue_id,
+            sys_flag=sys_flag,
+            born_timestamp=self.born_timestamp,
+            born_host=conn.remote,
+            store_host=store_host,
+            reconsume_times=self.reconsume_times,
+        )
 
 
 class TagFilter:
@@ -171,20 +212,38 @@ class BrokerProcessor:
     # --- SEND_MESSAGE (10), SEND_MESSAGE_V2 (310), SEND_BATCH_MESSAGE (320) ---------------------------------
     def send_message(self, req: RemotingCommand, conn: Connection) -> RemotingCommand | None:
         if req.code != RequestCode.SEND_MESSAGE:
-            ext = {SEND_V2_FIELDS.get(k, k): v for k, v in req.ext_fields.items()}
-            req = RemotingCommand(
-                code=req.code,
-                ext_fields=ext,
-                body=req.body,
-                opaque=req.opaque,
-                flag=req.flag,
-                language=req.language,
-                version=req.version,
-                serialize_type=req.serialize_type,
-            )
+            req = _with_v1_fields(req)
         batch = req.code == RequestCode.SEND_BATCH_MESSAGE or req.ext_bool("batch")
-        topic = req.require_str("topic")
         group = req.ext_str("producerGroup", "") or ""
+        target = self._send_target(req, batch)
+        if isinstance(target, RemotingCommand):
+            return target
+        props = target.properties
+        if batch:
+            msgs = self._batch_messages(req, conn, target)
+            if isinstance(msgs, RemotingCommand):
+                return msgs
+            admitted = self.ctrl.delay.admit_batch(msgs)
+        else:
+            admitted = self.ctrl.delay.admit(target.message(conn, self.ctrl.store_host, props, req.body,
+                                                            target.flag, target.sys_flag))
+        if admitted.refused is not None:
+            return req.response(ResponseCode.MESSAGE_ILLEGAL, remark=admitted.refused)
+        if admitted.timed:
+            return self.ctrl.timers.schedule(req, conn, admitted.timed)
+        if batch:
+            result = self.store.put_messages(admitted.put)
+            wait = True
+        else:
+            result = self.store.put_message(admitted.put[0])
+            wait = props.get(PROPERTY_WAIT_STORE_MSG_OK, "true") != "false"
+        self.ctrl.stats_put(group, result)
+        return self._put_response(req, conn, result, wait, target.queue_id)
+
+    def _send_target(self, req: RemotingCommand, batch: bool) -> _SendTarget | RemotingCommand:
+        """The topic and queue a SEND goes to (a retry topic resent too often: its DLQ) and the
+        message's properties, or the refusal."""
+        topic = req.require_str("topic")
         if topic not in self._valid_topics:
             reason = validate_topic(topic)
             if reason:
@@ -232,79 +291,37 @@ class BrokerProcessor:
                 ResponseCode.NO_PERMISSION, remark="transactional messages are not supported by this broker"
             )
         # a producer resending to a retry topic too often: dead letter (Java handleRetryAndDLQ)
-        if topic.startswith(RETRY_GROUP_TOPIC_PREFIX) and not batch:
-            max_times = self._max_reconsume(req, props)
-            if reconsume >= max_times:
-                topic = DLQ_GROUP_TOPIC_PREFIX + topic[len(RETRY_GROUP_TOPIC_PREFIX) :]
-                self.ctrl.topics.create_system(topic, 1)
-                queue_id = 0
-        born_host = conn.remote
-        if batch:
-            if topic.startswith(RETRY_GROUP_TOPIC_PREFIX):
-                return req.response(
-                    ResponseCode.MESSAGE_ILLEGAL, remark="batch messages to a retry topic are not supported"
-                )
-            body = req.body
-            if sys_flag & SYSFLAG_COMPRESSED:
-                # the C++ client deflates a whole batch body over 4 KiB; items are stored uncompressed
-                try:
-                    body = _inflate(body, self.config.maxMessageSize * 4)
-                except ValueError as e:
-                    return req.response(ResponseCode.MESSAGE_ILLEGAL, remark=f"bad compressed batch: {e}")
-                sys_flag &= ~SYSFLAG_COMPRESSED
-            try:
-                items = decode_batch_body(body)
-            except MessageFormatError as e:
-                return req.response(ResponseCode.MESSAGE_ILLEGAL, remark=f"bad batch body: {e}")
-            if not items:
-                return req.response(ResponseCode.MESSAGE_ILLEGAL, remark="empty batch")
-            msgs = []
-            for it in items:
-                if it.properties.get("DELAY", "0") not in ("", "0"):
-                    return req.response(
-                        ResponseCode.MESSAGE_ILLEGAL,
-                        remark="TimeDelayLevel is not supported for batched messages",
-                    )
-                msgs.append(
-                    MessageExt(
-                        topic=topic,
-                        body=it.body,
-                        properties=it.properties,
-                        flag=it.flag,
-                        queue_id=queue_id,
-                        sys_flag=sys_flag,
-                        born_timestamp=born_ts,
-                        born_host=born_host,
-                        store_host=self.ctrl.store_host,
-                        reconsume_times=reconsume,
-                    )
-                )
-            timed = self.ctrl.timers.send_batch(req, msgs, conn)  # TIMER_* items: parked in the timer store
-            if timed is not None:
-                return timed
-            result = self.store.put_messages(msgs)
-            wait = True
-        else:
-            msg = MessageExt(
-                topic=topic,
-                body=req.body,
-                properties=props,
-                flag=flag,
-                queue_id=queue_id,
-                sys_flag=sys_flag,
-                born_timestamp=born_ts,
-                born_host=born_host,
-                store_host=self.ctrl.store_host,
-                reconsume_times=reconsume,
+        if topic.startswith(RETRY_GROUP_TOPIC_PREFIX) and not batch and reconsume >= self._max_reconsume(
+                req, props):
+            topic = DLQ_GROUP_TOPIC_PREFIX + topic[len(RETRY_GROUP_TOPIC_PREFIX) :]
+            self.ctrl.topics.create_system(topic, 1)
+            queue_id = 0
+        return _SendTarget(topic, queue_id, props, flag, sys_flag, born_ts, reconsume)
+
+    def _batch_messages(self, req: RemotingCommand, conn: Connection, target: _SendTarget
+                        ) -> list[MessageExt] | RemotingCommand:
+        """The items of a SEND_BATCH_MESSAGE body, or the refusal."""
+        if target.topic.startswith(RETRY_GROUP_TOPIC_PREFIX):
+            return req.response(
+                ResponseCode.MESSAGE_ILLEGAL, remark="batch messages to a retry topic are not supported"
             )
-            timed = self.ctrl.timers.send_one(req, msg, conn)  # TIMER_* (wins over DELAY): the timer store
-            if timed is not None:
-                return timed
-            self.ctrl.delay.prepare_put(msg)
-            result = self.store.put_message(msg)
-            wait = props.get(PROPERTY_WAIT_STORE_MSG_OK, "true") != "false"
-        self.ctrl.stats_put(group, result)
-        return self._put_response(req, conn, result, wait, queue_id)
+        body = req.body
+        sys_flag = target.sys_flag
+        if sys_flag & SYSFLAG_COMPRESSED:
+            # the C++ client deflates a whole batch body over 4 KiB; items are stored uncompressed
+            try:
+                body = _inflate(body, self.config.maxMessageSize * 4)
+            except ValueError as e:
+                return req.response(ResponseCode.MESSAGE_ILLEGAL, remark=f"bad compressed batch: {e}")
+            sys_flag &= ~SYSFLAG_COMPRESSED
+        try:
+            items = decode_batch_body(body)
+        except MessageFormatError as e:
+            return req.response(ResponseCode.MESSAGE_ILLEGAL, remark=f"bad batch body: {e}")
+        if not items:
+            return req.response(ResponseCode.MESSAGE_ILLEGAL, remark="empty batch")
+        host = self.ctrl.store_host
+        return [target.message(conn, host, it.properties, it.body, it.flag, sys_flag) for it in items]
 
     def _max_reconsume(self, req: RemotingCommand, props: dict[str, str]) -> int:
         v = req.ext_str("maxReconsumeTimes")

@@ -1,22 +1,14 @@
-"""The broker side of the timer store (issue 7): the send-path hook and request codes 9001-9004.
+"""The broker side of the timer store: parking what the send path found timed, and request codes
+9001-9004.
 
-Send path (SEND_MESSAGE 10, SEND_MESSAGE_V2 310, SEND_BATCH_MESSAGE 320), before
-``DelayService.prepare_put``: a message carrying TIMER_DELAY_SEC / TIMER_DELAY_MS / TIMER_DELIVER_MS /
-__STARTDELIVERTIME with a deliver time in the future is parked in the timer store, not put in the commit
-log. The answer is SUCCESS with ext ``msgId`` = the timer offset msg id, ``queueId``, ``queueOffset`` "0",
+Send path (SEND_MESSAGE 10, SEND_MESSAGE_V2 310, SEND_BATCH_MESSAGE 320): ``DelayService.admit`` decides
+(chronomq.delay.admission: TIMER_* wins over DELAY); what it finds timed is parked here with ``schedule``.
+The answer is SUCCESS with ext ``msgId`` = the timer offset msg id, ``queueId``, ``queueOffset`` "0",
 ``uniqKey`` = the UNIQ_KEY (the handle for cancel/reschedule) and ``deliverMs`` = the deliver time (epoch
-ms). A batch whose items are all timed is scheduled as a whole (all-or-nothing); the ext values are then
-comma-separated, one per item, in item order. A batch mixing timed and immediate items is refused
-(MESSAGE_ILLEGAL): the two halves could not be acknowledged atomically. A deliver time that is not in the
-future means "deliver now": the message is put normally.
-
-Precedence: a message carrying both a DELAY level and a TIMER_* property is timed by the TIMER_* property
-(the more precise request wins); the DELAY property is dropped.
-
-Errors: an unparseable TIMER_* value (TimerPropertyError), a time beyond timerMaxDelaySec (TimerRefused)
-or a message the timer store cannot hold -> MESSAGE_ILLEGAL with the reason as remark. Under SYNC_FLUSH
-the answer is sent once the timer files are fsynced (in a worker thread: the event loop never waits on
-the disk).
+ms); for a batch (all-or-nothing) the ext values are comma-separated, one per item, in item order. A
+time beyond timerMaxDelaySec (TimerRefused) or a message the timer store cannot hold -> MESSAGE_ILLEGAL
+with the reason as remark. Under SYNC_FLUSH the answer is sent once the timer files are fsynced (in a
+worker thread: the event loop never waits on the disk).
 
 Request codes (every ext value a string, bodies UTF-8 JSON):
 - 9002 CHRONOMQ_CANCEL_SCHEDULED ext {id, byKey "true"|"false"} -> {"results": [OpResult...]}
@@ -36,14 +28,8 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from chronomq.delay.timer import (
-    ScheduleResult,
-    TimerError,
-    TimerService,
-    deliver_ms_from_properties,
-    has_timer_property,
-)
-from chronomq.message import PROPERTY_DELAY_TIME_LEVEL, MessageExt
+from chronomq.delay.timer import ScheduleResult, TimerError, TimerService
+from chronomq.message import MessageExt
 from chronomq.remoting.codec import HeaderError, RemotingCommand
 from chronomq.remoting.codes import RequestCode, ResponseCode
 from chronomq.remoting.server import DEFERRED
@@ -123,20 +109,6 @@ def parse_query(req: RemotingCommand) -> dict[str, Any]:
     return q
 
 
-def timed_deliver_ms(msg: MessageExt, now_ms: int) -> int | None:
-    """The future deliver time a message asks for through a TIMER_* property, or None (put it now).
-    Applies the broker's precedence (a TIMER_* property overrides DELAY, which is then dropped). Raises
-    TimerPropertyError for an unusable value."""
-    props = msg.properties
-    if not has_timer_property(props):
-        return None
-    deliver_ms = deliver_ms_from_properties(props, now_ms)
-    props.pop(PROPERTY_DELAY_TIME_LEVEL, None)
-    if deliver_ms is None or deliver_ms <= now_ms:
-        return None
-    return deliver_ms
-
-
 class TimerProcessor:
     """Owned by the BrokerController (``ctrl.timers``); ``ctrl.timer`` is the TimerService."""
 
@@ -155,41 +127,14 @@ class TimerProcessor:
             RequestCode.CHRONOMQ_DELAY_STATS: self.delay_stats,
         }
 
-    # --- send path ----------------------------------------------------------------------------------------
-    def send_one(self, req: RemotingCommand, msg: MessageExt, conn: Connection) -> RemotingCommand | None:
-        """Park ``msg`` if it is timed and answer for it; None: put it normally."""
-        try:
-            deliver_ms = timed_deliver_ms(msg, self.clock.now_ms())
-        except TimerError as e:
-            return req.response(ResponseCode.MESSAGE_ILLEGAL, remark=str(e))
-        if deliver_ms is None:
-            return None
-        return self._schedule(req, conn, [msg], [deliver_ms])
-
-    def send_batch(self, req: RemotingCommand, msgs: list[MessageExt], conn: Connection
-                   ) -> RemotingCommand | None:
-        """Schedule a batch whose items are all timed; None when no item is timed (put it normally)."""
-        now = self.clock.now_ms()
-        try:
-            times = [timed_deliver_ms(m, now) for m in msgs]
-        except TimerError as e:
-            return req.response(ResponseCode.MESSAGE_ILLEGAL, remark=str(e))
-        timed = [t for t in times if t is not None]
-        if not timed:
-            return None
-        if len(timed) != len(msgs):
-            return req.response(
-                ResponseCode.MESSAGE_ILLEGAL,
-                remark=f"the batch mixes {len(timed)} timed and {len(msgs) - len(timed)} immediate messages;"
-                       " send them in separate batches")
-        return self._schedule(req, conn, msgs, timed)
-
-    def _schedule(self, req: RemotingCommand, conn: Connection, msgs: list[MessageExt],
-                  times: list[int]) -> RemotingCommand:
-        items = list(zip(msgs, times, strict=True))
+    # --- send path ---------------------------------------------------------------------------------------
+    def schedule(self, req: RemotingCommand, conn: Connection, timed: list[tuple[MessageExt, int]]
+                 ) -> RemotingCommand:
+        """Park what ``DelayService.admit`` / ``admit_batch`` found timed, and answer for it."""
+        msgs = [m for m, _ in timed]
         if not self.timer.sync_flush or self.ctrl.loop is None:
             try:
-                results = self.timer.schedule_batch(items)
+                results = self.timer.schedule_batch(timed)
             except TimerError as e:
                 return req.response(ResponseCode.MESSAGE_ILLEGAL, remark=str(e))
             return self._scheduled(req, msgs, results)
@@ -198,7 +143,7 @@ class TimerProcessor:
         # order, so records are written in the order the requests arrived)
         async def run() -> None:
             try:
-                resp = self._scheduled(req, msgs, await self.timer.schedule_batch_async(items))
+                resp = self._scheduled(req, msgs, await self.timer.schedule_batch_async(timed))
             except TimerError as e:
                 resp = req.response(ResponseCode.MESSAGE_ILLEGAL, remark=str(e))
             except Exception as e:  # an fsync failure: not acknowledged

@@ -1,4 +1,5 @@
-"""DelayService: the delay feature's facade for the broker (contract B in the team brief)."""
+"""DelayService: the delay feature's facade for the broker: the way in for sent messages (``admit``),
+the level schedule service, and send-back (retry ladder / DLQ) message building."""
 
 from __future__ import annotations
 
@@ -6,10 +7,18 @@ from typing import TYPE_CHECKING
 
 from chronomq.clock import Clock
 from chronomq.config import BrokerConfig
+from chronomq.delay.admission import (
+    BATCH_DELAY_REFUSED,
+    Admission,
+    batch_has_delay_level,
+    mixed_batch_reason,
+    timed_deliver_ms,
+)
 from chronomq.delay.delivery import PROPERTY_DELAY_SOURCE
 from chronomq.delay.levels import DelayLevels, parse_level
 from chronomq.delay.retry import build_send_back, effective_max_reconsume_times
 from chronomq.delay.schedule import ScheduleService
+from chronomq.delay.timer.types import TimerError
 from chronomq.message import (
     PROPERTY_DELAY_TIME_LEVEL,
     PROPERTY_REAL_QUEUE_ID,
@@ -28,9 +37,11 @@ if TYPE_CHECKING:
 class DelayService:
     """Delay levels, the schedule service, and send-back (retry ladder / DLQ) message building.
 
-    ``svc = DelayService(store, config, clock)``; the broker calls ``prepare_put`` on every message it
-    is about to put, ``build_send_back`` for CONSUMER_SEND_MSG_BACK, and ``await start()`` after the
-    store has started (``await shutdown()`` before the store shuts down)."""
+    ``svc = DelayService(store, config, clock)``; the broker calls ``admit`` / ``admit_batch`` on what a
+    producer sends (timer, delay level or put now: see chronomq.delay.admission), ``build_send_back``
+    then ``prepare_put`` for CONSUMER_SEND_MSG_BACK (retry copies follow the level ladder only), and
+    ``await start()`` after the store has started (``await shutdown()`` before the store shuts down).
+    The broker installs ``min_needed_offset`` as the store's cleaning guard."""
 
     def __init__(self, store: MessageStore, config: BrokerConfig, clock: Clock) -> None:
         self.store = store
@@ -40,7 +51,37 @@ class DelayService:
         self.schedule = ScheduleService(store, self.levels, clock, config.storePathRootDir,
                                         config.flushDelayOffsetInterval)
 
-    # --- put interception -------------------------------------------------------------------------------
+    # --- the way in ---------------------------------------------------------------------------------------
+    def admit(self, msg: MessageExt) -> Admission:
+        """A sent message: timed (park it in the timer store), or put now, parked under its delay level
+        when it has one (``prepare_put``); refused for an unusable TIMER_* value."""
+        try:
+            deliver_ms = timed_deliver_ms(msg, self.clock.now_ms())
+        except TimerError as e:
+            return Admission(refused=str(e))
+        if deliver_ms is not None:
+            return Admission(timed=[(msg, deliver_ms)])
+        return Admission(put=[self.prepare_put(msg)])
+
+    def admit_batch(self, msgs: list[MessageExt]) -> Admission:
+        """A sent batch: refused with a DELAY level or when it mixes timed and immediate items, else all
+        timed or all put now."""
+        if batch_has_delay_level(msgs):
+            return Admission(refused=BATCH_DELAY_REFUSED)
+        now = self.clock.now_ms()
+        try:
+            times = [timed_deliver_ms(m, now) for m in msgs]
+        except TimerError as e:
+            return Admission(refused=str(e))
+        timed = [(m, t) for m, t in zip(msgs, times, strict=True) if t is not None]
+        if not timed:
+            for m in msgs:
+                m.properties.pop(PROPERTY_DELAY_SOURCE, None)
+            return Admission(put=msgs)
+        if len(timed) != len(msgs):
+            return Admission(refused=mixed_batch_reason(len(timed), len(msgs)))
+        return Admission(timed=timed)
+
     @property
     def schedule_topic_queue_nums(self) -> int:
         return self.levels.max_level
@@ -83,15 +124,16 @@ class DelayService:
     # --- lifecycle ------------------------------------------------------------------------------------------
     async def start(self) -> None:
         """Load delayOffset.json, skip entries already re-put before a crash, register the arrival
-        listener and the cleaning guard, and start one task per level (plus the offset flusher)."""
+        listener, and start one task per level (plus the offset flusher)."""
         await self.schedule.start()
-        self.store.set_min_offset_guard(self.min_needed_offset)
 
     async def shutdown(self) -> None:
         """Stop the level tasks and persist delayOffset.json (after a store flush)."""
         await self.schedule.shutdown()
 
     def min_needed_offset(self) -> int | None:
+        """The lowest commit-log offset a parked level message still needs (the store's cleaning
+        guard; the timer keeps its own copies and pins nothing)."""
         return self.schedule.min_needed_offset()
 
     def stats(self) -> dict:
