@@ -1,238 +1,122 @@
-"""``chronomq admin``: a few administration verbs over the remoting protocol (blocking sockets)."""
+"""``chronomq admin``: the administration verbs, each a thin shell over ``chronomq.client.Admin`` (one
+admin client for the CLI and for programs; see admin_session.py). This module holds the cluster, topic,
+route, broker-status, consumer-progress and delay-stats verbs and the argument parsers; the timer store's
+verbs (cancel, reschedule, pending) live in admin_timer.py, shared output helpers in output.py.
+
+Exit codes: 0 done, 1 an error (printed as one line on stderr), 2 a usage error; cancel and reschedule
+also 3 (see their --help).
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
-import socket
 import sys
 from typing import Any
 
-from chronomq.remoting.codec import FrameDecoder, FrameError, RemotingCommand, encode
-from chronomq.remoting.codes import RequestCode
+from chronomq.client import ClientError
+from chronomq.client.admin import NotANameServer
 
+from .admin_session import open_admin, targets
+from .admin_timer import add_timer_parsers, run_timer_verb, timer_stats_text
+from .output import AdminError, fmt_ms, table
 
-class AdminError(Exception):
-    pass
+__all__ = ["AdminError", "add_admin_parsers", "delay_stats_table", "run_admin"]
 
-
-def invoke(addr: str, cmd: RemotingCommand, timeout: float = 5.0) -> RemotingCommand:
-    host, _, port = addr.rpartition(":")
-    if not host or not port.isdigit():
-        raise AdminError(f"bad address {addr!r}: expected HOST:PORT")
-    try:
-        with socket.create_connection((host, int(port)), timeout=timeout) as s:
-            s.sendall(encode(cmd))
-            dec = FrameDecoder()
-            while True:
-                data = s.recv(65536)
-                if not data:
-                    raise AdminError(f"{addr} closed the connection")
-                for item in dec.feed(data):
-                    if isinstance(item, FrameError):
-                        raise AdminError(f"bad response from {addr}: {item}")
-                    if item.opaque == cmd.opaque and item.is_response:
-                        return item
-    except TimeoutError:
-        raise AdminError(f"{addr} did not answer within {timeout:g} s") from None
-    except OSError as e:
-        raise AdminError(f"cannot reach {addr}: {e.strerror or e}") from None
-
-
-def call(addr: str, code: int, ext: dict[str, Any] | None = None, body: bytes = b"") -> RemotingCommand:
-    resp = invoke(addr, RemotingCommand.request(code, ext or {}, body))
-    if resp.code != 0:
-        raise AdminError(f"{addr} answered code {resp.code}: {resp.remark or ''}")
-    return resp
-
-
-def _json(resp: RemotingCommand) -> Any:
-    try:
-        return json.loads(resp.body) if resp.body else {}
-    except ValueError as e:
-        raise AdminError(f"response body is not JSON: {e}") from None
-
-
-def master_brokers(namesrv: str) -> list[tuple[str, str]]:
-    info = _json(call(namesrv, RequestCode.GET_BROKER_CLUSTER_INFO))
-    out = []
-    for name, bd in sorted((info.get("brokerAddrTable") or {}).items()):
-        addr = (bd.get("brokerAddrs") or {}).get("0")
-        if addr:
-            out.append((name, addr))
-    return out
-
-
-def _targets(args: argparse.Namespace) -> list[tuple[str, str]]:
-    if args.broker:
-        return [(args.broker, args.broker)]
-    brokers = master_brokers(args.namesrv)
-    if not brokers:
-        raise AdminError(f"no broker is registered with the name server {args.namesrv}")
-    return brokers
-
-
-def _table(rows: list[list[str]], header: list[str]) -> str:
-    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
-    lines = ["  ".join(str(h).rjust(w) for h, w in zip(header, widths, strict=True))]
-    lines += ["  ".join(str(c).rjust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
-    return "\n".join(lines)
-
-
-def _fmt_ms(v: Any) -> str:
-    if v is None or v == -1 or v == "":
-        return "-"
-    try:
-        ms = int(v)
-    except (TypeError, ValueError):
-        return str(v)
-    if ms % 3_600_000 == 0 and ms:
-        return f"{ms // 3_600_000}h"
-    if ms % 60_000 == 0 and ms:
-        return f"{ms // 60_000}m"
-    if ms % 1000 == 0 and ms:
-        return f"{ms // 1000}s"
-    return f"{ms}ms"
+# The delay service's counters kept in memory: they restart from 0 with the broker. So do each level's
+# delivered count and lateness histogram; its pending count and oldest deliver time come from the store.
+SINCE_START_KEYS = ("early_deliveries", "recovered_skips")
 
 
 def delay_stats_table(stats: dict[str, Any]) -> str:
     rows = []
     for lv in stats.get("levels") or []:
         lat = lv.get("lateness_ms") or {}
-        rows.append(
-            [
-                str(lv.get("level", "")),
-                _fmt_ms(lv.get("delay_ms")),
-                str(lv.get("pending", 0)),
-                str(
-                    lv.get("oldest_pending_deliver_ms", "-")
-                    if lv.get("oldest_pending_deliver_ms") not in (None, -1)
-                    else "-"
-                ),
-                str(lv.get("delivered", 0)),
-                str(lat.get("count", 0)),
-                str(lat.get("p50", "-")),
-                str(lat.get("p99", "-")),
-                str(lat.get("max", "-")),
-            ]
-        )
-    header = [
-        "level",
-        "delay",
-        "pending",
-        "oldest_deliver_ms",
-        "delivered",
-        "n",
-        "late_p50",
-        "late_p99",
-        "late_max",
-    ]
+        oldest = lv.get("oldest_pending_deliver_ms")
+        rows.append([str(lv.get("level", "")), fmt_ms(lv.get("delay_ms")), str(lv.get("pending", 0)),
+                     "-" if oldest in (None, -1) else str(oldest), str(lv.get("delivered", 0)),
+                     str(lat.get("count", 0)), str(lat.get("p50", "-")), str(lat.get("p99", "-")),
+                     str(lat.get("max", "-"))])
+    header = ["level", "delay", "pending", "oldest_deliver_ms", "delivered", "n", "late_p50", "late_p99",
+              "late_max"]
     extra = {k: v for k, v in stats.items() if k not in ("levels", "timer")}
-    from .admin_timer import timer_stats_text  # the timer store's part (issue 7)
-
+    lines = [table(rows, header)]
+    other = [f"{k}={v}" for k, v in extra.items() if k not in SINCE_START_KEYS]
+    if other:
+        lines.append("  ".join(other))
+    lines.append("since start (restart from 0 with the broker): delivered, n and late_* above; "
+                 + "  ".join(f"{k}={v}" for k, v in extra.items() if k in SINCE_START_KEYS))
     timer = timer_stats_text(stats.get("timer"))
-    return (_table(rows, header) + "\n" + "  ".join(f"{k}={v}" for k, v in extra.items())
-            + ("\n" + timer if timer else ""))
+    return "\n".join(lines) + ("\n" + timer if timer else "")
 
 
-def run_admin(args: argparse.Namespace) -> int:
-    try:
-        verb = args.verb
+def _not_a_namesrv_text(e: NotANameServer, args: argparse.Namespace) -> str:
+    text = (f"{e.addr} is a broker, not a name server: -n takes the name server's address "
+            "(HOST:PORT, default 127.0.0.1:9876)")
+    if hasattr(args, "broker"):
+        text += f"; to ask this broker alone, use -b {e.addr}"
+    return text
+
+
+def _run_verb(args: argparse.Namespace) -> int:
+    verb = args.verb
+    timer_exit = run_timer_verb(args)
+    if timer_exit is not None:
+        return timer_exit
+    with open_admin(args) as admin:
         if verb == "delay-stats":
-            for name, addr in _targets(args):
-                stats = _json(call(addr, RequestCode.CHRONOMQ_DELAY_STATS))
+            for name, addr in targets(admin, args):
+                stats = admin.broker_delay_stats(addr)
                 if args.json:
                     print(json.dumps({"broker": name, "addr": addr, "stats": stats}))
                 else:
                     print(f"broker {name} ({addr})")
                     print(delay_stats_table(stats))
         elif verb == "cluster":
-            info = _json(call(args.namesrv, RequestCode.GET_BROKER_CLUSTER_INFO))
-            rows = []
-            for cluster, names in sorted((info.get("clusterAddrTable") or {}).items()):
-                for n in names:
-                    bd = (info.get("brokerAddrTable") or {}).get(n) or {}
-                    for bid, addr in sorted((bd.get("brokerAddrs") or {}).items()):
-                        rows.append([cluster, n, str(bid), addr])
-            print(_table(rows, ["cluster", "broker", "id", "address"]))
+            rows = [[cluster, name, str(bid), addr]
+                    for cluster, brokers in sorted(admin.cluster().items())
+                    for name, addrs in brokers.items() for bid, addr in sorted(addrs.items())]
+            print(table(rows, ["cluster", "broker", "id", "address"]))
         elif verb == "topics":
-            for t in _json(call(args.namesrv, RequestCode.GET_ALL_TOPIC_LIST_FROM_NAMESERVER)).get(
-                "topicList", []
-            ):
+            for t in admin.list_topics(sort=False):
                 print(t)
         elif verb == "route":
-            print(
-                json.dumps(
-                    _json(call(args.namesrv, RequestCode.GET_ROUTEINFO_BY_TOPIC, {"topic": args.topic})),
-                    indent=1,
-                )
-            )
+            print(json.dumps(admin.route_data(args.topic), indent=1))
         elif verb == "update-topic":
-            for _, addr in _targets(args):
-                call(
-                    addr,
-                    RequestCode.UPDATE_AND_CREATE_TOPIC,
-                    {
-                        "topic": args.topic,
-                        "readQueueNums": args.queues,
-                        "writeQueueNums": args.queues,
-                        "perm": args.perm,
-                    },
-                )
+            for _, addr in targets(admin, args):
+                admin.create_topic(args.topic, args.queues, perm=args.perm, broker_addr=addr)
                 print(f"topic {args.topic} updated on {addr}")
         elif verb == "consumer-progress":
             rows = []
-            for name, addr in _targets(args):
-                table = _json(call(addr, RequestCode.GET_ALL_CONSUMER_OFFSET)).get("offsetTable", {})
-                clients = invoke(
-                    addr,
-                    RemotingCommand.request(
-                        RequestCode.GET_CONSUMER_LIST_BY_GROUP, {"consumerGroup": args.group}
-                    ),
-                )
-                online = len(_json(clients).get("consumerIdList", [])) if clients.code == 0 else 0
-                for key, queues in sorted(table.items()):
-                    topic, _, group = key.rpartition("@")
-                    if group != args.group:
-                        continue
-                    for q, committed in sorted(queues.items(), key=lambda kv: int(kv[0])):
-                        mx = int(
-                            call(
-                                addr, RequestCode.GET_MAX_OFFSET, {"topic": topic, "queueId": q}
-                            ).ext_fields.get("offset", 0)
-                        )
-                        rows.append(
-                            [
-                                name,
-                                topic,
-                                str(q),
-                                str(mx),
-                                str(committed),
-                                str(max(0, mx - int(committed))),
-                                str(online),
-                            ]
-                        )
+            for name, addr in targets(admin, args):
+                online = len(admin.broker_consumer_ids(addr, args.group))
+                rows += [[name, p.queue.topic, str(p.queue.queue_id), str(p.broker_offset),
+                          str(p.consumer_offset), str(p.lag), str(online)]
+                         for p in admin.broker_group_progress(addr, args.group, name)]
             if not rows:
                 print(f"no committed offsets for group {args.group}")
             else:
-                print(_table(rows, ["broker", "topic", "queue", "max", "committed", "lag", "online"]))
+                print(table(rows, ["broker", "topic", "queue", "max", "committed", "lag", "online"]))
         elif verb == "broker-status":
-            for name, addr in _targets(args):
-                table = _json(call(addr, RequestCode.GET_BROKER_RUNTIME_INFO)).get("table", {})
+            for name, addr in targets(admin, args):
+                info = admin.broker_runtime_info(addr)
                 print(f"broker {name} ({addr})")
-                for k, v in sorted(table.items()):
+                for k, v in sorted(info.items()):
                     print(f"  {k:28s} {v}")
-        elif verb in ("cancel", "reschedule", "pending"):
-            from .admin_timer import run_timer_verb  # timer store verbs (issue 7)
-
-            return run_timer_verb(args) or 0
         else:
             print(f"unknown admin verb {verb!r}", file=sys.stderr)
             return 2
-    except AdminError as e:
-        print(f"chronomq admin: {e}", file=sys.stderr)
-        return 1
     return 0
+
+
+def run_admin(args: argparse.Namespace) -> int:
+    try:
+        return _run_verb(args)
+    except NotANameServer as e:
+        print(f"chronomq admin: {_not_a_namesrv_text(e, args)}", file=sys.stderr)
+    except (AdminError, ClientError, ValueError) as e:
+        print(f"chronomq admin: {e}", file=sys.stderr)
+    return 1
 
 
 def add_admin_parsers(p: argparse.ArgumentParser) -> None:
@@ -260,6 +144,4 @@ def add_admin_parsers(p: argparse.ArgumentParser) -> None:
     sp = sub.add_parser("consumer-progress", help="committed offsets and lag of a consumer group")
     common(sp)
     sp.add_argument("-g", "--group", required=True)
-    from .admin_timer import add_timer_parsers  # cancel, reschedule, pending (issue 7)
-
     add_timer_parsers(sub, common)

@@ -1,7 +1,7 @@
-"""``chronomq admin cancel | reschedule | pending`` and the timer part of ``delay-stats`` (issue 7).
+"""``chronomq admin cancel | reschedule | pending`` and the timer part of ``delay-stats``.
 
-Each verb asks every master broker (or ``-b HOST:PORT``) over request codes 9002-9004 (see
-chronomq.broker.timer_processor for the wire format)::
+Each verb asks every master broker (or ``-b HOST:PORT``) through ``chronomq.client.Admin`` (request codes
+9002-9004)::
 
     chronomq admin cancel -n HOST:PORT ID [--key]
     chronomq admin reschedule -n HOST:PORT ID (--at ISO-8601|EPOCH-MS | --in SECONDS) [--key]
@@ -9,175 +9,134 @@ chronomq.broker.timer_processor for the wire format)::
                                         [--count] [--json]
 
 ID is a message id (the UNIQ_KEY a send returned, or its offset msg id); with ``--key`` it is a word of
-KEYS and every pending message carrying it is affected. cancel/reschedule exit 0 when at least one
-message was CANCELLED/RESCHEDULED, 3 when none was (UNKNOWN, ALREADY_DELIVERED, ...), 1 on errors.
+KEYS and every pending message carrying it is affected. Exit codes of cancel/reschedule: TIMER_EXIT_CODES.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
-import time
 from collections.abc import Callable
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from chronomq.remoting.codes import RequestCode
+from chronomq.client import TimerOpResult, TimerOutcome
 
-# admin.py imports this module lazily (inside functions), so importing admin here is not circular
-from .admin import AdminError, _json, _table, _targets, call
+from .admin_session import open_admin, targets
+from .output import AdminError, fmt_epoch_ms, parse_in_seconds, parse_time_ms, table
 
 Common = Callable[..., None]
 
 EXIT_NOTHING_CHANGED = 3
 
 
-def parse_time_ms(text: str, what: str = "time") -> int:
-    """Epoch milliseconds from an integer (epoch ms; below 10**11 read as epoch seconds, like the broker)
-    or an ISO-8601 date-time (a naive one is UTC). Raises AdminError with a clear message."""
-    s = text.strip()
-    if not s:
-        raise AdminError(f"{what}: empty value")
-    if s.lstrip("-").isdigit():
-        v = int(s)
-        if v < 0:
-            raise AdminError(f"{what}: {text!r} is negative")
-        return v * 1000 if 0 < v < 10**11 else v
-    try:
-        dt = datetime.fromisoformat(s.replace("Z", "+00:00") if s.endswith("Z") else s)
-    except ValueError:
-        raise AdminError(f"{what}: {text!r} is neither epoch milliseconds nor an ISO-8601 time") from None
-    if dt.tzinfo is None:
-        dt = dt.replace(tzinfo=UTC)
-    return int(dt.timestamp() * 1000)
+def timer_exit_codes(done: str) -> str:
+    """The exit codes of cancel (done="CANCELLED") or reschedule (done="RESCHEDULED"), for --help."""
+    return (f"exit codes: 0 when at least one message was {done}; {EXIT_NOTHING_CHANGED} when none was "
+            "(the answer is UNKNOWN, ALREADY_DELIVERED, ALREADY_CANCELLED or FAILED); 1 on an error "
+            "(a bad argument, an unreachable or refusing server); 2 on a usage error")
 
 
-def parse_in_seconds(text: str) -> int:
-    """A relative delay in (possibly fractional) seconds -> milliseconds."""
-    try:
-        v = float(text)
-    except ValueError:
-        raise AdminError(f"--in: {text!r} is not a number of seconds") from None
-    if v != v or v < 0 or v == float("inf"):
-        raise AdminError(f"--in: {text!r} must be a finite, non-negative number of seconds")
-    return round(v * 1000)
+def _result_dict(r: TimerOpResult) -> dict[str, Any]:
+    return {"outcome": str(r.outcome), "msg_id": r.msg_id, "deliver_ms": r.deliver_ms, "topic": r.topic,
+            "broker": r.broker}
 
 
-def fmt_epoch_ms(ms: Any) -> str:
-    if not isinstance(ms, int) or ms < 0:
-        return "-"
-    return datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%dT%H:%M:%S.") + f"{ms % 1000:03d}Z"
-
-
-def _results_table(rows: list[tuple[str, dict[str, Any]]]) -> str:
-    return _table([[name, str(r.get("outcome")), str(r.get("msg_id")), str(r.get("topic") or "-"),
-                    fmt_epoch_ms(r.get("deliver_ms"))] for name, r in rows],
-                  ["broker", "outcome", "msg_id", "topic", "deliver_time"])
-
-
-def _timer_op(args: argparse.Namespace, code: int, ext: dict[str, str], done: str) -> int:
-    found: list[tuple[str, dict[str, Any]]] = []
-    unknown: list[tuple[str, dict[str, Any]]] = []
-    for name, addr in _targets(args):
-        results = _json(call(addr, code, ext)).get("results")
-        if not isinstance(results, list):
-            raise AdminError(f"{addr} answered no results list")
-        for r in results:
-            if isinstance(r, dict):
-                (unknown if r.get("outcome") == "UNKNOWN" else found).append((name, r))
-    rows = found or unknown[:1]
-    if args.json:
-        print(json.dumps([dict(r, broker=n) for n, r in rows]))
-    elif rows:
-        print(_results_table(rows))
-    return 0 if any(r.get("outcome") == done for _, r in found) else EXIT_NOTHING_CHANGED
+def _print_results(results: list[TimerOpResult], as_json: bool, done: TimerOutcome) -> int:
+    if as_json:
+        print(json.dumps([_result_dict(r) for r in results]))
+    elif results:
+        print(table([[str(r.broker), str(r.outcome), r.msg_id, r.topic or "-", fmt_epoch_ms(r.deliver_ms)]
+                     for r in results], ["broker", "outcome", "msg_id", "topic", "deliver_time"]))
+    return 0 if any(r.outcome == done for r in results) else EXIT_NOTHING_CHANGED
 
 
 def cmd_cancel(args: argparse.Namespace) -> int:
-    ext = {"id": args.id, "byKey": "true" if args.key else "false"}
-    return _timer_op(args, RequestCode.CHRONOMQ_CANCEL_SCHEDULED, ext, "CANCELLED")
+    with open_admin(args) as admin:
+        results = admin.cancel(args.id, args.key, broker_addr=args.broker)
+    return _print_results(results, args.json, TimerOutcome.CANCELLED)
 
 
-def cmd_reschedule(args: argparse.Namespace, now_ms: Callable[[], int] | None = None) -> int:
+def cmd_reschedule(args: argparse.Namespace) -> int:
     if (args.at is None) == (args.in_s is None):
         raise AdminError("give exactly one of --at and --in")
     if args.at is not None:
-        deliver_ms = parse_time_ms(args.at, "--at")
-    else:
-        deliver_ms = (now_ms or (lambda: int(time.time() * 1000)))() + parse_in_seconds(args.in_s)
-    ext = {"id": args.id, "byKey": "true" if args.key else "false", "deliverMs": str(deliver_ms)}
-    return _timer_op(args, RequestCode.CHRONOMQ_RESCHEDULE, ext, "RESCHEDULED")
+        # a datetime, not epoch ms: any time is accepted (one long past means "due now")
+        at = datetime(1970, 1, 1, tzinfo=UTC) + timedelta(milliseconds=parse_time_ms(args.at, "--at"))
+        when: dict[str, Any] = {"deliver_at": at}
+    else:  # counted from now by the admin client's clock
+        when = {"delay": timedelta(milliseconds=parse_in_seconds(args.in_s))}
+    with open_admin(args) as admin:
+        results = admin.reschedule(args.id, by_key=args.key, broker_addr=args.broker, **when)
+    return _print_results(results, args.json, TimerOutcome.RESCHEDULED)
 
 
-def pending_ext(args: argparse.Namespace) -> dict[str, str]:
-    ext: dict[str, str] = {}
-    for name in ("topic", "key", "tag"):
-        v = getattr(args, name)
-        if v:
-            ext[name] = v
+def pending_filters(args: argparse.Namespace) -> dict[str, Any]:
+    """The pending filters of the command line as Admin.pending keywords."""
+    out: dict[str, Any] = {name: getattr(args, name) or None for name in ("topic", "key", "tag")}
     start = parse_time_ms(args.from_, "--from") if args.from_ else None
     end = parse_time_ms(args.to, "--to") if args.to else None
     if start is not None and end is not None and end < start:
         raise AdminError(f"--to ({end}) is before --from ({start})")
-    if start is not None:
-        ext["startMs"] = str(start)
-    if end is not None:
-        ext["endMs"] = str(end)
-    return ext
+    return dict(out, start=start, end=end)
 
 
 def cmd_pending(args: argparse.Namespace) -> int:
     if not 1 <= args.limit <= 1000:
         raise AdminError(f"--limit must be within 1..1000, got {args.limit}")
-    base = pending_ext(args)
-    if args.count:
-        total = 0
-        for name, addr in _targets(args):
-            n = int(_json(call(addr, RequestCode.CHRONOMQ_QUERY_PENDING, dict(base, countOnly="true")))
-                    .get("count", 0))
-            total += n
-            if not args.json:
-                print(f"{name}: {n}")
-        print(json.dumps({"count": total}) if args.json else f"total: {total}")
-        return 0
-    items: list[dict[str, Any]] = []
-    more: list[str] = []
-    for name, addr in _targets(args):
-        left = args.limit - len(items)
-        if left <= 0:
-            more.append(name)
-            break
-        data = _json(call(addr, RequestCode.CHRONOMQ_QUERY_PENDING, dict(base, limit=str(left))))
-        items.extend(dict(i, broker=name) for i in data.get("items") or [] if isinstance(i, dict))
-        if data.get("next_cursor"):
-            more.append(name)
+    filters = pending_filters(args)
+    with open_admin(args) as admin:
+        brokers = targets(admin, args)
+        if args.count:
+            total = 0
+            for name, addr in brokers:
+                n = admin.pending_count(**filters, broker_addr=addr)
+                total += n
+                if not args.json:
+                    print(f"{name}: {n}")
+            print(json.dumps({"count": total}) if args.json else f"total: {total}")
+            return 0
+        items: list[dict[str, Any]] = []
+        more: list[str] = []
+        for name, addr in brokers:
+            left = args.limit - len(items)
+            if left <= 0:
+                more.append(name)
+                break
+            page = admin.pending(**filters, limit=left, broker_addr=addr)
+            items.extend(dict(dataclasses.asdict(i), broker=name) for i in page.items)
+            if page.next_cursor:
+                more.append(name)
     if args.json:
         print(json.dumps({"items": items, "truncated": bool(more)}))
         return 0
-    rows = [[str(i.get("broker")), str(i.get("msg_id")), str(i.get("topic")), str(i.get("queue_id")),
-             str(i.get("tags") or "-"), ",".join(i.get("keys") or []) or "-",
-             fmt_epoch_ms(i.get("deliver_ms")), str(i.get("body_size"))] for i in items]
-    print(_table(rows, ["broker", "msg_id", "topic", "queue", "tags", "keys", "deliver_time", "bytes"]))
+    rows = [[str(i["broker"]), str(i["msg_id"]), str(i["topic"]), str(i["queue_id"]), str(i["tags"] or "-"),
+             ",".join(i["keys"]) or "-", fmt_epoch_ms(i["deliver_ms"]), str(i["body_size"])] for i in items]
+    print(table(rows, ["broker", "msg_id", "topic", "queue", "tags", "keys", "deliver_time", "bytes"]))
     if more:
         print(f"(more pending messages on {', '.join(more)}: raise --limit or narrow the filters)")
     return 0
 
 
 def timer_stats_text(timer: Any) -> str:
-    """The ``timer`` part of CHRONOMQ_DELAY_STATS, for ``chronomq admin delay-stats``."""
+    """The ``timer`` part of CHRONOMQ_DELAY_STATS, for ``chronomq admin delay-stats``. The timer store
+    keeps its counters and lateness histograms in memory: they are labelled "since start" (they restart
+    from 0 with the broker); pending, due_undelivered, next_due and disk come from the store itself."""
     if not isinstance(timer, dict):
         return ""
     if "error" in timer:
         return f"timer: {timer['error']}"
     lat = timer.get("lateness_ms") or {}
     head = (f"timer: pending={timer.get('pending', 0)} due_undelivered={timer.get('due_undelivered', 0)} "
-            f"delivered={timer.get('delivered', 0)} cancelled={timer.get('cancelled', 0)} "
-            f"rescheduled={timer.get('rescheduled', 0)} failed={timer.get('failed', 0)} "
-            f"early_deliveries={timer.get('early_deliveries', 0)} "
-            f"next_due={fmt_epoch_ms(timer.get('next_due_ms'))}\n"
-            f"       lateness_ms n={lat.get('count', 0)} p50={lat.get('p50', '-')} "
-            f"p99={lat.get('p99', '-')} max={lat.get('max', '-')}  "
-            f"disk={(timer.get('disk_bytes') or {}).get('total', '-')} B")
+            f"next_due={fmt_epoch_ms(timer.get('next_due_ms'))} "
+            f"disk={(timer.get('disk_bytes') or {}).get('total', '-')} B\n"
+            f"       since start: delivered={timer.get('delivered', 0)} "
+            f"cancelled={timer.get('cancelled', 0)} rescheduled={timer.get('rescheduled', 0)} "
+            f"failed={timer.get('failed', 0)} "
+            f"early_deliveries={timer.get('early_deliveries', 0)}\n"
+            f"       since start: lateness_ms n={lat.get('count', 0)} p50={lat.get('p50', '-')} "
+            f"p99={lat.get('p99', '-')} max={lat.get('max', '-')}")
     by_topic = timer.get("pending_by_topic") or {}
     lat_by = timer.get("lateness_ms_by_topic") or {}
     topics = sorted(set(by_topic) | set(lat_by))
@@ -186,11 +145,13 @@ def timer_stats_text(timer: Any) -> str:
     rows = [[t, str(by_topic.get(t, 0)), str((lat_by.get(t) or {}).get("count", 0)),
              str((lat_by.get(t) or {}).get("p50", "-")), str((lat_by.get(t) or {}).get("p99", "-")),
              str((lat_by.get(t) or {}).get("max", "-"))] for t in topics]
-    return head + "\n" + _table(rows, ["topic", "pending", "delivered_n", "late_p50", "late_p99", "late_max"])
+    return (head + "\n       per topic (delivered_n and late_*: since start)\n"
+            + table(rows, ["topic", "pending", "delivered_n", "late_p50", "late_p99", "late_max"]))
 
 
 def run_timer_verb(args: argparse.Namespace) -> int | None:
-    """Run cancel/reschedule/pending; None for any other verb. Raises AdminError."""
+    """Run cancel/reschedule/pending; None for any other verb. Raises AdminError (and the client's
+    errors)."""
     if args.verb == "cancel":
         return cmd_cancel(args)
     if args.verb == "reschedule":
@@ -201,12 +162,14 @@ def run_timer_verb(args: argparse.Namespace) -> int | None:
 
 
 def add_timer_parsers(sub: Any, common: Common) -> None:
-    sp = sub.add_parser("cancel", help="cancel a message waiting in the timer store (deliver_at/delay)")
+    sp = sub.add_parser("cancel", help="cancel a message waiting in the timer store (deliver_at/delay)",
+                        epilog=timer_exit_codes("CANCELLED"))
     common(sp)
     sp.add_argument("id", help="message id (UNIQ_KEY or offset msg id), or a key with --key")
     sp.add_argument("--key", action="store_true", help="ID is a key: cancel every pending message with it")
     sp.add_argument("--json", action="store_true", help="print JSON")
-    sp = sub.add_parser("reschedule", help="move a pending timed message to a new deliver time")
+    sp = sub.add_parser("reschedule", help="move a pending timed message to a new deliver time",
+                        epilog=timer_exit_codes("RESCHEDULED"))
     common(sp)
     sp.add_argument("id", help="message id (UNIQ_KEY or offset msg id), or a key with --key")
     sp.add_argument("--at", help="new deliver time: ISO-8601 (naive = UTC) or epoch milliseconds")

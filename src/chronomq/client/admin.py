@@ -1,6 +1,11 @@
-"""Admin: topics and routes, group progress and lag, message lookup by id and key, offset reset by
-timestamp, dead-letter redrive, chronomq delay statistics (request code 9001), and chronomq's timer
-store: cancel (9002), reschedule (9003) and the pending index (9004)."""
+"""Admin: the cluster, topics and routes, group progress and lag, broker runtime figures, message lookup
+by id and key, offset reset by timestamp, dead-letter redrive, chronomq delay statistics (request code
+9001), and chronomq's timer store: cancel (9002), reschedule (9003) and the pending index (9004).
+
+Cluster-wide calls ask every master broker the name server knows; the ``broker_*`` calls and the
+``broker_addr=`` keyword ask one broker by address, without the name server. Times come from the
+``clock`` given (the real one by default).
+"""
 
 from __future__ import annotations
 
@@ -8,7 +13,6 @@ import asyncio
 import base64
 import binascii
 import json
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -16,11 +20,12 @@ from enum import StrEnum
 from typing import Any
 
 from chronomq import message as m
+from chronomq.clock import Clock, SystemClock
 from chronomq.remoting.codes import PERM_READ, PERM_WRITE, RequestCode, ResponseCode
 
 from . import ops
 from .blocking import SyncContextMixin
-from .errors import BrokerError, ClientClosed, ClientError, NoRouteError, error_for_code
+from .errors import BrokerError, ClientClosed, ClientError, NoRouteError, NotSupported, error_for_code
 from .instance import ClientInstance
 from .model import Message, MessageQueue, ReceivedMessage, TopicRoute, deliver_time_ms
 
@@ -171,6 +176,11 @@ def _decode_cursor(cursor: str) -> tuple[str, str | None]:
     return broker, inner or None
 
 
+class NotANameServer(NotSupported):
+    """The address given as the name server answered a name-server request (cluster info, route, topic
+    list) with REQUEST_CODE_NOT_SUPPORTED: it is a broker (or something else), not a name server."""
+
+
 def _json_body(body: bytes, what: str, addr: str) -> dict[str, Any]:
     try:
         data = json.loads(body) if body else {}
@@ -183,8 +193,9 @@ def _json_body(body: bytes, what: str, addr: str) -> dict[str, Any]:
 
 class Admin(SyncContextMixin):
     def __init__(self, namesrv: str | Sequence[str] = "127.0.0.1:9876", *, request_timeout: float = 5.0,
-                 instance_name: str | None = None) -> None:
+                 instance_name: str | None = None, clock: Clock | None = None) -> None:
         self._instance = ClientInstance(namesrv, instance_name=instance_name, request_timeout=request_timeout)
+        self._clock: Clock = clock if clock is not None else SystemClock()
         self._closed = False
 
     async def start(self) -> None:
@@ -198,12 +209,27 @@ class Admin(SyncContextMixin):
             await self._instance.close()
 
     # --- brokers, topics, routes ---------------------------------------------------------------------
+    async def _namesrv_json(self, code: int, what: str, ext: dict[str, Any] | None = None, *,
+                            soft: bool = False) -> dict[str, Any] | None:
+        """A name-server request's JSON body. An answer of REQUEST_CODE_NOT_SUPPORTED raises
+        NotANameServer (a name server serves every one of these codes); another error code raises
+        (or gives None when ``soft``)."""
+        resp = await self._instance.invoke_namesrv(lambda: self._instance.request(code, ext), what=what)
+        addr = self._instance.namesrv_addrs[self._instance._ns_index]  # the one that answered
+        if resp.code == ResponseCode.REQUEST_CODE_NOT_SUPPORTED:
+            raise NotANameServer(f"{what}: {addr} is a broker, not a name server (it answered "
+                                 "REQUEST_CODE_NOT_SUPPORTED to a name-server request); give the name "
+                                 "server's address", resp.code, resp.remark, addr)
+        if resp.code != ResponseCode.SUCCESS:
+            if soft:
+                return None
+            raise error_for_code(resp.code, resp.remark, what, addr)
+        return _json_body(resp.body, what, addr)
+
     async def brokers(self) -> dict[str, dict[int, str]]:
         """broker name -> {broker id: address} (from GET_BROKER_CLUSTER_INFO, else the TBW102 route)."""
-        resp = await self._instance.invoke_namesrv(
-            lambda: self._instance.request(RequestCode.GET_BROKER_CLUSTER_INFO), what="cluster info")
-        if resp.code == ResponseCode.SUCCESS and resp.body:
-            data = json.loads(resp.body)
+        data = await self._namesrv_json(RequestCode.GET_BROKER_CLUSTER_INFO, "cluster info", soft=True)
+        if data:
             out = {}
             for name, bd in (data.get("brokerAddrTable") or {}).items():
                 out[str(name)] = {int(k): str(v) for k, v in (bd.get("brokerAddrs") or {}).items()}
@@ -213,38 +239,120 @@ class Admin(SyncContextMixin):
         route = await self._instance.get_route(m.DEFAULT_TOPIC, refresh=True)
         return {k: dict(v) for k, v in route.broker_addrs.items()}
 
+    async def cluster(self) -> dict[str, dict[str, dict[int, str]]]:
+        """cluster name -> broker name -> {broker id: address}, as the name server lists them."""
+        data = await self._namesrv_json(RequestCode.GET_BROKER_CLUSTER_INFO, "cluster info") or {}
+        addrs = data.get("brokerAddrTable") or {}
+        out: dict[str, dict[str, dict[int, str]]] = {}
+        for cluster, names in (data.get("clusterAddrTable") or {}).items():
+            out[str(cluster)] = {
+                str(n): {int(k): str(v) for k, v in ((addrs.get(n) or {}).get("brokerAddrs") or {}).items()}
+                for n in names}
+        return out
+
+    async def masters(self, broker_addr: str | None = None) -> list[tuple[str, str]]:
+        """(broker name, master address) of every master broker, sorted by name; with ``broker_addr``,
+        just that broker, named by its address (the name server is not asked)."""
+        if broker_addr is not None:
+            return [(broker_addr, broker_addr)]
+        table = await self.brokers()
+        out = [(name, table[name][0]) for name in sorted(table) if table[name].get(0)]
+        if not out:
+            raise NoRouteError("the name server knows no master broker")
+        return out
+
     async def create_topic(self, topic: str, queue_nums: int = 4, *, perm: int = PERM_READ | PERM_WRITE,
-                           order: bool = False, brokers: Sequence[str] | None = None) -> list[str]:
-        """Create or update a topic on every master broker (or the named ones); returns the broker names."""
+                           order: bool = False, brokers: Sequence[str] | None = None,
+                           broker_addr: str | None = None) -> list[str]:
+        """Create or update a topic on every master broker (or the named ones, or only the broker at
+        ``broker_addr``); returns the broker names (the address for ``broker_addr``)."""
         reason = m.validate_topic(topic)
         if reason:
             raise ValueError(f"invalid topic: {reason}")
         if not 1 <= queue_nums <= 1024:
             raise ValueError("queue_nums must be within 1..1024")
-        table = await self.brokers()
-        names = list(brokers) if brokers is not None else sorted(table)
+        if broker_addr is not None:
+            targets = [(broker_addr, broker_addr)]
+        else:
+            table = await self.brokers()
+            targets = []
+            for name in (list(brokers) if brokers is not None else sorted(table)):
+                addr = table.get(name, {}).get(0)
+                if addr is None:
+                    raise NoRouteError(f"no master address for broker {name!r}")
+                targets.append((name, addr))
         ext = {"topic": topic, "defaultTopic": m.DEFAULT_TOPIC, "readQueueNums": queue_nums,
                "writeQueueNums": queue_nums, "perm": perm, "topicFilterType": "SINGLE_TAG",
                "topicSysFlag": 0, "order": "true" if order else "false"}
-        for name in names:
-            addr = table.get(name, {}).get(0)
-            if addr is None:
-                raise NoRouteError(f"no master address for broker {name!r}")
+        for name, addr in targets:
             cmd = self._instance.request(RequestCode.UPDATE_AND_CREATE_TOPIC, ext)
             await self._instance.invoke_ok(addr, cmd, what=f"create topic {topic!r} on {name}")
         self._instance.routes.pop(topic, None)
-        return names
+        return [name for name, _ in targets]
 
-    async def list_topics(self) -> list[str]:
-        resp = await self._instance.invoke_namesrv(
-            lambda: self._instance.request(RequestCode.GET_ALL_TOPIC_LIST_FROM_NAMESERVER), what="topic list")
-        if resp.code != ResponseCode.SUCCESS:
-            raise error_for_code(resp.code, resp.remark, "topic list")
-        data = json.loads(resp.body) if resp.body else {}
-        return sorted(str(t) for t in data.get("topicList") or [])
+    async def list_topics(self, *, sort: bool = True) -> list[str]:
+        """Every topic the name server knows (sorted, or in the name server's order)."""
+        data = await self._namesrv_json(RequestCode.GET_ALL_TOPIC_LIST_FROM_NAMESERVER, "topic list") or {}
+        topics = [str(t) for t in data.get("topicList") or []]
+        return sorted(topics) if sort else topics
 
     async def route(self, topic: str) -> TopicRoute:
         return await self._instance.get_route(topic, refresh=True)
+
+    async def route_data(self, topic: str) -> dict[str, Any]:
+        """The name server's route data of ``topic`` as it sent it (queueDatas, brokerDatas, ...)."""
+        return await self._namesrv_json(RequestCode.GET_ROUTEINFO_BY_TOPIC, f"route of topic {topic!r}",
+                                        {"topic": topic}) or {}
+
+    # --- one broker, by address ----------------------------------------------------------------------
+    async def broker_runtime_info(self, addr: str) -> dict[str, str]:
+        """The runtime figures of the broker at ``addr`` (GET_BROKER_RUNTIME_INFO's table)."""
+        what = f"runtime info of {addr}"
+        resp = await self._instance.invoke_ok(
+            addr, self._instance.request(RequestCode.GET_BROKER_RUNTIME_INFO), what=what)
+        table = _json_body(resp.body, what, addr).get("table") or {}
+        return {str(k): str(v) for k, v in table.items()}
+
+    async def broker_delay_stats(self, addr: str) -> dict[str, Any]:
+        """chronomq delay statistics of the broker at ``addr`` (request code 9001), as it sent them."""
+        what = f"delay stats of {addr}"
+        resp = await self._instance.invoke_ok(
+            addr, self._instance.request(RequestCode.CHRONOMQ_DELAY_STATS), what=what)
+        return _json_body(resp.body, what, addr)
+
+    async def broker_consumer_ids(self, addr: str, group: str) -> list[str]:
+        """Client ids of the group's consumers connected to the broker at ``addr`` ([] when it knows
+        none: a broker answers that case with an error code)."""
+        resp = await self._instance.invoke(
+            addr, self._instance.request(RequestCode.GET_CONSUMER_LIST_BY_GROUP, {"consumerGroup": group}),
+            what=f"consumers of group {group!r} on {addr}")
+        if resp.code != ResponseCode.SUCCESS:
+            return []
+        ids = _json_body(resp.body, f"consumers of group {group!r}", addr).get("consumerIdList") or []
+        return [str(i) for i in ids]
+
+    async def broker_group_progress(self, addr: str, group: str,
+                                    broker_name: str | None = None) -> list[QueueProgress]:
+        """Every queue on which the group has a committed offset at the broker at ``addr`` (from its
+        offset table: no topic needs naming), with the queue's max offset and the lag, ordered by
+        topic@group then queue id. ``broker_name`` names the queues (default: ``addr``)."""
+        what = f"consumer offsets on {addr}"
+        resp = await self._instance.invoke_ok(
+            addr, self._instance.request(RequestCode.GET_ALL_CONSUMER_OFFSET), what=what)
+        table = _json_body(resp.body, what, addr).get("offsetTable") or {}
+        rows: list[QueueProgress] = []
+        for key, queues in sorted(table.items()):
+            topic, _, owner = str(key).rpartition("@")
+            if owner != group:
+                continue
+            for q, committed in sorted(queues.items(), key=lambda kv: int(kv[0])):
+                mq = MessageQueue(topic, broker_name or addr, int(q))
+                resp = await self._instance.invoke_ok(
+                    addr, self._instance.request(RequestCode.GET_MAX_OFFSET, {"topic": topic, "queueId": q}),
+                    what=f"max offset of {mq}")
+                hi = resp.ext_int("offset", 0)
+                rows.append(QueueProgress(mq, hi, int(committed), max(0, hi - int(committed))))
+        return rows
 
     async def queues(self, topic: str) -> list[MessageQueue]:
         return (await self.route(topic)).read_queues()
@@ -319,7 +427,7 @@ class Admin(SyncContextMixin):
                              end_ms: int | None = None, *, unique_key: bool = False) -> list[ReceivedMessage]:
         """Messages of ``topic`` whose KEYS contain ``key`` (or whose client id is ``key``)."""
         route = await self.route(topic)
-        end = end_ms if end_ms is not None else int(time.time() * 1000) + 60_000
+        end = end_ms if end_ms is not None else self._clock.now_ms() + 60_000
         ext: dict[str, Any] = {"topic": topic, "key": key, "maxNum": max_num, "beginTimestamp": begin_ms,
                                "endTimestamp": end}
         if unique_key:
@@ -398,32 +506,18 @@ class Admin(SyncContextMixin):
                        flag=msg.flag)
 
     # --- chronomq extensions ---------------------------------------------------------------------------
-    async def delay_stats(self) -> dict[str, dict[str, Any]]:
-        """Delay-level statistics of every master broker: {broker name: stats} (request code 9001)."""
-        table = await self.brokers()
-        out: dict[str, dict[str, Any]] = {}
-        for name in sorted(table):
-            addr = table[name].get(0)
-            if addr is None:
-                continue
-            resp = await self._instance.invoke_ok(
-                addr, self._instance.request(RequestCode.CHRONOMQ_DELAY_STATS), what=f"delay stats of {name}")
-            out[name] = json.loads(resp.body) if resp.body else {}
-        return out
+    async def delay_stats(self, *, broker_addr: str | None = None) -> dict[str, dict[str, Any]]:
+        """Delay-level statistics of every master broker (or the one at ``broker_addr``):
+        {broker name: stats} (request code 9001)."""
+        return {name: await self.broker_delay_stats(addr) for name, addr in await self.masters(broker_addr)}
 
     # --- chronomq timer store: cancel, reschedule, pending --------------------------------------------
-    async def _masters(self) -> list[tuple[str, str]]:
-        table = await self.brokers()
-        out = [(name, table[name][0]) for name in sorted(table) if table[name].get(0)]
-        if not out:
-            raise NoRouteError("the name server knows no master broker")
-        return out
-
-    async def _timer_op(self, code: int, ext: dict[str, str], what: str) -> list[TimerOpResult]:
+    async def _timer_op(self, code: int, ext: dict[str, str], what: str,
+                        broker_addr: str | None) -> list[TimerOpResult]:
         found: list[TimerOpResult] = []
         unknown: list[TimerOpResult] = []
-        masters = await self._masters()
-        if ext["byKey"] == "false":
+        masters = await self.masters(broker_addr)
+        if ext["byKey"] == "false" and broker_addr is None:
             # a timer handle (offset msg id with the timer flag) names a position in ONE broker's timer
             # store: asking the others would make them read that position in theirs
             owner = _timer_handle_addr(ext["id"])
@@ -447,27 +541,32 @@ class Admin(SyncContextMixin):
             raise ValueError(f"a message id or key must be a non-empty str, got {ident!r}")
         return ident
 
-    async def cancel(self, msg_id: str, by_key: bool = False) -> list[TimerOpResult]:
+    async def cancel(self, msg_id: str, by_key: bool = False, *,
+                     broker_addr: str | None = None) -> list[TimerOpResult]:
         """Cancel a message waiting in the timer store (sent with deliver_at/delay), by its id
         (SendResult.uniq_key / msg_id, or its offset_msg_id) or, with ``by_key=True``, every pending
         message with that key (a word of KEYS). Returns one definite result per matching message:
         CANCELLED, ALREADY_DELIVERED, ALREADY_CANCELLED, FAILED, or a single UNKNOWN when nothing
-        matched on any broker."""
+        matched on any broker. ``broker_addr``: ask only that broker."""
         ext = {"id": self._check_ident(msg_id), "byKey": "true" if by_key else "false"}
-        return await self._timer_op(RequestCode.CHRONOMQ_CANCEL_SCHEDULED, ext, f"cancel {msg_id!r}")
+        return await self._timer_op(RequestCode.CHRONOMQ_CANCEL_SCHEDULED, ext, f"cancel {msg_id!r}",
+                                    broker_addr)
 
     async def reschedule(self, msg_id: str, deliver_at: datetime | int | None = None, by_key: bool = False,
-                         *, delay: timedelta | float | None = None) -> list[TimerOpResult]:
+                         *, delay: timedelta | float | None = None,
+                         broker_addr: str | None = None) -> list[TimerOpResult]:
         """Move a pending message (or, ``by_key=True``, every pending message with that key) to a new
         deliver time: ``deliver_at`` (timezone-aware datetime or epoch ms) or ``delay`` (timedelta or
         seconds from now). Results: RESCHEDULED (deliver_ms = the new time), ALREADY_DELIVERED,
-        ALREADY_CANCELLED, FAILED, or a single UNKNOWN."""
+        ALREADY_CANCELLED, FAILED, or a single UNKNOWN. A delay counts from the admin's clock.
+        ``broker_addr``: ask only that broker."""
         if (deliver_at is None) == (delay is None):
             raise ValueError("give deliver_at or delay (exactly one)")
-        deliver_ms = deliver_time_ms(deliver_at, delay)
+        deliver_ms = deliver_time_ms(deliver_at, delay, self._clock.now_ms())
         ext = {"id": self._check_ident(msg_id), "byKey": "true" if by_key else "false",
                "deliverMs": str(deliver_ms)}
-        return await self._timer_op(RequestCode.CHRONOMQ_RESCHEDULE, ext, f"reschedule {msg_id!r}")
+        return await self._timer_op(RequestCode.CHRONOMQ_RESCHEDULE, ext, f"reschedule {msg_id!r}",
+                                    broker_addr)
 
     @staticmethod
     def _pending_ext(topic: str | None, key: str | None, tag: str | None, start: datetime | int | None,
@@ -489,16 +588,18 @@ class Admin(SyncContextMixin):
 
     async def pending(self, topic: str | None = None, key: str | None = None, tag: str | None = None,
                       start: datetime | int | None = None, end: datetime | int | None = None,
-                      limit: int = 100, cursor: str | None = None) -> PendingPage:
+                      limit: int = 100, cursor: str | None = None, *,
+                      broker_addr: str | None = None) -> PendingPage:
         """One page of the messages waiting in the brokers' timer stores, ordered by broker then deliver
         time, filtered by topic, key (a word of KEYS or the id), tag and a deliver-time window
         [start, end] (timezone-aware datetimes or epoch ms). ``limit``: 1..1000 items per page; pass the
-        page's ``next_cursor`` back as ``cursor`` for the next one."""
+        page's ``next_cursor`` back as ``cursor`` for the next one. ``broker_addr``: ask only that
+        broker (its items are named by the address)."""
         if not isinstance(limit, int) or isinstance(limit, bool) or not 1 <= limit <= 1000:
             raise ValueError(f"limit must be an int within 1..1000, got {limit!r}")
         base = self._pending_ext(topic, key, tag, start, end)
         bname, inner = _decode_cursor(cursor) if cursor is not None else (None, None)
-        masters = await self._masters()
+        masters = await self.masters(broker_addr)
         names = [n for n, _ in masters]
         first = 0
         if bname is not None:
@@ -528,17 +629,24 @@ class Admin(SyncContextMixin):
         return PendingPage(items, None)
 
     async def pending_count(self, topic: str | None = None, key: str | None = None, tag: str | None = None,
-                            start: datetime | int | None = None, end: datetime | int | None = None) -> int:
+                            start: datetime | int | None = None, end: datetime | int | None = None, *,
+                            broker_addr: str | None = None) -> int:
         """How many messages wait in the brokers' timer stores (same filters as ``pending``)."""
+        return sum((await self.pending_counts(topic, key, tag, start, end, broker_addr=broker_addr)).values())
+
+    async def pending_counts(self, topic: str | None = None, key: str | None = None, tag: str | None = None,
+                             start: datetime | int | None = None, end: datetime | int | None = None, *,
+                             broker_addr: str | None = None) -> dict[str, int]:
+        """How many messages wait in each broker's timer store: {broker name: count}, in name order."""
         ext = dict(self._pending_ext(topic, key, tag, start, end), countOnly="true")
-        total = 0
-        for name, addr in await self._masters():
+        counts: dict[str, int] = {}
+        for name, addr in await self.masters(broker_addr):
             what = f"pending count of {name}"
             resp = await self._instance.invoke_ok(
                 addr, self._instance.request(RequestCode.CHRONOMQ_QUERY_PENDING, ext), what=what)
             data = _json_body(resp.body, what, addr)
             try:
-                total += int(data["count"])
+                counts[name] = int(data["count"])
             except (KeyError, TypeError, ValueError):
                 raise BrokerError(f"{what}: {addr} answered no count: {data!r}"[:500]) from None
-        return total
+        return counts

@@ -1,0 +1,83 @@
+"""``chronomq admin`` against a real ``chronomq start`` on 127.0.0.1: the verbs no other test drives
+(topics, route, update-topic, broker-status, -b), and -n given a broker's address instead of the name
+server's (the client Admin raises NotANameServer; the CLI says what -n takes)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from chronomq.client import Admin
+from chronomq.client.admin import NotANameServer
+from tests.compat.harness import ChronomqProcess
+from tests.conftest import wait_for
+
+pytestmark = pytest.mark.timeout(120)
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO / "src"), env.get("PYTHONPATH")]))
+    return subprocess.run([sys.executable, "-m", "chronomq.cli.main", *args], capture_output=True, text=True,
+                          timeout=60, env=env, cwd=REPO)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ChronomqProcess]:
+    p = ChronomqProcess(tmp_path_factory.mktemp("cli") / "data")
+    p.start()
+    yield p
+    p.stop()
+
+
+def test_topic_verbs_and_broker_status(server: ChronomqProcess) -> None:
+    ns = server.namesrv_addr
+    out = _cli("admin", "update-topic", "-n", ns, "CliTopic", "--queues", "3")
+    assert out.returncode == 0 and out.stdout.strip() == f"topic CliTopic updated on {server.broker_addr}"
+    wait_for(lambda: "CliTopic" in _cli("admin", "topics", "-n", ns).stdout, timeout=30,
+             message="CliTopic listed by the name server")
+    out = _cli("admin", "route", "-n", ns, "CliTopic")
+    assert out.returncode == 0, out.stderr
+    route = json.loads(out.stdout)
+    assert [q["writeQueueNums"] for q in route["queueDatas"]] == [3]
+    assert route["brokerDatas"][0]["brokerAddrs"] == {"0": server.broker_addr}
+    out = _cli("admin", "route", "-n", ns, "NoSuchTopic")
+    assert out.returncode == 1 and "TOPIC_NOT_EXIST" in out.stderr
+    out = _cli("admin", "broker-status", "-n", ns)
+    assert out.returncode == 0 and out.stdout.splitlines()[0].startswith("broker broker-a (")
+    b = server.broker_addr
+    out = _cli("admin", "broker-status", "-b", b)  # no name server involved
+    assert out.returncode == 0 and out.stdout.startswith(f"broker {b} ({b})")
+    out = _cli("admin", "delay-stats", "-b", server.broker_addr)
+    assert out.returncode == 0 and "since start" in out.stdout
+    out = _cli("admin", "consumer-progress", "-n", ns, "-g", "NoSuchGroup")
+    assert out.returncode == 0 and out.stdout.strip() == "no committed offsets for group NoSuchGroup"
+
+
+@pytest.mark.parametrize("verb", [["cluster"], ["topics"], ["route", "T"], ["delay-stats"], ["pending"],
+                                  ["cancel", "some-id"]])
+def test_a_broker_address_given_as_name_server_is_named(server: ChronomqProcess, verb: list[str]) -> None:
+    out = _cli("admin", *verb, "-n", server.broker_addr)
+    assert out.returncode == 1
+    assert f"{server.broker_addr} is a broker, not a name server" in out.stderr, out.stderr
+    assert "-n takes the name server's address" in out.stderr and "not supported" not in out.stderr
+    assert ("-b " in out.stderr) == (verb[0] not in ("cluster", "topics", "route"))
+
+
+def test_client_admin_raises_not_a_name_server(server: ChronomqProcess) -> None:
+    with Admin(server.broker_addr) as admin:
+        for call in (admin.brokers, admin.list_topics, admin.delay_stats):
+            with pytest.raises(NotANameServer) as ei:
+                call()
+            assert ei.value.addr == server.broker_addr
+    with Admin(server.namesrv_addr) as admin:
+        assert admin.masters() == [("broker-a", server.broker_addr)]
+        assert admin.cluster() == {"DefaultCluster": {"broker-a": {0: server.broker_addr}}}
