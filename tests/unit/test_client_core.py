@@ -43,6 +43,7 @@ from chronomq.client import (
     allocate_average,
 )
 from chronomq.client.model import ReceivedMessage, TopicRoute, decode_received, deliver_time_ms
+from chronomq.clock import VirtualClock
 from chronomq.remoting.client import RemotingClient, RemotingConnectError, RemotingTimeoutError
 from chronomq.remoting.codec import (
     FrameDecoder,
@@ -1340,3 +1341,38 @@ def test_push_consumer_commit_offset_is_the_oldest_message_in_flight():
         seen.append((c._offsets.get(mq), pq.space.is_set()))
     assert seen == [(0, False), (1, False), (3, True), (3, True), (5, True)]
     assert pq.consumed == 5 and not pq.msgs
+
+
+# --- the client's clock: a virtual clock drives bornTimestamp, deliver times and subscription versions ---
+CLOCK_START_MS = 1_800_000_000_000
+
+
+async def test_producer_dates_and_times_messages_by_its_clock(broker: FakeBroker) -> None:
+    broker.topics["T"] = 1
+    clock = VirtualClock(CLOCK_START_MS)
+    async with Producer("pg", broker.addr, clock=clock) as p:
+        await p.send(Message("T", b"now"))
+        (stored,) = broker.messages("T")
+        assert stored.born_timestamp == CLOCK_START_MS
+        r = await p.send(Message("T", b"later", delay=1.5))
+        assert r.deliver_ms == CLOCK_START_MS + 1500 == broker.timer[r.msg_id]["deliver_ms"]
+        await clock.advance(60_000)
+        b = await p.send_batch([Message("T", b"b0", delay=2), Message("T", b"b1", delay=3)])
+        assert b.deliver_times_ms == (CLOCK_START_MS + 62_000, CLOCK_START_MS + 63_000)
+
+
+async def test_admin_reschedule_delay_counts_from_its_clock(broker: FakeBroker) -> None:
+    broker.topics["T"] = 1
+    clock = VirtualClock(CLOCK_START_MS)
+    async with Producer("pg", broker.addr, clock=clock) as p, Admin(broker.addr, clock=clock) as a:
+        r = await p.send(Message("T", b"x", delay=3600))
+        await clock.advance(10_000)
+        [res] = await a.reschedule(r.msg_id, delay=5)
+        assert res.outcome == TimerOutcome.RESCHEDULED and res.deliver_ms == CLOCK_START_MS + 15_000
+
+
+def test_push_consumer_subscription_version_is_its_clock() -> None:
+    clock = VirtualClock(CLOCK_START_MS)
+    c = PushConsumer("g", "T", lambda msg: None, namesrv="127.0.0.1:9876", clock=clock)
+    subs = c._heartbeat_body()["consumerDataSet"][0]["subscriptionDataSet"]
+    assert {s["subVersion"] for s in subs} == {CLOCK_START_MS}

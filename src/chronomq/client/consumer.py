@@ -11,13 +11,13 @@ import concurrent.futures
 import contextlib
 import inspect
 import logging
-import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
 from chronomq import message as m
+from chronomq.clock import Clock, SystemClock
 from chronomq.remoting.codec import RemotingCommand
 from chronomq.remoting.codes import (
     RequestCode,
@@ -126,7 +126,8 @@ class PushConsumer(SyncContextMixin):
     A pull asks for ``pull_batch_size`` messages; while the broker reports a backlog on the queue (its
     maxOffset beyond the next offset) it asks for up to MAX_BACKLOG_PULL, within
     ``max_inflight_per_queue``, so catching up costs fewer round trips. At most ``concurrency`` listener
-    calls run at once, each message in its own call."""
+    calls run at once, each message in its own call. ``clock`` (default: the real one) dates the
+    subscriptions (their subVersion)."""
 
     def __init__(self, group: str, subscriptions: Mapping[str, str] | Sequence[str] | str,
                  listener: Listener | None = None, namesrv: str | Sequence[str] = "127.0.0.1:9876", *,
@@ -138,7 +139,8 @@ class PushConsumer(SyncContextMixin):
                  route_refresh_interval: float = 30.0, lock_interval: float = 20.0,
                  max_reconsume_times: int | None = None, retry_delay_level: int = 0,
                  orderly_retry_delay: float = 1.0, shutdown_timeout: float = 10.0,
-                 request_timeout: float = 3.0, instance_name: str | None = None) -> None:
+                 request_timeout: float = 3.0, instance_name: str | None = None,
+                 clock: Clock | None = None) -> None:
         if not group:
             raise ValueError("the consumer group must not be empty")
         if isinstance(subscriptions, str):
@@ -179,7 +181,8 @@ class PushConsumer(SyncContextMixin):
         self.subscriptions: dict[str, str] = dict(subs)
         if not broadcasting:
             self.subscriptions[m.RETRY_GROUP_TOPIC_PREFIX + group] = "*"
-        self._sub_version = int(time.time() * 1000)
+        self._clock: Clock = clock if clock is not None else SystemClock()
+        self._sub_version = self._clock.now_ms()
         self._instance = ClientInstance(namesrv, instance_name=instance_name, request_timeout=request_timeout,
                                         heartbeat_interval=heartbeat_interval,
                                         route_refresh_interval=route_refresh_interval,

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import math
-import time
 import zlib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -14,6 +13,7 @@ from enum import StrEnum
 from typing import Any
 
 from chronomq import message as m
+from chronomq.clock import SystemClock
 from chronomq.remoting.codes import PERM_READ, PERM_WRITE
 
 from .errors import InvalidMessage
@@ -95,8 +95,9 @@ class Message:
         if self.uniq_key is not None:
             validate_uniq_key(self.uniq_key)
 
-    def wire_properties(self) -> dict[str, str]:
-        """The properties as sent on the wire (without UNIQ_KEY/WAIT, which the producer adds)."""
+    def wire_properties(self, now_ms: int | None = None) -> dict[str, str]:
+        """The properties as sent on the wire (without UNIQ_KEY/WAIT, which the producer adds); a delay
+        counts from ``now_ms`` (the producer's clock), by default the current time."""
         props: dict[str, str] = {}
         for k, v in (self.properties or {}).items():
             if k in _RESERVED:
@@ -109,10 +110,10 @@ class Message:
             props[m.PROPERTY_TAGS] = self.tags
         if self.delay_level:
             props[m.PROPERTY_DELAY_TIME_LEVEL] = str(self.delay_level)
-        props.update(self._deliver_time_properties())
+        props.update(self._deliver_time_properties(now_ms))
         return props
 
-    def _deliver_time_properties(self) -> dict[str, str]:
+    def _deliver_time_properties(self, now_ms: int | None) -> dict[str, str]:
         """``TIMER_DELIVER_MS`` (epoch ms) for deliver_at / delay; nothing when neither is given."""
         if self.deliver_at is None and self.delay is None:
             return {}
@@ -123,7 +124,7 @@ class Message:
         clash = sorted(k for k in (self.properties or {}) if k in TIMER_PROPERTIES)
         if clash:
             raise InvalidMessage(f"give deliver_at/delay or the property {clash[0]!r}, not both")
-        return {m.PROPERTY_TIMER_DELIVER_MS: str(deliver_time_ms(self.deliver_at, self.delay))}
+        return {m.PROPERTY_TIMER_DELIVER_MS: str(deliver_time_ms(self.deliver_at, self.delay, now_ms))}
 
     def deliver_ms(self, now_ms: int | None = None) -> int | None:
         """The deliver time this message asks for (epoch ms), or None (a delay counts from ``now_ms``,
@@ -189,11 +190,12 @@ def deliver_time_ms(deliver_at: datetime | int | None, delay: timedelta | float 
         raise InvalidMessage(f"delay must be finite, got {delay!r}")
     if ms_f < 0:
         raise InvalidMessage(f"delay must be >= 0, got {delay!r}")
-    base = now_ms if now_ms is not None else int(time.time() * 1000)
+    base = now_ms if now_ms is not None else _REAL_CLOCK.now_ms()
     return base + math.ceil(ms_f)
 
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_REAL_CLOCK = SystemClock()  # when a caller gives no time of its own
 
 
 class SendStatus(StrEnum):

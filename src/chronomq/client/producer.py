@@ -11,12 +11,12 @@ import os
 import random
 import struct
 import threading
-import time
 import zlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from chronomq import message as m
+from chronomq.clock import Clock, SystemClock
 from chronomq.remoting.codec import BatchItem, RemotingCommand, encode_batch_body
 from chronomq.remoting.codes import SEND_V2_NAMES, RequestCode, ResponseCode
 
@@ -55,21 +55,22 @@ class _UniqIdGen:
     offset 8 bytes), an id then never has bit 62 of the "offset" set, which chronomq's timer store uses to
     mark its own handles (a 32-hex UNIQ_KEY with that bit could be taken for one)."""
 
-    def __init__(self, ip: str) -> None:
+    def __init__(self, ip: str, clock: Clock | None = None) -> None:
         try:
             ipb = bytes(int(p) for p in ip.split("."))
         except ValueError:
             ipb = b"\x7f\x00\x00\x01"
         rnd = random.getrandbits(32) & 0xFFFF3FFF
         self._prefix = (ipb + struct.pack(">H", os.getpid() & 0xFFFF) + rnd.to_bytes(4, "big")).hex().upper()
-        self._start = time.monotonic()
+        self._clock: Clock = clock if clock is not None else SystemClock()
+        self._start = self._clock.monotonic()
         self._counter = itertools.count(random.randrange(1 << 16))
         self._lock = threading.Lock()
 
     def next(self) -> str:
         with self._lock:
             n = next(self._counter)
-        ms = int((time.monotonic() - self._start) * 1000) & 0xFFFFFFFF
+        ms = int((self._clock.monotonic() - self._start) * 1000) & 0xFFFFFFFF
         return self._prefix + f"{ms:08X}{n & 0xFFFF:04X}"
 
 
@@ -81,7 +82,10 @@ def select_by_key(queues: list[MessageQueue], message: Message, key: Any) -> Mes
 
 class Producer(SyncContextMixin):
     """``async with Producer("group", namesrv="127.0.0.1:9876") as p: await p.send(Message(...))``
-    or, blocking, ``with Producer(...) as p: p.send(Message(...))``."""
+    or, blocking, ``with Producer(...) as p: p.send(Message(...))``.
+
+    ``clock`` (default: the real one) gives bornTimestamp, the deliver time of a ``delay``, the send
+    timeout budget and how long a failed broker stays isolated."""
 
     def __init__(self, group: str = "DEFAULT_PRODUCER", namesrv: str | Sequence[str] = "127.0.0.1:9876", *,
                  send_timeout: float = 3.0, retries: int = 2, compress_threshold: int = 4096,
@@ -89,7 +93,7 @@ class Producer(SyncContextMixin):
                  default_topic: str = m.DEFAULT_TOPIC, default_topic_queue_nums: int = 4,
                  heartbeat_interval: float = 30.0, route_refresh_interval: float = 30.0,
                  instance_name: str | None = None, use_v2_header: bool = True,
-                 broker_isolation: float = 2.0) -> None:
+                 broker_isolation: float = 2.0, clock: Clock | None = None) -> None:
         if not group:
             raise ValueError("the producer group must not be empty")
         if retries < 0:
@@ -104,11 +108,12 @@ class Producer(SyncContextMixin):
         self.default_topic_queue_nums = default_topic_queue_nums
         self.use_v2_header = use_v2_header
         self.broker_isolation = broker_isolation
+        self._clock: Clock = clock if clock is not None else SystemClock()
         self._instance = ClientInstance(namesrv, instance_name=instance_name, request_timeout=send_timeout,
                                         heartbeat_interval=heartbeat_interval,
                                         route_refresh_interval=route_refresh_interval)
         self._instance.heartbeat_body = self._heartbeat_body
-        self._ids = _UniqIdGen(self._instance.client_ip)
+        self._ids = _UniqIdGen(self._instance.client_ip, self._clock)
         self._rr = itertools.count(random.randrange(1024))
         self._isolated: dict[str, float] = {}
         self._started = False
@@ -172,7 +177,7 @@ class Producer(SyncContextMixin):
         return route.write_queues()
 
     def _pick(self, queues: list[MessageQueue], last_broker: str | None) -> MessageQueue:
-        now = time.monotonic()
+        now = self._clock.monotonic()
         start = next(self._rr)
         n = len(queues)
         # prefer a broker that is neither isolated nor the one that just failed
@@ -192,7 +197,7 @@ class Producer(SyncContextMixin):
             raise InvalidMessage(f"expected a chronomq.client.Message, got {type(msg).__name__}")
         msg.validate()
         body = msg.body_bytes()
-        props = msg.wire_properties()
+        props = msg.wire_properties(self._clock.now_ms())
         uniq = msg.uniq_key if msg.uniq_key is not None else self._ids.next()
         props[m.PROPERTY_UNIQ_KEY] = uniq
         props[m.PROPERTY_WAIT_STORE_MSG_OK] = "true"
@@ -212,7 +217,7 @@ class Producer(SyncContextMixin):
                 batch: bool) -> dict[str, Any]:
         ext = {"producerGroup": self.group, "topic": topic, "defaultTopic": self.default_topic,
                "defaultTopicQueueNums": self.default_topic_queue_nums, "queueId": queue_id,
-               "sysFlag": sys_flag, "bornTimestamp": int(time.time() * 1000), "flag": flag,
+               "sysFlag": sys_flag, "bornTimestamp": self._clock.now_ms(), "flag": flag,
                "properties": m.encode_properties(props), "reconsumeTimes": 0, "unitMode": "false",
                "batch": "true" if batch else "false"}
         if self.use_v2_header:
@@ -249,12 +254,12 @@ class Producer(SyncContextMixin):
                                  ) -> tuple[MessageQueue, RemotingCommand]:
         self._check()
         budget = timeout if timeout is not None else self.send_timeout
-        deadline = time.monotonic() + budget
+        deadline = self._clock.monotonic() + budget
         attempts: list[tuple[str, int, BaseException]] = []
         last_broker: str | None = None
         tries = 1 if fixed_queue is not None else 1 + self.retries
         for attempt in range(tries):
-            remaining = deadline - time.monotonic()
+            remaining = deadline - self._clock.monotonic()
             if remaining <= 0:
                 break
             mq: MessageQueue | None = None
@@ -286,11 +291,11 @@ class Producer(SyncContextMixin):
             last_broker = bname
             log.debug("%s: attempt %d failed: %s", what, attempt + 1, err)
             if isinstance(err, ConnectFailed | RequestTimeout) and mq is not None:
-                self._isolated[bname] = time.monotonic() + self.broker_isolation
+                self._isolated[bname] = self._clock.monotonic() + self.broker_isolation
             if isinstance(err, TopicNotFound | NotPermitted | ConnectFailed | NoRouteError):
                 self._instance.routes.pop(topic, None)
             if attempt + 1 < tries and isinstance(err, NoRouteError | BrokerBusy | ConnectFailed):
-                await asyncio.sleep(min(0.05 * (attempt + 1), max(0.0, deadline - time.monotonic())))
+                await asyncio.sleep(min(0.05 * (attempt + 1), max(0.0, deadline - self._clock.monotonic())))
         if len(attempts) == 1 or (attempts and all(isinstance(a[2], NoRouteError) for a in attempts)):
             raise attempts[-1][2]
         if not attempts:
@@ -358,6 +363,7 @@ class Producer(SyncContextMixin):
         ids: list[str] = []
         total = 0
         timed = isinstance(msgs[0], Message) and (msgs[0].deliver_at is not None or msgs[0].delay is not None)
+        now_ms = self._clock.now_ms()  # one base for every delay of the batch
         for msg in msgs:
             if not isinstance(msg, Message):
                 raise InvalidMessage(f"expected chronomq.client.Message items, got {type(msg).__name__}")
@@ -369,7 +375,7 @@ class Producer(SyncContextMixin):
                 raise InvalidMessage("a batch is all timed (deliver_at/delay on every message) or not timed "
                                      "at all; the broker refuses a mix: send them in separate batches")
             msg.validate()
-            props = msg.wire_properties()
+            props = msg.wire_properties(now_ms)
             uniq = msg.uniq_key if msg.uniq_key is not None else self._ids.next()
             props[m.PROPERTY_UNIQ_KEY] = uniq
             props[m.PROPERTY_WAIT_STORE_MSG_OK] = "true"
