@@ -1,4 +1,4 @@
-"""TimerStore: the synchronous, thread-safe core of the timer (on-disk format: see ``__init__``).
+"""TimerStore: the synchronous, thread-safe core of the timer (on-disk format: docs/timer.md).
 
 The asyncio delivery loop lives in ``service.py``; everything here can also be driven by hand
 (``poll`` / ``deliver``), which is what the virtual-clock tests do.
