@@ -332,18 +332,21 @@ def test_disk_full_is_a_clean_error_not_a_crash(store, monkeypatch):
 
     import chronomq.store.mapped as mapped
 
-    real = mapped.os.posix_fallocate
+    real_fallocate, real_pwrite = mapped.os.posix_fallocate, mapped.os.pwrite
 
-    def full(fd, off, n):
+    def full(fd, *_args):
         raise OSError(errno.ENOSPC, "No space left on device")
 
     before = store.max_phy_offset
+    # allocation writes zeros (new files) or fallocates (files that may hold data): both fail
     monkeypatch.setattr(mapped.os, "posix_fallocate", full)
+    monkeypatch.setattr(mapped.os, "pwrite", full)
     big = b"f" * 3000
     results = [store.put_message(msg(body=big)) for _ in range(8)]  # crosses into a new segment
     failed = [r for r in results if not r.ok]
     assert failed and all(r.status is PutStatus.SERVICE_NOT_AVAILABLE and "space" in r.error for r in failed)
-    monkeypatch.setattr(mapped.os, "posix_fallocate", real)
+    monkeypatch.setattr(mapped.os, "posix_fallocate", real_fallocate)
+    monkeypatch.setattr(mapped.os, "pwrite", real_pwrite)
     r = store.put_message(msg(body=b"after"))
     assert r.ok
     assert store.wait_dispatched(r.append.wrote_offset, 5)

@@ -15,6 +15,8 @@ from chronomq.store.types import CQUnit
 
 UNIT = struct.Struct(">qiq")
 UNIT_SIZE = 20
+# a queue gets disk blocks 256 KiB (13,107 units) at a time: a new queue costs little to start
+CQ_ALLOC_CHUNK = 256 * 1024
 
 
 class ConsumeQueue:
@@ -115,7 +117,7 @@ class ConsumeQueue:
             r = offset * UNIT_SIZE - f.start
             chunk = min(n - pos, f.file_size - r)
             if r + chunk > f.allocated:
-                f.allocate(r + chunk)  # OSError (disk full) propagates: the dispatcher retries
+                f.allocate(r + chunk, CQ_ALLOC_CHUNK)  # OSError (disk full) propagates: dispatch retries
             f.mm[r : r + chunk] = data[pos : pos + chunk]
             f.written = r + chunk
             pos += chunk

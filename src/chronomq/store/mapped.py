@@ -7,6 +7,12 @@ os.fdatasync releases it: writers keep appending during a group commit.
 
 A file found shorter than its nominal size (truncated by a crash or by hand) is extended with
 zeros on open, so every file of a kind has the same size and a zero TOTALSIZE marks its end.
+
+Disk blocks are given ahead of the writer (``allocate``) by writing zeros, not with fallocate: a first
+store into a mapped page with no written block (a hole, or fallocate's unwritten extent) allocates or
+converts it inside the page fault, and on ext4 that fault waits for any journal commit another thread's
+fsync has started: 15-20 ms here, with the GIL held. A page that holds written zeros takes the store in
+microseconds, and a full disk shows up as ENOSPC from the pwrite instead of a SIGBUS at the store.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ import os
 import threading
 
 ALLOC_CHUNK = 4 * 1024 * 1024
+_ZEROS = memoryview(bytes(1024 * 1024))
 
 
 class StoreConfigError(RuntimeError):
@@ -23,8 +30,8 @@ class StoreConfigError(RuntimeError):
 
 
 class MappedFile:
-    __slots__ = ("_lock", "allocated", "closed", "fd", "file_size", "flushed", "mm", "path", "start",
-                 "was_short", "written")
+    __slots__ = ("_alloc_lock", "_lock", "allocated", "blank_from", "closed", "fd", "file_size", "flushed",
+                 "mm", "path", "start", "was_short", "written")
 
     def __init__(self, path: str, start: int, file_size: int) -> None:
         self.path = path
@@ -40,21 +47,39 @@ class MappedFile:
         self.flushed = 0  # bytes known durable (relative)
         self.closed = False
         self.allocated = 0  # bytes known to have disk blocks (see allocate)
+        # bytes from here on were never written (a new file): allocate may write zeros over them
+        self.blank_from = 0 if size == 0 else file_size
         self._lock = threading.Lock()
+        self._alloc_lock = threading.Lock()
 
     @property
     def end(self) -> int:
         return self.start + self.file_size
 
-    def allocate(self, upto: int) -> None:
-        """Make sure disk blocks exist below ``upto`` (relative), in ALLOC_CHUNK steps. Files are sparse;
-        a store into a mapped page with no block on a full disk is a SIGBUS that kills the process,
-        while fallocate fails with a clean OSError (ENOSPC) the caller can report."""
+    def allocate(self, upto: int, chunk: int = ALLOC_CHUNK) -> None:
+        """Make sure disk blocks exist below ``upto`` (relative), in ``chunk`` steps. Bytes from
+        ``blank_from`` on get zeros written through the page cache (see the module docstring); bytes
+        before it may hold data and get posix_fallocate, which never changes content. Thread-safe: a
+        background allocator and the writer may both call it. OSError (ENOSPC) propagates."""
         if upto <= self.allocated:
             return
-        end = min(self.file_size, -(-upto // ALLOC_CHUNK) * ALLOC_CHUNK)
-        os.posix_fallocate(self.fd, self.allocated, end - self.allocated)
-        self.allocated = end
+        with self._alloc_lock:
+            start = self.allocated
+            if upto <= start or self.closed:
+                return
+            end = min(self.file_size, -(-upto // chunk) * chunk)
+            zero_at = min(max(start, self.blank_from), end)
+            if zero_at > start:
+                os.posix_fallocate(self.fd, start, zero_at - start)
+            off = zero_at
+            while off < end:
+                off += os.pwrite(self.fd, _ZEROS[: min(len(_ZEROS), end - off)], off)
+            self.allocated = end
+
+    def mark_blank_from(self, pos: int) -> None:
+        """The owner knows every byte from ``pos`` (relative) on is unwritten (zero): allocate may write
+        zeros there (the active commit-log segment after recovery, whose tail recovery zeroed)."""
+        self.blank_from = min(self.blank_from, max(pos, self.allocated))
 
     def flush(self, upto: int | None = None) -> int:
         """msync [flushed, upto) (relative; default: everything written). Returns the new flushed mark."""
@@ -81,6 +106,7 @@ class MappedFile:
             self.written = min(self.written, pos)
             self.flushed = min(self.flushed, pos)
             self.allocated = min(self.allocated, pos)
+            self.blank_from = min(self.blank_from, pos)
 
     def close(self) -> None:
         with self._lock:

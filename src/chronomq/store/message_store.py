@@ -81,6 +81,9 @@ from chronomq.store.types import AppendResult, CQUnit, GetResult, GetStatus, Put
 log = logging.getLogger("chronomq.store")
 
 DEFAULT_MAX_BYTES = 256 * 1024
+# The allocator thread keeps this much of the active commit-log segment written with zeros ahead of the
+# write position (see store.mapped: a put must not be the one to allocate a page's disk block).
+ALLOCATE_AHEAD = 16 * 1024 * 1024
 _POS_STORETIMESTAMP = 56
 ArrivalListener = Callable[[str, int, int, int], None]
 
@@ -126,6 +129,8 @@ class MessageStore:
         self._listeners: list[ArrivalListener] = []
         self._guard: Callable[[], int | None] | None = None
 
+        self._alloc_wake = threading.Event()
+
         # flush side
         self._flush_cv = threading.Condition()
         self._flush_requests: list[tuple[int, concurrent.futures.Future[bool]]] = []
@@ -155,6 +160,7 @@ class MessageStore:
         self._running = True
         self._stop.clear()
         targets = [("chronomq-store-dispatch", self._dispatch_loop),
+                   ("chronomq-store-allocate", self._allocate_loop),
                    ("chronomq-store-flush-cq", self._flush_cq_loop),
                    ("chronomq-store-clean", self._clean_loop)]
         targets.append(("chronomq-store-flush", self._group_commit_loop if self._sync else self._flush_loop))
@@ -190,6 +196,7 @@ class MessageStore:
             self._running = False
         self._stop.set()
         self._wake.set()
+        self._alloc_wake.set()
         with self._flush_cv:
             self._flush_cv.notify_all()
         for t in self._threads:
@@ -311,12 +318,34 @@ class MessageStore:
                 return self._fail(PutStatus.SERVICE_NOT_AVAILABLE, f"cannot create a commit-log segment: {e}")
             wrote = seg.start
             r = 0
-        if r + size > seg.allocated:
-            try:
-                seg.allocate(r + size)
-            except OSError as e:
-                return self._fail(PutStatus.SERVICE_NOT_AVAILABLE, f"cannot allocate commit-log space: {e}")
+        if r + size + ALLOCATE_AHEAD // 2 > seg.allocated:
+            if not self._alloc_wake.is_set():
+                self._alloc_wake.set()
+            if r + size > seg.allocated:  # the writer outran the allocator thread
+                try:
+                    seg.allocate(r + size)
+                except OSError as e:
+                    return self._fail(PutStatus.SERVICE_NOT_AVAILABLE,
+                                      f"cannot allocate commit-log space: {e}")
         return seg, wrote, r
+
+    def _allocate_loop(self) -> None:
+        """RocketMQ's AllocateMappedFileService, reduced to what matters here: keep ALLOCATE_AHEAD bytes of
+        the active segment allocated (zeros written) ahead of the writer, a chunk at a time so a put that
+        needs space itself never waits long for the lock."""
+        while not self._stop.is_set():
+            self._alloc_wake.wait(0.5)
+            self._alloc_wake.clear()
+            seg = self._cur_seg
+            if seg is None or self._stop.is_set():
+                continue
+            target = min(self._cl.wrote - seg.start + ALLOCATE_AHEAD, seg.file_size)
+            try:
+                while seg.allocated < target and not seg.closed and not self._stop.is_set():
+                    seg.allocate(seg.allocated + 1)
+            except (OSError, ValueError) as e:  # the put that needs the space reports it (disk full)
+                log.warning("commit-log allocation ahead of the writer failed: %s", e)
+                self._stop.wait(1.0)
 
     def _property_fields(self, props: dict[str, str]
                          ) -> tuple[bytes, str | None, list[str] | None, str | None] | PutResult:

@@ -1,0 +1,83 @@
+"""MappedFile.allocate: never-written bytes get written zeros (no hole or unwritten extent is left for a
+mapped store to fault on), bytes that may hold data are only fallocated (content kept), the recovered
+tail of a segment counts as never written, and the store's allocator thread stays ahead of the writer."""
+
+from __future__ import annotations
+
+import os
+
+from test_store_basic import make_config, msg
+from tests.conftest import wait_for
+
+import chronomq.store.mapped as mapped
+from chronomq.clock import VirtualClock
+from chronomq.store import MessageStore
+from chronomq.store.mapped import MappedFile
+
+
+def _calls(monkeypatch) -> list[tuple[str, int, int]]:
+    calls: list[tuple[str, int, int]] = []
+    real_pwrite, real_fallocate = os.pwrite, os.posix_fallocate
+
+    def pwrite(fd, data, off):  # type: ignore[no-untyped-def]
+        calls.append(("zeros", off, len(data)))
+        return real_pwrite(fd, data, off)
+
+    def fallocate(fd, off, n):  # type: ignore[no-untyped-def]
+        calls.append(("fallocate", off, n))
+        return real_fallocate(fd, off, n)
+
+    monkeypatch.setattr(mapped.os, "pwrite", pwrite)
+    monkeypatch.setattr(mapped.os, "posix_fallocate", fallocate)
+    return calls
+
+
+def test_a_new_file_gets_zeros_written_in_chunks(tmp_path, monkeypatch) -> None:
+    f = MappedFile(str(tmp_path / "00000000000000000000"), 0, 1 << 20)
+    calls = _calls(monkeypatch)
+    f.allocate(1, chunk=64 * 1024)
+    assert f.allocated == 64 * 1024 and calls == [("zeros", 0, 64 * 1024)]
+    f.allocate(100 * 1024, chunk=64 * 1024)
+    assert f.allocated == 128 * 1024 and calls[1:] == [("zeros", 64 * 1024, 64 * 1024)]
+    f.allocate(10 << 20)  # never past the file's end
+    assert f.allocated == 1 << 20 and os.stat(f.path).st_blocks * 512 >= 1 << 20  # blocks really exist
+    f.close()
+
+
+def test_a_reopened_file_keeps_its_content(tmp_path, monkeypatch) -> None:
+    path = str(tmp_path / "00000000000000000000")
+    f = MappedFile(path, 0, 256 * 1024)
+    f.mm[0:5] = b"hello"
+    f.close()
+    f = MappedFile(path, 0, 256 * 1024)
+    calls = _calls(monkeypatch)
+    f.allocate(1)
+    assert [c[0] for c in calls] == ["fallocate"] and f.mm[0:5] == b"hello"
+    f.close()
+
+
+def test_the_zeroed_tail_of_a_recovered_file_gets_zeros(tmp_path, monkeypatch) -> None:
+    path = str(tmp_path / "00000000000000000000")
+    f = MappedFile(path, 0, 256 * 1024)
+    f.mm[0:4] = b"keep"
+    f.close()
+    f = MappedFile(path, 0, 256 * 1024)
+    f.zero_tail(4096)
+    calls = _calls(monkeypatch)
+    f.allocate(8192, chunk=64 * 1024)
+    assert calls == [("fallocate", 0, 4096), ("zeros", 4096, 60 * 1024)]
+    assert f.mm[0:4] == b"keep"
+    f.close()
+
+
+def test_the_allocator_thread_stays_ahead_of_the_commit_log_writer(tmp_path) -> None:
+    s = MessageStore(make_config(tmp_path, mappedFileSizeCommitLog=32 << 20), VirtualClock())
+    s.start()
+    try:
+        assert s.put_message(msg(body=b"x" * 1000)).ok
+        seg = s._cur_seg
+        assert seg is not None
+        # ALLOCATE_AHEAD past the write position, in the background (woken by the put)
+        wait_for(lambda: seg.allocated >= 16 << 20, message="the allocator thread ran ahead")
+    finally:
+        s.shutdown()
