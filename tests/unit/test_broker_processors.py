@@ -575,3 +575,30 @@ async def test_sql92_subscription_is_refused_clearly(env: Env) -> None:
     ext["expressionType"] = "SQL92"
     resp = await c.request(R.PULL_MESSAGE, ext)
     assert resp.code == C.SYSTEM_ERROR and "SQL92" in resp.remark
+
+
+# --- the processors' services ----------------------------------------------------------------------------
+def test_processors_import_services_not_the_controller() -> None:
+    import ast
+
+    import chronomq.broker.processor as processor
+    import chronomq.broker.timer_processor as timer_processor
+
+    for mod in (processor, timer_processor):
+        tree = ast.parse(Path(mod.__file__).read_text())
+        imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+        assert "controller" not in imported and "chronomq.broker.controller" not in imported, mod.__name__
+
+
+async def test_processor_works_from_services_and_counts_puts(env: Env) -> None:
+    s = env.broker.services
+    assert env.broker.processor.services is s and env.broker.timers.services is s
+    assert s.loop is asyncio.get_running_loop() and not s.stopping
+    c = await env.client()
+    assert (await c.send_message("Counted", b"a", 0, {"WAIT": "true"})).code == C.SUCCESS
+    items = [BatchItem(body=b"b%d" % i, properties={}) for i in range(3)]
+    resp = await c.request(R.SEND_MESSAGE, send_ext("Counted", 0, {}, batch=True), encode_batch_body(items))
+    assert resp.code == C.SUCCESS, resp.remark
+    info = json.loads((await c.request(R.GET_BROKER_RUNTIME_INFO, {})).body)["table"]
+    assert info["putMessageTimesTotal"] == "4" and info["putMessageFailedTimes"] == "0"
+    assert s.put_stats.count == 4

@@ -19,13 +19,13 @@ from chronomq.remoting.codec import RemotingCommand
 from chronomq.remoting.codes import RequestCode
 from chronomq.remoting.server import Connection, RemotingServer
 from chronomq.store import MessageStore
-from chronomq.store.types import PutResult
 
 from .clients import ConsumerManager, ProducerManager, QueueLockManager
 from .longpoll import PullHoldService
 from .nsclient import NamesrvClient
 from .offsets import ConsumerOffsetManager
 from .processor import BrokerProcessor
+from .services import BrokerServices
 from .timer_processor import TimerProcessor
 from .topics import TopicConfig, TopicConfigManager
 
@@ -60,11 +60,10 @@ class BrokerController:
         self.root = Path(config.storePathRootDir)
         self.store = MessageStore(config, self.clock, self.store_host)
         self.delay = DelayService(self.store, config, self.clock)
-        try:  # issue 7: the timer store (its settings are broker keys: timerMaxDelaySec, ...)
+        try:  # the timer store (its settings are broker keys: timerMaxDelaySec, ...)
             self.timer = TimerService(self.store, config, self.clock, store_host=self.store_host)
         except TimerError as e:
             raise ConfigError(str(e)) from None
-        self.timers = TimerProcessor(self)
         self.topics = TopicConfigManager(
             self.root / "config",
             config.defaultTopicQueueNums,
@@ -77,7 +76,24 @@ class BrokerController:
         self.producers = ProducerManager(config.clientChannelMaxIdleTimeSeconds * 1000)
         self.locks = QueueLockManager()
         self.hold = PullHoldService(self.clock)
-        self.processor = BrokerProcessor(self)
+        self.services = BrokerServices(
+            config=config,
+            clock=self.clock,
+            store_host=self.store_host,
+            store=self.store,
+            delay=self.delay,
+            timer=self.timer,
+            topics=self.topics,
+            offsets=self.offsets,
+            consumers=self.consumers,
+            producers=self.producers,
+            locks=self.locks,
+            hold=self.hold,
+            notify_consumer_ids_changed=self.notify_consumer_ids_changed,
+            runtime_info=self.runtime_info,
+        )
+        self.timers = TimerProcessor(self.services)
+        self.processor = BrokerProcessor(self.services, self.timers)
         self.server = RemotingServer(
             self.processor.handle,
             self.bind_host,
@@ -88,12 +104,8 @@ class BrokerController:
         self.server.close_callbacks.append(self._on_connection_closed)
         self.local_register = local_register
         self.ns_client: NamesrvClient | None = None
-        self.loop: asyncio.AbstractEventLoop | None = None
-        self.stopping = False
         self._tasks: list[asyncio.Task[None]] = []
         self.started_at = 0
-        self.put_count = 0
-        self.put_failures = 0
         self._dispatch_queued = False
         self._loop_thread = 0
         self.topics.on_change.append(self._topic_changed)
@@ -102,10 +114,19 @@ class BrokerController:
     def broker_addr(self) -> str:
         return f"{self.config.brokerIP1}:{self.config.listenPort}"
 
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop | None:
+        """The event loop the broker runs on (None before ``start``)."""
+        return self.services.loop
+
+    @property
+    def stopping(self) -> bool:
+        return self.services.stopping
+
     # --- lifecycle ---------------------------------------------------------------------------------------
     async def start(self) -> None:
-        self.loop = asyncio.get_running_loop()
-        self.hold.bind(self.loop)
+        self.services.loop = asyncio.get_running_loop()
+        self.hold.bind(self.services.loop)
         self.started_at = self.clock.now_ms()
         self.store.start()
         self.store.add_arrival_listener(self.hold.on_arrival)
@@ -153,7 +174,7 @@ class BrokerController:
     async def shutdown(self) -> None:
         if self.stopping:
             return
-        self.stopping = True
+        self.services.stopping = True
         self.hold.wake_all()
         for t in self._tasks:
             t.cancel()
@@ -281,12 +302,6 @@ class BrokerController:
             conn.send_oneway(cmd)
 
     # --- stats ---------------------------------------------------------------------------------------------
-    def stats_put(self, group: str, result: PutResult) -> None:
-        if result.ok:
-            self.put_count += result.append.msg_count if result.append else 1
-        else:
-            self.put_failures += 1
-
     def runtime_info(self) -> dict[str, Any]:
         return {
             "brokerName": self.config.brokerName,
@@ -294,8 +309,8 @@ class BrokerController:
             "clusterName": self.config.brokerClusterName,
             "brokerId": self.config.brokerId,
             "bootTimestamp": self.started_at,
-            "putMessageTimesTotal": self.put_count,
-            "putMessageFailedTimes": self.put_failures,
+            "putMessageTimesTotal": self.services.put_stats.count,
+            "putMessageFailedTimes": self.services.put_stats.failures,
             "requestsTotal": self.server.requests,
             "commitLogMaxOffset": self.store.max_phy_offset,
             "commitLogMinOffset": self.store.min_phy_offset,

@@ -53,7 +53,8 @@ from .clients import ClientInfo, message_model_is_clustering
 from .topics import TopicConfig, TopicError
 
 if TYPE_CHECKING:
-    from .controller import BrokerController
+    from .services import BrokerServices
+    from .timer_processor import TimerProcessor
 
 log = logging.getLogger("chronomq.broker")
 
@@ -157,11 +158,17 @@ class TagFilter:
 
 
 class BrokerProcessor:
-    def __init__(self, ctrl: BrokerController) -> None:
-        self.ctrl = ctrl
-        self.store = ctrl.store
-        self.config = ctrl.config
-        self.clock = ctrl.clock
+    """The 4.x request codes, answered from the broker's services; the timer codes and the parking of
+    timed messages are ``timers``' (broker/timer_processor.py)."""
+
+    def __init__(self, services: BrokerServices, timers: TimerProcessor) -> None:
+        self.services = services
+        self.store = services.store
+        self.config = services.config
+        self.clock = services.clock
+        self.topics = services.topics
+        self.delay = services.delay
+        self.timers = timers
         self._filters: dict[str, TagFilter] = {}
         self._valid_topics: set[str] = set()
         # PULLs found empty inline, now being held (the request is kept so its id cannot be reused)
@@ -187,7 +194,6 @@ class BrokerProcessor:
             RequestCode.LOCK_BATCH_MQ: self.lock_batch_mq,
             RequestCode.UNLOCK_BATCH_MQ: self.unlock_batch_mq,
             RequestCode.CONSUMER_SEND_MSG_BACK: self.consumer_send_msg_back,
-            RequestCode.CHRONOMQ_DELAY_STATS: self.delay_stats,
             RequestCode.GET_ALL_TOPIC_CONFIG: self.get_all_topic_config,
             RequestCode.UPDATE_AND_CREATE_TOPIC: self.update_and_create_topic,
             RequestCode.DELETE_TOPIC_IN_BROKER: self.delete_topic,
@@ -195,7 +201,7 @@ class BrokerProcessor:
             RequestCode.GET_TOPIC_STATS_INFO: self.get_topic_stats,
             RequestCode.GET_ALL_CONSUMER_OFFSET: self.get_all_consumer_offset,
         }
-        self._sync.update(ctrl.timers.handlers())  # 9001-9004: broker/timer_processor.py
+        self._sync.update(timers.handlers())  # 9001-9004: broker/timer_processor.py
 
     # --- dispatch ------------------------------------------------------------------------------------------
     def handle_sync(self, req: RemotingCommand, conn: Connection) -> RemotingCommand | None:
@@ -214,7 +220,6 @@ class BrokerProcessor:
         if req.code != RequestCode.SEND_MESSAGE:
             req = _with_v1_fields(req)
         batch = req.code == RequestCode.SEND_BATCH_MESSAGE or req.ext_bool("batch")
-        group = req.ext_str("producerGroup", "") or ""
         target = self._send_target(req, batch)
         if isinstance(target, RemotingCommand):
             return target
@@ -223,21 +228,21 @@ class BrokerProcessor:
             msgs = self._batch_messages(req, conn, target)
             if isinstance(msgs, RemotingCommand):
                 return msgs
-            admitted = self.ctrl.delay.admit_batch(msgs)
+            admitted = self.delay.admit_batch(msgs)
         else:
-            admitted = self.ctrl.delay.admit(target.message(conn, self.ctrl.store_host, props, req.body,
-                                                            target.flag, target.sys_flag))
+            admitted = self.delay.admit(target.message(conn, self.services.store_host, props, req.body,
+                                                       target.flag, target.sys_flag))
         if admitted.refused is not None:
             return req.response(ResponseCode.MESSAGE_ILLEGAL, remark=admitted.refused)
         if admitted.timed:
-            return self.ctrl.timers.schedule(req, conn, admitted.timed)
+            return self.timers.schedule(req, conn, admitted.timed)
         if batch:
             result = self.store.put_messages(admitted.put)
             wait = True
         else:
             result = self.store.put_message(admitted.put[0])
             wait = props.get(PROPERTY_WAIT_STORE_MSG_OK, "true") != "false"
-        self.ctrl.stats_put(group, result)
+        self.services.put_stats.record(result)
         return self._put_response(req, conn, result, wait, target.queue_id)
 
     def _send_target(self, req: RemotingCommand, batch: bool) -> _SendTarget | RemotingCommand:
@@ -264,7 +269,7 @@ class BrokerProcessor:
         except Exception:
             return req.response(ResponseCode.MESSAGE_ILLEGAL, remark="the properties field cannot be decoded")
         try:
-            tc = self.ctrl.topics.create_in_send(
+            tc = self.topics.create_in_send(
                 topic, req.ext_str("defaultTopic"), req.ext_int("defaultTopicQueueNums", 0)
             )
         except TopicError as e:
@@ -294,7 +299,7 @@ class BrokerProcessor:
         if topic.startswith(RETRY_GROUP_TOPIC_PREFIX) and not batch and reconsume >= self._max_reconsume(
                 req, props):
             topic = DLQ_GROUP_TOPIC_PREFIX + topic[len(RETRY_GROUP_TOPIC_PREFIX) :]
-            self.ctrl.topics.create_system(topic, 1)
+            self.topics.create_system(topic, 1)
             queue_id = 0
         return _SendTarget(topic, queue_id, props, flag, sys_flag, born_ts, reconsume)
 
@@ -320,7 +325,7 @@ class BrokerProcessor:
             return req.response(ResponseCode.MESSAGE_ILLEGAL, remark=f"bad batch body: {e}")
         if not items:
             return req.response(ResponseCode.MESSAGE_ILLEGAL, remark="empty batch")
-        host = self.ctrl.store_host
+        host = self.services.store_host
         return [target.message(conn, host, it.properties, it.body, it.flag, sys_flag) for it in items]
 
     def _max_reconsume(self, req: RemotingCommand, props: dict[str, str]) -> int:
@@ -367,7 +372,7 @@ class BrokerProcessor:
             self._posted.append(fn)
             if len(self._posted) > 1:
                 return
-        loop = self.ctrl.loop
+        loop = self.services.loop
         try:
             if loop is not None:
                 loop.call_soon_threadsafe(self._run_posted)
@@ -398,7 +403,7 @@ class BrokerProcessor:
         if sys_flag & PULL_FLAG_SUBSCRIPTION:
             expr = req.ext_str("subscription", "*") or "*"
         else:
-            g = self.ctrl.consumers.groups.get(group)
+            g = self.services.consumers.groups.get(group)
             sub = g.subscriptions.get(topic) if g else None
             expr = str(sub.get("subString", "*")) if sub else "*"
         f = self._filters.get(expr)
@@ -416,7 +421,7 @@ class BrokerProcessor:
         offset = req.ext_int("queueOffset")
         max_msgs = max(1, min(req.ext_int("maxMsgNums", 32), MAX_PULL_MSGS))
         sys_flag = req.ext_int("sysFlag", 0)
-        tc = self.ctrl.topics.get(topic)
+        tc = self.topics.get(topic)
         if tc is not None:
             if not tc.perm & PERM_READ:
                 return req.response(
@@ -472,7 +477,7 @@ class BrokerProcessor:
         if req.ext_int("sysFlag", 0) & PULL_FLAG_COMMIT_OFFSET:
             commit = req.ext_int("commitOffset", -1)
             if commit >= 0:
-                self.ctrl.offsets.commit(
+                self.services.offsets.commit(
                     req.require_str("consumerGroup"), req.require_str("topic"), req.ext_int("queueId"), commit
                 )
 
@@ -493,7 +498,7 @@ class BrokerProcessor:
         offset = req.ext_int("queueOffset")
         suspend = min(max(0, req.ext_int("suspendTimeoutMillis", 15_000)), MAX_SUSPEND_MS)
         deadline = self.clock.now_ms() + suspend
-        hold = self.ctrl.hold
+        hold = self.services.hold
         entry = self._checked.pop(id(req), None)
         first = entry[1] if entry is not None and entry[0] is req else None
         while True:
@@ -501,7 +506,7 @@ class BrokerProcessor:
                 resp, may_hold, first = first, True, None
             else:
                 resp, may_hold = self._pull_once(req)
-            if not may_hold or self.ctrl.stopping or self.clock.now_ms() >= deadline:
+            if not may_hold or self.services.stopping or self.clock.now_ms() >= deadline:
                 return resp
             arrived = await hold.wait(
                 topic, queue_id, offset, deadline, lambda: self.store.get_max_offset_in_queue(topic, queue_id)
@@ -524,14 +529,14 @@ class BrokerProcessor:
                 continue
             group = str(cd["groupName"])
             if message_model_is_clustering(cd.get("messageModel", 1)):
-                self.ctrl.topics.create_system(RETRY_GROUP_TOPIC_PREFIX + group, 1)
+                self.topics.create_system(RETRY_GROUP_TOPIC_PREFIX + group, 1)
             info = ClientInfo(client_id, conn, now, req.language, req.version)
-            if self.ctrl.consumers.register(group, info, cd):
+            if self.services.consumers.register(group, info, cd):
                 log.info("consumer %s joined group %s", client_id, group)
-                self.ctrl.notify_consumer_ids_changed(group)
+                self.services.notify_consumer_ids_changed(group)
         for pd in hb.get("producerDataSet") or []:
             if isinstance(pd, dict) and pd.get("groupName"):
-                self.ctrl.producers.register(
+                self.services.producers.register(
                     str(pd["groupName"]), ClientInfo(client_id, conn, now, req.language, req.version)
                 )
         return req.response()
@@ -541,15 +546,15 @@ class BrokerProcessor:
         pg = req.ext_str("producerGroup", "") or ""
         cg = req.ext_str("consumerGroup", "") or ""
         if pg:
-            self.ctrl.producers.unregister(pg, client_id)
-        if cg and self.ctrl.consumers.unregister(cg, client_id):
+            self.services.producers.unregister(pg, client_id)
+        if cg and self.services.consumers.unregister(cg, client_id):
             log.info("consumer %s left group %s", client_id, cg)
-            self.ctrl.notify_consumer_ids_changed(cg)
+            self.services.notify_consumer_ids_changed(cg)
         return req.response()
 
     def get_consumer_list(self, req: RemotingCommand, conn: Connection) -> RemotingCommand:
         group = req.require_str("consumerGroup")
-        ids = self.ctrl.consumers.client_ids(group)
+        ids = self.services.consumers.client_ids(group)
         if not ids:
             return req.response(ResponseCode.SYSTEM_ERROR, remark=f"no consumer for this group, {group}")
         return req.response(body=_json({"consumerIdList": ids}))
@@ -559,7 +564,7 @@ class BrokerProcessor:
         group = req.require_str("consumerGroup")
         topic = req.require_str("topic")
         qid = req.ext_int("queueId")
-        off = self.ctrl.offsets.query(group, topic, qid)
+        off = self.services.offsets.query(group, topic, qid)
         if off >= 0:
             return req.response(ext_fields={"offset": str(off)})
         if self.store.get_min_offset_in_queue(topic, qid) <= 0:
@@ -570,7 +575,7 @@ class BrokerProcessor:
         )
 
     def update_consumer_offset(self, req: RemotingCommand, conn: Connection) -> RemotingCommand:
-        self.ctrl.offsets.commit(
+        self.services.offsets.commit(
             req.require_str("consumerGroup"),
             req.require_str("topic"),
             req.ext_int("queueId"),
@@ -597,7 +602,7 @@ class BrokerProcessor:
         return req.response(ext_fields={"timestamp": str(ts)})
 
     def get_all_consumer_offset(self, req: RemotingCommand, conn: Connection) -> RemotingCommand:
-        table = {k: {str(q): o for q, o in v.items()} for k, v in self.ctrl.offsets.table.items()}
+        table = {k: {str(q): o for q, o in v.items()} for k, v in self.services.offsets.table.items()}
         return req.response(body=_json({"offsetTable": table}))
 
     # --- lookups -------------------------------------------------------------------------------------------
@@ -657,7 +662,7 @@ class BrokerProcessor:
         body = _parse_json_body(req, "LOCK_BATCH_MQ")
         if not isinstance(body, dict):
             raise HeaderError("LOCK_BATCH_MQ body is not a JSON object")
-        granted = self.ctrl.locks.try_lock(
+        granted = self.services.locks.try_lock(
             str(body.get("consumerGroup", "")),
             self._mq_list(body),
             str(body.get("clientId", "")),
@@ -671,7 +676,7 @@ class BrokerProcessor:
         body = _parse_json_body(req, "UNLOCK_BATCH_MQ")
         if not isinstance(body, dict):
             raise HeaderError("UNLOCK_BATCH_MQ body is not a JSON object")
-        self.ctrl.locks.unlock(
+        self.services.locks.unlock(
             str(body.get("consumerGroup", "")), self._mq_list(body), str(body.get("clientId", ""))
         )
         return req.response()
@@ -685,10 +690,10 @@ class BrokerProcessor:
         if old is None:
             return req.response(ResponseCode.SYSTEM_ERROR, remark=f"look message by offset failed, {offset}")
         max_times = self._max_reconsume(req, old.properties)
-        self.ctrl.topics.create_system(RETRY_GROUP_TOPIC_PREFIX + group, 1)
-        new = self.ctrl.delay.build_send_back(old, group, delay_level, max_times)
+        self.topics.create_system(RETRY_GROUP_TOPIC_PREFIX + group, 1)
+        new = self.delay.build_send_back(old, group, delay_level, max_times)
         if new.topic.startswith(DLQ_GROUP_TOPIC_PREFIX):
-            self.ctrl.topics.create_system(new.topic, 1)
+            self.topics.create_system(new.topic, 1)
             log.info(
                 "message at %d of group %s moved to %s after %d reconsumes",
                 offset,
@@ -696,8 +701,8 @@ class BrokerProcessor:
                 new.topic,
                 old.reconsume_times,
             )
-        new.store_host = self.ctrl.store_host
-        self.ctrl.delay.prepare_put(new)
+        new.store_host = self.services.store_host
+        self.delay.prepare_put(new)
         result = self.store.put_message(new)
         resp = self._put_response(req, conn, result, True, new.queue_id)
         if resp is DEFERRED:
@@ -706,12 +711,9 @@ class BrokerProcessor:
             return req.response()
         return resp
 
-    # --- chronomq + admin ---------------------------------------------------------------------------------
-    def delay_stats(self, req: RemotingCommand, conn: Connection) -> RemotingCommand:
-        return req.response(body=_json(self.ctrl.delay.stats()))
-
+    # --- admin -------------------------------------------------------------------------------------------
     def get_all_topic_config(self, req: RemotingCommand, conn: Connection) -> RemotingCommand:
-        t = self.ctrl.topics
+        t = self.topics
         return req.response(body=_json({"topicConfigTable": t.snapshot(), "dataVersion": t.data_version}))
 
     def update_and_create_topic(self, req: RemotingCommand, conn: Connection) -> RemotingCommand:
@@ -730,21 +732,22 @@ class BrokerProcessor:
         if not (0 < tc.readQueueNums <= 1024 and 0 < tc.writeQueueNums <= 1024):
             raise HeaderError("queue numbers must be within 1..1024")
         try:
-            self.ctrl.topics.update(tc)
+            self.topics.update(tc)
         except TopicError as e:
             return req.response(ResponseCode.SYSTEM_ERROR, remark=str(e))
         return req.response()
 
     def delete_topic(self, req: RemotingCommand, conn: Connection) -> RemotingCommand:
-        self.ctrl.topics.delete(req.require_str("topic"))
+        self.topics.delete(req.require_str("topic"))
         return req.response()
 
     def get_runtime_info(self, req: RemotingCommand, conn: Connection) -> RemotingCommand:
-        return req.response(body=_json({"table": {k: str(v) for k, v in self.ctrl.runtime_info().items()}}))
+        info = self.services.runtime_info()
+        return req.response(body=_json({"table": {k: str(v) for k, v in info.items()}}))
 
     def get_topic_stats(self, req: RemotingCommand, conn: Connection) -> RemotingCommand:
         topic = req.require_str("topic")
-        tc = self.ctrl.topics.get(topic)
+        tc = self.topics.get(topic)
         if tc is None:
             return req.response(ResponseCode.TOPIC_NOT_EXIST, remark=f"topic[{topic}] not exist")
         table = {}

@@ -39,7 +39,7 @@ if TYPE_CHECKING:
 
     from chronomq.remoting.server import Connection
 
-    from .controller import BrokerController
+    from .services import BrokerServices
 
 log = logging.getLogger("chronomq.broker.timer")
 
@@ -110,12 +110,13 @@ def parse_query(req: RemotingCommand) -> dict[str, Any]:
 
 
 class TimerProcessor:
-    """Owned by the BrokerController (``ctrl.timers``); ``ctrl.timer`` is the TimerService."""
+    """Codes 9001-9004 and the parking of timed sends, answered from the broker's services
+    (``services.timer`` is the TimerService)."""
 
-    def __init__(self, ctrl: BrokerController) -> None:
-        self.ctrl = ctrl
-        self.timer: TimerService = ctrl.timer
-        self.clock = ctrl.clock
+    def __init__(self, services: BrokerServices) -> None:
+        self.services = services
+        self.timer: TimerService = services.timer
+        self.delay = services.delay
         self.scheduled = 0
         self._tasks: set[asyncio.Task[None]] = set()
 
@@ -132,7 +133,8 @@ class TimerProcessor:
                  ) -> RemotingCommand:
         """Park what ``DelayService.admit`` / ``admit_batch`` found timed, and answer for it."""
         msgs = [m for m, _ in timed]
-        if not self.timer.sync_flush or self.ctrl.loop is None:
+        loop = self.services.loop
+        if not self.timer.sync_flush or loop is None:
             try:
                 results = self.timer.schedule_batch(timed)
             except TimerError as e:
@@ -152,7 +154,7 @@ class TimerProcessor:
                                     remark=f"timer store: {type(e).__name__}: {e}"[:500])
             conn.reply(req, resp)
 
-        task = self.ctrl.loop.create_task(run())
+        task = loop.create_task(run())
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         return DEFERRED
@@ -204,7 +206,7 @@ class TimerProcessor:
                                         "next_cursor": page.next_cursor}))
 
     def delay_stats(self, req: RemotingCommand, conn: Connection) -> RemotingCommand:
-        stats = dict(self.ctrl.delay.stats())
+        stats = dict(self.delay.stats())
         try:
             stats["timer"] = self.timer.stats()
         except TimerError as e:  # not open (shutting down)

@@ -1,0 +1,64 @@
+"""The services a broker's request processors work with, built once by the controller.
+
+``BrokerServices`` holds the store, the delay and timer services, the topic, offset and client
+managers, the long-poll hold service, the put counters, the configuration, the clock and the store host,
+plus two narrow controller actions (``notify_consumer_ids_changed``, ``runtime_info``). The processors
+(``BrokerProcessor``, ``TimerProcessor``) take this object, not the controller, so another endpoint
+(HA, transactions, ACL checks, a gRPC service) can be given the same services without reaching into one
+class. ``loop`` and ``stopping`` are the broker's run state: set by the controller when it starts and
+shuts down, read by the processors.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from chronomq.clock import Clock
+from chronomq.config import BrokerConfig
+from chronomq.delay import DelayService
+from chronomq.delay.timer import TimerService
+from chronomq.store import MessageStore
+from chronomq.store.types import PutResult
+
+from .clients import ConsumerManager, ProducerManager, QueueLockManager
+from .longpoll import PullHoldService
+from .offsets import ConsumerOffsetManager
+from .topics import TopicConfigManager
+
+
+@dataclass
+class PutStats:
+    """Counters of the puts made for SEND requests (GET_BROKER_RUNTIME_INFO)."""
+
+    count: int = 0
+    failures: int = 0
+
+    def record(self, result: PutResult) -> None:
+        if result.ok:
+            self.count += result.append.msg_count if result.append else 1
+        else:
+            self.failures += 1
+
+
+@dataclass(eq=False)
+class BrokerServices:
+    config: BrokerConfig
+    clock: Clock
+    store_host: tuple[str, int]
+    store: MessageStore
+    delay: DelayService  # the one way in for sent messages: admit / admit_batch
+    timer: TimerService
+    topics: TopicConfigManager
+    offsets: ConsumerOffsetManager
+    consumers: ConsumerManager
+    producers: ProducerManager
+    locks: QueueLockManager
+    hold: PullHoldService
+    notify_consumer_ids_changed: Callable[[str], None]
+    runtime_info: Callable[[], dict[str, Any]]
+    put_stats: PutStats = field(default_factory=PutStats)
+    loop: asyncio.AbstractEventLoop | None = None
+    stopping: bool = False
