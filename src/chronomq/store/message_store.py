@@ -1,37 +1,7 @@
 """MessageStore: the facade over the commit log, consume queues, index, flush, dispatch, clean and
-recovery. Thread-safe and synchronous; no asyncio, no sockets. A MessageStore starts once; to reopen a
-directory create a new one.
-
-Put path: validate and encode outside the lock; under the commit-log lock only assign the queue offset,
-the physical offset and the store time (never going backwards), copy the record into the mapped segment,
-patch those three fields in place, and append a dispatch request (offset, size, topic, queue, queue
-offset, tagsCode, store time, keys). The dispatcher thread (RocketMQ's reput) takes the requests in
-commit-log order, in batches, writes consume-queue units and index entries, then calls the arrival
-listeners once per queue per batch with the new max offset. The requests are derived from the bytes just
-written; after a crash the same requests are rebuilt by scanning the commit log (``_recover``), so the
-commit log stays the single source of truth. A failed batch (disk full) is put back and retried.
-
-Durability: ASYNC_FLUSH fdatasyncs every ``flushIntervalCommitLog`` ms (clock time). SYNC_FLUSH gives
-each put a Future resolved by the group-commit thread: it takes every pending request at once, syncs up
-to the current write position once and resolves them all (concurrent puts share one fdatasync); a
-watchdog resolves it False after ``syncFlushTimeout`` (real time: it bounds a disk wait). Queues and
-index are flushed every ``flushIntervalConsumeQueue`` ms, then the checkpoint records (flushed commit
-log, recover-from offset).
-
-Recovery: a clean shutdown leaves the exact end in the checkpoint and starts without scanning. After a
-crash (abort file present, no checkpoint, or a segment shorter than its size) the log is re-verified
-from the start of the segment holding the checkpoint's recover-from offset: magic, lengths, physical
-offset field, topic, properties and body CRC; the first bad record ends the log (the tail is zeroed,
-later segments removed), then queue entries from recover-from on are rebuilt, each record's queue
-offset checked against its queue. Data behind the checkpoint was fdatasynced before the checkpoint was
-written and is trusted, as in RocketMQ. A flipped bit in a header field no check covers (flag, born
-time, a still-plausible queue id) is not detectable in this record format.
-
-Test hooks: ``disk_usage_ratio`` (a callable, replaceable), ``recovered_abnormally``, ``_halt()``
-(stop without a clean shutdown, as if the process died).
-
-Files under ``storePathRootDir``: ``commitlog/``, ``consumequeue/<topic>/<queueId>/``, ``index/``,
-``checkpoint``, ``abort`` (present while running; found at start = the last run did not shut down).
+recovery (design, threads and locks: docs/store.md). Thread-safe and synchronous; store/ never imports
+remoting, broker, client, asyncio or socket. A MessageStore starts once; to reopen a directory create
+a new one.
 """
 
 from __future__ import annotations
