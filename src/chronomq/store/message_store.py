@@ -1,18 +1,16 @@
-"""MessageStore: the facade over the commit log, consume queues, index, flush, dispatch, clean and
-recovery (design, threads and locks: docs/store.md). Thread-safe and synchronous; store/ never imports
-remoting, broker, client, asyncio or socket. A MessageStore starts once; to reopen a directory create
-a new one.
+"""MessageStore: the facade over the commit log, consume queues and index, and the services that
+dispatch, flush, allocate and clean them (see docs/store.md for the design, threads and locks).
+Thread-safe and synchronous; store/ never imports remoting, broker, client, asyncio or socket. A
+MessageStore starts once; to reopen a directory create a new one. Each service keeps a reference to
+this facade.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
-import logging
 import os
-import shutil
 import struct
 import threading
-import time
 from collections.abc import Callable, Iterator
 
 from chronomq.clock import Clock
@@ -33,29 +31,20 @@ from chronomq.message import (
     tags_code,
     validate_topic,
 )
+from chronomq.store.allocate import ALLOCATE_AHEAD, AllocateMappedFileService
 from chronomq.store.checkpoint import Checkpoint
-from chronomq.store.commitlog import (
-    BLANK_HEAD,
-    I64,
-    PATCH,
-    CommitLog,
-    check_record,
-    encode,
-    splice,
-)
-from chronomq.store.consumequeue import UNIT, ConsumeQueue
+from chronomq.store.clean import CleanCommitLogService
+from chronomq.store.commitlog import BLANK_HEAD, I64, PATCH, CommitLog, encode, splice
+from chronomq.store.consumequeue import ConsumeQueue
+from chronomq.store.flush import FlushCommitLogService, FlushConsumeQueueService, GroupCommitService
 from chronomq.store.index import IndexService
 from chronomq.store.mapped import MappedFile
+from chronomq.store.recovery import StoreRecovery
+from chronomq.store.reput import ArrivalListener, ReputMessageService
 from chronomq.store.types import AppendResult, CQUnit, GetResult, GetStatus, PutResult, PutStatus
 
-log = logging.getLogger("chronomq.store")
-
 DEFAULT_MAX_BYTES = 256 * 1024
-# The allocator thread keeps this much of the active commit-log segment written with zeros ahead of the
-# write position (see store.mapped: a put must not be the one to allocate a page's disk block).
-ALLOCATE_AHEAD = 16 * 1024 * 1024
 _POS_STORETIMESTAMP = 56
-ArrivalListener = Callable[[str, int, int, int], None]
 
 
 class MessageStore:
@@ -83,35 +72,32 @@ class MessageStore:
 
         # put side (guarded by self._cl.lock)
         self._queue_table: dict[tuple[str, int], int] = {}
-        self._pending: list[tuple] = []
+        self._pending: list[tuple] = []  # dispatch requests; the dispatcher swaps the list
         self._cur_seg = None
         self._last_ts = 0
         self._topic_cache: dict[str, bytes] = {}
         self._tag_cache: dict[str, int] = {}
         self._host_cache: dict[tuple[str, int], bytes] = {}
 
-        # dispatch side
-        self._dispatched = 0
-        self._dispatch_cv = threading.Condition()
-        self._wake = threading.Event()
-        self._dispatch_lock = threading.Lock()  # one dispatcher at a time: batches go in commit-log order
-        self._dispatch_hook: Callable[[], None] | None = None
-        self._listeners: list[ArrivalListener] = []
-        self._guard: Callable[[], int | None] | None = None
-
-        self._alloc_wake = threading.Event()
-
-        # flush side
-        self._flush_cv = threading.Condition()
-        self._flush_requests: list[tuple[int, concurrent.futures.Future[bool]]] = []
-        self._cl_flushed = 0
+        # services; the put path calls the ones it needs per message through handles bound once here
+        self._reput = ReputMessageService(self)
+        self._wake = self._reput.wake
+        self._dispatch_lock = self._reput.lock
+        self._signal_dispatch = self._reput.signal
+        self._allocator = AllocateMappedFileService(self)
+        self._alloc_wake = self._allocator.wake
+        self._flusher = GroupCommitService(self) if self._sync else FlushCommitLogService(self)
+        if isinstance(self._flusher, GroupCommitService):
+            self._request_flush = self._flusher.request  # SYNC_FLUSH only: no ASYNC_FLUSH put waits
+        self._cq_flusher = FlushConsumeQueueService(self)
+        self._cleaner = CleanCommitLogService(self)
 
         self._running = False
         self._started = False
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._clean_lock = threading.Lock()
-        self.disk_usage_ratio: Callable[[], float] = self._disk_usage_ratio
+        self.disk_usage_ratio: Callable[[], float] = self._cleaner.disk_usage_ratio
         self.recovered_abnormally = False
 
     # ================================================================================= lifecycle
@@ -122,20 +108,20 @@ class MessageStore:
         os.makedirs(self.root, exist_ok=True)
         os.makedirs(self._cq_root, exist_ok=True)
         abnormal = os.path.exists(self._abort_path)
-        self._recover(abnormal)
+        StoreRecovery(self).recover(abnormal)
         with open(self._abort_path, "wb") as f:
             f.write(b"chronomq store running\n")
             f.flush()
             os.fsync(f.fileno())
         self._running = True
         self._stop.clear()
-        targets = [("chronomq-store-dispatch", self._dispatch_loop),
-                   ("chronomq-store-allocate", self._allocate_loop),
-                   ("chronomq-store-flush-cq", self._flush_cq_loop),
-                   ("chronomq-store-clean", self._clean_loop)]
-        targets.append(("chronomq-store-flush", self._group_commit_loop if self._sync else self._flush_loop))
-        if self._sync:
-            targets.append(("chronomq-store-flush-watchdog", self._flush_watchdog))
+        targets = [("chronomq-store-dispatch", self._reput.run),
+                   ("chronomq-store-allocate", self._allocator.run),
+                   ("chronomq-store-flush-cq", self._cq_flusher.run),
+                   ("chronomq-store-clean", self._cleaner.run),
+                   ("chronomq-store-flush", self._flusher.run)]
+        if isinstance(self._flusher, GroupCommitService):
+            targets.append(("chronomq-store-flush-watchdog", self._flusher.watchdog))
         for name, fn in targets:
             t = threading.Thread(target=fn, name=name, daemon=True)
             t.start()
@@ -147,13 +133,14 @@ class MessageStore:
             return
         self._stop_threads()
         with self._dispatch_lock:
-            self._dispatch_pending()  # anything left after the dispatcher stopped
-        self._do_flush()
+            self._reput.dispatch_pending()  # anything left after the dispatcher stopped
+        self._flusher.do_flush()
         with self._clean_lock:
-            self._flush_queues_and_checkpoint()
-        self._fail_flush_requests()
+            self._cq_flusher.flush_queues_and_checkpoint()
+        self._flusher.fail_requests()
         end = self._cl.wrote
-        Checkpoint(self._cl_flushed, self._dispatched, end, self.clock.now_ms()).save(self._checkpoint_path)
+        Checkpoint(self._flusher.flushed, self._reput.dispatched, end, self.clock.now_ms()).save(
+            self._checkpoint_path)
         self._close_files()
         try:
             os.unlink(self._abort_path)
@@ -167,8 +154,7 @@ class MessageStore:
         self._stop.set()
         self._wake.set()
         self._alloc_wake.set()
-        with self._flush_cv:
-            self._flush_cv.notify_all()
+        self._flusher.wakeup()
         for t in self._threads:
             t.join(timeout=30)
         self._threads = []
@@ -177,7 +163,7 @@ class MessageStore:
         """Tests: stop threads and close files without a clean shutdown (as if the process died after
         the last write; the abort file stays, the checkpoint is whatever was written last)."""
         self._stop_threads()
-        self._fail_flush_requests()
+        self._flusher.fail_requests()
         self._close_files()
 
     def _close_files(self) -> None:
@@ -186,6 +172,75 @@ class MessageStore:
             for cq in self._queues.values():
                 cq.close()
         self._index.close()
+
+    def flush(self) -> None:
+        """Flush the commit log, then queues and index, then write the checkpoint. A no-op unless running."""
+        if not self._running:
+            return
+        self._flusher.do_flush()
+        with self._clean_lock:
+            self._cq_flusher.flush_queues_and_checkpoint()
+
+    @property
+    def _cl_flushed(self) -> int:
+        """The commit-log offset known durable (tests)."""
+        return self._flusher.flushed
+
+    # ================================================================================= consume queues
+    def _get_queue(self, topic: str, qid: int, create: bool) -> ConsumeQueue | None:
+        key = (topic, qid)
+        cq = self._queues.get(key)
+        if cq is None and create:
+            with self._queues_lock:
+                cq = self._queues.get(key)
+                if cq is None:
+                    cq = ConsumeQueue(self._cq_root, topic, qid, self.config.mappedFileSizeConsumeQueue)
+                    self._queues[key] = cq
+        return cq
+
+    # ================================================================================= dispatch
+    def set_dispatch_hook(self, fn: Callable[[], None] | None) -> None:
+        """Dispatch on the caller's side: after a put queues dispatch requests, ``fn()`` is called (on
+        the putting thread, outside every store lock) instead of waking the dispatcher thread, and it
+        must arrange for ``dispatch_now()`` to run soon (the broker: later in the same event-loop turn).
+        The dispatcher thread stays as the fallback: it retries a failed batch and serves
+        ``wait_dispatched``. None restores the thread-only mode."""
+        self._reput.hook = fn
+
+    @property
+    def _dispatch_hook(self) -> Callable[[], None] | None:
+        return self._reput.hook
+
+    @_dispatch_hook.setter
+    def _dispatch_hook(self, fn: Callable[[], None] | None) -> None:
+        self._reput.hook = fn
+
+    def dispatch_now(self) -> None:
+        """Dispatch every queued request on this thread. If the dispatcher thread is busy, it takes
+        them after its current batch; a failed batch is left to the thread's retry."""
+        self._reput.dispatch_now()
+
+    def add_arrival_listener(self, fn: ArrivalListener) -> None:
+        """fn(topic, queue_id, max_offset, store_timestamp), called from the dispatcher thread after the
+        consume-queue entries of a batch are written (once per queue per batch, with the new max offset)."""
+        self._reput.listeners.append(fn)
+
+    def wait_dispatched(self, commit_log_offset: int, timeout_s: float) -> bool:
+        """Block until every record starting at or before ``commit_log_offset`` has its queue entry (or
+        everything written so far is dispatched). Returns False on timeout."""
+        return self._reput.wait_dispatched(commit_log_offset, timeout_s)
+
+    # ================================================================================= clean
+    def set_min_offset_guard(self, fn: Callable[[], int | None]) -> None:
+        self._cleaner.guard = fn
+
+    def run_clean_once(self, force: bool = False) -> int:
+        """Delete expired commit-log segments (older than fileReservedTime) when the hour is one of
+        deleteWhen or ``force``; when disk use passes diskMaxUsedSpaceRatio delete the oldest segments
+        regardless of age. Never the segment being written, never one holding data at or beyond the
+        min-offset guard. Then drop consume-queue and index files wholly below the oldest commit-log
+        offset. Returns the number of commit-log segments deleted."""
+        return self._cleaner.run_once(force)
 
     # ================================================================================= put
     def _fail(self, status: PutStatus, error: str) -> PutResult:
@@ -299,23 +354,6 @@ class MessageStore:
                                       f"cannot allocate commit-log space: {e}")
         return seg, wrote, r
 
-    def _allocate_loop(self) -> None:
-        """RocketMQ's AllocateMappedFileService, reduced to what matters here: keep ALLOCATE_AHEAD bytes of
-        the active segment allocated (zeros written) ahead of the writer, a chunk at a time so a put that
-        needs space itself never waits long for the lock."""
-        while not self._stop.is_set():
-            self._alloc_wake.wait(0.5)
-            self._alloc_wake.clear()
-            seg = self._cur_seg
-            if seg is None or self._stop.is_set():
-                continue
-            target = min(self._cl.wrote - seg.start + ALLOCATE_AHEAD, seg.file_size)
-            try:
-                while seg.allocated < target and not seg.closed and not self._stop.is_set():
-                    seg.allocate(seg.allocated + 1)
-            except (OSError, ValueError) as e:  # the put that needs the space reports it (disk full)
-                log.warning("commit-log allocation ahead of the writer failed: %s", e)
-                self._stop.wait(1.0)
 
     def _property_fields(self, props: dict[str, str]
                          ) -> tuple[bytes, str | None, list[str] | None, str | None] | PutResult:
@@ -561,283 +599,6 @@ class MessageStore:
         self._cur_seg = new
         return new
 
-    # ================================================================================= flush
-    def _request_flush(self, end: int) -> concurrent.futures.Future[bool]:
-        fut: concurrent.futures.Future[bool] = concurrent.futures.Future()
-        fut._chronomq_t = time.monotonic()  # type: ignore[attr-defined]
-        with self._flush_cv:
-            if self._cl_flushed >= end:
-                fut.set_result(True)
-                return fut
-            self._flush_requests.append((end, fut))
-            self._flush_cv.notify()
-        return fut
-
-    def _group_commit_loop(self) -> None:
-        cv = self._flush_cv
-        interval = self.config.flushIntervalCommitLog / 1000.0
-        last_batch = 0
-        while True:
-            with cv:
-                while not self._flush_requests and not self._stop.is_set():
-                    if not cv.wait(timeout=interval):
-                        break  # periodic flush for puts that did not ask to wait
-            # Group commit: while requests keep arriving (writers just released by the previous flush
-            # are putting their next message), give them a moment to join this flush. Bounded, and
-            # skipped when the last flush served a single request (one writer: no one else to wait for).
-            n = len(self._flush_requests)
-            for _ in range(8 if last_batch > 1 else 0):
-                if n == 0:
-                    break
-                time.sleep(0.0002)
-                m = len(self._flush_requests)
-                if m == n:
-                    break
-                n = m
-            with cv:
-                reqs = self._flush_requests
-                self._flush_requests = []
-            last_batch = len(reqs)
-            if self._stop.is_set() and not reqs:
-                return
-            try:
-                flushed = self._do_flush()
-            except (OSError, ValueError) as e:
-                log.error("commit-log flush failed: %s", e)
-                for _, fut in reqs:
-                    try:
-                        fut.set_result(False)
-                    except concurrent.futures.InvalidStateError:
-                        pass
-                continue
-            late = []
-            for end, fut in reqs:
-                if fut.done():
-                    continue  # the watchdog already reported a timeout
-                if end <= flushed:
-                    try:
-                        fut.set_result(True)
-                    except concurrent.futures.InvalidStateError:
-                        pass
-                else:
-                    late.append((end, fut))
-            if late:
-                with cv:
-                    self._flush_requests[:0] = late
-
-    def _flush_watchdog(self) -> None:
-        """Resolve SYNC_FLUSH futures to False once syncFlushTimeout (real time: it bounds a disk wait)
-        has passed without their flush, even while an fdatasync hangs. The data may still become
-        durable later, as with RocketMQ's FLUSH_DISK_TIMEOUT."""
-        timeout = self.config.syncFlushTimeout / 1000.0
-        while not self._stop.wait(min(0.1, timeout / 4)):
-            now = time.monotonic()
-            with self._flush_cv:
-                reqs = list(self._flush_requests)
-            for _, fut in reqs:
-                started = getattr(fut, "_chronomq_t", now)
-                if now - started > timeout and not fut.done():
-                    try:
-                        fut.set_result(False)
-                    except concurrent.futures.InvalidStateError:
-                        pass
-
-    def _do_flush(self) -> int:
-        flushed = self._cl.flush()
-        if flushed > self._cl_flushed:
-            self._cl_flushed = flushed
-        return self._cl_flushed
-
-    def _fail_flush_requests(self) -> None:
-        with self._flush_cv:
-            reqs = self._flush_requests
-            self._flush_requests = []
-        if reqs:
-            try:
-                flushed = self._do_flush()
-            except (OSError, ValueError):
-                flushed = -1
-            for end, fut in reqs:
-                try:
-                    fut.set_result(end <= flushed)
-                except concurrent.futures.InvalidStateError:
-                    pass
-
-    def _flush_loop(self) -> None:
-        interval = self.config.flushIntervalCommitLog
-        while not self._stop.is_set():
-            if self.clock.wait_until_ms(self._stop, self.clock.now_ms() + interval):
-                break
-            try:
-                self._do_flush()
-            except (OSError, ValueError) as e:
-                log.error("commit-log flush failed: %s", e)
-
-    def flush(self) -> None:
-        """Flush the commit log, then queues and index, then write the checkpoint. A no-op unless running."""
-        if not self._running:
-            return
-        self._do_flush()
-        with self._clean_lock:
-            self._flush_queues_and_checkpoint()
-
-    def _flush_queues_and_checkpoint(self) -> None:
-        dispatched = self._dispatched
-        with self._queues_lock:
-            queues = list(self._queues.values())
-        for cq in queues:
-            try:
-                cq.flush()
-            except ValueError:
-                pass
-        self._index.flush()
-        flushed = self._cl_flushed
-        Checkpoint(flushed, min(dispatched, flushed), 0, self.clock.now_ms()).save(self._checkpoint_path)
-
-    def _flush_cq_loop(self) -> None:
-        interval = self.config.flushIntervalConsumeQueue
-        while not self._stop.is_set():
-            if self.clock.wait_until_ms(self._stop, self.clock.now_ms() + interval):
-                break
-            try:
-                with self._clean_lock:
-                    self._flush_queues_and_checkpoint()
-            except (OSError, ValueError) as e:
-                log.error("consume-queue flush failed: %s", e)
-
-    # ================================================================================= dispatch
-    def _get_queue(self, topic: str, qid: int, create: bool) -> ConsumeQueue | None:
-        key = (topic, qid)
-        cq = self._queues.get(key)
-        if cq is None and create:
-            with self._queues_lock:
-                cq = self._queues.get(key)
-                if cq is None:
-                    cq = ConsumeQueue(self._cq_root, topic, qid, self.config.mappedFileSizeConsumeQueue)
-                    self._queues[key] = cq
-        return cq
-
-    def set_dispatch_hook(self, fn: Callable[[], None] | None) -> None:
-        """Dispatch on the caller's side: after a put queues dispatch requests, ``fn()`` is called (on
-        the putting thread, outside every store lock) instead of waking the dispatcher thread, and it
-        must arrange for ``dispatch_now()`` to run soon (the broker: later in the same event-loop turn).
-        The dispatcher thread stays as the fallback: it retries a failed batch and serves
-        ``wait_dispatched``. None restores the thread-only mode."""
-        self._dispatch_hook = fn
-
-    def _signal_dispatch(self) -> None:
-        hook = self._dispatch_hook
-        if hook is not None:
-            try:
-                hook()
-                return
-            except RuntimeError:  # the hook's loop is closed (shutdown): the thread takes over
-                self._dispatch_hook = None
-        if not self._wake.is_set():
-            self._wake.set()
-
-    def dispatch_now(self) -> None:
-        """Dispatch every queued request on this thread. If the dispatcher thread is busy, it takes
-        them after its current batch; a failed batch is left to the thread's retry."""
-        if not self._dispatch_lock.acquire(blocking=False):
-            self._wake.set()
-            return
-        try:
-            ok = self._dispatch_pending()
-        finally:
-            self._dispatch_lock.release()
-        if not ok:
-            self._wake.set()
-
-    def _dispatch_loop(self) -> None:
-        while True:
-            self._wake.wait(0.05)
-            self._wake.clear()
-            stopping = self._stop.is_set()
-            with self._dispatch_lock:
-                ok = self._dispatch_pending()
-            if not ok and not stopping:
-                self._stop.wait(0.1)  # failed (disk full?): the batch was put back; retry shortly
-            if stopping:
-                return
-
-    def _dispatch_pending(self) -> bool:
-        """Take and dispatch the queued requests; the caller holds ``_dispatch_lock``."""
-        with self._cl.lock:
-            batch = self._pending
-            self._pending = []
-        if not batch:
-            return True
-        try:
-            self._dispatch(batch)
-            return True
-        except Exception:
-            # Re-dispatch is idempotent (queue units already written are skipped; index duplicates are
-            # filtered by queries), so put the whole batch back in front and try again later.
-            log.exception("dispatch failed; will retry")
-            with self._cl.lock:
-                self._pending[:0] = batch
-            return False
-
-    def _dispatch(self, batch: list[tuple]) -> None:
-        """Build consume-queue units and index entries for requests in commit-log order."""
-        by_queue: dict[tuple[str, int], list[tuple]] = {}
-        for item in batch:
-            key = (item[2], item[3])
-            lst = by_queue.get(key)
-            if lst is None:
-                by_queue[key] = [item]
-            else:
-                lst.append(item)
-        pack = UNIT.pack
-        arrivals = []
-        for (topic, qid), items in by_queue.items():
-            cq = self._get_queue(topic, qid, True)
-            # queue offsets of one queue are contiguous in commit-log order; split where they are not
-            start = 0
-            for i in range(1, len(items) + 1):
-                if i == len(items) or items[i][4] != items[i - 1][4] + 1:
-                    run = items[start:i]
-                    cq.append_units(run[0][4], b"".join([pack(it[0], it[1], it[5]) for it in run]), len(run))
-                    start = i
-            last = items[-1]
-            arrivals.append((topic, qid, cq.max_offset, last[6]))
-        if self._index_enabled:
-            self._index.put_batch(batch)  # a failure propagates: the whole batch is retried
-        last = batch[-1]
-        with self._dispatch_cv:
-            self._dispatched = last[0] + last[1]
-            self._dispatch_cv.notify_all()
-        for listener in list(self._listeners):
-            for a in arrivals:
-                try:
-                    listener(*a)
-                except Exception:
-                    log.exception("arrival listener failed")
-
-    def add_arrival_listener(self, fn: ArrivalListener) -> None:
-        """fn(topic, queue_id, max_offset, store_timestamp), called from the dispatcher thread after the
-        consume-queue entries of a batch are written (once per queue per batch, with the new max offset)."""
-        self._listeners.append(fn)
-
-    def set_min_offset_guard(self, fn: Callable[[], int | None]) -> None:
-        self._guard = fn
-
-    def wait_dispatched(self, commit_log_offset: int, timeout_s: float) -> bool:
-        """Block until every record starting at or before ``commit_log_offset`` has its queue entry (or
-        everything written so far is dispatched). Returns False on timeout."""
-        deadline = time.monotonic() + timeout_s
-        with self._dispatch_cv:
-            while True:
-                d = self._dispatched
-                if d > commit_log_offset or d >= self._cl.wrote:
-                    return True
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return False
-                self._wake.set()
-                self._dispatch_cv.wait(min(left, 0.05))
-
     # ================================================================================= reads
     def get_message(self, topic: str, queue_id: int, offset: int, max_msgs: int,
                     max_bytes: int = DEFAULT_MAX_BYTES, tag_filter: Callable[[int], bool] | None = None
@@ -982,271 +743,10 @@ class MessageStore:
 
     @property
     def dispatched_offset(self) -> int:
-        return self._dispatched
+        return self._reput.dispatched
 
     def topics(self) -> list[str]:
         return sorted({t for t, _ in list(self._queues)})
 
     def queue_ids(self, topic: str) -> list[int]:
         return sorted(q for t, q in list(self._queues) if t == topic)
-
-    # ================================================================================= clean
-    def _disk_usage_ratio(self) -> float:
-        """Like df's Use%: used / (used + available to unprivileged users)."""
-        st = os.statvfs(self.root)
-        used = (st.f_blocks - st.f_bfree) * st.f_frsize
-        usable = used + st.f_bavail * st.f_frsize
-        return 0.0 if usable <= 0 else used / usable
-
-    def _clean_loop(self) -> None:
-        interval = self.config.cleanResourceInterval
-        while not self._stop.is_set():
-            if self.clock.wait_until_ms(self._stop, self.clock.now_ms() + interval):
-                break
-            try:
-                self.run_clean_once()
-            except (OSError, ValueError) as e:
-                log.error("clean failed: %s", e)
-
-    def run_clean_once(self, force: bool = False) -> int:
-        """Delete expired commit-log segments (older than fileReservedTime) when the hour is one of
-        deleteWhen or ``force``; when disk use passes diskMaxUsedSpaceRatio delete the oldest segments
-        regardless of age. Never the segment being written, never one holding data at or beyond the
-        min-offset guard. Then drop consume-queue and index files wholly below the oldest commit-log
-        offset. Returns the number of commit-log segments deleted."""
-        with self._clean_lock:
-            now = self.clock.now_ms()
-            hour = time.localtime(now / 1000).tm_hour
-            hours = {int(h) for h in self.config.deleteWhen.split(";") if h.strip().isdigit()}
-            try:
-                ratio = self.disk_usage_ratio()
-            except OSError:
-                ratio = 0.0
-            disk_full = ratio * 100 >= self.config.diskMaxUsedSpaceRatio
-            if not (force or disk_full or hour in hours):
-                return 0
-            reserved_ms = self.config.fileReservedTime * 3_600_000
-            guard = None
-            if self._guard is not None:
-                try:
-                    guard = self._guard()
-                except Exception:
-                    log.exception("min offset guard failed; not cleaning")
-                    return 0
-            deleted = 0
-            cl = self._cl
-            while True:
-                segs = cl.segments
-                if len(segs) < 2:
-                    break
-                seg, nxt = segs[0], segs[1]
-                if nxt.start >= cl.wrote:
-                    break  # seg is the one being written
-                if seg.end > self._dispatched:
-                    break  # its queue entries are not built yet: they would point into a deleted file
-                if not disk_full:
-                    newest = cl.store_time_at(nxt.start)  # >= every store time inside seg
-                    if newest is None or newest + reserved_ms > now:
-                        break
-                if guard is not None and seg.end > guard:
-                    log.info("clean: keeping commit-log segment %020d and later: undelivered delayed "
-                             "messages from offset %d are still needed", seg.start, guard)
-                    break
-                with cl.seg_lock:
-                    cl.segments = cl.segments[1:]
-                seg.destroy()
-                deleted += 1
-                log.info("clean: deleted commit-log segment %020d (%s)", seg.start,
-                         "disk use %.0f%%" % (ratio * 100) if disk_full else "expired")
-            min_phys = cl.min_offset
-            with self._queues_lock:
-                queues = list(self._queues.values())
-            for cq in queues:
-                cq.clean_below(min_phys)
-            self._index.clean_below(min_phys)
-            return deleted
-
-    # ================================================================================= recovery
-    def _recover(self, abnormal: bool) -> None:
-        cl = self._cl
-        cl.load()
-        ckpt = Checkpoint.load(self._checkpoint_path)
-        self._load_queues()
-        self._index.load()
-        self.recovered_abnormally = abnormal or ckpt is None
-        if not cl.segments:
-            cl.wrote = 0
-            self._cur_seg = None
-            self._finish_recovery(0, 0)
-            return
-        if any(seg.was_short for seg in cl.segments):
-            log.warning("recovery: a commit-log segment is shorter than mappedFileSizeCommitLog; verifying")
-            abnormal = True
-            self.recovered_abnormally = True
-        if ckpt is not None and not abnormal and ckpt.commit_log_end:
-            # clean shutdown: the end is known; confirm nothing valid follows it
-            start = ckpt.commit_log_end
-            check_crc = False
-        else:
-            start = ckpt.recover_from if ckpt is not None else cl.segments[0].start
-            check_crc = self.config.checkCRCOnRecover
-        start = max(start, cl.segments[0].start)
-        seg = cl.segment_for(start)
-        if seg is None:  # the checkpoint points past the files we have: verify the last one fully
-            seg = cl.segments[-1]
-            start = seg.start
-        if abnormal or ckpt is None or not ckpt.commit_log_end:
-            start = seg.start  # re-verify from the start of the segment holding the checkpoint
-        end = self._scan_end(start, check_crc)
-        self._truncate_log(end)
-        dispatch_from = min(ckpt.recover_from if ckpt is not None else 0, end)
-        dispatch_from = max(dispatch_from, cl.min_offset)
-        if not abnormal and ckpt is not None and ckpt.commit_log_end and end == ckpt.commit_log_end:
-            dispatch_from = min(max(ckpt.recover_from, cl.min_offset), end)
-        self._finish_recovery(dispatch_from, end)
-
-    def _scan_end(self, start: int, check_crc: bool) -> int:
-        """Walk valid records from ``start`` (a record boundary); return the offset where they stop."""
-        cl = self._cl
-        off = start
-        while True:
-            seg = cl.segment_for(off)
-            if seg is None:
-                return off
-            r = off - seg.start
-            n = check_record(seg.mm, r, seg.start, seg.file_size, check_crc)
-            if n > 0:
-                off += n
-            elif n == -1:
-                off = seg.end
-            else:
-                if n == -2:
-                    log.warning("recovery: invalid or torn record at commit-log offset %d; the log is "
-                                "truncated there", off)
-                return off
-
-    def _truncate_log(self, end: int) -> None:
-        cl = self._cl
-        keep = []
-        for seg in cl.segments:
-            if seg.start > end or (seg.start == end and seg is not cl.segments[0]):
-                log.warning("recovery: removing commit-log segment %020d past the recovered end", seg.start)
-                seg.destroy()
-                continue
-            keep.append(seg)
-        cl.segments = keep
-        for seg in keep:
-            seg.written = seg.flushed = seg.file_size
-        cl.wrote = end
-        if keep:
-            last = keep[-1]
-            r = end - last.start
-            if r < last.file_size:
-                last.zero_tail(r)
-                last.written = last.flushed = r
-            self._cur_seg = last
-        else:
-            self._cur_seg = None
-
-    def _load_queues(self) -> None:
-        if not os.path.isdir(self._cq_root):
-            return
-        for topic in os.listdir(self._cq_root):
-            tdir = os.path.join(self._cq_root, topic)
-            if not os.path.isdir(tdir) or validate_topic(topic) is not None:
-                continue
-            for q in os.listdir(tdir):
-                if not q.isdigit():
-                    continue
-                cq = ConsumeQueue(self._cq_root, topic, int(q), self.config.mappedFileSizeConsumeQueue)
-                cq.load()
-                if not cq.files:
-                    shutil.rmtree(os.path.join(tdir, q), ignore_errors=True)
-                    continue
-                self._queues[(topic, int(q))] = cq
-
-    def _finish_recovery(self, dispatch_from: int, end: int) -> None:
-        """Cut queue entries at or beyond ``dispatch_from``, then rebuild them from the log up to ``end``,
-        checking each record's queue offset against its queue (a mismatch ends the log there)."""
-        cl = self._cl
-        for cq in self._queues.values():
-            cq.truncate_from_phys(dispatch_from)
-            cq.clean_below(cl.min_offset)
-        qt = {k: cq.max_offset for k, cq in self._queues.items()}
-        levels = self._delay_levels
-        batch: list[tuple] = []
-        last_ts = 0
-        off = dispatch_from
-        for off, data in cl.iter_records(dispatch_from):
-            if off >= end:
-                break
-            try:
-                m = decode_record(data)
-            except MessageFormatError:
-                end = off
-                break
-            key = (m.topic, m.queue_id)
-            expect = qt.get(key)
-            if expect is None and key not in self._queues:
-                if m.queue_offset > 0 and dispatch_from > cl.min_offset:
-                    # Queue files lost (its earlier entries are not in any file): rebuild every queue
-                    # from the oldest commit-log offset instead of only the tail.
-                    log.warning("recovery: queue %s/%d has no files but the log has its offset %d; "
-                                "rebuilding all queues from the start of the log", m.topic, m.queue_id,
-                                m.queue_offset)
-                    self._finish_recovery(cl.min_offset, end)
-                    return
-                expect = m.queue_offset  # the queue starts here (its older data was cleaned)
-            if m.queue_offset != expect:
-                log.warning("recovery: record at %d has queue offset %d, expected %d; the log is truncated "
-                            "there", off, m.queue_offset, expect)
-                end = off
-                break
-            qt[key] = expect + 1
-            if m.topic == SCHEDULE_TOPIC:
-                level = min(max(m.delay_level, 1), len(levels))
-                tc = m.store_timestamp + levels[level - 1]
-            else:
-                tc = tags_code(m.tags)
-            keys = m.keys or None
-            batch.append((off, m.store_size, m.topic, m.queue_id, m.queue_offset, tc, m.store_timestamp,
-                          keys, m.uniq_key))
-            last_ts = max(last_ts, m.store_timestamp)
-            if len(batch) >= 4096:
-                self._dispatch(batch)
-                batch = []
-        if batch:
-            self._dispatch(batch)
-        if end < cl.wrote:
-            self._truncate_log(end)
-            for cq in self._queues.values():
-                cq.truncate_from_phys(end)
-            qt = {k: cq.max_offset for k, cq in self._queues.items()}
-        self._queue_table = qt
-        self._dispatched = cl.wrote
-        self._cl_flushed = cl.wrote
-        if last_ts == 0 and cl.wrote > cl.min_offset:
-            last_ts = self._last_store_time()
-        if last_ts > self.clock.now_ms() + 86_400_000:
-            log.warning("recovery: the newest store time is more than a day ahead of the clock; ignoring it")
-            last_ts = 0
-        self._last_ts = last_ts
-        for seg in cl.segments:
-            seg.flush()
-        with self._queues_lock:
-            for cq in self._queues.values():
-                cq.dirty = True
-                cq.flush()
-        self._index.flush()
-        Checkpoint(cl.wrote, cl.wrote, 0, self.clock.now_ms()).save(self._checkpoint_path)
-
-    def _last_store_time(self) -> int:
-        best = 0
-        for cq in self._queues.values():
-            if cq.max_offset > cq.min_offset:
-                u = cq.units(cq.max_offset - 1, 1)
-                if u:
-                    t = self._store_time_of(u[0][0])
-                    if t is not None:
-                        best = max(best, t)
-        return best

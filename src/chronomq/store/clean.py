@@ -1,0 +1,94 @@
+"""CleanCommitLogService: deletes expired commit-log segments (or the oldest ones when the disk is
+full), then consume-queue and index files wholly below the oldest commit-log offset. Rules: never the
+segment being written, never one whose queue entries are not built yet, never one holding data at or
+beyond the min-offset guard; runs under the store's ``_clean_lock`` (against the checkpoint writer).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from chronomq.store.periodic import run_every
+
+if TYPE_CHECKING:
+    from chronomq.store.message_store import MessageStore
+
+log = logging.getLogger("chronomq.store")
+
+
+class CleanCommitLogService:
+    def __init__(self, store: MessageStore) -> None:
+        self._store = store
+        # the lowest commit-log offset still needed (undelivered delayed messages), or None
+        self.guard: Callable[[], int | None] | None = None
+
+    def disk_usage_ratio(self) -> float:
+        """Like df's Use%: used / (used + available to unprivileged users)."""
+        st = os.statvfs(self._store.root)
+        used = (st.f_blocks - st.f_bfree) * st.f_frsize
+        usable = used + st.f_bavail * st.f_frsize
+        return 0.0 if usable <= 0 else used / usable
+
+    def run(self) -> None:
+        """Thread chronomq-store-clean: a pass every cleanResourceInterval ms of clock time."""
+        run_every(self._store, self._store.config.cleanResourceInterval, self.run_once, "clean")
+
+    def run_once(self, force: bool = False) -> int:
+        """See MessageStore.run_clean_once."""
+        store = self._store
+        config = store.config
+        with store._clean_lock:
+            now = store.clock.now_ms()
+            hour = time.localtime(now / 1000).tm_hour
+            hours = {int(h) for h in config.deleteWhen.split(";") if h.strip().isdigit()}
+            try:
+                ratio = store.disk_usage_ratio()
+            except OSError:
+                ratio = 0.0
+            disk_full = ratio * 100 >= config.diskMaxUsedSpaceRatio
+            if not (force or disk_full or hour in hours):
+                return 0
+            reserved_ms = config.fileReservedTime * 3_600_000
+            guard = None
+            if self.guard is not None:
+                try:
+                    guard = self.guard()
+                except Exception:
+                    log.exception("min offset guard failed; not cleaning")
+                    return 0
+            deleted = 0
+            cl = store._cl
+            while True:
+                segs = cl.segments
+                if len(segs) < 2:
+                    break
+                seg, nxt = segs[0], segs[1]
+                if nxt.start >= cl.wrote:
+                    break  # seg is the one being written
+                if seg.end > store._reput.dispatched:
+                    break  # its queue entries are not built yet: they would point into a deleted file
+                if not disk_full:
+                    newest = cl.store_time_at(nxt.start)  # >= every store time inside seg
+                    if newest is None or newest + reserved_ms > now:
+                        break
+                if guard is not None and seg.end > guard:
+                    log.info("clean: keeping commit-log segment %020d and later: undelivered delayed "
+                             "messages from offset %d are still needed", seg.start, guard)
+                    break
+                with cl.seg_lock:
+                    cl.segments = cl.segments[1:]
+                seg.destroy()
+                deleted += 1
+                log.info("clean: deleted commit-log segment %020d (%s)", seg.start,
+                         "disk use %.0f%%" % (ratio * 100) if disk_full else "expired")
+            min_phys = cl.min_offset
+            with store._queues_lock:
+                queues = list(store._queues.values())
+            for cq in queues:
+                cq.clean_below(min_phys)
+            store._index.clean_below(min_phys)
+            return deleted

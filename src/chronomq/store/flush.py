@@ -1,0 +1,197 @@
+"""Flush services. ``FlushCommitLogService`` (ASYNC_FLUSH, RocketMQ's FlushRealTimeService) fdatasyncs
+the commit log every flushIntervalCommitLog ms of clock time and owns the flushed offset;
+``GroupCommitService`` (SYNC_FLUSH) resolves each put's Future after one shared fdatasync, with a
+watchdog that resolves it False after syncFlushTimeout of real time; ``FlushConsumeQueueService``
+flushes queues and index, then writes the checkpoint (under the store's clean lock). Rules: a
+checkpoint never claims more than was flushed; no service holds the commit-log lock while syncing.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import threading
+import time
+from typing import TYPE_CHECKING
+
+from chronomq.store.checkpoint import Checkpoint
+from chronomq.store.periodic import run_every
+
+if TYPE_CHECKING:
+    from chronomq.store.message_store import MessageStore
+
+log = logging.getLogger("chronomq.store")
+
+
+class FlushCommitLogService:
+    """ASYNC_FLUSH: a periodic fdatasync of the commit log. ``flushed`` is the commit-log offset known
+    durable. Puts never wait on it (``request`` is GroupCommitService's)."""
+
+    def __init__(self, store: MessageStore) -> None:
+        self._store = store
+        self.flushed = 0
+
+    def do_flush(self) -> int:
+        flushed = self._store._cl.flush()
+        if flushed > self.flushed:
+            self.flushed = flushed
+        return self.flushed
+
+    def run(self) -> None:
+        """Thread chronomq-store-flush under ASYNC_FLUSH."""
+        run_every(self._store, self._store.config.flushIntervalCommitLog, self.do_flush, "commit-log flush")
+
+    def wakeup(self) -> None:
+        """At stop: nothing waits on a condition here (run waits on the store's stop event)."""
+
+    def fail_requests(self) -> None:
+        """At stop: no put waits on an ASYNC_FLUSH flush."""
+
+
+class GroupCommitService(FlushCommitLogService):
+    """SYNC_FLUSH: each put's Future from ``request`` is resolved by ``run`` (thread
+    chronomq-store-flush) after one fdatasync shared with every request pending at that moment, or
+    False by ``watchdog`` (thread chronomq-store-flush-watchdog) after syncFlushTimeout."""
+
+    def __init__(self, store: MessageStore) -> None:
+        super().__init__(store)
+        self.cv = threading.Condition()
+        self.requests: list[tuple[int, concurrent.futures.Future[bool]]] = []
+
+    def request(self, end: int) -> concurrent.futures.Future[bool]:
+        fut: concurrent.futures.Future[bool] = concurrent.futures.Future()
+        fut._chronomq_t = time.monotonic()  # type: ignore[attr-defined]
+        with self.cv:
+            if self.flushed >= end:
+                fut.set_result(True)
+                return fut
+            self.requests.append((end, fut))
+            self.cv.notify()
+        return fut
+
+    def run(self) -> None:
+        cv = self.cv
+        stop = self._store._stop
+        interval = self._store.config.flushIntervalCommitLog / 1000.0
+        last_batch = 0
+        while True:
+            with cv:
+                while not self.requests and not stop.is_set():
+                    if not cv.wait(timeout=interval):
+                        break  # periodic flush for puts that did not ask to wait
+            # Group commit: while requests keep arriving (writers just released by the previous flush
+            # are putting their next message), give them a moment to join this flush. Bounded, and
+            # skipped when the last flush served a single request (one writer: no one else to wait for).
+            n = len(self.requests)
+            for _ in range(8 if last_batch > 1 else 0):
+                if n == 0:
+                    break
+                time.sleep(0.0002)
+                m = len(self.requests)
+                if m == n:
+                    break
+                n = m
+            with cv:
+                reqs = self.requests
+                self.requests = []
+            last_batch = len(reqs)
+            if stop.is_set() and not reqs:
+                return
+            try:
+                flushed = self.do_flush()
+            except (OSError, ValueError) as e:
+                log.error("commit-log flush failed: %s", e)
+                _resolve_all(reqs, False)
+                continue
+            late = []
+            for end, fut in reqs:
+                if fut.done():
+                    continue  # the watchdog already reported a timeout
+                if end <= flushed:
+                    try:
+                        fut.set_result(True)
+                    except concurrent.futures.InvalidStateError:
+                        pass
+                else:
+                    late.append((end, fut))
+            if late:
+                with cv:
+                    self.requests[:0] = late
+
+    def watchdog(self) -> None:
+        """Resolve SYNC_FLUSH futures to False once syncFlushTimeout (real time: it bounds a disk wait)
+        has passed without their flush, even while an fdatasync hangs. The data may still become
+        durable later, as with RocketMQ's FLUSH_DISK_TIMEOUT."""
+        timeout = self._store.config.syncFlushTimeout / 1000.0
+        stop = self._store._stop
+        while not stop.wait(min(0.1, timeout / 4)):
+            now = time.monotonic()
+            with self.cv:
+                reqs = list(self.requests)
+            for _, fut in reqs:
+                started = getattr(fut, "_chronomq_t", now)
+                if now - started > timeout and not fut.done():
+                    try:
+                        fut.set_result(False)
+                    except concurrent.futures.InvalidStateError:
+                        pass
+
+    def wakeup(self) -> None:
+        with self.cv:
+            self.cv.notify_all()
+
+    def fail_requests(self) -> None:
+        """At stop: flush once more and resolve every pending request by whether it is now durable."""
+        with self.cv:
+            reqs = self.requests
+            self.requests = []
+        if reqs:
+            try:
+                flushed = self.do_flush()
+            except (OSError, ValueError):
+                flushed = -1
+            for end, fut in reqs:
+                try:
+                    fut.set_result(end <= flushed)
+                except concurrent.futures.InvalidStateError:
+                    pass
+
+
+def _resolve_all(reqs: list[tuple[int, concurrent.futures.Future[bool]]], ok: bool) -> None:
+    for _, fut in reqs:
+        try:
+            fut.set_result(ok)
+        except concurrent.futures.InvalidStateError:
+            pass
+
+
+class FlushConsumeQueueService:
+    """Flush consume queues and index, then write the checkpoint (flushed commit log, recover-from =
+    the dispatched offset, never past the flushed one). ``run`` is thread chronomq-store-flush-cq."""
+
+    def __init__(self, store: MessageStore) -> None:
+        self._store = store
+
+    def flush_queues_and_checkpoint(self) -> None:
+        """The caller holds the store's ``_clean_lock``."""
+        store = self._store
+        dispatched = store._reput.dispatched
+        with store._queues_lock:
+            queues = list(store._queues.values())
+        for cq in queues:
+            try:
+                cq.flush()
+            except ValueError:
+                pass
+        store._index.flush()
+        flushed = store._flusher.flushed
+        Checkpoint(flushed, min(dispatched, flushed), 0, store.clock.now_ms()).save(store._checkpoint_path)
+
+    def run(self) -> None:
+        store = self._store
+
+        def flush() -> None:
+            with store._clean_lock:
+                self.flush_queues_and_checkpoint()
+
+        run_every(store, store.config.flushIntervalConsumeQueue, flush, "consume-queue flush")

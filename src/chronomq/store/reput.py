@@ -1,0 +1,146 @@
+"""ReputMessageService: the dispatcher. Takes the put path's dispatch requests in commit-log order, in
+batches, writes consume-queue units and index entries, advances ``dispatched``, then calls the arrival
+listeners once per queue per batch. Rules: one dispatcher at a time (``lock``, so batches stay in
+order); a failed batch is put back in front and retried (re-dispatch is idempotent); listeners run
+outside every store lock. With a dispatch hook set, the putting thread calls the hook instead of waking
+the thread, and the hook arranges for ``dispatch_now`` to run soon.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from chronomq.store.consumequeue import UNIT
+
+if TYPE_CHECKING:
+    from chronomq.store.message_store import MessageStore
+
+log = logging.getLogger("chronomq.store")
+
+ArrivalListener = Callable[[str, int, int, int], None]
+
+
+class ReputMessageService:
+    def __init__(self, store: MessageStore) -> None:
+        self._store = store
+        self.dispatched = 0  # every record below this commit-log offset has its queue entry
+        self.cv = threading.Condition()  # notified when ``dispatched`` moves
+        self.wake = threading.Event()
+        self.lock = threading.Lock()  # one dispatcher at a time: batches go in commit-log order
+        self.hook: Callable[[], None] | None = None
+        self.listeners: list[ArrivalListener] = []
+
+    def signal(self) -> None:
+        """After a put queued dispatch requests (on the putting thread, outside every store lock)."""
+        hook = self.hook
+        if hook is not None:
+            try:
+                hook()
+                return
+            except RuntimeError:  # the hook's loop is closed (shutdown): the thread takes over
+                self.hook = None
+        if not self.wake.is_set():
+            self.wake.set()
+
+    def dispatch_now(self) -> None:
+        """Dispatch every queued request on this thread. If the dispatcher thread is busy, it takes
+        them after its current batch; a failed batch is left to the thread's retry."""
+        if not self.lock.acquire(blocking=False):
+            self.wake.set()
+            return
+        try:
+            ok = self.dispatch_pending()
+        finally:
+            self.lock.release()
+        if not ok:
+            self.wake.set()
+
+    def run(self) -> None:
+        """Thread chronomq-store-dispatch."""
+        stop = self._store._stop
+        while True:
+            self.wake.wait(0.05)
+            self.wake.clear()
+            stopping = stop.is_set()
+            with self.lock:
+                ok = self.dispatch_pending()
+            if not ok and not stopping:
+                stop.wait(0.1)  # failed (disk full?): the batch was put back; retry shortly
+            if stopping:
+                return
+
+    def dispatch_pending(self) -> bool:
+        """Take and dispatch the queued requests; the caller holds ``lock``."""
+        store = self._store
+        with store._cl.lock:
+            batch = store._pending
+            store._pending = []
+        if not batch:
+            return True
+        try:
+            self.dispatch(batch)
+            return True
+        except Exception:
+            # Re-dispatch is idempotent (queue units already written are skipped; index duplicates are
+            # filtered by queries), so put the whole batch back in front and try again later.
+            log.exception("dispatch failed; will retry")
+            with store._cl.lock:
+                store._pending[:0] = batch
+            return False
+
+    def dispatch(self, batch: list[tuple]) -> None:
+        """Build consume-queue units and index entries for requests in commit-log order."""
+        store = self._store
+        by_queue: dict[tuple[str, int], list[tuple]] = {}
+        for item in batch:
+            key = (item[2], item[3])
+            lst = by_queue.get(key)
+            if lst is None:
+                by_queue[key] = [item]
+            else:
+                lst.append(item)
+        pack = UNIT.pack
+        arrivals = []
+        for (topic, qid), items in by_queue.items():
+            cq = store._get_queue(topic, qid, True)
+            # queue offsets of one queue are contiguous in commit-log order; split where they are not
+            start = 0
+            for i in range(1, len(items) + 1):
+                if i == len(items) or items[i][4] != items[i - 1][4] + 1:
+                    run = items[start:i]
+                    cq.append_units(run[0][4], b"".join([pack(it[0], it[1], it[5]) for it in run]), len(run))
+                    start = i
+            last = items[-1]
+            arrivals.append((topic, qid, cq.max_offset, last[6]))
+        if store._index_enabled:
+            store._index.put_batch(batch)  # a failure propagates: the whole batch is retried
+        last = batch[-1]
+        with self.cv:
+            self.dispatched = last[0] + last[1]
+            self.cv.notify_all()
+        for listener in list(self.listeners):
+            for a in arrivals:
+                try:
+                    listener(*a)
+                except Exception:
+                    log.exception("arrival listener failed")
+
+    def wait_dispatched(self, commit_log_offset: int, timeout_s: float) -> bool:
+        """Block until every record starting at or before ``commit_log_offset`` has its queue entry (or
+        everything written so far is dispatched). Returns False on timeout."""
+        cl = self._store._cl
+        deadline = time.monotonic() + timeout_s
+        with self.cv:
+            while True:
+                d = self.dispatched
+                if d > commit_log_offset or d >= cl.wrote:
+                    return True
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self.wake.set()
+                self.cv.wait(min(left, 0.05))
