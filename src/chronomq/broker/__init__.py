@@ -1,3 +1,4 @@
-"""chronomq.broker: request processors, long polling, client/offset/topic managers, the controller.
+"""chronomq.broker: the controller, the services it builds (``services.BrokerServices``), the request
+processors that work from those services, long polling, client/offset/topic managers.
 
 ``from chronomq.broker.controller import BrokerController`` (imports the store and the delay service)."""
