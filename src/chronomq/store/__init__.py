@@ -1,5 +1,5 @@
-"""chronomq.store: commit log, consume queues, index, dispatcher, flush, clean and recovery (see
-message_store.py and ../shared/ARCHITECTURE.md). No network code in this package."""
+"""chronomq.store: commit log, consume queues, index, dispatcher, flush, clean and recovery behind the
+MessageStore facade (design: docs/store.md). No network code in this package."""
 
 from chronomq.store.mapped import StoreConfigError
 from chronomq.store.message_store import MessageStore
