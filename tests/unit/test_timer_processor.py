@@ -16,8 +16,8 @@ from tests.integration.rawclient import AsyncRawClient, send_ext
 from chronomq.broker.timer_processor import parse_bool, parse_ident, parse_int, parse_query
 from chronomq.clock import VirtualClock
 from chronomq.config import BrokerConfig
-from chronomq.delay.admission import timed_deliver_ms
 from chronomq.delay.timer import TimerPropertyError
+from chronomq.delay.timer.props import timed_deliver_ms
 from chronomq.message import MessageExt, decode_records
 from chronomq.namesrv import RouteInfoManager
 from chronomq.remoting.codec import BatchItem, HeaderError, RemotingCommand, encode_batch_body

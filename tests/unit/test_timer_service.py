@@ -89,7 +89,8 @@ async def test_maybe_schedule_and_stats(tmp_path: Path) -> None:
     assert svc.maybe_schedule(plain) is None
     leveled = msg("p3")
     leveled.properties.update({"DELAY": "3", "TIMER_DELAY_SEC": "5"})
-    assert svc.maybe_schedule(leveled) is None  # the level service owns it
+    r3 = svc.maybe_schedule(leveled)  # the timer time wins over the level, which is dropped
+    assert r3 is not None and r3.deliver_ms == now + 5_000 and "DELAY" not in leveled.properties
     half = msg("p4")
     half.properties.update({"TRAN_MSG": "true", "TIMER_DELAY_SEC": "5"})
     assert svc.maybe_schedule(half) is None
@@ -108,7 +109,7 @@ async def test_maybe_schedule_and_stats(tmp_path: Path) -> None:
     await run_until(svc, clock, now + 3_000)
     s = svc.stats()
     json.dumps(s)
-    assert s["delivered"] == 1 and s["pending"] == 0 and s["early_deliveries"] == 0
+    assert s["delivered"] == 1 and s["pending"] == 1 and s["early_deliveries"] == 0  # p3 is due at +5 s
     assert s["lateness_ms_by_topic"]["T"]["max"] == 0
     await svc.shutdown()
 

@@ -4,7 +4,8 @@ The rule: a message with a TIMER_* property (TIMER_DELAY_SEC, TIMER_DELAY_MS, TI
 __STARTDELIVERTIME) whose deliver time is in the future is parked in the timer store, and its DELAY
 level is dropped (the more precise request wins; with a time not in the future the DELAY is dropped
 too and the message is put now). Otherwise a DELAY level > 0 parks it under SCHEDULE_TOPIC_XXXX.
-A batch may not carry DELAY levels; its items are either all timed or none.
+A batch may not carry DELAY levels; its items are either all timed or none. The timed rule itself is
+``timer.props.timed_deliver_ms`` (the timer service's ``maybe_schedule`` applies the same one).
 """
 
 from __future__ import annotations
@@ -12,8 +13,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from chronomq.message import PROPERTY_DELAY_TIME_LEVEL, MessageExt
-
-from .timer.props import deliver_ms_from_properties, has_timer_property
 
 BATCH_DELAY_REFUSED = "TimeDelayLevel is not supported for batched messages"
 
@@ -25,20 +24,6 @@ class Admission:
     put: list[MessageExt] = field(default_factory=list)  # put into the store now (level-parked ones too)
     timed: list[tuple[MessageExt, int]] = field(default_factory=list)  # park in the timer: (msg, deliver_ms)
     refused: str | None = None  # refuse the send (MESSAGE_ILLEGAL) with this reason
-
-
-def timed_deliver_ms(msg: MessageExt, now_ms: int) -> int | None:
-    """The future deliver time a message asks for through a TIMER_* property, or None (put it now).
-    A TIMER_* property overrides DELAY, which is then dropped. Raises TimerPropertyError for an
-    unusable value."""
-    props = msg.properties
-    if not has_timer_property(props):
-        return None
-    deliver_ms = deliver_ms_from_properties(props, now_ms)
-    props.pop(PROPERTY_DELAY_TIME_LEVEL, None)
-    if deliver_ms is None or deliver_ms <= now_ms:
-        return None
-    return deliver_ms
 
 
 def batch_has_delay_level(msgs: list[MessageExt]) -> bool:

@@ -12,12 +12,12 @@ from chronomq.delay.admission import (
     Admission,
     batch_has_delay_level,
     mixed_batch_reason,
-    timed_deliver_ms,
 )
 from chronomq.delay.delivery import PROPERTY_DELAY_SOURCE
 from chronomq.delay.levels import DelayLevels, parse_level
 from chronomq.delay.retry import build_send_back, effective_max_reconsume_times
 from chronomq.delay.schedule import ScheduleService
+from chronomq.delay.timer.props import timed_deliver_ms
 from chronomq.delay.timer.types import TimerError
 from chronomq.message import (
     PROPERTY_DELAY_TIME_LEVEL,

@@ -5,7 +5,7 @@ API (all synchronous and thread-safe except start/shutdown/settle)::
     svc = TimerService(message_store, broker_config, clock)   # files in <storePathRootDir>/timer
     await svc.start()                       # recover, then run the delivery loop on this event loop
     r = svc.schedule(msg, deliver_ms)       # -> ScheduleResult(msg_id=UNIQ_KEY, offset_msg_id, ...)
-    svc.maybe_schedule(msg)                 # TIMER_* and no DELAY level: schedule it; else None
+    svc.maybe_schedule(msg)                 # TIMER_* in the future (DELAY dropped): schedule; else None
     svc.cancel(msg_id_or_key, by_key=False)             # -> [OpResult(CANCELLED | ALREADY_... | UNKNOWN)]
     svc.reschedule(msg_id_or_key, deliver_ms, by_key=False)   # -> [OpResult(RESCHEDULED ...)]
     svc.query(topic=, key=, tag=, start_ms=, end_ms=, limit=, cursor=)   # -> QueryPage (paged)

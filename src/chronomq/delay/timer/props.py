@@ -5,10 +5,15 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from chronomq.message import (
+    PROPERTY_DELAY_TIME_LEVEL,
     PROPERTY_STARTDELIVERTIME,
     PROPERTY_TIMER_DELAY_MS,
     PROPERTY_TIMER_DELAY_SEC,
     PROPERTY_TIMER_DELIVER_MS,
+    PROPERTY_TRANSACTION_PREPARED,
+    SYSFLAG_TRANSACTION_PREPARED_TYPE,
+    MessageExt,
+    transaction_type,
 )
 
 from .types import TimerPropertyError
@@ -63,3 +68,21 @@ def deliver_ms_from_properties(props: Mapping[str, str], now_ms: int) -> int | N
     if PROPERTY_STARTDELIVERTIME in props:
         return _absolute(_int(props, PROPERTY_STARTDELIVERTIME))
     return None
+
+
+def timed_deliver_ms(msg: MessageExt, now_ms: int) -> int | None:
+    """The one rule for a sent message's way into the timer: the future deliver time its TIMER_*
+    property asks for, or None (put it now). A TIMER_* property overrides DELAY, which is then dropped.
+    A transactional half message is never timed (its commit decides). Raises TimerPropertyError for an
+    unusable value."""
+    props = msg.properties
+    if not has_timer_property(props):
+        return None
+    if props.get(PROPERTY_TRANSACTION_PREPARED) == "true" or \
+            transaction_type(msg.sys_flag) == SYSFLAG_TRANSACTION_PREPARED_TYPE:
+        return None
+    deliver_ms = deliver_ms_from_properties(props, now_ms)
+    props.pop(PROPERTY_DELAY_TIME_LEVEL, None)
+    if deliver_ms is None or deliver_ms <= now_ms:
+        return None
+    return deliver_ms

@@ -11,15 +11,11 @@ from typing import Any
 
 from chronomq.clock import Clock, SystemClock
 from chronomq.message import (
-    PROPERTY_DELAY_TIME_LEVEL,
-    PROPERTY_TRANSACTION_PREPARED,
-    SYSFLAG_TRANSACTION_PREPARED_TYPE,
     MessageExt,
-    transaction_type,
 )
 from chronomq.store.types import records_put_of
 
-from .props import deliver_ms_from_properties, has_timer_property
+from .props import timed_deliver_ms
 from .store import TimerStore
 from .types import OpResult, QueryPage, ScheduleResult, TimerConfig
 
@@ -39,8 +35,9 @@ class TimerService:
     """Any-millisecond delayed delivery, persisted in ``<storePathRootDir>/timer``.
 
     ``store`` is anything with ``put_message(MessageExt) -> PutResult`` (the MessageStore); delivered
-    messages are put there as new messages of their real topic and queue, through
-    ``put_messages(list[MessageExt])`` (one topic and queue per call) when the store has it."""
+    messages are put there as new messages of their real topic and queue through the delay package's
+    one delivery path (chronomq.delay.delivery): the store's ``put_records`` when it has one, else
+    ``put_messages``, else ``put_message``."""
 
     def __init__(self, store: Any, config: Any = None, clock: Clock | None = None, *,
                  timer_config: TimerConfig | None = None, root_dir: str | Path | None = None,
@@ -159,22 +156,11 @@ class TimerService:
         self._synced_seq = max(self._synced_seq, covers)
 
     def maybe_schedule(self, msg: MessageExt) -> ScheduleResult | None:
-        """The broker's send path: if ``msg`` carries a timer property (and no DELAY level, and is not
-        a transactional half message) and its time is in the future, schedule it and return the handle;
-        otherwise return None (put it normally). Raises TimerError for a bad value or a refused time."""
-        props = msg.properties
-        if not has_timer_property(props):
-            return None
-        if props.get(PROPERTY_TRANSACTION_PREPARED) == "true" or \
-                transaction_type(msg.sys_flag) == SYSFLAG_TRANSACTION_PREPARED_TYPE:
-            return None
-        if props.get(PROPERTY_DELAY_TIME_LEVEL, "0") not in ("", "0"):
-            return None
-        now = self.clock.now_ms()
-        deliver_ms = deliver_ms_from_properties(props, now)
-        if deliver_ms is None or deliver_ms <= now:
-            return None
-        return self.schedule(msg, deliver_ms)
+        """Schedule ``msg`` if the broker's rule for sent messages (``props.timed_deliver_ms``, the one
+        ``DelayService.admit`` applies) makes it timed, and return the handle; otherwise None (put it
+        now). Raises TimerError for a bad value or a refused time."""
+        deliver_ms = timed_deliver_ms(msg, self.clock.now_ms())
+        return None if deliver_ms is None else self.schedule(msg, deliver_ms)
 
     def cancel(self, ident: str, by_key: bool = False) -> list[OpResult]:
         return self.timer.cancel(ident, by_key)
