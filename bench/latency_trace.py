@@ -62,10 +62,16 @@ def serve_traced(out: str, argv: list[str]) -> None:
     from chronomq.remoting.codes import ResponseCode
     from chronomq.store.message_store import MessageStore
 
+    try:  # the dispatcher (reput) lives in its own module; older trees kept it in the facade
+        from chronomq.store.reput import ReputMessageService as dispatcher
+        dispatch_method = "dispatch"
+    except ImportError:
+        dispatcher, dispatch_method = MessageStore, "_dispatch"
+
     events: list[tuple[str, int]] = []
     _wrap(TimerStore, "poll", "timer take", events, lambda res, args: bool(res[0]))
     _wrap(TimerStore, "deliver_many", "store put", events)
-    _wrap(MessageStore, "_dispatch", "dispatch", events)
+    _wrap(dispatcher, dispatch_method, "dispatch", events)
     _wrap(BrokerProcessor, "_pull_once", "pull answer", events,
           lambda res, args: res[0].code == ResponseCode.SUCCESS)
     orig_notify = PullHoldService.notify

@@ -197,7 +197,8 @@ class ScheduleService:
 
     # --- the level tasks --------------------------------------------------------------------------------
     def _on_arrival(self, topic: str, queue_id: int, max_offset: int, store_timestamp: int) -> None:
-        # Called on the store's dispatcher thread: only wake a task that is waiting for new entries.
+        # Called where the store dispatches (the broker's loop, or the store's dispatcher thread): only
+        # wake a task that is waiting for new entries.
         if topic != SCHEDULE_TOPIC or not self._running:
             return
         st = self.states.get(queue_id + 1)

@@ -201,8 +201,9 @@ class MessageStore(PutPath, ReadPath):
         self._reput.dispatch_now()
 
     def add_arrival_listener(self, fn: ArrivalListener) -> None:
-        """fn(topic, queue_id, max_offset, store_timestamp), called from the dispatcher thread after the
-        consume-queue entries of a batch are written (once per queue per batch, with the new max offset)."""
+        """fn(topic, queue_id, max_offset, store_timestamp), called by whoever dispatches (the dispatch
+        hook's thread, the broker's event loop, or the dispatcher thread) after the consume-queue entries
+        of a batch are written (once per queue per batch, with the new max offset): it must work on any."""
         self._reput.listeners.append(fn)
 
     def wait_dispatched(self, commit_log_offset: int, timeout_s: float) -> bool:
