@@ -44,12 +44,17 @@ def test_a_new_file_gets_zeros_written_in_chunks(tmp_path, monkeypatch) -> None:
     f.close()
 
 
-def test_a_reopened_file_keeps_its_content(tmp_path, monkeypatch) -> None:
+def _reopened(tmp_path, content: bytes) -> MappedFile:
+    """A 256 KiB file that holds ``content`` at its start, closed and opened again."""
     path = str(tmp_path / "00000000000000000000")
     f = MappedFile(path, 0, 256 * 1024)
-    f.mm[0:5] = b"hello"
+    f.mm[0 : len(content)] = content
     f.close()
-    f = MappedFile(path, 0, 256 * 1024)
+    return MappedFile(path, 0, 256 * 1024)
+
+
+def test_a_reopened_file_keeps_its_content(tmp_path, monkeypatch) -> None:
+    f = _reopened(tmp_path, b"hello")
     calls = _calls(monkeypatch)
     f.allocate(1)
     assert [c[0] for c in calls] == ["fallocate"] and f.mm[0:5] == b"hello"
@@ -57,11 +62,7 @@ def test_a_reopened_file_keeps_its_content(tmp_path, monkeypatch) -> None:
 
 
 def test_the_zeroed_tail_of_a_recovered_file_gets_zeros(tmp_path, monkeypatch) -> None:
-    path = str(tmp_path / "00000000000000000000")
-    f = MappedFile(path, 0, 256 * 1024)
-    f.mm[0:4] = b"keep"
-    f.close()
-    f = MappedFile(path, 0, 256 * 1024)
+    f = _reopened(tmp_path, b"keep")
     f.zero_tail(4096)
     calls = _calls(monkeypatch)
     f.allocate(8192, chunk=64 * 1024)
