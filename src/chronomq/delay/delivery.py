@@ -117,6 +117,15 @@ def decode_to_put(buf: bytes, pos: int, size: int, store_host: tuple[str, int]) 
 
 
 # --- the level service's restore: real topic and queue from REAL_TOPIC / REAL_QID ---------------------------
+def _restored_properties(props: dict[str, str], source: str | None) -> None:
+    """The real message's properties: DELAY removed, the delay source recorded (or removed)."""
+    props.pop(PROPERTY_DELAY_TIME_LEVEL, None)
+    if source is not None:
+        props[PROPERTY_DELAY_SOURCE] = source
+    else:
+        props.pop(PROPERTY_DELAY_SOURCE, None)
+
+
 def restore_real(parked: MessageExt, source: str | None) -> MessageExt:
     """The message to put on the real topic: topic = REAL_TOPIC, queue = REAL_QID, DELAY removed
     (REAL_TOPIC/REAL_QID stay, as in RocketMQ); body, flag, sysFlag, born timestamp/host and reconsume
@@ -133,11 +142,7 @@ def restore_real(parked: MessageExt, source: str | None) -> MessageExt:
         ) from None
     if real_qid < 0:
         raise UndeliverableError(f"parked message has a negative {PROPERTY_REAL_QUEUE_ID}")
-    props.pop(PROPERTY_DELAY_TIME_LEVEL, None)
-    if source is not None:
-        props[PROPERTY_DELAY_SOURCE] = source
-    else:
-        props.pop(PROPERTY_DELAY_SOURCE, None)
+    _restored_properties(props, source)
     return MessageExt(
         topic=real_topic,
         body=parked.body,
@@ -169,11 +174,7 @@ def _restore_props(props: dict[str, str], source: str | None) -> tuple[str, int]
     qid_raw = props.get(PROPERTY_REAL_QUEUE_ID, "")
     if not qid_raw.isdigit() or not qid_raw.isascii():
         raise UndeliverableError(f"parked message has no valid {PROPERTY_REAL_QUEUE_ID}: {qid_raw!r}")
-    props.pop(PROPERTY_DELAY_TIME_LEVEL, None)
-    if source is not None:
-        props[PROPERTY_DELAY_SOURCE] = source
-    else:
-        props.pop(PROPERTY_DELAY_SOURCE, None)
+    _restored_properties(props, source)
     return real_topic, int(qid_raw)
 
 
