@@ -17,7 +17,7 @@ from chronomq.broker.clients import (
     message_model_is_clustering,
 )
 from chronomq.broker.offsets import ConsumerOffsetManager
-from chronomq.broker.processor import TagFilter
+from chronomq.broker.processors.pull import TagFilter
 from chronomq.broker.topics import TopicConfig, TopicConfigManager, TopicError
 from chronomq.cli.admin import delay_stats_table
 from chronomq.cli.main import _parse_sets

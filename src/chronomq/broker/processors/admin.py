@@ -1,0 +1,144 @@
+"""Admin and queue-information requests (RocketMQ's AdminBrokerProcessor): topic config
+(GET_ALL_TOPIC_CONFIG, UPDATE_AND_CREATE_TOPIC, DELETE_TOPIC_IN_BROKER), runtime and topic stats, queue
+offsets (GET_MAX_OFFSET, GET_MIN_OFFSET, SEARCH_OFFSET_BY_TIMESTAMP, GET_EARLIEST_MSG_STORETIME,
+GET_ALL_CONSUMER_OFFSET) and the orderly consumers' queue locks (LOCK_BATCH_MQ, UNLOCK_BATCH_MQ).
+
+Rules: answered inline from the services; the schedule topic cannot be created or updated here.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from chronomq.message import SCHEDULE_TOPIC
+from chronomq.remoting.codec import HeaderError, RemotingCommand
+from chronomq.remoting.codes import PERM_READ, PERM_WRITE, RequestCode, ResponseCode
+from chronomq.remoting.server import Connection
+
+from ..topics import TopicConfig, TopicError
+from .base import Handler, ProcessorBase, dump_json, parse_json_body
+
+
+class AdminProcessor(ProcessorBase):
+    """Topics, stats, queue offsets and queue locks."""
+
+    def _init_admin(self) -> dict[int, Handler]:
+        return {
+            RequestCode.GET_MAX_OFFSET: self.get_max_offset,
+            RequestCode.GET_MIN_OFFSET: self.get_min_offset,
+            RequestCode.SEARCH_OFFSET_BY_TIMESTAMP: self.search_offset_by_timestamp,
+            RequestCode.GET_EARLIEST_MSG_STORETIME: self.get_earliest_msg_storetime,
+            RequestCode.LOCK_BATCH_MQ: self.lock_batch_mq,
+            RequestCode.UNLOCK_BATCH_MQ: self.unlock_batch_mq,
+            RequestCode.GET_ALL_TOPIC_CONFIG: self.get_all_topic_config,
+            RequestCode.UPDATE_AND_CREATE_TOPIC: self.update_and_create_topic,
+            RequestCode.DELETE_TOPIC_IN_BROKER: self.delete_topic,
+            RequestCode.GET_BROKER_RUNTIME_INFO: self.get_runtime_info,
+            RequestCode.GET_TOPIC_STATS_INFO: self.get_topic_stats,
+            RequestCode.GET_ALL_CONSUMER_OFFSET: self.get_all_consumer_offset,
+        }
+
+    # --- queue offsets ---------------------------------------------------------------------------------
+    def get_max_offset(self, req: RemotingCommand, conn: Connection) -> RemotingCommand:
+        off = self.store.get_max_offset_in_queue(req.require_str("topic"), req.ext_int("queueId"))
+        return req.response(ext_fields={"offset": str(off)})
+
+    def get_min_offset(self, req: RemotingCommand, conn: Connection) -> RemotingCommand:
+        off = self.store.get_min_offset_in_queue(req.require_str("topic"), req.ext_int("queueId"))
+        return req.response(ext_fields={"offset": str(off)})
+
+    def search_offset_by_timestamp(self, req: RemotingCommand, conn: Connection) -> RemotingCommand:
+        off = self.store.get_offset_in_queue_by_time(
+            req.require_str("topic"), req.ext_int("queueId"), req.ext_int("timestamp")
+        )
+        return req.response(ext_fields={"offset": str(off)})
+
+    def get_earliest_msg_storetime(self, req: RemotingCommand, conn: Connection) -> RemotingCommand:
+        ts = self.store.get_earliest_message_time(req.require_str("topic"), req.ext_int("queueId"))
+        return req.response(ext_fields={"timestamp": str(ts)})
+
+    def get_all_consumer_offset(self, req: RemotingCommand, conn: Connection) -> RemotingCommand:
+        table = {k: {str(q): o for q, o in v.items()} for k, v in self.services.offsets.table.items()}
+        return req.response(body=dump_json({"offsetTable": table}))
+
+    # --- orderly consumers ------------------------------------------------------------------------------
+    @staticmethod
+    def _mq_list(body: dict[str, Any]) -> list[tuple[str, str, int]]:
+        out = []
+        for mq in body.get("mqSet") or []:
+            if isinstance(mq, dict):
+                out.append(
+                    (str(mq.get("topic", "")), str(mq.get("brokerName", "")), int(mq.get("queueId", 0)))
+                )
+        return out
+
+    def lock_batch_mq(self, req: RemotingCommand, conn: Connection) -> RemotingCommand:
+        body = parse_json_body(req, "LOCK_BATCH_MQ")
+        if not isinstance(body, dict):
+            raise HeaderError("LOCK_BATCH_MQ body is not a JSON object")
+        granted = self.services.locks.try_lock(
+            str(body.get("consumerGroup", "")),
+            self._mq_list(body),
+            str(body.get("clientId", "")),
+            self.clock.now_ms(),
+        )
+        locked = [{"topic": t, "brokerName": b, "queueId": q} for t, b, q in granted]
+        return req.response(body=dump_json({"lockOKMQSet": locked}))
+
+    def unlock_batch_mq(self, req: RemotingCommand, conn: Connection) -> RemotingCommand:
+        body = parse_json_body(req, "UNLOCK_BATCH_MQ")
+        if not isinstance(body, dict):
+            raise HeaderError("UNLOCK_BATCH_MQ body is not a JSON object")
+        self.services.locks.unlock(
+            str(body.get("consumerGroup", "")), self._mq_list(body), str(body.get("clientId", ""))
+        )
+        return req.response()
+
+    # --- admin -------------------------------------------------------------------------------------------
+    def get_all_topic_config(self, req: RemotingCommand, conn: Connection) -> RemotingCommand:
+        t = self.topics
+        return req.response(body=dump_json({"topicConfigTable": t.snapshot(), "dataVersion": t.data_version}))
+
+    def update_and_create_topic(self, req: RemotingCommand, conn: Connection) -> RemotingCommand:
+        topic = req.require_str("topic")
+        if topic in (SCHEDULE_TOPIC,):
+            return req.response(ResponseCode.SYSTEM_ERROR, remark=f"the topic {topic} is a system topic")
+        nums = self.config.defaultTopicQueueNums
+        tc = TopicConfig(
+            topic,
+            req.ext_int("readQueueNums", nums),
+            req.ext_int("writeQueueNums", nums),
+            req.ext_int("perm", PERM_READ | PERM_WRITE),
+            topicSysFlag=req.ext_int("topicSysFlag", 0),
+            order=req.ext_bool("order"),
+        )
+        if not (0 < tc.readQueueNums <= 1024 and 0 < tc.writeQueueNums <= 1024):
+            raise HeaderError("queue numbers must be within 1..1024")
+        try:
+            self.topics.update(tc)
+        except TopicError as e:
+            return req.response(ResponseCode.SYSTEM_ERROR, remark=str(e))
+        return req.response()
+
+    def delete_topic(self, req: RemotingCommand, conn: Connection) -> RemotingCommand:
+        self.topics.delete(req.require_str("topic"))
+        return req.response()
+
+    def get_runtime_info(self, req: RemotingCommand, conn: Connection) -> RemotingCommand:
+        info = self.services.runtime_info()
+        return req.response(body=dump_json({"table": {k: str(v) for k, v in info.items()}}))
+
+    def get_topic_stats(self, req: RemotingCommand, conn: Connection) -> RemotingCommand:
+        topic = req.require_str("topic")
+        tc = self.topics.get(topic)
+        if tc is None:
+            return req.response(ResponseCode.TOPIC_NOT_EXIST, remark=f"topic[{topic}] not exist")
+        table = {}
+        for q in range(max(tc.readQueueNums, tc.writeQueueNums)):
+            key = json.dumps({"topic": topic, "brokerName": self.config.brokerName, "queueId": q})
+            table[key] = {
+                "minOffset": self.store.get_min_offset_in_queue(topic, q),
+                "maxOffset": self.store.get_max_offset_in_queue(topic, q),
+            }
+        return req.response(body=dump_json({"offsetTable": table}))

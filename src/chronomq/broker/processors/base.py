@@ -1,0 +1,50 @@
+"""What the broker's request processors share: ``ProcessorBase`` (the services and the shortcuts every
+mixin reads), the ``Handler`` type and the JSON helpers.
+
+Rules: nothing here answers a request; a helper lives here only when more than one processor module
+uses it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from chronomq.remoting.codec import HeaderError, RemotingCommand
+
+if TYPE_CHECKING:
+    from chronomq.clock import Clock
+    from chronomq.config import BrokerConfig
+    from chronomq.delay import DelayService
+    from chronomq.remoting.server import Connection
+    from chronomq.store import MessageStore
+
+    from ..services import BrokerServices
+    from ..timer_processor import TimerProcessor
+    from ..topics import TopicConfigManager
+
+Handler = Callable[[RemotingCommand, "Connection"], "RemotingCommand | None"]
+
+
+class ProcessorBase:
+    """The attributes ``BrokerProcessor.__init__`` sets, which every processor mixin reads."""
+
+    services: BrokerServices
+    store: MessageStore
+    config: BrokerConfig
+    clock: Clock
+    topics: TopicConfigManager
+    delay: DelayService
+    timers: TimerProcessor
+
+
+def dump_json(obj: Any) -> bytes:
+    return json.dumps(obj, separators=(",", ":")).encode()
+
+
+def parse_json_body(req: RemotingCommand, what: str) -> Any:
+    try:
+        return json.loads(req.body) if req.body else {}
+    except (ValueError, UnicodeDecodeError) as e:
+        raise HeaderError(f"{what} body is not valid JSON: {e}") from None

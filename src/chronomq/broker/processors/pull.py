@@ -1,0 +1,180 @@
+"""PULL_MESSAGE (11): the inline attempt and the long-polling hold (RocketMQ's PullMessageProcessor).
+
+Rules: ``pull_message`` answers inline unless the queue had nothing, the request carries the suspend
+flag and ``longPollingEnable`` is on; then it returns None and the dispatcher's async ``handle`` runs
+``pull_message_held``, which waits on ``services.hold`` (PullHoldService) until an arrival or the
+deadline. Tags are filtered in the store through ``TagFilter`` (TAG expressions only).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from chronomq.message import java_string_hash
+from chronomq.remoting.codec import RemotingCommand
+from chronomq.remoting.codes import (
+    PERM_READ,
+    PULL_FLAG_COMMIT_OFFSET,
+    PULL_FLAG_SUBSCRIPTION,
+    PULL_FLAG_SUSPEND,
+    RequestCode,
+    ResponseCode,
+)
+from chronomq.remoting.server import Connection
+from chronomq.store.types import GetResult, GetStatus
+
+from .base import Handler, ProcessorBase
+
+MAX_PULL_MSGS = 256
+MAX_PULL_BYTES = 4 * 1024 * 1024
+MAX_SUSPEND_MS = 60_000
+
+
+class TagFilter:
+    """Server-side tag filter from a subscription expression: "*" / "" (all) or "a || b"."""
+
+    __slots__ = ("codes", "tags")
+
+    def __init__(self, expression: str) -> None:
+        expr = (expression or "").strip()
+        if expr in ("", "*"):
+            self.tags: frozenset[str] | None = None
+            self.codes: frozenset[int] = frozenset()
+        else:
+            self.tags = frozenset(t.strip() for t in expr.split("||") if t.strip())
+            self.codes = frozenset(java_string_hash(t) for t in self.tags)
+
+    def predicate(self) -> Callable[[int], bool] | None:
+        if self.tags is None:
+            return None
+        codes = self.codes
+        return codes.__contains__
+
+
+class PullProcessor(ProcessorBase):
+    """Pulls: topic checks, the tag filter, the store read, the hold."""
+
+    def _init_pull(self) -> dict[int, Handler]:
+        self._filters: dict[str, TagFilter] = {}
+        # PULLs found empty inline, now being held (the request is kept so its id cannot be reused)
+        self._checked: dict[int, tuple[RemotingCommand, RemotingCommand]] = {}
+        return {RequestCode.PULL_MESSAGE: self.pull_message}
+
+    # --- PULL_MESSAGE (11) --------------------------------------------------------------------------------
+    def _filter(
+        self, req: RemotingCommand, group: str, topic: str, sys_flag: int
+    ) -> Callable[[int], bool] | None:
+        if sys_flag & PULL_FLAG_SUBSCRIPTION:
+            expr = req.ext_str("subscription", "*") or "*"
+        else:
+            g = self.services.consumers.groups.get(group)
+            sub = g.subscriptions.get(topic) if g else None
+            expr = str(sub.get("subString", "*")) if sub else "*"
+        f = self._filters.get(expr)
+        if f is None:
+            if len(self._filters) > 10_000:
+                self._filters.clear()
+            f = self._filters[expr] = TagFilter(expr)
+        return f.predicate()
+
+    def _pull_once(self, req: RemotingCommand) -> tuple[RemotingCommand, bool]:
+        """One attempt. Returns (response, may_hold): may_hold when the answer is PULL_NOT_FOUND."""
+        group = req.require_str("consumerGroup")
+        topic = req.require_str("topic")
+        queue_id = req.ext_int("queueId")
+        offset = req.ext_int("queueOffset")
+        max_msgs = max(1, min(req.ext_int("maxMsgNums", 32), MAX_PULL_MSGS))
+        sys_flag = req.ext_int("sysFlag", 0)
+        tc = self.topics.get(topic)
+        if tc is not None:
+            if not tc.perm & PERM_READ:
+                return req.response(
+                    ResponseCode.NO_PERMISSION, remark=f"the topic[{topic}] pulling is forbidden"
+                ), False
+            if queue_id < 0 or queue_id >= max(tc.readQueueNums, tc.writeQueueNums):
+                return req.response(
+                    ResponseCode.SYSTEM_ERROR,
+                    remark=f"queueId[{queue_id}] is illegal, topic {topic} has "
+                    f"{tc.readQueueNums} read queues",
+                ), False
+        expr_type = req.ext_str("expressionType", "TAG") or "TAG"
+        if expr_type.upper() != "TAG":
+            return req.response(
+                ResponseCode.SYSTEM_ERROR, remark=f"this broker filters by TAG only, not by {expr_type}"
+            ), False
+        tag_filter = self._filter(req, group, topic, sys_flag)
+        r: GetResult = self.store.get_message(
+            topic, queue_id, offset, max_msgs, max_bytes=MAX_PULL_BYTES, tag_filter=tag_filter
+        )
+        st = r.status
+        body = b""
+        nxt = r.next_begin_offset
+        if st is GetStatus.FOUND and r.messages:
+            code, remark = ResponseCode.SUCCESS, "FOUND"
+            body = b"".join(r.messages)
+        elif st in (GetStatus.FOUND, GetStatus.NO_MATCHED_MESSAGE, GetStatus.MESSAGE_WAS_REMOVING):
+            code, remark = ResponseCode.PULL_RETRY_IMMEDIATELY, st.value
+        elif st in (GetStatus.OFFSET_OVERFLOW_ONE, GetStatus.OFFSET_FOUND_NULL):
+            code, remark = ResponseCode.PULL_NOT_FOUND, st.value
+        elif st in (GetStatus.NO_MATCHED_LOGIC_QUEUE, GetStatus.NO_MESSAGE_IN_QUEUE):
+            if offset != 0:
+                code, remark = ResponseCode.PULL_OFFSET_MOVED, st.value
+            else:
+                code, remark = ResponseCode.PULL_NOT_FOUND, st.value
+        else:  # OFFSET_OVERFLOW_BADLY, OFFSET_TOO_SMALL
+            code, remark = ResponseCode.PULL_OFFSET_MOVED, st.value
+        if code == ResponseCode.PULL_OFFSET_MOVED:
+            # protocol.md 2.3: beyond the end -> maxOffset, below the start -> minOffset
+            beyond = offset > r.max_offset or st is GetStatus.NO_MESSAGE_IN_QUEUE
+            nxt = r.max_offset if beyond else r.min_offset
+        ext = {
+            "nextBeginOffset": str(nxt),
+            "minOffset": str(r.min_offset),
+            "maxOffset": str(r.max_offset),
+            "suggestWhichBrokerId": "0",
+        }
+        return req.response(
+            code, ext_fields=ext, body=body, remark=remark
+        ), code == ResponseCode.PULL_NOT_FOUND
+
+    def _pull_commit(self, req: RemotingCommand) -> None:
+        if req.ext_int("sysFlag", 0) & PULL_FLAG_COMMIT_OFFSET:
+            commit = req.ext_int("commitOffset", -1)
+            if commit >= 0:
+                self.services.offsets.commit(
+                    req.require_str("consumerGroup"), req.require_str("topic"), req.ext_int("queueId"), commit
+                )
+
+    def pull_message(self, req: RemotingCommand, conn: Connection) -> RemotingCommand | None:
+        resp, may_hold = self._pull_once(req)
+        if may_hold and req.ext_int("sysFlag", 0) & PULL_FLAG_SUSPEND and self.config.longPollingEnable:
+            if len(self._checked) > 10_000:  # entries of tasks cancelled before they ran; harmless to drop
+                self._checked.clear()
+            self._checked[id(req)] = (req, resp)  # the held path starts by waiting
+            return None  # hold it: handle() -> pull_message_held
+        self._pull_commit(req)
+        return resp
+
+    async def pull_message_held(self, req: RemotingCommand, conn: Connection) -> RemotingCommand:
+        self._pull_commit(req)
+        topic = req.require_str("topic")
+        queue_id = req.ext_int("queueId")
+        offset = req.ext_int("queueOffset")
+        suspend = min(max(0, req.ext_int("suspendTimeoutMillis", 15_000)), MAX_SUSPEND_MS)
+        deadline = self.clock.now_ms() + suspend
+        hold = self.services.hold
+        entry = self._checked.pop(id(req), None)
+        first = entry[1] if entry is not None and entry[0] is req else None
+        while True:
+            if first is not None:
+                resp, may_hold, first = first, True, None
+            else:
+                resp, may_hold = self._pull_once(req)
+            if not may_hold or self.services.stopping or self.clock.now_ms() >= deadline:
+                return resp
+            arrived = await hold.wait(
+                topic, queue_id, offset, deadline, lambda: self.store.get_max_offset_in_queue(topic, queue_id)
+            )
+            if not arrived:
+                resp, _ = self._pull_once(req)
+                return resp

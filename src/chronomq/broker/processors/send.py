@@ -1,0 +1,330 @@
+"""SEND_MESSAGE (10), SEND_MESSAGE_V2 (310), SEND_BATCH_MESSAGE (320) and CONSUMER_SEND_MSG_BACK (36):
+the way in for produced and sent-back messages (RocketMQ's SendMessageProcessor).
+
+Rules: a sent message goes through ``services.delay.admit`` / ``admit_batch`` (timed ones are parked by
+``TimerProcessor.schedule``), everything else into the store; under SYNC_FLUSH the answer is DEFERRED and
+written from the flush future's callback through the event loop, which never waits on fsync.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import random
+import threading
+import zlib
+from collections.abc import Callable
+from typing import NamedTuple
+
+from chronomq.message import (
+    DLQ_GROUP_TOPIC_PREFIX,
+    PROPERTY_MAX_RECONSUME_TIMES,
+    PROPERTY_TRANSACTION_PREPARED,
+    PROPERTY_WAIT_STORE_MSG_OK,
+    RETRY_GROUP_TOPIC_PREFIX,
+    SCHEDULE_TOPIC,
+    SYSFLAG_COMPRESSED,
+    SYSFLAG_TRANSACTION_PREPARED_TYPE,
+    MessageExt,
+    MessageFormatError,
+    decode_properties,
+    transaction_type,
+    validate_topic,
+)
+from chronomq.remoting.codec import RemotingCommand, decode_batch_body
+from chronomq.remoting.codes import PERM_WRITE, SEND_V2_FIELDS, RequestCode, ResponseCode
+from chronomq.remoting.server import DEFERRED, Connection
+from chronomq.store.types import PutResult, PutStatus
+
+from ..topics import TopicError
+from .base import Handler, ProcessorBase
+
+log = logging.getLogger("chronomq.broker")
+
+_PUT_CODES = {
+    PutStatus.PUT_OK: ResponseCode.SUCCESS,
+    PutStatus.FLUSH_DISK_TIMEOUT: ResponseCode.FLUSH_DISK_TIMEOUT,
+    PutStatus.MESSAGE_ILLEGAL: ResponseCode.MESSAGE_ILLEGAL,
+    PutStatus.PROPERTIES_SIZE_EXCEEDED: ResponseCode.MESSAGE_ILLEGAL,
+    PutStatus.SERVICE_NOT_AVAILABLE: ResponseCode.SERVICE_NOT_AVAILABLE,
+    PutStatus.OS_PAGECACHE_BUSY: ResponseCode.SYSTEM_BUSY,
+    PutStatus.UNKNOWN_ERROR: ResponseCode.SYSTEM_ERROR,
+}
+
+
+def _inflate(data: bytes, limit: int) -> bytes:
+    d = zlib.decompressobj()
+    try:
+        out = d.decompress(data, limit)
+    except zlib.error as e:
+        raise ValueError(str(e)) from None
+    if d.unconsumed_tail:
+        raise ValueError(f"inflates to more than {limit} bytes")
+    return out
+
+
+def _with_v1_fields(req: RemotingCommand) -> RemotingCommand:
+    """A SEND_MESSAGE_V2 / batch request with its short header names (a, b, ...) spelled out."""
+    return RemotingCommand(
+        code=req.code,
+        ext_fields={SEND_V2_FIELDS.get(k, k): v for k, v in req.ext_fields.items()},
+        body=req.body,
+        opaque=req.opaque,
+        flag=req.flag,
+        language=req.language,
+        version=req.version,
+        serialize_type=req.serialize_type,
+    )
+
+
+class _SendTarget(NamedTuple):
+    """Where a SEND goes and the header fields its messages share."""
+
+    topic: str
+    queue_id: int
+    properties: dict[str, str]
+    flag: int
+    sys_flag: int
+    born_timestamp: int
+    reconsume_times: int
+
+    def message(self, conn: Connection, store_host: tuple[str, int], props: dict[str, str], body: bytes,
+                flag: int, sys_flag: int) -> MessageExt:
+        return MessageExt(
+            topic=self.topic,
+            body=body,
+            properties=props,
+            flag=flag,
+            queue_id=self.queue_id,
+            sys_flag=sys_flag,
+            born_timestamp=self.born_timestamp,
+            born_host=conn.remote,
+            store_host=store_host,
+            reconsume_times=self.reconsume_times,
+        )
+
+
+class SendProcessor(ProcessorBase):
+    """Sends and send-backs: admission, the put, the (possibly deferred) answer."""
+
+    def _init_send(self) -> dict[int, Handler]:
+        self._valid_topics: set[str] = set()
+        self._posted: list[Callable[[], None]] = []
+        self._posted_lock = threading.Lock()
+        return {
+            RequestCode.SEND_MESSAGE: self.send_message,
+            RequestCode.SEND_MESSAGE_V2: self.send_message,
+            RequestCode.SEND_BATCH_MESSAGE: self.send_message,
+            RequestCode.CONSUMER_SEND_MSG_BACK: self.consumer_send_msg_back,
+        }
+
+    # --- SEND_MESSAGE (10), SEND_MESSAGE_V2 (310), SEND_BATCH_MESSAGE (320) ---------------------------------
+    def send_message(self, req: RemotingCommand, conn: Connection) -> RemotingCommand | None:
+        if req.code != RequestCode.SEND_MESSAGE:
+            req = _with_v1_fields(req)
+        batch = req.code == RequestCode.SEND_BATCH_MESSAGE or req.ext_bool("batch")
+        target = self._send_target(req, batch)
+        if isinstance(target, RemotingCommand):
+            return target
+        props = target.properties
+        if batch:
+            msgs = self._batch_messages(req, conn, target)
+            if isinstance(msgs, RemotingCommand):
+                return msgs
+            admitted = self.delay.admit_batch(msgs)
+        else:
+            admitted = self.delay.admit(target.message(conn, self.services.store_host, props, req.body,
+                                                       target.flag, target.sys_flag))
+        if admitted.refused is not None:
+            return req.response(ResponseCode.MESSAGE_ILLEGAL, remark=admitted.refused)
+        if admitted.timed:
+            return self.timers.schedule(req, conn, admitted.timed)
+        if batch:
+            result = self.store.put_messages(admitted.put)
+            wait = True
+        else:
+            result = self.store.put_message(admitted.put[0])
+            wait = props.get(PROPERTY_WAIT_STORE_MSG_OK, "true") != "false"
+        self.services.put_stats.record(result)
+        return self._put_response(req, conn, result, wait, target.queue_id)
+
+    def _send_target(self, req: RemotingCommand, batch: bool) -> _SendTarget | RemotingCommand:
+        """The topic and queue a SEND goes to (a retry topic resent too often: its DLQ) and the
+        message's properties, or the refusal."""
+        topic = req.require_str("topic")
+        if topic not in self._valid_topics:
+            reason = validate_topic(topic)
+            if reason:
+                return req.response(ResponseCode.MESSAGE_ILLEGAL, remark=reason)
+            if len(self._valid_topics) < 100_000:
+                self._valid_topics.add(topic)
+        if topic == SCHEDULE_TOPIC:
+            return req.response(
+                ResponseCode.NO_PERMISSION, remark=f"sending to the system topic {topic} is not allowed"
+            )
+        queue_id = req.ext_int("queueId", -1)
+        sys_flag = req.ext_int("sysFlag", 0)
+        flag = req.ext_int("flag", 0)
+        born_ts = req.ext_int("bornTimestamp", 0) or self.clock.now_ms()
+        reconsume = req.ext_int("reconsumeTimes", 0)
+        try:
+            props = decode_properties(req.ext_str("properties", "") or "")
+        except Exception:
+            return req.response(ResponseCode.MESSAGE_ILLEGAL, remark="the properties field cannot be decoded")
+        try:
+            tc = self.topics.create_in_send(
+                topic, req.ext_str("defaultTopic"), req.ext_int("defaultTopicQueueNums", 0)
+            )
+        except TopicError as e:
+            return req.response(ResponseCode.MESSAGE_ILLEGAL, remark=str(e))
+        if tc is None:
+            return req.response(
+                ResponseCode.TOPIC_NOT_EXIST, remark=f"topic[{topic}] not exist, apply first please!"
+            )
+        if not tc.perm & PERM_WRITE:
+            return req.response(ResponseCode.NO_PERMISSION, remark=f"the topic[{topic}] sending is forbidden")
+        nqueues = max(tc.writeQueueNums, tc.readQueueNums)
+        if queue_id < 0:
+            queue_id = random.randrange(max(1, tc.writeQueueNums))
+        elif queue_id >= nqueues:
+            return req.response(
+                ResponseCode.SYSTEM_ERROR,
+                remark=f"request queueId[{queue_id}] is illegal, topic {topic} has {nqueues} queues",
+            )
+        if (
+            transaction_type(sys_flag) == SYSFLAG_TRANSACTION_PREPARED_TYPE
+            or props.get(PROPERTY_TRANSACTION_PREPARED) == "true"
+        ):
+            return req.response(
+                ResponseCode.NO_PERMISSION, remark="transactional messages are not supported by this broker"
+            )
+        # a producer resending to a retry topic too often: dead letter (Java handleRetryAndDLQ)
+        if topic.startswith(RETRY_GROUP_TOPIC_PREFIX) and not batch and reconsume >= self._max_reconsume(
+                req, props):
+            topic = DLQ_GROUP_TOPIC_PREFIX + topic[len(RETRY_GROUP_TOPIC_PREFIX) :]
+            self.topics.create_system(topic, 1)
+            queue_id = 0
+        return _SendTarget(topic, queue_id, props, flag, sys_flag, born_ts, reconsume)
+
+    def _batch_messages(self, req: RemotingCommand, conn: Connection, target: _SendTarget
+                        ) -> list[MessageExt] | RemotingCommand:
+        """The items of a SEND_BATCH_MESSAGE body, or the refusal."""
+        if target.topic.startswith(RETRY_GROUP_TOPIC_PREFIX):
+            return req.response(
+                ResponseCode.MESSAGE_ILLEGAL, remark="batch messages to a retry topic are not supported"
+            )
+        body = req.body
+        sys_flag = target.sys_flag
+        if sys_flag & SYSFLAG_COMPRESSED:
+            # the C++ client deflates a whole batch body over 4 KiB; items are stored uncompressed
+            try:
+                body = _inflate(body, self.config.maxMessageSize * 4)
+            except ValueError as e:
+                return req.response(ResponseCode.MESSAGE_ILLEGAL, remark=f"bad compressed batch: {e}")
+            sys_flag &= ~SYSFLAG_COMPRESSED
+        try:
+            items = decode_batch_body(body)
+        except MessageFormatError as e:
+            return req.response(ResponseCode.MESSAGE_ILLEGAL, remark=f"bad batch body: {e}")
+        if not items:
+            return req.response(ResponseCode.MESSAGE_ILLEGAL, remark="empty batch")
+        host = self.services.store_host
+        return [target.message(conn, host, it.properties, it.body, it.flag, sys_flag) for it in items]
+
+    def _max_reconsume(self, req: RemotingCommand, props: dict[str, str]) -> int:
+        v = req.ext_str("maxReconsumeTimes")
+        if v is None:
+            v = props.get(PROPERTY_MAX_RECONSUME_TIMES)
+        try:
+            return int(v) if v not in (None, "") else self.config.maxReconsumeTimes
+        except ValueError:
+            return self.config.maxReconsumeTimes
+
+    def _put_response(
+        self, req: RemotingCommand, conn: Connection, result: PutResult, wait: bool, queue_id: int
+    ) -> RemotingCommand:
+        code = _PUT_CODES.get(result.status, ResponseCode.SYSTEM_ERROR)
+        if result.append is None or code not in (ResponseCode.SUCCESS, ResponseCode.FLUSH_DISK_TIMEOUT):
+            return req.response(
+                code if code != ResponseCode.SUCCESS else ResponseCode.SYSTEM_ERROR,
+                remark=result.error or result.status.value,
+            )
+        a = result.append
+        ext = {
+            "msgId": a.msg_id,
+            "queueId": str(queue_id),
+            "queueOffset": str(a.queue_offset),
+            "MSG_REGION": "DefaultRegion",
+            "TRACE_ON": "true",
+        }
+        fut = result.flushed
+        if fut is None or not wait:
+            return req.response(code, ext_fields=ext)
+        if fut.done():
+            return req.response(self._flush_code(fut, code), ext_fields=ext)
+
+        def flushed(f: concurrent.futures.Future[bool]) -> None:  # runs in the store's flush thread
+            self._post(lambda: conn.reply(req, req.response(self._flush_code(f, code), ext_fields=ext)))
+
+        fut.add_done_callback(flushed)
+        return DEFERRED
+
+    def _post(self, fn: Callable[[], None]) -> None:
+        """Run fn on the event loop; from other threads, many posts share one loop wake-up."""
+        with self._posted_lock:
+            self._posted.append(fn)
+            if len(self._posted) > 1:
+                return
+        loop = self.services.loop
+        try:
+            if loop is not None:
+                loop.call_soon_threadsafe(self._run_posted)
+        except RuntimeError:
+            pass  # loop closed at shutdown: the clients time out and retry
+
+    def _run_posted(self) -> None:
+        with self._posted_lock:
+            todo, self._posted = self._posted, []
+        for fn in todo:
+            try:
+                fn()
+            except Exception:
+                log.exception("deferred reply failed")
+
+    @staticmethod
+    def _flush_code(f: concurrent.futures.Future[bool], code: int) -> int:
+        try:
+            ok = f.result()
+        except Exception:
+            ok = False
+        return code if ok else ResponseCode.FLUSH_DISK_TIMEOUT
+
+    # --- CONSUMER_SEND_MSG_BACK (36) ---------------------------------------------------------------------
+    def consumer_send_msg_back(self, req: RemotingCommand, conn: Connection) -> RemotingCommand | None:
+        group = req.require_str("group")
+        offset = req.ext_int("offset")
+        delay_level = req.ext_int("delayLevel", 0)
+        old = self.store.look_message_by_offset(offset)
+        if old is None:
+            return req.response(ResponseCode.SYSTEM_ERROR, remark=f"look message by offset failed, {offset}")
+        max_times = self._max_reconsume(req, old.properties)
+        self.topics.create_system(RETRY_GROUP_TOPIC_PREFIX + group, 1)
+        new = self.delay.build_send_back(old, group, delay_level, max_times)
+        if new.topic.startswith(DLQ_GROUP_TOPIC_PREFIX):
+            self.topics.create_system(new.topic, 1)
+            log.info(
+                "message at %d of group %s moved to %s after %d reconsumes",
+                offset,
+                group,
+                new.topic,
+                old.reconsume_times,
+            )
+        new.store_host = self.services.store_host
+        self.delay.prepare_put(new)
+        result = self.store.put_message(new)
+        resp = self._put_response(req, conn, result, True, new.queue_id)
+        if resp is DEFERRED:
+            return resp
+        if resp.code in (ResponseCode.SUCCESS, ResponseCode.FLUSH_DISK_TIMEOUT):
+            return req.response()
+        return resp
