@@ -1,0 +1,226 @@
+"""The schedule path of TimerStore (a base class of it, sharing its state): validate and encode
+outside the lock, then under ``self.lock`` write the message bytes, the key hash entries, the index
+entries and the wheel heads, in that order (recovery relies on it), and hand entries for slots already
+in memory to the window. Rules: validation is all-or-nothing before anything is written; a failed
+write marks what it wrote FAILED and raises TimerError.
+"""
+
+from __future__ import annotations
+
+import heapq
+import json
+import uuid
+import zlib
+from collections.abc import Iterable
+
+from chronomq.message import (
+    PROPERTY_KEYS,
+    PROPERTY_TIMER_DELIVER_MS,
+    PROPERTY_UNIQ_KEY,
+    MessageExt,
+    MessageFormatError,
+    encode_record,
+    validate_topic,
+)
+from chronomq.store.atomicfile import write_atomic
+
+from .records import (
+    _I32,
+    _IDX_BODY,
+    DATA_HDR,
+    DATA_HDR_SIZE,
+    DATA_MAGIC,
+    FAILED,
+    IDX_SIZE,
+    OFF_STATE,
+    PENDING,
+    Item,
+)
+from .state import TimerState
+from .types import ScheduleResult, TimerError, TimerRefused
+
+
+class AppendPath(TimerState):
+    def _topic_id(self, topic: str) -> int:
+        tid = self.topics.get(topic)
+        if tid is None:
+            tid = len(self.topics) + 1
+            self.topics[topic] = tid
+            self.topic_names[tid] = topic
+            write_atomic(self.root / "topics.json", json.dumps(self.topics).encode())
+        return tid
+
+    def topic_name(self, tid: int) -> str:
+        return self.topic_names.get(tid, f"#{tid}")
+
+    def check_deliver_ms(self, deliver_ms: int, now_ms: int | None = None) -> None:
+        now = self.clock.now_ms() if now_ms is None else now_ms
+        if deliver_ms - now > self.cfg.max_delay_ms:
+            raise TimerRefused(
+                f"deliver time {deliver_ms} is {(deliver_ms - now) / 86_400_000:.2f} days ahead; the maximum "
+                f"delay is {self.cfg.max_delay_ms / 86_400_000:g} days (timerMaxDelaySec="
+                f"{self.cfg.max_delay_ms // 1000})")
+
+    def schedule(self, msg: MessageExt, deliver_ms: int) -> ScheduleResult:
+        return self.schedule_batch([(msg, deliver_ms)])[0]
+
+    def schedule_batch(self, items: Iterable[tuple[MessageExt, int]]) -> list[ScheduleResult]:
+        """Park messages until their deliver times. Each message is stored as given (its real topic
+        and queue id); UNIQ_KEY is generated when missing. All-or-nothing validation: raises TimerError
+        (TimerRefused beyond the maximum delay) before anything is written."""
+        items = list(items)
+        now = self.clock.now_ms()
+        encoded: list[tuple[MessageExt, int, bytearray]] = []
+        for msg, deliver_ms in items:
+            if not isinstance(deliver_ms, int) or deliver_ms < 0:
+                raise TimerError(f"deliver time {deliver_ms!r} is not a non-negative integer (epoch ms)")
+            self.check_deliver_ms(deliver_ms, now)
+            reason = validate_topic(msg.topic)
+            if reason:
+                raise TimerError(reason)
+            if not msg.properties.get(PROPERTY_UNIQ_KEY):
+                msg.properties[PROPERTY_UNIQ_KEY] = uuid.uuid4().hex.upper()
+            msg.properties[PROPERTY_TIMER_DELIVER_MS] = str(deliver_ms)
+            try:
+                rec = encode_record(msg)
+            except MessageFormatError as e:
+                raise TimerError(f"message cannot be stored: {e}") from e
+            if DATA_HDR_SIZE + len(rec) > self.data_seg:
+                raise TimerError(f"message of {len(rec)} bytes is larger than a timer data segment")
+            encoded.append((msg, deliver_ms, rec))
+        with self.lock:
+            self._require_open()
+            start_pos = self.data_end
+            try:
+                return self._append(encoded, now)
+            except OSError as e:  # disk full, I/O error: nothing was acknowledged
+                self._abandon_records(start_pos)
+                raise TimerError(f"the timer store could not write: {e.strerror or e}") from e
+
+    def _abandon_records(self, start_pos: int) -> None:
+        """After a failed append: mark records written from ``start_pos`` on that no index entry
+        names as FAILED, so they never pin their segment (best effort: the disk may be failing)."""
+        pos = start_pos
+        try:
+            while pos < self.data_end:
+                hdr = self.data.read(pos, DATA_HDR_SIZE)
+                if len(hdr) < DATA_HDR_SIZE or DATA_HDR.unpack(hdr)[0] != DATA_MAGIC:
+                    pos = self.data.seg_start(pos) + self.data_seg
+                    continue
+                h = DATA_HDR.unpack(hdr)
+                if h[2] == PENDING:
+                    self.data.patch(pos + OFF_STATE, _I32.pack(FAILED))
+                    self.pending[h[10]] -= 1
+                pos += h[1]
+        except OSError:
+            pass
+
+    def _append(self, encoded: list[tuple[MessageExt, int, bytearray]], now: int) -> list[ScheduleResult]:
+        # 1. message bytes  2. key hash entries  3. index entries (with chain links)  4. wheel heads.
+        # A crash between steps leaves unreachable bytes that recovery trims; see the module docs.
+        results: list[ScheduleResult] = []
+        hash_items: list[tuple[int, int]] = []
+        crc32 = zlib.crc32
+        hdr_pack = DATA_HDR.pack
+        topics = self.topics
+        seg_size = self.data_seg
+        chunk = bytearray()
+        chunk_pos = self.data_end
+        pos = self.data_end
+        placed: list[tuple[int, int, int, int]] = []  # pos, size, deliver, topic id
+        for msg, deliver_ms, rec in encoded:
+            size = DATA_HDR_SIZE + len(rec)
+            if seg_size - pos % seg_size < size:
+                if chunk:
+                    self.data.write(chunk_pos, chunk)
+                    chunk = bytearray()
+                pos = pos - pos % seg_size + seg_size
+                chunk_pos = pos
+            tid = topics.get(msg.topic) or self._topic_id(msg.topic)
+            chunk += hdr_pack(DATA_MAGIC, size, PENDING, 0, deliver_ms, 0, now, -1, 0,
+                              crc32(rec) - (1 << 31), tid)
+            chunk += rec
+            placed.append((pos, size, deliver_ms, tid))
+            props = msg.properties
+            uniq = props[PROPERTY_UNIQ_KEY]
+            hash_items.append((crc32(("u:" + uniq).encode()) & 0x7FFFFFFF, pos))
+            keys = props.get(PROPERTY_KEYS)
+            if keys:
+                for k in keys.split(" "):
+                    if k:
+                        hash_items.append((crc32(("k:" + k).encode()) & 0x7FFFFFFF, pos))
+            results.append(ScheduleResult(uniq, self.offset_msg_id(pos), deliver_ms, pos))
+            pos += size
+        if chunk:
+            self.data.write(chunk_pos, chunk)
+        self.data_end = pos
+        for (_p, _size, _deliver, tid) in placed:
+            self.pending[tid] += 1
+        self.hash.add_many(hash_items)
+        floor = self._floor_slot()
+        links = [(deliver, p, 0, tid, size) for (p, size, deliver, tid) in placed]
+        self._add_index_entries(links, floor)
+        self.dirty = True
+        return results
+
+    def _add_index_entries(self, links: list[tuple[int, int, int, int, int]], floor: int) -> None:
+        """links: (deliver_ms, data pos, gen, topic id, size). Writes the entries, then moves the wheel
+        heads, then hands entries for slots already in memory to the window."""
+        heads: dict[int, int] = {}
+        start_idx = self.index_end
+        idx = start_idx
+        buf = bytearray()
+        items: list[tuple[int, Item]] = []
+        cur, nxt = self.cur, self.nxt
+        hot = nxt.slot if nxt is not None else (cur.slot if cur is not None else -1)
+        slot_ms = self.slot_ms
+        wget = self.wheel.get
+        body_pack = _IDX_BODY.pack
+        i32 = _I32.pack
+        crc32 = zlib.crc32
+        per_seg = self.idx_seg_entries
+        seg_max = self.idx_seg_max
+        min_deliver = None
+        for deliver, pos, gen, tid, size in links:
+            slot = deliver // slot_ms
+            if slot < floor:
+                slot = floor
+            prev = heads.get(slot)
+            if prev is None:
+                prev = wget(slot)
+            body = body_pack(deliver, pos, prev, slot, gen, tid, size)
+            buf += body
+            buf += i32(crc32(body) - (1 << 31))
+            heads[slot] = idx + 1
+            seg = idx // per_seg
+            m = seg_max.get(seg)
+            if m is None or slot > m:
+                seg_max[seg] = slot
+            if slot <= hot:
+                items.append((slot, (deliver, idx, pos, gen, tid, size)))
+            if min_deliver is None or deliver < min_deliver:
+                min_deliver = deliver
+            idx += 1
+        # write, split at index segment boundaries
+        off = 0
+        i = start_idx
+        while off < len(buf):
+            room_entries = self.idx_seg_entries - i % self.idx_seg_entries
+            n = min(room_entries, (len(buf) - off) // IDX_SIZE)
+            self.index.write(i * IDX_SIZE, memoryview(buf)[off : off + n * IDX_SIZE])
+            off += n * IDX_SIZE
+            i += n
+        self.index_end = idx
+        for slot, head in heads.items():
+            self.wheel.set(slot, head)
+        for slot, item in items:
+            if cur is not None and slot == cur.slot:
+                heapq.heappush(cur.late, item)
+            elif nxt is not None and slot == nxt.slot:
+                if nxt.started:
+                    heapq.heappush(nxt.late, item)
+            elif nxt is not None and slot < nxt.slot:
+                self.nxt = nxt = None  # a nearer slot appeared: find it again
+        self.scan_empty_from = None
+        if min_deliver is not None and self.wakeup is not None:
+            self.wakeup(min_deliver)

@@ -1,0 +1,452 @@
+"""The delivery window of TimerStore (a base class of it, sharing its state): ``_Slot`` (one wheel
+slot's entries in memory, sorted, plus a heap of late arrivals), ``poll`` (hand out due items),
+advancing and preloading the window, the wake time, ``deliver_many`` (read, check and put a batch), and
+the delivery marks with their done log. Rules: nothing is handed out before its deliver time; at
+most two slots are in memory; every method runs under ``self.lock``; a batch costs one lock hold and
+nothing per message beyond the loop itself.
+"""
+
+from __future__ import annotations
+
+import bisect
+import heapq
+import logging
+import os
+from array import array
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+from chronomq.message import (
+    PROPERTY_DELAY_TIME_LEVEL,
+    PROPERTY_TIMER_DELIVER_MS,
+    PROPERTY_UNIQ_KEY,
+    MessageExt,
+    MessageFormatError,
+)
+from chronomq.store.types import PutResult
+
+from ..delivery import PutRaw, StorePuts, decode_to_put, put_groups, record_to_put
+from ..histogram import Histogram
+from .files import SegmentedFile
+from .props import TIMER_PROPERTIES
+from .records import (
+    _DONE_BLOCK,
+    _I64,
+    _STATE_BLOCK,
+    DATA_HDR,
+    DATA_HDR_SIZE,
+    DATA_MAGIC,
+    DELIVERED,
+    FAILED,
+    IDX_SIZE,
+    OFF_DONE,
+    PENDING,
+    Item,
+    _Taken,
+    _unpack_index,
+)
+from .state import TimerState
+
+log = logging.getLogger("chronomq.delay.timer.store")
+
+
+class _Slot:
+    """One slot's entries in memory: the chain read from disk (sorted) plus late arrivals (a heap)."""
+
+    __slots__ = ("cursor", "d", "g", "head", "i", "inflight", "late", "p", "ready", "s", "slot", "started",
+                 "t", "walk")
+
+    def __init__(self, slot: int) -> None:
+        self.slot = slot
+        self.started = False
+        self.ready = False
+        self.walk = 0
+        self.head = 0
+        self.d = array("q")
+        self.i = array("q")
+        self.p = array("q")
+        self.g = array("i")
+        self.t = array("i")
+        self.s = array("i")
+        self.cursor = 0
+        self.late: list[Item] = []
+        self.inflight = 0
+
+    def start(self, head: int) -> None:
+        self.started = True
+        self.head = head
+        self.walk = head
+
+    def step(self, index: SegmentedFile, budget: int) -> None:
+        d, i, p, g, t, s = self.d, self.i, self.p, self.g, self.t, self.s
+        cur = self.walk
+        # A chain written by one schedule_batch runs through adjacent entries: after a link to the
+        # entry just before, read the next up-to-256 entries (same index segment) in one pread.
+        blk = b""
+        blk_lo = blk_n = 0
+        seg_entries = index.segment_size // IDX_SIZE
+        adjacent = False
+        while cur and budget > 0:
+            budget -= 1
+            e_no = cur - 1
+            rel = e_no - blk_lo
+            if 0 <= rel < blk_n:
+                raw = blk[rel * IDX_SIZE : (rel + 1) * IDX_SIZE]
+            elif adjacent:
+                blk_lo = max(e_no - 255, e_no - e_no % seg_entries)
+                blk = index.read(blk_lo * IDX_SIZE, (e_no - blk_lo + 1) * IDX_SIZE)
+                blk_n = len(blk) // IDX_SIZE
+                rel = e_no - blk_lo
+                raw = blk[rel * IDX_SIZE : (rel + 1) * IDX_SIZE]
+            else:
+                raw = index.read(e_no * IDX_SIZE, IDX_SIZE)
+            e = _unpack_index(raw)
+            if e is None or e[3] != self.slot or e[2] >= cur:
+                log.error("timer index chain of slot %d broken at entry %d; rest of the chain skipped",
+                          self.slot, cur - 1)
+                cur = 0
+                break
+            d.append(e[0])
+            i.append(cur - 1)
+            p.append(e[1])
+            g.append(e[4])
+            t.append(e[5])
+            s.append(e[6])
+            adjacent = e[2] == cur - 1
+            cur = e[2]
+        self.walk = cur
+        if cur == 0:
+            n = len(d)
+            # The chain runs newest first: reversed, entry numbers ascend, and a stable sort by deliver
+            # time then orders by (deliver time, entry number) with plain int keys (no tuples).
+            for arr in (d, i, p, g, t, s):
+                arr.reverse()
+            order = sorted(range(n), key=d.__getitem__)
+            self.d = array("q", (d[k] for k in order))
+            self.i = array("q", (i[k] for k in order))
+            self.p = array("q", (p[k] for k in order))
+            self.g = array("i", (g[k] for k in order))
+            self.t = array("i", (t[k] for k in order))
+            self.s = array("i", (s[k] for k in order))
+            self.ready = True
+
+    def peek(self) -> tuple[int, int] | None:
+        a = (self.d[self.cursor], self.i[self.cursor]) if self.cursor < len(self.d) else None
+        b = (self.late[0][0], self.late[0][1]) if self.late else None
+        if a is None:
+            return b
+        if b is None:
+            return a
+        return min(a, b)
+
+    def pop(self) -> Item:
+        c = self.cursor
+        if self.late and (c >= len(self.d) or (self.late[0][0], self.late[0][1]) < (self.d[c], self.i[c])):
+            return heapq.heappop(self.late)
+        self.cursor = c + 1
+        return (self.d[c], self.i[c], self.p[c], self.g[c], self.t[c], self.s[c])
+
+    def exhausted(self) -> bool:
+        return self.cursor >= len(self.d) and not self.late
+
+    def entries(self) -> int:
+        return len(self.d) - self.cursor + len(self.late)
+
+
+class WindowPath(TimerState):
+    def _commit_marks(self) -> None:
+        """Append the marks of the last batch to done.log (one pwrite): from here a process crash
+        no longer loses them."""
+        if self._mark_buf:
+            os.pwrite(self._done_fd, self._mark_buf, self._done_end)
+            self._done_end += len(self._mark_buf)
+            self._mark_buf = bytearray()
+
+    def _overlay(self, pos: int, h: tuple[int, ...]) -> tuple[int, ...]:
+        m = self._marks.get(pos)
+        if m is None:
+            return h
+        return (h[0], h[1], m[0], h[3], h[4], m[1], h[6], h[7], m[2], h[9], h[10])
+
+    def _floor_slot(self) -> int:
+        return self.cur.slot if self.cur is not None else self.watermark + 1
+
+    def poll(self, now: int, max_items: int | None = None) -> tuple[list[Item], int | None]:
+        """Due items (taken: the caller must ``deliver`` each), or none and the time to call again
+        (None: nothing pending at all; a new schedule calls ``wakeup``)."""
+        n = max_items or self.cfg.deliver_batch
+        with self.lock:
+            self._commit_marks()
+            self._advance_window(now)
+            cur = self.cur
+            if cur is not None:
+                out: list[Item] = []
+                if not cur.late:  # the common case: a slice of the sorted chain, no per-item peek/pop
+                    c = cur.cursor
+                    end = min(bisect.bisect_right(cur.d, now, lo=c), c + n)
+                    if end > c:
+                        out = list(zip(cur.d[c:end], cur.i[c:end], cur.p[c:end], cur.g[c:end], cur.t[c:end],
+                                       cur.s[c:end], strict=True))
+                        cur.cursor = end
+                while len(out) < n:
+                    head = cur.peek()
+                    if head is None or head[0] > now:
+                        break
+                    out.append(cur.pop())
+                if out:
+                    cur.inflight += len(out)
+                    return out, None
+            return [], self._wake_ms(now)
+
+    def _advance_window(self, now: int) -> None:
+        for _ in range(8):
+            cur = self.cur
+            if cur is not None and cur.exhausted() and cur.inflight == 0:
+                self.watermark = max(self.watermark, cur.slot)
+                self.cur = None
+                self.dirty = True
+                continue
+            if cur is None and self.nxt is not None and self.nxt.ready and \
+                    now >= self.nxt.slot * self.slot_ms - self.cfg.promote_ms:
+                self.cur, self.nxt = self.nxt, None
+                continue
+            if self.nxt is None:
+                frm = (cur.slot if cur is not None else self.watermark) + 1
+                if self.scan_empty_from is None or frm < self.scan_empty_from:
+                    s = self.wheel.next_nonempty(frm)
+                    if s is None:
+                        self.scan_empty_from = frm
+                    else:
+                        self.nxt = _Slot(s)
+            nxt = self.nxt
+            if nxt is not None and not nxt.ready and now >= nxt.slot * self.slot_ms - self.cfg.preload_ms:
+                if not nxt.started:
+                    nxt.start(self.wheel.get(nxt.slot))
+                nxt.step(self.index, self.cfg.preload_step)
+                if nxt.ready and self.cur is None:
+                    continue
+            break
+
+    def _wake_ms(self, now: int) -> int | None:
+        cands = []
+        if self.cur is not None:
+            head = self.cur.peek()
+            if head is not None:
+                cands.append(head[0])
+            elif self.cur.inflight == 0:
+                cands.append(now)
+        nxt = self.nxt
+        if nxt is not None and not nxt.ready:
+            t = nxt.slot * self.slot_ms - self.cfg.preload_ms
+            cands.append(now if (nxt.started or now >= t) else t)
+        elif nxt is not None and self.cur is None:
+            cands.append(max(now, nxt.slot * self.slot_ms - self.cfg.promote_ms))
+        return min(cands) if cands else None
+
+    def deliver(self, item: Item, put: Callable[[MessageExt], PutResult], now: int | None = None) -> str:
+        """Deliver one taken item through ``put`` (the MessageStore's put_message). Returns 'delivered',
+        'skipped' (cancelled, rescheduled, already delivered), 'failed' (the store refused it for good)
+        or 'retry' (the store could not take it now; the item is back in the window)."""
+        return self.deliver_many([item], put, None, now)[0]
+
+    def deliver_many(self, items: list[Item], put: Callable[[MessageExt], PutResult],
+                     put_many: Callable[[list[MessageExt]], PutResult] | None = None,
+                     now: int | None = None, put_raw: PutRaw | None = None) -> list[str]:
+        """Deliver taken items (a ``poll``'s batch) under one lock hold; one outcome per item, as for
+        ``deliver``. The records are read in few large reads (a batch's records are mostly adjacent on
+        disk), then go through the delivery path shared with the level service
+        (chronomq.delay.delivery.put_groups): one put per real topic and queue, to ``put_raw`` (the
+        MessageStore's put_records: the stored bytes re-put with the edited properties) when given, else
+        ``put_many`` (put_messages), else ``put`` one by one. A group refused for good is isolated
+        message by message. After a transient failure the items not stored go back to the window
+        ('retry'). An item is marked delivered only once the store has accepted it; an exception leaves
+        every item without an outcome pending in the window."""
+        n = len(items)
+        out: list[str] = [""] * n
+        with self.lock:
+            now = self.clock.now_ms() if now is None else now
+            try:
+                groups = self._prepare_batch(items, now, out, put_raw is not None)
+                put_groups(groups, StorePuts(put, put_many, put_raw),
+                           lambda g, _r: self._mark_delivered(g, out),
+                           lambda g, r: self._refused(g, r, out), lambda g, _r: self._busy(g, out))
+            finally:
+                cur = self.cur
+                for k in range(n):
+                    if not out[k]:
+                        out[k] = "retry"
+                    if out[k] == "retry" and cur is not None:
+                        heapq.heappush(cur.late, items[k])
+                if cur is not None:
+                    cur.inflight -= n
+        return out
+
+    def _read_batch(self, items: list[Item]) -> list[tuple[bytes, int]]:
+        """The records of ``items``, each as (buffer, offset in it): one pread per run of nearby records
+        (same segment, gaps < 64 KiB, up to 1 MiB). An item below the oldest data segment gets
+        (b"", 0)."""
+        data = self.data
+        seg = self.data_seg
+        n = len(items)
+        bufs: list[tuple[bytes, int]] = [(b"", 0)] * n
+        order = sorted(range(n), key=lambda k: items[k][2])
+        min_pos = data.min_pos
+        j = 0
+        while j < n:
+            k = order[j]
+            lo = items[k][2]
+            if lo < min_pos:
+                j += 1
+                continue
+            hi = lo + items[k][5]
+            seg_lo = lo - lo % seg
+            e = j + 1
+            while e < n:
+                p2 = items[order[e]][2]
+                end2 = p2 + items[order[e]][5]
+                if p2 - p2 % seg != seg_lo or p2 - hi > 65536 or end2 - lo > (1 << 20):
+                    break
+                if end2 > hi:
+                    hi = end2
+                e += 1
+            raw = data.read(lo, hi - lo)
+            for q in range(j, e):
+                kk = order[q]
+                bufs[kk] = (raw, items[kk][2] - lo)
+            j = e
+        return bufs
+
+    def _prepare_batch(self, items: list[Item], now: int, out: list[str], as_records: bool = False
+                       ) -> dict[tuple[str, int], list[_Taken]]:
+        """Read and check the records of ``items`` and turn the live ones into the messages to put (with
+        ``as_records``: the (buffer, position, size, properties) entries of put_records), grouped by real
+        (topic, queue) in ``items`` order. Outcomes of the others go into ``out``."""
+        n = len(items)
+        for it in items:
+            if it[0] > now:
+                self.early += 1  # never happens: poll only hands out due items
+                raise AssertionError(f"timer item due at {it[0]} handed out at {now}")
+        bufs = self._read_batch(items)
+        # check and decode, in deliver order
+        groups: dict[tuple[str, int], list[_Taken]] = {}
+        unpack_from = DATA_HDR.unpack_from
+        marks = self._marks
+        store_host = self.store_host
+        strip = (*TIMER_PROPERTIES, PROPERTY_DELAY_TIME_LEVEL)
+        decode = decode_to_put
+        parse = record_to_put
+        raw_mode = as_records
+        for k in range(n):
+            item = items[k]
+            deliver_ms, _idx, pos, gen, tid, size = item
+            raw, off = bufs[k]
+            if size < DATA_HDR_SIZE or off + size > len(raw):
+                self.stale_skipped += 1
+                out[k] = "skipped"
+                continue
+            h = unpack_from(raw, off)
+            if h[0] != DATA_MAGIC or h[1] != size:
+                self.stale_skipped += 1
+                out[k] = "skipped"
+                continue
+            if marks:
+                h = self._overlay(pos, h)
+            if h[3] != gen:
+                self.stale_skipped += 1
+                out[k] = "skipped"
+                continue
+            if h[2] != PENDING:
+                if h[2] in (DELIVERED, FAILED) and self.open_ranges and \
+                        any(lo < h[8] < hi for lo, hi, _ in self.open_ranges):
+                    # Completed after the last checkpoint, before a crash: subtract it now, and give
+                    # it a sequence number of this run so it is never subtracted twice.
+                    self.pending[tid] -= 1
+                    self.done_seq += 1
+                    self.data.patch(pos + OFF_DONE, _DONE_BLOCK.pack(h[5], h[6], h[7], self.done_seq))
+                    self.dirty = True
+                self.stale_skipped += 1
+                out[k] = "skipped"
+                continue
+            try:
+                if raw_mode:
+                    topic, qid, props = parse(raw, off + DATA_HDR_SIZE, size - DATA_HDR_SIZE)
+                    m: Any = (raw, off + DATA_HDR_SIZE, size - DATA_HDR_SIZE, props)
+                else:
+                    m = decode(raw, off + DATA_HDR_SIZE, size - DATA_HDR_SIZE, store_host)
+                    topic, qid, props = m.topic, m.queue_id, m.properties
+            except MessageFormatError as e:
+                log.error("timer record at %d is corrupt (%s); marked failed", pos, e)
+                self._write_done(pos, h, FAILED, now)
+                self.pending[tid] -= 1
+                self.failed += 1
+                out[k] = "failed"
+                continue
+            for key in strip:
+                props.pop(key, None)
+            props[PROPERTY_TIMER_DELIVER_MS] = str(deliver_ms)
+            g = groups.get((topic, qid))
+            if g is None:
+                groups[(topic, qid)] = [(k, m, h, item)]
+            else:
+                g.append((k, m, h, item))
+        return groups
+
+    def _refused(self, taken: _Taken, res: PutResult, out: list[str]) -> None:
+        """The store refused one message for good: it is marked FAILED and never delivered."""
+        k, m, h, item = taken
+        uniq = m[3].get(PROPERTY_UNIQ_KEY) if isinstance(m, tuple) else m.uniq_key
+        log.error("timer: store refused message %s for good: %s", uniq, res.error)
+        self._write_done(item[2], h, FAILED, self.clock.now_ms())
+        self.pending[item[4]] -= 1
+        self.failed += 1
+        out[k] = "failed"
+
+    def _busy(self, group: list[_Taken], out: list[str]) -> None:
+        self.put_retries += len(group)
+        for g in group:
+            out[g[0]] = "retry"
+
+    def _mark_delivered(self, group: list[_Taken], out: list[str]) -> None:
+        t = self.clock.now_ms()
+        marks = self._marks
+        buf = self._mark_buf
+        pending = self.pending
+        pack = _STATE_BLOCK.pack
+        i64 = _I64.pack
+        lates: dict[tuple[int, int], int] = {}
+        seq = self.done_seq
+        for k, _m, h, item in group:
+            pos, tid = item[2], item[4]
+            seq += 1
+            block = pack(DELIVERED, h[3], h[4], t, h[6], h[7], seq)
+            marks[pos] = (DELIVERED, t, seq, block)
+            buf += i64(pos)
+            buf += block
+            pending[tid] -= 1
+            created = h[6]
+            d = item[0]
+            lk = (tid, t - (d if d > created else created))  # past when scheduled: not lateness
+            lates[lk] = lates.get(lk, 0) + 1
+            out[k] = "delivered"
+        hists = self.hist
+        for (tid, late), c in lates.items():  # a burst shares few distinct values
+            hist = hists.get(tid)
+            if hist is None:
+                hist = hists[tid] = Histogram()
+            hist.record(late, c)
+        self.done_seq = seq
+        self.delivered += len(group)
+        self.dirty = True
+
+    def due_undelivered(self, now: int) -> dict[str, int]:
+        """Per topic: messages whose deliver time has passed and that are still in memory waiting."""
+        with self.lock:
+            c: Counter[int] = Counter()
+            for w in (self.cur,):
+                if w is None:
+                    continue
+                k = bisect.bisect_right(w.d, now, lo=w.cursor)
+                c.update(w.t[w.cursor : k])
+                c.update(it[4] for it in w.late if it[0] <= now)
+            return {self.topic_name(t): n for t, n in c.items() if n}
