@@ -9,8 +9,6 @@ stays uncommitted (delivered again); a failed send-back is consumed again locall
 from __future__ import annotations
 
 import asyncio
-import collections
-import concurrent.futures
 import inspect
 import logging
 from collections.abc import Callable
@@ -19,9 +17,9 @@ from typing import Any
 
 from chronomq.remoting.codes import RequestCode
 
+from .consumer_state import ConsumerState
 from .errors import ClientError
-from .instance import ClientInstance
-from .model import MessageQueue, ReceivedMessage
+from .model import ReceivedMessage
 from .process_queue import ProcessQueue
 
 log = logging.getLogger("chronomq.client")
@@ -52,29 +50,7 @@ def _is_success(result: Any) -> bool:
     raise ClientError(f"a listener must return success/None/True or 'later'/False, not {result!r}")
 
 
-class ConsumeService:
-    # the consumer's state these services use (all on the event loop's thread)
-    group: str
-    listener: Listener | None
-    broadcasting: bool
-    max_inflight_per_queue: int
-    max_reconsume_times: int | None
-    retry_delay_level: int
-    orderly_retry_delay: float
-    _instance: ClientInstance
-    _pqs: dict[MessageQueue, ProcessQueue]
-    _offsets: dict[MessageQueue, int]
-    _ready: collections.deque[tuple[ProcessQueue, ReceivedMessage]]
-    _sleepers: collections.deque[asyncio.Future[None]]
-    _waking: int
-    _busy: int
-    _idle: asyncio.Event | None
-    _sem: asyncio.Semaphore | None
-    _executor: concurrent.futures.ThreadPoolExecutor | None
-    _stopping: bool
-    stats_consumed: int
-    stats_failed: int
-
+class ConsumeService(ConsumerState):
     def _spawn_consume(self, pq: ProcessQueue, msg: ReceivedMessage) -> None:
         self._ready.append((pq, msg))
         self._wake()

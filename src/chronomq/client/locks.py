@@ -10,21 +10,14 @@ import asyncio
 import logging
 
 from . import ops
+from .consumer_state import ConsumerState
 from .errors import ClientError
-from .instance import ClientInstance
 from .model import MessageQueue
-from .process_queue import ProcessQueue
 
 log = logging.getLogger("chronomq.client")
 
 
-class QueueLocks:
-    # the consumer's state the lock renewal uses
-    group: str
-    lock_interval: float
-    _instance: ClientInstance
-    _pqs: dict[MessageQueue, ProcessQueue]
-
+class QueueLocks(ConsumerState):
     async def _lock_loop(self) -> None:
         while True:
             await asyncio.sleep(self.lock_interval)

@@ -11,22 +11,13 @@ import asyncio
 import logging
 
 from . import ops
-from .instance import ClientInstance
+from .consumer_state import ConsumerState
 from .model import MessageQueue
 
 log = logging.getLogger("chronomq.client")
 
 
-class OffsetCommit:
-    # the consumer's state the offset commit uses
-    group: str
-    broadcasting: bool
-    offset_commit_interval: float
-    _instance: ClientInstance
-    _offsets: dict[MessageQueue, int]
-    _committed: dict[MessageQueue, int]
-    _need_heartbeat: bool
-
+class OffsetCommit(ConsumerState):
     async def _commit_loop(self) -> None:
         while True:
             await asyncio.sleep(self.offset_commit_interval)

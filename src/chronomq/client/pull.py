@@ -8,15 +8,12 @@ pull backs off (50 ms doubling to 2 s) and asks for a heartbeat; nothing per mes
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import logging
-from collections.abc import Callable
 
 from . import ops
+from .consumer_state import ConsumerState
 from .errors import ClientClosed, ClientError
-from .instance import ClientInstance
-from .model import MessageQueue, ReceivedMessage
 from .process_queue import ProcessQueue
 
 # while a queue has a backlog, a pull asks for up to this many messages (chronomq's broker answers at
@@ -26,20 +23,7 @@ MAX_BACKLOG_PULL = 256
 log = logging.getLogger("chronomq.client")
 
 
-class PullPath:
-    # the consumer's state the pull loop uses
-    group: str
-    broadcasting: bool
-    orderly: bool
-    max_inflight_per_queue: int
-    pull_batch_size: int
-    long_poll_timeout: float
-    _instance: ClientInstance
-    _offsets: dict[MessageQueue, int]
-    _ready: collections.deque[tuple[ProcessQueue, ReceivedMessage]]
-    _need_heartbeat: bool
-    _wake: Callable[[], None]
-
+class PullPath(ConsumerState):
     async def _pull_loop(self, pq: ProcessQueue) -> None:
         backoff = 0.05
         while not pq.dropped:

@@ -11,14 +11,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Coroutine, Sequence
-from typing import Any
+from collections.abc import Sequence
 
 from chronomq import message as m
 
 from . import ops
+from .consumer_state import ConsumerState
 from .errors import ClientError, NoRouteError
-from .instance import ClientInstance
 from .model import MessageQueue, TopicRoute, tag_set
 from .process_queue import ProcessQueue
 
@@ -45,29 +44,7 @@ def allocate_average(mqs: Sequence[MessageQueue], cids: Sequence[str], cid: str)
     return [mqs[(start + i) % n] for i in range(max(0, count))]
 
 
-class Rebalance:
-    # the consumer's state the rebalance uses, and the other services' entry points it starts
-    group: str
-    subscriptions: dict[str, str]
-    broadcasting: bool
-    orderly: bool
-    consume_from: str
-    consume_timestamp: int | None
-    rebalance_interval: float
-    client_id: str
-    _instance: ClientInstance
-    _pqs: dict[MessageQueue, ProcessQueue]
-    _offsets: dict[MessageQueue, int]
-    _committed: dict[MessageQueue, int]
-    _rebalance_now: asyncio.Event | None
-    _known_brokers: set[str]
-    _need_heartbeat: bool
-    _stopping: bool
-    _heartbeat: Callable[[], Coroutine[Any, Any, None]]
-    _pull_loop: Callable[[ProcessQueue], Coroutine[Any, Any, None]]
-    _orderly_worker: Callable[[ProcessQueue], Coroutine[Any, Any, None]]
-    _unlock: Callable[[list[MessageQueue]], Coroutine[Any, Any, None]]
-
+class Rebalance(ConsumerState):
     async def _rebalance_loop(self) -> None:
         assert self._rebalance_now is not None
         while True:
