@@ -867,6 +867,28 @@ async def test_close_does_not_hang_on_a_stuck_listener(broker):
         release.set()
 
 
+async def test_a_listener_that_finishes_during_close_is_committed(broker):
+    broker.topics["T"] = 1
+    entered = asyncio.Event()
+    release = asyncio.Event()
+
+    async def slow(msg):
+        entered.set()
+        await release.wait()
+
+    async with Producer("pg", broker.addr) as p:
+        await p.send(Message("T", b"x"))
+    c = PushConsumer("GF", "T", slow, broker.addr, consume_from="first", shutdown_timeout=10,
+                     long_poll_timeout=0.3, offset_commit_interval=60)
+    await c.start()
+    await asyncio.wait_for(entered.wait(), 10)
+    closing = asyncio.ensure_future(c.close())  # graceful: waits for the running listener
+    await asyncio.sleep(0)
+    release.set()  # the listener finishes while the consumer is closing
+    await asyncio.wait_for(closing, 10)
+    assert broker.offsets.get(("GF", "T", 0)) == 1  # committed by the final commit: not delivered again
+
+
 async def test_listener_result_validation_and_bad_subscriptions(broker):
     with pytest.raises(ValueError):
         PushConsumer("G", {"bad topic!": "*"}, print, broker.addr)

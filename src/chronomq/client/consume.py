@@ -167,7 +167,9 @@ class ConsumeService(ConsumerState):
         offset = msg.queue_offset
         msgs.pop(offset, None)
         pq.consumed += 1
-        if not pq.dropped:
+        # Dropped for good only once rebalance gave the queue away (it leaves _pqs); a closing consumer
+        # keeps its queues until the final commit, so a listener that finishes meanwhile is committed.
+        if not pq.dropped or self._pqs.get(pq.mq) is pq:
             order = pq.order
             if order and order[0] == offset:  # the oldest in flight: the commit offset moves
                 self._offsets[pq.mq] = pq.commit_offset()

@@ -1,7 +1,8 @@
 """ProcessQueue: the push consumer's state for one assigned queue (RocketMQ's ProcessQueue): the messages
 pulled and not yet settled, keyed by queue offset, the next offset to pull and the pull/worker tasks.
 Rules: offsets are added in increasing order; the commit offset is the smallest offset still in flight
-(or, with none, the offset after the last pulled); a dropped queue is never consumed or committed again.
+(or, with none, the offset after the last pulled); a queue rebalance gave away is never consumed or
+committed again (on close, listeners already running finish and are committed).
 """
 
 from __future__ import annotations
