@@ -25,6 +25,15 @@ HEADER_SIZE = 40
 ENTRY = struct.Struct(">iqii")
 ENTRY_SIZE = 20
 I32 = struct.Struct(">i")
+SLOT_PAGE_BITS = 12
+SLOT_PAGE = 1 << SLOT_PAGE_BITS  # write-back granularity of an in-memory slot table
+RUN_PAGES = 64  # at most this many pages are copied out at once while the writer waits
+
+
+def _pwrite_all(fd: int, data: bytes, off: int) -> None:
+    view, done = memoryview(data), 0
+    while done < len(data):
+        done += os.pwrite(fd, view[done:], off + done)
 
 
 def key_hash(key: str) -> int:
@@ -33,6 +42,11 @@ def key_hash(key: str) -> int:
 
 
 class IndexFile:
+    """One index file. While it takes entries (``hold_slots``) its slot table lives in process memory and
+    is written back by ``write_back``: a store into a mapped page that a flush has just written to disk
+    faults (the kernel write-protects clean shared pages), and random slot writes would take that fault
+    on nearly every entry. Entries and the header are written through the mapping (sequential)."""
+
     def __init__(self, path: str, slot_num: int, index_num: int) -> None:
         self.slot_num = slot_num
         self.index_num = index_num
@@ -42,6 +56,8 @@ class IndexFile:
         self.mf.allocate(HEADER_SIZE + slot_num * 4)  # header and the (randomly written) slot table
         self.entries_at = HEADER_SIZE + slot_num * 4
         self.dirty = False
+        self.slots: bytearray | None = None  # the slot table in memory while the file takes entries
+        self.dirty_pages: set[int] = set()  # SLOT_PAGE-sized pages of ``slots`` not yet written back
         (self.begin_ts, self.end_ts, self.begin_phy, self.end_phy, self.slots_used,
          self.count) = HEADER.unpack_from(self.mm, 0)
         if self.count <= 0 or self.count > index_num:
@@ -53,32 +69,48 @@ class IndexFile:
     def full(self) -> bool:
         return self.count >= self.index_num
 
-    def put(self, h: int, phys: int, ts: int) -> None:
-        mm = self.mm
-        if self.count == 1:
-            self.begin_ts = ts
-            self.begin_phy = phys
-        slot_pos = HEADER_SIZE + (h % self.slot_num) * 4
-        prev = I32.unpack_from(mm, slot_pos)[0]
-        if prev <= 0 or prev >= self.count:
-            prev = 0
-            self.slots_used += 1
-        tdiff = min(max((ts - self.begin_ts) // 1000, 0), 0x7FFFFFFF)
-        n = self.count
-        ENTRY.pack_into(mm, self.entries_at + n * ENTRY_SIZE, h, phys, tdiff, prev)
-        I32.pack_into(mm, slot_pos, n)
-        self.count = n + 1
-        self.end_ts = ts
-        self.end_phy = phys
+    def hold_slots(self) -> bytearray:
+        """The slot table in memory (read from the file the first time)."""
+        if self.slots is None:
+            if self.count <= 1:
+                self.slots = bytearray(self.slot_num * 4)  # a new file: all zeros
+            else:
+                self.slots = bytearray(self.mm[HEADER_SIZE:self.entries_at])
+        return self.slots
 
     def write_header(self) -> None:
         HEADER.pack_into(self.mm, 0, self.begin_ts, self.end_ts, self.begin_phy, self.end_phy,
                          self.slots_used, self.count)
         self.dirty = True
 
+    def take_dirty_runs(self) -> list[tuple[int, int]]:
+        """[first, end) page runs of the slot table changed since the last call, at most RUN_PAGES long.
+        The caller holds the service's write lock."""
+        pages = self.dirty_pages
+        if self.slots is None or not pages:
+            return []
+        self.dirty_pages = set()
+        runs: list[tuple[int, int]] = []
+        start = prev = -2
+        for p in sorted(pages):
+            if p != prev + 1 or p - start >= RUN_PAGES:
+                if start >= 0:
+                    runs.append((start, prev + 1))
+                start = p
+            prev = p
+        runs.append((start, prev + 1))
+        return runs
+
+    def copy_run(self, first: int, end: int) -> bytes:
+        """The caller holds the service's write lock (a batch is never half copied)."""
+        slots = self.slots
+        return b"" if slots is None else bytes(slots[first * SLOT_PAGE:end * SLOT_PAGE])
+
     def lookup(self, h: int, begin_ts: int, end_ts: int, limit: int, out: list[int]) -> None:
         mm = self.mm
-        n = I32.unpack_from(mm, HEADER_SIZE + (h % self.slot_num) * 4)[0]
+        slots = self.slots
+        pos = (h % self.slot_num) * 4
+        n = I32.unpack_from(slots, pos)[0] if slots is not None else I32.unpack_from(mm, HEADER_SIZE + pos)[0]
         count = self.count
         seen = 0
         lo_s = (begin_ts - self.begin_ts) // 1000 - 1
@@ -96,14 +128,16 @@ class IndexFile:
 
 
 class IndexService:
-    """All index files; the dispatcher thread writes, any thread queries."""
+    """All index files; the dispatcher writes (on the broker's loop, or its thread), any thread queries,
+    the flush thread writes the slot tables back and syncs."""
 
     def __init__(self, directory: str, slot_num: int, index_num: int) -> None:
         self.dir = directory
         self.slot_num = max(1, slot_num)
         self.index_num = max(2, index_num)
         self.files: list[IndexFile] = []
-        self.lock = threading.Lock()
+        self.lock = threading.Lock()  # guards the files list
+        self._write_lock = threading.Lock()  # one writer batch or one slot copy-out at a time
         os.makedirs(directory, exist_ok=True)
 
     def load(self) -> None:
@@ -130,11 +164,17 @@ class IndexService:
             return  # nothing to index
         if first:
             items = items[first:]
+        with self._write_lock:
+            self._put_locked(items)
+
+    def _put_locked(self, items: list[tuple]) -> None:
         crc32 = zlib.crc32
         f = self._active()
-        mm, slots, entries_at, n, index_num = f.mm, f.slot_num, f.entries_at, f.count, f.index_num
+        mm, slots_n, entries_at, n, index_num = f.mm, f.slot_num, f.entries_at, f.count, f.index_num
+        slots, dirty = f.hold_slots(), f.dirty_pages
         begin_ts, used = f.begin_ts, f.slots_used
         unpack_slot, pack_slot, pack_entry = I32.unpack_from, I32.pack_into, ENTRY.pack_into
+        mark = dirty.add
         phys = ts = 0
         for phys, _, topic, _, _, _, ts, keys, uniq in items:
             if keys:
@@ -148,6 +188,8 @@ class IndexService:
                     f.count, f.slots_used, f.end_ts, f.end_phy = n, used, ts, phys
                     f = self._active()
                     mm, entries_at, n, used = f.mm, f.entries_at, f.count, f.slots_used
+                    slots, dirty = f.hold_slots(), f.dirty_pages
+                    mark = dirty.add
                 if n == 1:
                     f.begin_ts, f.begin_phy = ts, phys
                     begin_ts = ts
@@ -155,8 +197,8 @@ class IndexService:
                 if epos + ENTRY_SIZE > f.mf.allocated:
                     f.mf.allocate(epos + ENTRY_SIZE)
                 h = crc32(f"{topic}#{w}".encode()) & 0x7FFFFFFF
-                slot_pos = HEADER_SIZE + (h % slots) * 4
-                prev = unpack_slot(mm, slot_pos)[0]
+                slot_pos = (h % slots_n) * 4
+                prev = unpack_slot(slots, slot_pos)[0]
                 if prev <= 0 or prev >= n:
                     prev = 0
                     used += 1
@@ -164,7 +206,8 @@ class IndexService:
                 if tdiff < 0 or tdiff > 0x7FFFFFFF:
                     tdiff = 0 if tdiff < 0 else 0x7FFFFFFF
                 pack_entry(mm, epos, h, phys, tdiff, prev)
-                pack_slot(mm, slot_pos, n)
+                pack_slot(slots, slot_pos, n)
+                mark(slot_pos >> SLOT_PAGE_BITS)
                 n += 1
         f.count, f.slots_used = n, used
         if n > 1:
@@ -185,8 +228,36 @@ class IndexService:
                 continue  # deleted meanwhile
         return out
 
+    def write_back(self) -> list[IndexFile]:
+        """Write every changed slot-table page to its file (not synced), one run at a time so a writer
+        never waits long; a full file then gives up its in-memory table. Returns the files to sync.
+        Entries are written before the slots that point to them, so a table written back while
+        entries keep coming only points to entries that exist."""
+        with self.lock:
+            files = list(self.files)
+        out = []
+        for f in files:
+            with self._write_lock:
+                runs = f.take_dirty_runs()
+            for i, (first, end) in enumerate(runs):
+                with self._write_lock:
+                    data = f.copy_run(first, end)
+                try:
+                    _pwrite_all(f.mf.fd, data, HEADER_SIZE + first * SLOT_PAGE)
+                except (OSError, ValueError):  # the pages not written go back; the next flush retries
+                    with self._write_lock:
+                        for a, b in runs[i:]:
+                            f.dirty_pages.update(range(a, b))
+                    break
+                f.dirty = True
+            if f.full and f is not files[-1] and not f.dirty_pages:
+                f.slots = None  # lookups read the file's own table from now on
+            if f.dirty:
+                out.append(f)
+        return out
+
     def flush(self) -> None:
-        for f in list(self.files):
+        for f in self.write_back():
             if f.dirty and not f.mf.closed:
                 f.dirty = False
                 try:
@@ -204,6 +275,7 @@ class IndexService:
         return deleted
 
     def close(self) -> None:
+        self.write_back()
         for f in self.files:
             if not f.mf.closed:
                 f.write_header()
