@@ -41,6 +41,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 SCENARIOS = ("rate", "same-ms")
 COUNT = 1000
+DUMP: str | None = None  # --dump PREFIX: each run's records as PREFIX.<scenario>.<run>.json
 WARM = 8  # plain messages before each run: the default producer spreads them over the 4 queues
 
 
@@ -301,10 +302,17 @@ def run_once(scenario: str, run: int, py: str, env: dict[str, str], ns: str, wor
     wall, own = time.monotonic() - t0, own_cpu_s(broker_pid) - own0
     other = max(0.0, machine_busy_s() - busy0 - own)  # CPU the rest of the machine used meanwhile
     recs = c["records"]
+    if DUMP:
+        Path(f"{DUMP}.{scenario}.{run}.json").write_text(json.dumps(recs))
     seen = {r[0] for r in recs}
     lat = sorted(r[2] - r[1] for r in recs)
     broker = sorted(r[3] - r[1] for r in recs)  # store timestamp of the delivered copy - due (int ms)
     client = sorted(r[2] - r[3] for r in recs)  # receipt - store ts: dispatch, pull answer, the client
+    # The client's own pace: receipts after the broker had put the last message (store ts is int ms,
+    # so the window starts at the next whole ms): microseconds per message the client alone needed.
+    last_put = max((r[3] for r in recs), default=0) + 1
+    tail = sorted(r[2] for r in recs if r[2] >= last_put)
+    pace = (tail[-1] - last_put) * 1000 / len(tail) if len(tail) >= 50 else float("nan")
     return {
         "scenario": scenario, "run": run, "loadavg": load, "received": len(recs), "distinct": len(seen),
         "missing": COUNT - len(seen), "dups": len(recs) - len(seen), "early": sum(1 for x in lat if x < 0),
@@ -314,6 +322,7 @@ def run_once(scenario: str, run: int, py: str, env: dict[str, str], ns: str, wor
         "b50": pct(broker, 50), "b99": pct(broker, 99), "bmax": broker[-1] if broker else float("nan"),
         "c50": pct(client, 50), "c99": pct(client, 99), "cmax": client[-1] if client else float("nan"),
         "threads_used": len({r[5] for r in recs}),
+        "tail_n": len(tail), "tail_pace_us": pace,
         "send_s": (p["t_last_ack_ms"] - p["t_first_send_ms"]) / 1000,
         "ahead_ms": p["first_due_ms"] - p["t_last_ack_ms"], "acked_after_due": p["acked_after_due"],
         "retries": p["retries"] + w["retries"], "warm_recv": c["warm"],
@@ -337,6 +346,9 @@ def print_run(r: dict[str, Any]) -> None:
           f" ({100 * r['other_cpu_s'] / r['wall_s']:.0f}% of one CPU)")
     if r["scenario"] == "same-ms":
         print(f"    all {r['received']} received {r['max']:.1f} ms after the common due time")
+        print(f"    after the last put: {r['tail_n']} still to receive,"
+              f" at {r['tail_pace_us']:.1f} µs a message"
+              " (the client's own pace)")
 
 
 def main() -> int:
@@ -348,8 +360,11 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--scenarios", default=",".join(SCENARIOS), help="comma-separated: rate,same-ms")
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--dump", default=None, help="write each run's records to DUMP.<scenario>.<run>.json")
     ap.add_argument("--threads", type=int, default=4, help="push consumer thread count (set_thread_count)")
     opts = ap.parse_args()
+    global DUMP
+    DUMP = opts.dump
     scenarios = [s.strip() for s in opts.scenarios.split(",") if s.strip()]
     bad = [s for s in scenarios if s not in SCENARIOS]
     if bad or not scenarios or opts.repeat < 1:
