@@ -24,6 +24,7 @@ from chronomq.store.index import IndexService
 from chronomq.store.put import PutPath
 from chronomq.store.reads import ReadPath
 from chronomq.store.recovery import StoreRecovery
+from chronomq.store.replica import ReplicaAppend
 from chronomq.store.reput import ArrivalListener, ReputMessageService
 
 
@@ -71,6 +72,7 @@ class MessageStore(PutPath, ReadPath):
             self._request_flush = self._flusher.request  # SYNC_FLUSH only: no ASYNC_FLUSH put waits
         self._cq_flusher = FlushConsumeQueueService(self)
         self._cleaner = CleanCommitLogService(self)
+        self._replica = ReplicaAppend(self)
 
         self._running = False
         self._started = False
@@ -179,6 +181,15 @@ class MessageStore(PutPath, ReadPath):
         return cq
 
     # ================================================================================= dispatch
+    def append_replicated(self, offset: int, data: bytes | memoryview) -> int:
+        """A slave's write of commit-log bytes received from its master (replica.py). Returns the new
+        write position; raises ReplicaError."""
+        return self._replica.append(offset, data)
+
+    def replication_chunk(self, offset: int, max_bytes: int) -> bytes:
+        """A master's read of commit-log bytes for a slave (replica.py); raises ReplicaError."""
+        return self._replica.chunk(offset, max_bytes)
+
     def set_dispatch_hook(self, fn: Callable[[], None] | None) -> None:
         """Dispatch on the caller's side: after a put queues dispatch requests, ``fn()`` is called (on
         the putting thread, outside every store lock) instead of waking the dispatcher thread, and it
