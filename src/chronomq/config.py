@@ -20,6 +20,10 @@ _LEVEL_RE = re.compile(r"^(\d+)(ms|s|m|h|d)$")
 
 ASYNC_FLUSH = "ASYNC_FLUSH"
 SYNC_FLUSH = "SYNC_FLUSH"
+ASYNC_MASTER = "ASYNC_MASTER"
+SYNC_MASTER = "SYNC_MASTER"
+SLAVE = "SLAVE"
+BROKER_ROLES = (ASYNC_MASTER, SYNC_MASTER, SLAVE)
 
 
 class ConfigError(ValueError):
@@ -89,8 +93,13 @@ class BrokerConfig:
     clientChannelMaxIdleTimeSeconds: int = 120
     registerNameServerPeriod: int = 30_000
     # HA
-    brokerRole: str = "ASYNC_MASTER"
-    haListenPort: int = 10912
+    brokerRole: str = "ASYNC_MASTER"  # ASYNC_MASTER | SYNC_MASTER | SLAVE
+    haListenPort: int = 0  # 0: listenPort + 1, as RocketMQ's BrokerStartup sets it
+    haMasterAddress: str = ""  # a slave's master HA address host:port ("": learnt from the name server)
+    haSendHeartbeatInterval: int = 5000
+    haHousekeepingInterval: int = 20_000  # a slave silent this long is dropped
+    haTransferBatchSize: int = 32 * 1024
+    haSlaveFallbehindMax: int = 256 * 1024 * 1024  # SYNC_MASTER: a slave further behind is not in sync
 
     extra: dict[str, str] = field(default_factory=dict, repr=False)
 
@@ -102,7 +111,26 @@ class BrokerConfig:
     def sync_flush(self) -> bool:
         return self.flushDiskType == SYNC_FLUSH
 
+    @property
+    def ha_port(self) -> int:
+        return self.haListenPort or self.listenPort + 1
+
+    @property
+    def is_slave(self) -> bool:
+        return self.brokerRole == SLAVE
+
     def validate(self) -> None:
+        if self.brokerRole not in BROKER_ROLES:
+            raise ConfigError(f"brokerRole: {self.brokerRole!r} must be one of {', '.join(BROKER_ROLES)}")
+        if (self.brokerRole == SLAVE) != (self.brokerId > 0):
+            raise ConfigError(f"brokerId: {self.brokerId} with brokerRole {self.brokerRole}: a master has "
+                              "brokerId 0, a slave a brokerId of 1 or more")
+        if not 0 <= self.haListenPort < 65536 or self.ha_port == self.listenPort or self.ha_port > 65535:
+            raise ConfigError(f"haListenPort: {self.haListenPort} must be a TCP port other than listenPort")
+        for name in ("haSendHeartbeatInterval", "haHousekeepingInterval", "haTransferBatchSize",
+                     "haSlaveFallbehindMax"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"{name}: must be positive")
         if self.flushDiskType not in (ASYNC_FLUSH, SYNC_FLUSH):
             raise ConfigError(f"flushDiskType: {self.flushDiskType!r} must be ASYNC_FLUSH or SYNC_FLUSH")
         for name in ("mappedFileSizeCommitLog", "mappedFileSizeConsumeQueue", "maxMessageSize",

@@ -222,6 +222,8 @@ def test_separate_namesrv_and_brokers_register(tmp_path: Path) -> None:
             "brokerName=broker-a",
             "--set",
             "brokerId=1",
+            "--set",
+            "brokerRole=SLAVE",
         )
         b_proc = spawn(
             "broker",

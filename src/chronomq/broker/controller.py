@@ -15,6 +15,7 @@ from chronomq.clock import Clock, SystemClock
 from chronomq.config import BrokerConfig, ConfigError
 from chronomq.delay import DelayService
 from chronomq.delay.timer import TimerError, TimerService
+from chronomq.ha import HAClient, HAService
 from chronomq.remoting.codec import RemotingCommand
 from chronomq.remoting.codes import RequestCode
 from chronomq.remoting.server import Connection, RemotingServer
@@ -104,6 +105,8 @@ class BrokerController:
         self.server.close_callbacks.append(self._on_connection_closed)
         self.local_register = local_register
         self.ns_client: NamesrvClient | None = None
+        self.ha: HAService | None = None  # a master's end of the slaves' link
+        self.ha_client: HAClient | None = None  # a slave's end
         self._tasks: list[asyncio.Task[None]] = []
         self.started_at = 0
         self._dispatch_queued = False
@@ -126,6 +129,7 @@ class BrokerController:
     # --- lifecycle ---------------------------------------------------------------------------------------
     async def start(self) -> None:
         self.services.loop = asyncio.get_running_loop()
+        slave = self.config.is_slave
         self.hold.bind(self.services.loop)
         self.started_at = self.clock.now_ms()
         self.store.start()
@@ -133,9 +137,21 @@ class BrokerController:
         self._loop_thread = threading.get_ident()
         self.store.set_dispatch_hook(self._dispatch_soon)
         self.store.set_min_offset_guard(self.delay.min_needed_offset)
-        await self.delay.start()
-        await self.timer.start()
+        if not slave:  # a slave delivers no delayed message (RocketMQ runs the schedule service on masters)
+            await self.delay.start()
+            await self.timer.start()
         await self.server.start()
+        if slave:
+            self.ha_client = HAClient(self.config, self.store, self.clock)
+            self.ha_client.start()
+        else:
+            self.ha = HAService(self.config, self.store, self.clock)
+            self.services.ha = self.ha
+            try:
+                await self.ha.start(self.bind_host)
+            except OSError as e:
+                log.error("HA: cannot listen on %s:%d (%s); no slave can connect, and SYNC_MASTER sends "
+                          "answer SLAVE_NOT_AVAILABLE", self.bind_host, self.config.ha_port, e)
         self._register_event = asyncio.Event()
         if self.local_register is None:
             self.ns_client = NamesrvClient([a for a in self.config.namesrvAddr.split(";") if a.strip()])
@@ -170,6 +186,8 @@ class BrokerController:
     def _dispatch_run(self) -> None:
         self._dispatch_queued = False
         self.store.dispatch_now()
+        if self.ha is not None:
+            self.ha.wake()
 
     async def shutdown(self) -> None:
         if self.stopping:
@@ -188,6 +206,10 @@ class BrokerController:
         for _ in range(5):
             await asyncio.sleep(0)
         await self.server.stop()
+        if self.ha is not None:
+            await self.ha.stop()
+        if self.ha_client is not None:
+            await self.ha_client.stop()
         try:
             await self.delay.shutdown()
         except Exception:
@@ -256,15 +278,15 @@ class BrokerController:
     def _register_body(self) -> tuple[dict[str, Any], dict[str, Any]]:
         return self.topics.snapshot(), dict(self.topics.data_version)
 
-    def _register_local(self) -> None:
+    def _register_local(self) -> dict[str, Any] | None:
         assert self.local_register is not None
         topics, version = self._register_body()
-        self.local_register(
+        return self.local_register(
             self.config.brokerClusterName,
             self.config.brokerName,
             self.broker_addr,
             self.config.brokerId,
-            f"{self.config.brokerIP1}:{self.config.haListenPort}",
+            f"{self.config.brokerIP1}:{self.config.ha_port}",
             topics,
             version,
             self.clock.now_ms(),
@@ -273,12 +295,14 @@ class BrokerController:
 
     async def register_all(self) -> None:
         if self.local_register is not None:
-            self._register_local()
+            result = self._register_local()
+        elif self.ns_client is not None:
+            topics, version = self._register_body()
+            result = await self.ns_client.register_broker(self.config, self.broker_addr, topics, version)
+        else:
             return
-        if self.ns_client is None:
-            return
-        topics, version = self._register_body()
-        await self.ns_client.register_broker(self.config, self.broker_addr, topics, version)
+        if self.ha_client is not None and result:
+            self.ha_client.set_master(str(result.get("haServerAddr") or ""))
 
     async def unregister_all(self) -> None:
         if self.ns_client is not None:

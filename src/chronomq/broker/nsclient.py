@@ -96,13 +96,16 @@ class NamesrvClient:
             "brokerAddr": broker_addr,
             "clusterName": config.brokerClusterName,
             "brokerId": str(config.brokerId),
-            "haServerAddr": f"{config.brokerIP1}:{config.haListenPort}",
+            "haServerAddr": f"{config.brokerIP1}:{config.ha_port}",
             "compressed": "false",
         }
 
     async def register_broker(
         self, config: BrokerConfig, broker_addr: str, topics: dict[str, Any], data_version: dict[str, Any]
-    ) -> None:
+    ) -> dict[str, str] | None:
+        """Register with every name server; returns the first answer's masterAddr/haServerAddr (what a
+        slave needs to find its master), or None when none answered."""
+        answers: list[dict[str, str]] = []
         body = json.dumps(
             {
                 "topicConfigSerializeWrapper": {"topicConfigTable": topics, "dataVersion": data_version},
@@ -129,8 +132,10 @@ class NamesrvClient:
             if not self.registered.get(conn.addr):
                 log.info("registered with name server %s", conn.addr)
             self.registered[conn.addr] = True
+            answers.append({k: resp.ext_str(k, "") or "" for k in ("masterAddr", "haServerAddr")})
 
         await asyncio.gather(*(one(c) for c in self.conns))
+        return next((a for a in answers if a["haServerAddr"]), answers[0] if answers else None)
 
     async def unregister_broker(self, config: BrokerConfig, broker_addr: str) -> None:
         async def one(conn: RemotingClientConnection) -> None:

@@ -20,6 +20,7 @@ from chronomq.clock import Clock
 from chronomq.config import BrokerConfig
 from chronomq.delay import DelayService
 from chronomq.delay.timer import TimerService
+from chronomq.ha import HAService
 from chronomq.store import MessageStore
 from chronomq.store.types import PutResult
 
@@ -60,5 +61,6 @@ class BrokerServices:
     notify_consumer_ids_changed: Callable[[str], None]
     runtime_info: Callable[[], dict[str, Any]]
     put_stats: PutStats = field(default_factory=PutStats)
+    ha: HAService | None = None  # on a master: the slaves' link and the SYNC_MASTER wait
     loop: asyncio.AbstractEventLoop | None = None
     stopping: bool = False

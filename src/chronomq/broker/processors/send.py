@@ -8,6 +8,7 @@ written from the flush future's callback through the event loop, which never wai
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 import logging
 import random
@@ -16,6 +17,8 @@ import zlib
 from collections.abc import Callable
 from typing import NamedTuple
 
+from chronomq.config import SYNC_MASTER
+from chronomq.ha import SlaveWait
 from chronomq.message import (
     DLQ_GROUP_TOPIC_PREFIX,
     PROPERTY_MAX_RECONSUME_TIMES,
@@ -40,6 +43,9 @@ from ..topics import TopicError
 from .base import Handler, ProcessorBase
 
 log = logging.getLogger("chronomq.broker")
+
+# RocketMQ's store answers SERVICE_NOT_AVAILABLE to a put on a slave
+SLAVE_REFUSES = "this broker is a slave (brokerRole=SLAVE): it takes messages only from its master"
 
 _PUT_CODES = {
     PutStatus.PUT_OK: ResponseCode.SUCCESS,
@@ -111,6 +117,7 @@ class SendProcessor(ProcessorBase):
         self._valid_topics: set[str] = set()
         self._posted: list[Callable[[], None]] = []
         self._posted_lock = threading.Lock()
+        self._slave_waits: set[asyncio.Future[None]] = set()
         return {
             RequestCode.SEND_MESSAGE: self.send_message,
             RequestCode.SEND_MESSAGE_V2: self.send_message,
@@ -120,6 +127,8 @@ class SendProcessor(ProcessorBase):
 
     # --- SEND_MESSAGE (10), SEND_MESSAGE_V2 (310), SEND_BATCH_MESSAGE (320) ---------------------------------
     def send_message(self, req: RemotingCommand, conn: Connection) -> RemotingCommand | None:
+        if self.config.is_slave:
+            return req.response(ResponseCode.SERVICE_NOT_AVAILABLE, remark=SLAVE_REFUSES)
         if req.code != RequestCode.SEND_MESSAGE:
             req = _with_v1_fields(req)
         batch = req.code == RequestCode.SEND_BATCH_MESSAGE or req.ext_bool("batch")
@@ -258,6 +267,17 @@ class SendProcessor(ProcessorBase):
             "TRACE_ON": "true",
         }
         fut = result.flushed
+        ha = self.services.ha
+        if ha is not None and wait and self.config.brokerRole == SYNC_MASTER:
+            end = a.wrote_offset + a.wrote_bytes
+            if ha.push_to_slave_max < end or (fut is not None and not fut.done()):
+                task = asyncio.ensure_future(self._reply_after_slave(req, conn, code, ext, fut, end))
+                self._slave_waits.add(task)
+                task.add_done_callback(self._slave_waits.discard)
+                return DEFERRED
+            if fut is not None:
+                code = self._flush_code(fut, code)
+            return req.response(code, ext_fields=ext)
         if fut is None or not wait:
             return req.response(code, ext_fields=ext)
         if fut.done():
@@ -268,6 +288,22 @@ class SendProcessor(ProcessorBase):
 
         fut.add_done_callback(flushed)
         return DEFERRED
+
+    async def _reply_after_slave(self, req: RemotingCommand, conn: Connection, code: int, ext: dict[str, str],
+                                 fut: concurrent.futures.Future[bool] | None, end: int) -> None:
+        """SYNC_MASTER: answer once the disk (SYNC_FLUSH) and then a slave hold the message, as RocketMQ
+        does: FLUSH_DISK_TIMEOUT, FLUSH_SLAVE_TIMEOUT or SLAVE_NOT_AVAILABLE when they do not."""
+        if fut is not None:
+            await asyncio.wrap_future(fut)
+            code = self._flush_code(fut, code)
+        ha = self.services.ha
+        assert ha is not None
+        waited = await ha.wait_slave(end, self.config.syncFlushTimeout)
+        if waited == SlaveWait.TIMEOUT:
+            code = ResponseCode.FLUSH_SLAVE_TIMEOUT
+        elif waited == SlaveWait.NO_SLAVE:
+            code = ResponseCode.SLAVE_NOT_AVAILABLE
+        conn.reply(req, req.response(code, ext_fields=ext))
 
     def _post(self, fn: Callable[[], None]) -> None:
         """Run fn on the event loop; from other threads, many posts share one loop wake-up."""
@@ -301,6 +337,8 @@ class SendProcessor(ProcessorBase):
 
     # --- CONSUMER_SEND_MSG_BACK (36) ---------------------------------------------------------------------
     def consumer_send_msg_back(self, req: RemotingCommand, conn: Connection) -> RemotingCommand | None:
+        if self.config.is_slave:
+            return req.response(ResponseCode.SERVICE_NOT_AVAILABLE, remark=SLAVE_REFUSES)
         group = req.require_str("group")
         offset = req.ext_int("offset")
         delay_level = req.ext_int("delayLevel", 0)

@@ -1,0 +1,190 @@
+"""HAService: a master's end of the commit-log link, and the SYNC_MASTER wait (GroupTransferService).
+
+Each slave connection reads the slave's offset reports and streams the log from the first one, in
+chunks of ``haTransferBatchSize`` that never cross a segment, woken by ``wake()`` after every append
+(no polling); an idle link gets a heartbeat every ``haSendHeartbeatInterval``. A slave that reports an
+offset ahead of this log's end is refused with a log line and disconnected: its extra tail may hold
+acknowledged messages this master lost, so only an operator may throw it away. A slave silent for
+``haHousekeepingInterval`` is dropped. ``wait_slave(offset)`` resolves when a slave has acked it; the
+waits are kept in offset order, so one ack releases every send below it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import itertools
+import logging
+from dataclasses import dataclass
+
+from chronomq.clock import Clock
+from chronomq.config import BrokerConfig
+from chronomq.ha.codec import HAProtocolError, ReportDecoder, encode_transfer
+from chronomq.store.message_store import MessageStore
+from chronomq.store.replica import ReplicaError
+
+log = logging.getLogger("chronomq.ha")
+
+
+class SlaveWait:
+    """What a SYNC_MASTER send waited for: OK, TIMEOUT (no ack in time), NO_SLAVE (none in sync)."""
+
+    OK = "ok"
+    TIMEOUT = "timeout"
+    NO_SLAVE = "no_slave"
+
+
+@dataclass
+class SlaveLink:
+    addr: str
+    acked: int = -1  # the slave's last reported max offset
+    last_report_ms: int = 0
+
+
+class HAService:
+    def __init__(self, config: BrokerConfig, store: MessageStore, clock: Clock) -> None:
+        self.config = config
+        self.store = store
+        self.clock = clock
+        self.links: dict[int, SlaveLink] = {}
+        self.push_to_slave_max = 0  # the highest offset any slave has acked
+        self._ids = itertools.count(1)
+        self._server: asyncio.Server | None = None
+        self._wakers: set[asyncio.Event] = set()
+        self._waits: list[tuple[int, int, asyncio.Future[bool]]] = []  # (offset, seq, future) heap
+        self._seq = itertools.count()
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    # --- lifecycle ------------------------------------------------------------------------------------
+    async def start(self, host: str) -> None:
+        self._server = await asyncio.start_server(self._serve, host, self.config.ha_port)
+        log.info("HA service listening on %s:%d", host, self.config.ha_port)
+
+    @property
+    def port(self) -> int:
+        assert self._server is not None
+        return int(self._server.sockets[0].getsockname()[1])
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            self._server.close()
+        for t in list(self._tasks):
+            t.cancel()
+        for t in list(self._tasks):
+            try:
+                await t
+            except (asyncio.CancelledError, Exception):
+                pass
+        for _, _, fut in self._waits:
+            if not fut.done():
+                fut.set_result(False)
+        self._waits.clear()
+
+    # --- the append side -----------------------------------------------------------------------------
+    def wake(self) -> None:
+        """New bytes in the log: every link's writer sends them now. Call on the loop thread."""
+        for ev in self._wakers:
+            ev.set()
+
+    def slave_ok(self) -> bool:
+        """A slave is connected and at most ``haSlaveFallbehindMax`` behind (RocketMQ's isSlaveOK)."""
+        if not self.links:
+            return False
+        return self.store.max_phy_offset - self.push_to_slave_max < self.config.haSlaveFallbehindMax
+
+    async def wait_slave(self, offset: int, timeout_ms: int) -> str:
+        """Until a slave holds the log up to ``offset``: SlaveWait.OK, TIMEOUT or NO_SLAVE."""
+        if self.push_to_slave_max >= offset:
+            return SlaveWait.OK
+        if not self.slave_ok():
+            return SlaveWait.NO_SLAVE
+        fut: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        heapq.heappush(self._waits, (offset, next(self._seq), fut))
+        try:
+            ok = await asyncio.wait_for(asyncio.shield(fut), timeout_ms / 1000)
+        except TimeoutError:
+            return SlaveWait.TIMEOUT
+        return SlaveWait.OK if ok else SlaveWait.TIMEOUT
+
+    def _acked(self, offset: int) -> None:
+        if offset > self.push_to_slave_max:
+            self.push_to_slave_max = offset
+        waits = self._waits
+        while waits and waits[0][0] <= self.push_to_slave_max:
+            _, _, fut = heapq.heappop(waits)
+            if not fut.done():
+                fut.set_result(True)
+        # waits whose sender gave up (timed out) are dropped as the ack passes them
+
+    # --- one slave connection ------------------------------------------------------------------------
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        peer = writer.get_extra_info("peername")
+        addr = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
+        cid = next(self._ids)
+        link = SlaveLink(addr, last_report_ms=self.clock.now_ms())
+        wake = asyncio.Event()
+        first = asyncio.get_running_loop().create_future()
+        task = asyncio.current_task()
+        assert task is not None
+        self._tasks.add(task)
+        reading = asyncio.ensure_future(self._read_reports(reader, link, first))
+        try:
+            start = await asyncio.wait_for(asyncio.shield(first), self.config.haHousekeepingInterval / 1000)
+            if start > self.store.max_phy_offset:
+                log.error("HA: slave %s reports offset %d, ahead of this master's log end %d; refusing it. "
+                          "Its extra tail may hold messages this master lost: keep that slave's data, or "
+                          "move it aside and restart the slave empty to copy this master again",
+                          addr, start, self.store.max_phy_offset)
+                return
+            log.info("HA: slave %s connected, streaming from offset %d", addr, start)
+            self.links[cid] = link
+            self._wakers.add(wake)
+            self._acked(start)
+            await self._stream(writer, link, start, wake, reading)
+        except (TimeoutError, ConnectionError, HAProtocolError, ReplicaError, OSError) as e:
+            log.warning("HA: slave %s disconnected: %s", addr, e or type(e).__name__)
+        finally:
+            self.links.pop(cid, None)
+            self._wakers.discard(wake)
+            reading.cancel()
+            writer.close()
+            self._tasks.discard(task)
+
+    async def _read_reports(self, reader: asyncio.StreamReader, link: SlaveLink,
+                            first: asyncio.Future[int]) -> None:
+        dec = ReportDecoder()
+        while True:
+            data = await reader.read(4096)
+            if not data:
+                raise ConnectionError("the slave closed the connection")
+            offsets = dec.feed(data)
+            if offsets:
+                link.acked = offsets[-1]
+                link.last_report_ms = self.clock.now_ms()
+                if not first.done():
+                    first.set_result(offsets[0])
+                else:
+                    self._acked(link.acked)
+
+    async def _stream(self, writer: asyncio.StreamWriter, link: SlaveLink, start: int, wake: asyncio.Event,
+                      reading: asyncio.Future[None]) -> None:
+        cfg = self.config
+        nxt = start
+        heartbeat_s = cfg.haSendHeartbeatInterval / 1000
+        while True:
+            if reading.done():
+                reading.result()  # raises why the read side ended
+            if self.clock.now_ms() - link.last_report_ms > cfg.haHousekeepingInterval:
+                raise ConnectionError(f"no report for {cfg.haHousekeepingInterval} ms")
+            wake.clear()
+            chunk = self.store.replication_chunk(nxt, cfg.haTransferBatchSize)
+            if chunk:
+                writer.write(encode_transfer(nxt, chunk))
+                nxt += len(chunk)
+                await writer.drain()
+                continue
+            try:
+                await asyncio.wait_for(wake.wait(), heartbeat_s)
+            except TimeoutError:
+                writer.write(encode_transfer(nxt))  # heartbeat: the offset this slave should be at
+                await writer.drain()
