@@ -53,6 +53,7 @@ class HAService:
         self._wakers: set[asyncio.Event] = set()
         self._waits: list[tuple[int, int, asyncio.Future[bool]]] = []  # (offset, seq, future) heap
         self._seq = itertools.count()
+        self._prune_at = 1024  # prune the heap of given-up waits when it grows past this
         self._tasks: set[asyncio.Task[None]] = set()
 
     # --- lifecycle ------------------------------------------------------------------------------------
@@ -99,10 +100,13 @@ class HAService:
         if not self.slave_ok():
             return SlaveWait.NO_SLAVE
         fut: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        if len(self._waits) >= self._prune_at:
+            self._prune()
         heapq.heappush(self._waits, (offset, next(self._seq), fut))
         try:
             ok = await asyncio.wait_for(asyncio.shield(fut), timeout_ms / 1000)
         except TimeoutError:
+            fut.cancel()  # given up: pruned later, or popped when an ack passes it
             return SlaveWait.TIMEOUT
         return SlaveWait.OK if ok else SlaveWait.TIMEOUT
 
@@ -114,7 +118,13 @@ class HAService:
             _, _, fut = heapq.heappop(waits)
             if not fut.done():
                 fut.set_result(True)
-        # waits whose sender gave up (timed out) are dropped as the ack passes them
+
+    def _prune(self) -> None:
+        """Drop the waits whose sender gave up, so a slave that stops acking cannot grow the heap without
+        bound; amortised by doubling the threshold to what is left."""
+        self._waits = [w for w in self._waits if not w[2].done()]
+        heapq.heapify(self._waits)
+        self._prune_at = max(1024, 2 * len(self._waits))
 
     # --- one slave connection ------------------------------------------------------------------------
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:

@@ -12,10 +12,11 @@ import os
 import shutil
 from typing import TYPE_CHECKING
 
-from chronomq.message import SCHEDULE_TOPIC, MessageFormatError, decode_record, tags_code, validate_topic
+from chronomq.message import MessageFormatError, decode_record, validate_topic
 from chronomq.store.checkpoint import Checkpoint
 from chronomq.store.commitlog import check_record
 from chronomq.store.consumequeue import ConsumeQueue
+from chronomq.store.reput import request_of
 
 if TYPE_CHECKING:
     from chronomq.store.message_store import MessageStore
@@ -173,14 +174,7 @@ class StoreRecovery:
                 end = off
                 break
             qt[key] = expect + 1
-            if m.topic == SCHEDULE_TOPIC:
-                level = min(max(m.delay_level, 1), len(levels))
-                tc = m.store_timestamp + levels[level - 1]
-            else:
-                tc = tags_code(m.tags)
-            keys = m.keys or None
-            batch.append((off, m.store_size, m.topic, m.queue_id, m.queue_offset, tc, m.store_timestamp,
-                          keys, m.uniq_key))
+            batch.append(request_of(off, m, levels))
             last_ts = max(last_ts, m.store_timestamp)
             if len(batch) >= 4096:
                 dispatch(batch)

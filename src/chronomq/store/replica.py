@@ -14,12 +14,11 @@ from typing import TYPE_CHECKING
 from chronomq.message import (
     BLANK_MAGIC,
     MAGIC_V1,
-    SCHEDULE_TOPIC,
     MessageFormatError,
     decode_record,
-    tags_code,
 )
 from chronomq.store.commitlog import BLANK_HEAD, check_record
+from chronomq.store.reput import request_of
 
 if TYPE_CHECKING:
     from chronomq.store.message_store import MessageStore
@@ -129,15 +128,10 @@ class ReplicaAppend:
                 m = decode_record(seg.mm[r : r + total])
             except MessageFormatError as e:
                 raise ReplicaError(f"undecodable record at commit-log offset {off}: {e}") from e
-            if m.topic == SCHEDULE_TOPIC:
-                level = min(max(m.delay_level, 1), len(levels))
-                tc = m.store_timestamp + levels[level - 1]
-            else:
-                tc = tags_code(m.tags)
+            req = request_of(off, m, levels)
             qt[(m.topic, m.queue_id)] = m.queue_offset + 1
             if m.store_timestamp > store._last_ts:
                 store._last_ts = m.store_timestamp
-            store._pending.append((off, total, m.topic, m.queue_id, m.queue_offset, tc, m.store_timestamp,
-                                   m.keys or None, m.uniq_key))
+            store._pending.append(req)
             off += total
         self.parsed = off

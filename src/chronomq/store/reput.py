@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from chronomq.message import SCHEDULE_TOPIC, MessageExt, tags_code
 from chronomq.store.consumequeue import UNIT
 
 if TYPE_CHECKING:
@@ -22,6 +23,19 @@ if TYPE_CHECKING:
 log = logging.getLogger("chronomq.store")
 
 ArrivalListener = Callable[[str, int, int, int], None]
+
+
+def request_of(off: int, m: MessageExt, levels: list[int]) -> tuple:
+    """The dispatch request of a stored record read back from the log (recovery, a slave's replica):
+    (phys, size, topic, queue id, queue offset, tagsCode, store_ts, keys, uniq), as the put path builds
+    it; for SCHEDULE_TOPIC_XXXX the tagsCode is the deliver time of the record's level."""
+    if m.topic == SCHEDULE_TOPIC:
+        level = min(max(m.delay_level, 1), len(levels))
+        tc = m.store_timestamp + levels[level - 1]
+    else:
+        tc = tags_code(m.tags)
+    return (off, m.store_size, m.topic, m.queue_id, m.queue_offset, tc, m.store_timestamp, m.keys or None,
+            m.uniq_key)
 
 
 class ReputMessageService:
