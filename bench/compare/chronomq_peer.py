@@ -169,6 +169,7 @@ class ChronomqPeer(Peer):
     def version(self) -> str:
         try:
             from chronomq import __version__
+            from chronomq.speedups import describe
         except ImportError:
             return ""
         rev = ""
@@ -178,7 +179,8 @@ class ChronomqPeer(Peer):
                 rev = (REPO / ".git" / head[5:]).read_text().strip()[:10]
             else:
                 rev = head[:10]
-        return f"chronomq {__version__} ({rev})" if rev else f"chronomq {__version__}"
+        name = f"chronomq {__version__} ({rev})" if rev else f"chronomq {__version__}"
+        return f"{name}, hot-path kernels {describe()}"  # the broker runs with this environment
 
     def start(self) -> None:
         self.check()

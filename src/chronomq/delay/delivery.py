@@ -35,6 +35,7 @@ from chronomq.message import (
     unpack_host_cached,
     validate_topic,
 )
+from chronomq.speedups import native
 from chronomq.store.types import PutResult, PutStatus, records_put_of
 
 if TYPE_CHECKING:
@@ -97,6 +98,11 @@ def record_to_put(buf: bytes, pos: int, size: int) -> tuple[str, int, dict[str, 
     (body_len,) = _BODYLEN.unpack_from(buf, pos + POS_BODY - 4)
     topic, props = record_topic_and_properties(buf, pos, size, body_len)
     return topic, queue_id, props
+
+
+record_to_put_py = record_to_put
+if native is not None:
+    record_to_put = native.record_to_put
 
 
 def decode_to_put(buf: bytes, pos: int, size: int, store_host: tuple[str, int]) -> MessageExt:

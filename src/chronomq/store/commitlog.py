@@ -39,6 +39,7 @@ from chronomq.message import (
     MessageExt,
     validate_topic,
 )
+from chronomq.speedups import native
 from chronomq.store.mapped import MappedFile, segment_files
 
 HEAD = struct.Struct(">iiiiiqqiq8sq8siqi")  # the record up to and including BODYLENGTH
@@ -88,6 +89,11 @@ def splice(buf: bytes | bytearray | memoryview, pos: int, size: int, topic_b: by
                      sys_flag & _HOST_MASK, born_ts, born_host_b, 0, store_host_b, reconsume, 0, body_len)
     rec = b"".join((head, body, _TOPIC_LEN[len(topic_b)], topic_b, H16.pack(len(props_b)), props_b))
     return rec, body_len
+
+
+splice_py = splice
+if native is not None:
+    splice = native.splice
 
 
 def check_record(mm, r: int, seg_start: int, seg_size: int, check_crc: bool) -> int:

@@ -28,6 +28,7 @@ from chronomq.message import (
     tags_code,
     validate_topic,
 )
+from chronomq.speedups import native
 from chronomq.store.allocate import ALLOCATE_AHEAD
 from chronomq.store.commitlog import BLANK_HEAD, I64, PATCH, CommitLog, encode, splice
 from chronomq.store.mapped import MappedFile
@@ -39,6 +40,31 @@ if TYPE_CHECKING:
 
 _POS_STORETIMESTAMP = 56
 
+
+
+def property_fields(props: dict[str, str]
+                    ) -> tuple[bytes, str | None, list[str] | None, str | None] | int:
+    """The stored properties text of a message's properties and what the dispatcher indexes (TAGS, the
+    KEYS words, UNIQ_KEY), or the refusal as an int: 0 when a name is empty or a name or value holds a
+    0x01/0x02 separator, else the encoded size, which is over MAX_PROPERTIES_LENGTH. A non-str name or
+    value raises TypeError; text that cannot be UTF-8 raises UnicodeEncodeError."""
+    if not props:
+        return b"", None, None, None
+    n = len(props)
+    text = "\x02".join(map("\x01".join, props.items()))
+    if text.count("\x01") != n or text.count("\x02") != n - 1 or "" in props:
+        return 0
+    props_b = (text + "\x02").encode()
+    if len(props_b) > MAX_PROPERTIES_LENGTH:
+        return len(props_b)
+    keys = props.get(PROPERTY_KEYS)
+    keys_l = [k for k in keys.split(" ") if k] if keys else None
+    return props_b, props.get(PROPERTY_TAGS), keys_l, props.get(PROPERTY_UNIQ_KEY)
+
+
+property_fields_py = property_fields
+if native is not None:
+    property_fields = native.property_fields
 
 class PutPath:
     # the facade's state this path uses; guarded by self._cl.lock: _queue_table, _pending, _cur_seg,
@@ -179,22 +205,15 @@ class PutPath:
 
     def _property_fields(self, props: dict[str, str]
                          ) -> tuple[bytes, str | None, list[str] | None, str | None] | PutResult:
-        """The stored properties text (checked: names non-empty, no separators inside, size limit) and
-        what the dispatcher indexes (tags, KEYS words, UNIQ_KEY); a refusal as a PutResult."""
-        if not props:
-            return b"", None, None, None
-        n = len(props)
-        text = "\x02".join(map("\x01".join, props.items()))
-        if text.count("\x01") != n or text.count("\x02") != n - 1 or "" in props:
+        """property_fields, with a refusal as a PutResult."""
+        fields = property_fields(props)
+        if fields.__class__ is not int:
+            return fields  # type: ignore[return-value]
+        if fields == 0:
             return self._fail(PutStatus.MESSAGE_ILLEGAL,
                               "a property has an empty name or contains a 0x01/0x02 separator")
-        props_b = (text + "\x02").encode()
-        if len(props_b) > MAX_PROPERTIES_LENGTH:
-            return self._fail(PutStatus.PROPERTIES_SIZE_EXCEEDED,
-                              f"the properties are {len(props_b)} bytes, more than {MAX_PROPERTIES_LENGTH}")
-        keys = props.get(PROPERTY_KEYS)
-        keys_l = [k for k in keys.split(" ") if k] if keys else None
-        return props_b, props.get(PROPERTY_TAGS), keys_l, props.get(PROPERTY_UNIQ_KEY)
+        return self._fail(PutStatus.PROPERTIES_SIZE_EXCEEDED,
+                          f"the properties are {fields} bytes, more than {MAX_PROPERTIES_LENGTH}")
 
     def put_message(self, msg: MessageExt) -> PutResult:
         try:

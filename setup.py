@@ -1,0 +1,16 @@
+"""The compiled hot-path kernels (chronomq._speedups, Cython; see chronomq/speedups.py). Everything else
+about the package is in pyproject.toml. The extension is optional: without a C compiler or Python's
+headers the install still succeeds and the pure-Python kernels run."""
+
+from setuptools import Extension, setup
+
+setup(
+    ext_modules=[
+        Extension(
+            "chronomq._speedups",
+            ["src/chronomq/_speedups.pyx"],
+            extra_compile_args=["-O2"],
+            optional=True,
+        )
+    ]
+)

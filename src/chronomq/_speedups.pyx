@@ -1,0 +1,253 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
+"""Compiled kernels of the delivery hot path: each one is a drop-in for a pure-Python function of the
+same name (commitlog.splice, put.property_fields, delivery.record_to_put, message.decode_properties),
+with the same results, the same refusals and the same exception types. The pure functions stay the
+reference and are used when this module is not built or CHRONOMQ_PURE_PYTHON=1 (chronomq.speedups)."""
+
+from cpython.buffer cimport PyBUF_SIMPLE, PyBuffer_Release, PyObject_GetBuffer
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
+from cpython.unicode cimport PyUnicode_DecodeUTF8
+from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t
+from libc.string cimport memchr, memcpy, memset
+
+
+cdef extern from "Python.h":
+    const char* PyUnicode_AsUTF8AndSize(object s, Py_ssize_t* size) except NULL
+
+
+from zlib import crc32  # Python's own zlib: no zlib headers needed to build this module
+
+
+# The V1 record layout and property names (chronomq.message; a test checks they agree). Nothing is
+# imported from chronomq at load time: chronomq.message itself loads this module.
+DEF_MAGIC_V1 = 0xDAA320A7 - (1 << 32)
+PROPERTY_KEYS = "KEYS"
+PROPERTY_TAGS = "TAGS"
+PROPERTY_UNIQ_KEY = "UNIQ_KEY"
+MAX_PROPERTIES_LENGTH = 32767
+RECORD_FIXED_SIZE = 91
+POS_BODY = 88
+HOST_V6_FLAGS = 0x10 | 0x20  # SYSFLAG_BORNHOST_V6 | SYSFLAG_STOREHOST_V6
+
+cdef int32_t C_MAGIC = DEF_MAGIC_V1
+cdef Py_ssize_t C_FIXED = RECORD_FIXED_SIZE
+cdef Py_ssize_t C_BODY = POS_BODY
+cdef Py_ssize_t C_MAX_PROPS = MAX_PROPERTIES_LENGTH
+cdef int32_t C_HOST_MASK = ~HOST_V6_FLAGS
+
+
+cdef object _format_error(str text):
+    from chronomq.message import MessageFormatError as cls
+    return cls(text)
+
+
+cdef inline int32_t rd32(const uint8_t* p) noexcept nogil:
+    return <int32_t>((<uint32_t>p[0] << 24) | (<uint32_t>p[1] << 16) | (<uint32_t>p[2] << 8) | p[3])
+
+
+cdef inline void wr32(uint8_t* p, int64_t v) noexcept nogil:
+    p[0] = (v >> 24) & 0xFF
+    p[1] = (v >> 16) & 0xFF
+    p[2] = (v >> 8) & 0xFF
+    p[3] = v & 0xFF
+
+
+cdef inline dict _props_of(const uint8_t* p, Py_ssize_t n):
+    """decode_properties over UTF-8 bytes: items split on 0x02, name and value on the first 0x01;
+    empty items and items without a separator or with an empty name are skipped; a later name wins.
+    Splitting the bytes equals splitting the decoded text: 0x01 and 0x02 never occur inside a
+    multi-byte UTF-8 sequence, and a piece is valid UTF-8 exactly when the whole is."""
+    cdef dict props = {}
+    cdef Py_ssize_t i = 0, j, s
+    cdef const uint8_t* q
+    if n == 0:
+        return props
+    while i <= n:
+        q = <const uint8_t*>memchr(p + i, 2, n - i) if i < n else NULL
+        j = (q - p) if q != NULL else n
+        if j > i:
+            q = <const uint8_t*>memchr(p + i, 1, j - i)
+            if q != NULL:
+                s = q - p
+                if s > i:
+                    props[PyUnicode_DecodeUTF8(<const char*>p + i, s - i, NULL)] = \
+                        PyUnicode_DecodeUTF8(<const char*>p + s + 1, j - s - 1, NULL)
+                else:
+                    # an empty name: skipped, but its bytes must still be valid UTF-8
+                    PyUnicode_DecodeUTF8(<const char*>p + s + 1, j - s - 1, NULL)
+            else:
+                PyUnicode_DecodeUTF8(<const char*>p + i, j - i, NULL)
+        i = j + 1
+    return props
+
+
+def decode_properties(str text):
+    """message.decode_properties."""
+    cdef Py_ssize_t n
+    cdef const char* p = PyUnicode_AsUTF8AndSize(text, &n)
+    return _props_of(<const uint8_t*>p, n)
+
+
+def record_to_put(object buf, Py_ssize_t pos, Py_ssize_t size):
+    """delivery.record_to_put: (topic, queue id, properties) of the V1 record of ``size`` bytes at
+    ``buf[pos:]``. Raises MessageFormatError."""
+    cdef Py_buffer view
+    cdef const uint8_t* b
+    cdef Py_ssize_t blen, p, end, topic_len, props_len, tl
+    cdef int32_t total, magic, queue_id, body_len
+    PyObject_GetBuffer(buf, &view, PyBUF_SIMPLE)
+    try:
+        b = <const uint8_t*>view.buf
+        blen = view.len
+        if size < C_FIXED or pos + size > blen or pos < 0:
+            raise _format_error("record truncated")
+        total = rd32(b + pos)
+        magic = rd32(b + pos + 4)
+        queue_id = rd32(b + pos + 12)
+        if magic != C_MAGIC:
+            raise _format_error(f"bad magic code {(<int64_t>magic) & 0xFFFFFFFF:#x}")
+        if total != size:
+            raise _format_error("record length does not match its envelope")
+        body_len = rd32(b + pos + C_BODY - 4)
+        end = pos + size
+        p = pos + C_BODY
+        if body_len < 0 or p + body_len + 3 > end:
+            raise _format_error("body length out of range")
+        p += body_len
+        topic_len = b[p]
+        p += 1
+        tl = min(topic_len, blen - p)  # a slice past the buffer is cut short, as in Python
+        try:
+            topic = PyUnicode_DecodeUTF8(<const char*>b + p, tl, NULL)
+        except UnicodeDecodeError as e:
+            raise _format_error("topic is not UTF-8") from e
+        p += topic_len
+        if p + 2 > end:
+            raise _format_error("properties length out of range")
+        props_len = (<Py_ssize_t>b[p] << 8) | b[p + 1]
+        p += 2
+        if p + props_len != end:
+            raise _format_error("record length does not match its fields")
+        try:
+            props = _props_of(b + p, props_len)
+        except UnicodeDecodeError as e:
+            raise _format_error("properties are not UTF-8") from e
+        return topic, queue_id, props
+    finally:
+        PyBuffer_Release(&view)
+
+
+def property_fields(dict props):
+    """put.property_fields: (properties bytes, TAGS, KEYS words or None, UNIQ_KEY) for a message's
+    properties, or the refusal as an int: 0 when a name is empty or a name or value holds a 0x01/0x02
+    separator, else the encoded size when it is over MAX_PROPERTIES_LENGTH. A non-str name or value
+    raises TypeError, text that cannot be UTF-8 UnicodeEncodeError."""
+    cdef Py_ssize_t n, total = 0, kl, vl
+    cdef const char* kp
+    cdef const char* vp
+    cdef char* out
+    cdef list parts
+    cdef bint illegal = False
+    if not props:
+        return b"", None, None, None
+    bad_text = None
+    # the order of the pure join: a non-str raises first, then a separator refuses, then text that
+    # cannot be UTF-8 raises
+    for k, v in props.items():
+        if not isinstance(k, str) or not isinstance(v, str):
+            raise TypeError(f"property names and values must be str, not {type(k).__name__}: "
+                            f"{type(v).__name__}")
+        try:
+            kp = PyUnicode_AsUTF8AndSize(k, &kl)
+            vp = PyUnicode_AsUTF8AndSize(v, &vl)
+        except UnicodeEncodeError as e:
+            bad_text = e
+            if not k or "\x01" in k or "\x02" in k or "\x01" in v or "\x02" in v:
+                illegal = True
+            continue
+        total += kl + vl + 2
+        if kl == 0 or memchr(kp, 1, kl) != NULL or memchr(kp, 2, kl) != NULL \
+                or memchr(vp, 1, vl) != NULL or memchr(vp, 2, vl) != NULL:
+            illegal = True
+    if illegal:
+        return 0
+    if bad_text is not None:
+        raise bad_text
+    if total > C_MAX_PROPS:
+        return total
+    props_b = PyBytes_FromStringAndSize(NULL, total)
+    out = PyBytes_AS_STRING(props_b)
+    for k, v in props.items():
+        kp = PyUnicode_AsUTF8AndSize(k, &kl)
+        vp = PyUnicode_AsUTF8AndSize(v, &vl)
+        memcpy(out, kp, kl)
+        out[kl] = 1
+        memcpy(out + kl + 1, vp, vl)
+        out[kl + 1 + vl] = 2
+        out += kl + vl + 2
+    keys = props.get(PROPERTY_KEYS)
+    keys_l = [w for w in keys.split(" ") if w] if keys else None
+    return props_b, props.get(PROPERTY_TAGS), keys_l, props.get(PROPERTY_UNIQ_KEY)
+
+
+def splice(object buf, Py_ssize_t pos, Py_ssize_t size, bytes topic_b, Py_ssize_t queue_id, bytes props_b,
+           bytes store_host_b):
+    """commitlog.splice: the stored V1 record at ``buf[pos:]`` re-addressed to ``topic_b``/``queue_id``
+    with the properties ``props_b``; returns (record, body length). Raises ValueError when the bytes
+    are not one whole V1 record or a field does not fit its width."""
+    cdef Py_buffer view
+    cdef const uint8_t* b
+    cdef uint8_t* o
+    cdef Py_ssize_t tlen = len(topic_b), plen = len(props_b), hl = len(store_host_b), new_total, q
+    cdef int32_t total, magic, body_len, sys_flag
+    if tlen > 255:
+        raise ValueError("topic longer than 255 bytes")
+    if plen > 0xFFFF:
+        raise ValueError("properties longer than 65535 bytes")
+    if queue_id < -0x80000000 or queue_id > 0x7FFFFFFF:
+        raise ValueError("queue id out of range")
+    PyObject_GetBuffer(buf, &view, PyBUF_SIMPLE)
+    try:
+        b = <const uint8_t*>view.buf
+        if size < C_FIXED or pos < 0 or pos + size > view.len:
+            raise ValueError("record truncated")
+        b += pos
+        total = rd32(b)
+        magic = rd32(b + 4)
+        if magic != C_MAGIC or total != size:
+            raise ValueError("not a V1 record of the given size")
+        body_len = rd32(b + 84)
+        if body_len < 0 or C_BODY + body_len + 3 > size:
+            raise ValueError("body length out of range")
+        new_total = C_FIXED + body_len + tlen + plen
+        if new_total > 0x7FFFFFFF:
+            raise ValueError("record longer than 2 GiB")
+        rec = PyBytes_FromStringAndSize(NULL, new_total)
+        o = <uint8_t*>PyBytes_AS_STRING(rec)
+        wr32(o, new_total)
+        wr32(o + 4, C_MAGIC)
+        wr32(o + 12, queue_id)
+        memcpy(o + 16, b + 16, 4)  # flag
+        memset(o + 20, 0, 16)  # queue offset, physical offset
+        sys_flag = rd32(b + 36) & C_HOST_MASK
+        wr32(o + 36, sys_flag)
+        memcpy(o + 40, b + 40, 16)  # born timestamp, born host
+        memset(o + 56, 0, 8)  # store timestamp
+        memset(o + 64, 0, 8)
+        memcpy(o + 64, PyBytes_AS_STRING(store_host_b), min(hl, 8))
+        memcpy(o + 72, b + 72, 4)  # reconsume times
+        memset(o + 76, 0, 8)  # prepared transaction offset
+        wr32(o + 84, body_len)
+        memcpy(o + C_BODY, b + C_BODY, body_len)
+        q = C_BODY + body_len
+        o[q] = <uint8_t>tlen
+        memcpy(o + q + 1, PyBytes_AS_STRING(topic_b), tlen)
+        q += 1 + tlen
+        o[q] = (plen >> 8) & 0xFF
+        o[q + 1] = plen & 0xFF
+        memcpy(o + q + 2, PyBytes_AS_STRING(props_b), plen)
+        # the body CRC over the copy just made (rec is not shared with anyone yet)
+        wr32(o + 8, crc32(memoryview(rec)[C_BODY : C_BODY + body_len]) & 0x7FFFFFFF)
+        return rec, body_len
+    finally:
+        PyBuffer_Release(&view)

@@ -1,0 +1,186 @@
+"""The compiled kernels (chronomq._speedups) against the pure-Python functions they replace: same results,
+same refusals, same exception types, on valid, edge and corrupt input."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import struct
+import subprocess
+import sys
+import sysconfig
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from chronomq import message, speedups
+from chronomq.delay import delivery
+from chronomq.message import MessageExt, MessageFormatError
+from chronomq.store import commitlog, put
+
+native = speedups.native
+needs_native = pytest.mark.skipif(native is None, reason="chronomq._speedups not in use")
+
+HOST = struct.pack(">4si", bytes((127, 0, 0, 1)), 10911)
+prop_text = st.text(st.characters(blacklist_categories=("Cs",)), max_size=12)
+prop_dicts = st.dictionaries(prop_text, prop_text, max_size=6)
+
+
+@pytest.fixture
+def pure_decode(monkeypatch):
+    """record_to_put_py's reference all in pure Python (it parses properties with decode_properties)."""
+    monkeypatch.setattr(message, "decode_properties", message.decode_properties_py)
+
+
+def _can_build() -> bool:
+    include = sysconfig.get_paths()["include"]
+    return shutil.which(sysconfig.get_config_var("CC").split()[0] or "cc") is not None and \
+        os.path.exists(os.path.join(include, "Python.h"))
+
+
+def test_the_kernels_are_built_unless_pure_python_is_asked_for():
+    # The README's install builds the extension wherever a C compiler and Python's headers are; a
+    # machine where it silently did not build would run the slow path, which this makes visible.
+    if os.environ.get(speedups.PURE_ENV, "") not in ("", "0"):
+        assert native is None and speedups.describe().startswith("pure Python")
+    elif not _can_build():
+        assert native is None and speedups.describe() == "pure Python (not built)"
+    else:
+        assert native is not None, "chronomq._speedups was not built (C compiler and zlib.h needed)"
+        assert speedups.describe().startswith("compiled")
+        assert put.property_fields is native.property_fields
+        assert commitlog.splice is native.splice
+
+
+@needs_native
+def test_kernel_constants_match_the_message_module():
+    assert native.DEF_MAGIC_V1 == message.MAGIC_V1
+    assert native.RECORD_FIXED_SIZE == message.RECORD_FIXED_SIZE
+    assert native.POS_BODY == message.POS_BODY
+    assert native.MAX_PROPERTIES_LENGTH == message.MAX_PROPERTIES_LENGTH
+    assert native.HOST_V6_FLAGS == message.SYSFLAG_BORNHOST_V6 | message.SYSFLAG_STOREHOST_V6
+    assert (native.PROPERTY_KEYS, native.PROPERTY_TAGS, native.PROPERTY_UNIQ_KEY) == (
+        message.PROPERTY_KEYS, message.PROPERTY_TAGS, message.PROPERTY_UNIQ_KEY)
+
+
+def test_pure_python_switch_runs_the_pure_kernels_end_to_end(tmp_path):
+    code = (
+        "from chronomq import speedups; from chronomq.store import put, commitlog;"
+        "assert speedups.native is None;"
+        "assert put.property_fields is put.property_fields_py and commitlog.splice is commitlog.splice_py;"
+        "print(speedups.describe())"
+    )
+    env = dict(os.environ, CHRONOMQ_PURE_PYTHON="1")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "CHRONOMQ_PURE_PYTHON set" in out.stdout
+
+
+def _outcome(fn, *args):
+    try:
+        return "ok", fn(*args)
+    except Exception as e:  # compared by type: both sides must refuse the same way
+        return "raised", type(e)
+
+
+# --- properties ---------------------------------------------------------------------------------------------
+@needs_native
+@settings(max_examples=300, deadline=None)
+@given(prop_dicts)
+def test_property_fields_matches_pure(props):
+    assert _outcome(native.property_fields, props) == _outcome(put.property_fields_py, props)
+
+
+@needs_native
+@pytest.mark.parametrize("props", [
+    {}, {"": "x"}, {"a\x01": "x"}, {"a": "x\x02"}, {"KEYS": "  k1  k2 ", "TAGS": "t", "UNIQ_KEY": "u"},
+    {"KEYS": ""}, {"a": "\ud800"}, {"a": "\ud800", "b\x01": "x"}, {"a": 1}, {"a": "x" * 40_000},
+    {"é": "ü" * 10_000}, {"名": "値"},
+])
+def test_property_fields_edges(props):
+    assert _outcome(native.property_fields, props) == _outcome(put.property_fields_py, props)
+
+
+@needs_native
+@settings(max_examples=300, deadline=None)
+@given(st.text(max_size=60))
+def test_decode_properties_matches_pure(text):
+    assert _outcome(native.decode_properties, text) == _outcome(message.decode_properties_py, text)
+
+
+@needs_native
+@pytest.mark.parametrize("text", ["", "\x02\x02", "a\x01b\x02", "a\x01b", "\x01b\x02c\x01d\x02",
+                                  "a\x01b\x01c\x02a\x01z\x02", "noseparator\x02", "ü\x01名\x02"])
+def test_decode_properties_edges(text):
+    assert native.decode_properties(text) == message.decode_properties_py(text)
+
+
+# --- records ------------------------------------------------------------------------------------------------
+def _record(topic: str, body: bytes, props: dict[str, str], sys_flag: int = 0) -> bytes:
+    msg = MessageExt(topic, body, dict(props), 7, 3, sys_flag, 1_700_000_000_123, ("10.0.0.1", 4242), 0,
+                     ("127.0.0.1", 10911), 2, 0, 0, 0, 0)
+    props_b = put.property_fields_py(props)[0]
+    rec = bytearray(commitlog.encode(msg, topic.encode(), props_b, HOST, message.pack_host(msg.born_host)))
+    struct.pack_into(">qq", rec, 20, 11, 12345)  # stored fields the copy must not keep
+    struct.pack_into(">q", rec, 56, 1_700_000_000_999)
+    return bytes(rec)
+
+
+@needs_native
+@settings(max_examples=200, deadline=None)
+@given(st.text(st.characters(whitelist_categories=("Ll", "Lu", "Nd")), min_size=1, max_size=30),
+       st.binary(max_size=300), prop_dicts.filter(lambda p: put.property_fields_py(p).__class__ is tuple),
+       st.integers(0, 3), st.binary(max_size=20))
+def test_splice_and_record_to_put_match_pure(topic, body, props, pad, new_props):
+    rec = _record(topic, body, props, sys_flag=0x30)
+    buf = bytes(pad) + rec + bytes(pad)
+    for view in (buf, bytearray(buf), memoryview(buf)):
+        args = (view, pad, len(rec), b"RealTopic", 5, new_props, HOST)
+        assert native.splice(*args) == commitlog.splice_py(*args)
+    got = native.record_to_put(buf, pad, len(rec))
+    assert got == (topic, 3, message.decode_properties_py(put.property_fields_py(props)[0].decode()))
+
+
+@needs_native
+def test_corrupt_records_are_refused_the_same_way(pure_decode):
+    rec = _record("T", b"hello", {"KEYS": "k", "TAGS": "t"})
+    cases = [
+        (rec, 0, len(rec) - 1),                # size does not match TOTALSIZE
+        (rec, 0, len(rec) + 1),                # past the buffer
+        (rec, 1, len(rec)),                    # misaligned
+        (rec[:50], 0, 50),                     # shorter than a record's fixed part
+        (b"\x00" * 4 + rec[4:], 0, len(rec)),  # TOTALSIZE 0
+        (rec[:4] + b"\x00\x00\x00\x01" + rec[8:], 0, len(rec)),  # bad magic
+        (rec[:84] + struct.pack(">i", -1) + rec[88:], 0, len(rec)),  # negative body length
+        (rec[:84] + struct.pack(">i", 10_000) + rec[88:], 0, len(rec)),  # body past the end
+        (rec[:93] + b"\xff" + rec[94:], 0, len(rec)),  # topic length past the end
+        (rec[:94] + b"\xff" + rec[95:], 0, len(rec)),  # topic not UTF-8
+        (rec[:-3] + b"\xff\x01x", 0, len(rec)),  # properties not UTF-8
+    ]
+    for buf, pos, size in cases:
+        want = _outcome(delivery.record_to_put_py, buf, pos, size)
+        assert _outcome(native.record_to_put, buf, pos, size) == want, (buf[:100], pos, size)
+        if want[0] == "raised":
+            assert want[1] is MessageFormatError
+        s_want = _outcome(commitlog.splice_py, buf, pos, size, b"R", 0, b"", HOST)
+        s_got = _outcome(native.splice, buf, pos, size, b"R", 0, b"", HOST)
+        assert s_got[0] == s_want[0], (buf[:100], pos, size)
+        if s_want[0] == "ok":
+            assert s_got == s_want
+    # a negative position (no caller passes one): the pure parser fails inside struct, the kernel refuses
+    with pytest.raises(MessageFormatError):
+        native.record_to_put(rec, -1, len(rec))
+    with pytest.raises(ValueError):
+        native.splice(rec, -1, len(rec), b"R", 0, b"", HOST)
+
+
+@needs_native
+def test_splice_refuses_fields_wider_than_their_slots():
+    rec = _record("T", b"x", {})
+    with pytest.raises(ValueError):
+        native.splice(rec, 0, len(rec), b"t" * 256, 0, b"", HOST)
+    with pytest.raises(ValueError):
+        native.splice(rec, 0, len(rec), b"t", 1 << 31, b"", HOST)
+    with pytest.raises(ValueError):
+        native.splice(rec, 0, len(rec), b"t", 0, b"p" * 65_536, HOST)
