@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 
 .PHONY: run test lint venv clean
 
-$(STAMP): pyproject.toml setup.py src/chronomq/_speedups.pyx
+$(STAMP): pyproject.toml setup.py src/chronomq/store/_speedups.pyx
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -e '.[dev,fast,spark,bench]'
@@ -22,7 +22,7 @@ run: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check src tests bench
 
-# The unit tests run once more on the pure-Python kernels (chronomq/speedups.py), then the whole suite
+# The unit tests run once more on the pure-Python kernels (chronomq/store/speedups.py), then the whole suite
 # on the compiled ones.
 test: $(STAMP)
 	$(BIN)/ruff check src tests bench

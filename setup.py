@@ -1,4 +1,5 @@
-"""The compiled hot-path kernels (chronomq._speedups, Cython; see chronomq/speedups.py). Everything else
+"""The compiled hot-path kernels (chronomq.store._speedups, Cython; see
+chronomq/store/speedups.py). Everything else
 about the package is in pyproject.toml. The extension is optional: without a C compiler or Python's
 headers the install still succeeds and the pure-Python kernels run."""
 
@@ -7,8 +8,8 @@ from setuptools import Extension, setup
 setup(
     ext_modules=[
         Extension(
-            "chronomq._speedups",
-            ["src/chronomq/_speedups.pyx"],
+            "chronomq.store._speedups",
+            ["src/chronomq/store/_speedups.pyx"],
             extra_compile_args=["-O2"],
             optional=True,
         )

@@ -169,7 +169,7 @@ class ChronomqPeer(Peer):
     def version(self) -> str:
         try:
             from chronomq import __version__
-            from chronomq.speedups import describe
+            from chronomq.store.speedups import describe
         except ImportError:
             return ""
         rev = ""

@@ -423,10 +423,3 @@ def decode_offset_msg_id(msg_id: str) -> tuple[tuple[str, int], int]:
     raw = bytes.fromhex(msg_id)
     return unpack_host(raw[:8]), _I64.unpack(raw[8:16])[0]
 
-
-# The compiled kernel, when built (chronomq.speedups); imported last: it imports names from this module.
-from chronomq.speedups import native as _native  # noqa: E402
-
-decode_properties_py = decode_properties
-if _native is not None:
-    decode_properties = _native.decode_properties

@@ -1,5 +1,5 @@
-"""The compiled kernels (chronomq._speedups) against the pure-Python functions they replace: same results,
-same refusals, same exception types, on valid, edge and corrupt input."""
+"""The compiled kernels (chronomq.store._speedups) against the pure-Python functions they replace: same
+results, same refusals, same exception types, on valid, edge and corrupt input."""
 
 from __future__ import annotations
 
@@ -14,23 +14,17 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from chronomq import message, speedups
+from chronomq import message
 from chronomq.delay import delivery
 from chronomq.message import MessageExt, MessageFormatError
-from chronomq.store import commitlog, put
+from chronomq.store import commitlog, put, speedups
 
 native = speedups.native
-needs_native = pytest.mark.skipif(native is None, reason="chronomq._speedups not in use")
+needs_native = pytest.mark.skipif(native is None, reason="chronomq.store._speedups not in use")
 
 HOST = struct.pack(">4si", bytes((127, 0, 0, 1)), 10911)
 prop_text = st.text(st.characters(blacklist_categories=("Cs",)), max_size=12)
 prop_dicts = st.dictionaries(prop_text, prop_text, max_size=6)
-
-
-@pytest.fixture
-def pure_decode(monkeypatch):
-    """record_to_put_py's reference all in pure Python (it parses properties with decode_properties)."""
-    monkeypatch.setattr(message, "decode_properties", message.decode_properties_py)
 
 
 def _can_build() -> bool:
@@ -47,7 +41,7 @@ def test_the_kernels_are_built_unless_pure_python_is_asked_for():
     elif not _can_build():
         assert native is None and speedups.describe() == "pure Python (not built)"
     else:
-        assert native is not None, "chronomq._speedups was not built (C compiler and zlib.h needed)"
+        assert native is not None, "chronomq.store._speedups was not built (C compiler and zlib.h needed)"
         assert speedups.describe().startswith("compiled")
         assert put.property_fields is native.property_fields
         assert commitlog.splice is native.splice
@@ -66,7 +60,7 @@ def test_kernel_constants_match_the_message_module():
 
 def test_pure_python_switch_runs_the_pure_kernels_end_to_end(tmp_path):
     code = (
-        "from chronomq import speedups; from chronomq.store import put, commitlog;"
+        "from chronomq.store import put, commitlog, speedups;"
         "assert speedups.native is None;"
         "assert put.property_fields is put.property_fields_py and commitlog.splice is commitlog.splice_py;"
         "print(speedups.describe())"
@@ -102,25 +96,13 @@ def test_property_fields_edges(props):
     assert _outcome(native.property_fields, props) == _outcome(put.property_fields_py, props)
 
 
-@needs_native
-@settings(max_examples=300, deadline=None)
-@given(st.text(max_size=60))
-def test_decode_properties_matches_pure(text):
-    assert _outcome(native.decode_properties, text) == _outcome(message.decode_properties_py, text)
-
-
-@needs_native
-@pytest.mark.parametrize("text", ["", "\x02\x02", "a\x01b\x02", "a\x01b", "\x01b\x02c\x01d\x02",
-                                  "a\x01b\x01c\x02a\x01z\x02", "noseparator\x02", "ü\x01名\x02"])
-def test_decode_properties_edges(text):
-    assert native.decode_properties(text) == message.decode_properties_py(text)
-
-
 # --- records ------------------------------------------------------------------------------------------------
-def _record(topic: str, body: bytes, props: dict[str, str], sys_flag: int = 0) -> bytes:
+def _record(topic: str, body: bytes, props: dict[str, str], sys_flag: int = 0, props_b: bytes | None = None
+            ) -> bytes:
     msg = MessageExt(topic, body, dict(props), 7, 3, sys_flag, 1_700_000_000_123, ("10.0.0.1", 4242), 0,
                      ("127.0.0.1", 10911), 2, 0, 0, 0, 0)
-    props_b = put.property_fields_py(props)[0]
+    if props_b is None:
+        props_b = put.property_fields_py(props)[0]
     rec = bytearray(commitlog.encode(msg, topic.encode(), props_b, HOST, message.pack_host(msg.born_host)))
     struct.pack_into(">qq", rec, 20, 11, 12345)  # stored fields the copy must not keep
     struct.pack_into(">q", rec, 56, 1_700_000_000_999)
@@ -139,11 +121,32 @@ def test_splice_and_record_to_put_match_pure(topic, body, props, pad, new_props)
         args = (view, pad, len(rec), b"RealTopic", 5, new_props, HOST)
         assert native.splice(*args) == commitlog.splice_py(*args)
     got = native.record_to_put(buf, pad, len(rec))
-    assert got == (topic, 3, message.decode_properties_py(put.property_fields_py(props)[0].decode()))
+    assert got == (topic, 3, message.decode_properties(put.property_fields_py(props)[0].decode()))
 
 
 @needs_native
-def test_corrupt_records_are_refused_the_same_way(pure_decode):
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.sampled_from(["a", "bc", "\x01", "\x02", "é", "名"]), max_size=20)
+       .map(lambda parts: "".join(parts).encode())
+       | st.text(max_size=60).map(str.encode) | st.binary(max_size=40))
+def test_record_to_put_parses_any_properties_text_as_pure(props_b):
+    # properties as another writer may have stored them: empty items, no separator, empty names,
+    # repeated names, text that is not UTF-8
+    rec = _record("T", b"b", {}, props_b=props_b)
+    assert _outcome(native.record_to_put, rec, 0, len(rec)) == _outcome(delivery.record_to_put_py, rec, 0,
+                                                                         len(rec))
+
+
+@needs_native
+@pytest.mark.parametrize("text", ["", "\x02\x02", "a\x01b\x02", "a\x01b", "\x01b\x02c\x01d\x02",
+                                  "a\x01b\x01c\x02a\x01z\x02", "noseparator\x02", "ü\x01名\x02"])
+def test_record_to_put_properties_edges(text):
+    rec = _record("T", b"b", {}, props_b=text.encode())
+    assert native.record_to_put(rec, 0, len(rec)) == delivery.record_to_put_py(rec, 0, len(rec))
+
+
+@needs_native
+def test_corrupt_records_are_refused_the_same_way():
     rec = _record("T", b"hello", {"KEYS": "k", "TAGS": "t"})
     cases = [
         (rec, 0, len(rec) - 1),                # size does not match TOTALSIZE

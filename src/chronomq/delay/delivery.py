@@ -35,7 +35,7 @@ from chronomq.message import (
     unpack_host_cached,
     validate_topic,
 )
-from chronomq.speedups import native
+from chronomq.store.speedups import native
 from chronomq.store.types import PutResult, PutStatus, records_put_of
 
 if TYPE_CHECKING:

@@ -39,8 +39,8 @@ from chronomq.message import (
     MessageExt,
     validate_topic,
 )
-from chronomq.speedups import native
 from chronomq.store.mapped import MappedFile, segment_files
+from chronomq.store.speedups import native
 
 HEAD = struct.Struct(">iiiiiqqiq8sq8siqi")  # the record up to and including BODYLENGTH
 I32 = struct.Struct(">i")

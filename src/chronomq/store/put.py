@@ -28,10 +28,10 @@ from chronomq.message import (
     tags_code,
     validate_topic,
 )
-from chronomq.speedups import native
 from chronomq.store.allocate import ALLOCATE_AHEAD
 from chronomq.store.commitlog import BLANK_HEAD, I64, PATCH, CommitLog, encode, splice
 from chronomq.store.mapped import MappedFile
+from chronomq.store.speedups import native
 from chronomq.store.types import AppendResult, PutResult, PutStatus
 
 if TYPE_CHECKING:

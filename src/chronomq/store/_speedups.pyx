@@ -1,8 +1,8 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
 """Compiled kernels of the delivery hot path: each one is a drop-in for a pure-Python function of the
-same name (commitlog.splice, put.property_fields, delivery.record_to_put, message.decode_properties),
+same name (commitlog.splice, put.property_fields, delivery.record_to_put),
 with the same results, the same refusals and the same exception types. The pure functions stay the
-reference and are used when this module is not built or CHRONOMQ_PURE_PYTHON=1 (chronomq.speedups)."""
+reference and are used when this module is not built or CHRONOMQ_PURE_PYTHON=1 (chronomq.store.speedups)."""
 
 from cpython.buffer cimport PyBUF_SIMPLE, PyBuffer_Release, PyObject_GetBuffer
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
@@ -19,7 +19,7 @@ from zlib import crc32  # Python's own zlib: no zlib headers needed to build thi
 
 
 # The V1 record layout and property names (chronomq.message; a test checks they agree). Nothing is
-# imported from chronomq at load time: chronomq.message itself loads this module.
+# imported from chronomq at load time, so loading this module never depends on import order.
 DEF_MAGIC_V1 = 0xDAA320A7 - (1 << 32)
 PROPERTY_KEYS = "KEYS"
 PROPERTY_TAGS = "TAGS"
@@ -79,13 +79,6 @@ cdef inline dict _props_of(const uint8_t* p, Py_ssize_t n):
                 PyUnicode_DecodeUTF8(<const char*>p + i, j - i, NULL)
         i = j + 1
     return props
-
-
-def decode_properties(str text):
-    """message.decode_properties."""
-    cdef Py_ssize_t n
-    cdef const char* p = PyUnicode_AsUTF8AndSize(text, &n)
-    return _props_of(<const uint8_t*>p, n)
 
 
 def record_to_put(object buf, Py_ssize_t pos, Py_ssize_t size):

@@ -1,4 +1,4 @@
-"""Which implementation of the hot-path kernels runs: the compiled ``chronomq._speedups`` (Cython, built
+"""Which implementation of the hot-path kernels runs: the compiled ``chronomq.store._speedups`` (Cython, built
 by ``pip install`` when a C compiler and Python's headers are there) or the pure-Python functions it mirrors.
 ``native`` is the compiled module, or None when it is not built or ``CHRONOMQ_PURE_PYTHON`` is set to
 anything but "" or "0". Modules that own a kernel keep the pure function as ``<name>_py`` and rebind
@@ -16,7 +16,7 @@ def _load() -> ModuleType | None:
     if os.environ.get(PURE_ENV, "") not in ("", "0"):
         return None
     try:
-        from chronomq import _speedups
+        from chronomq.store import _speedups
     except ImportError:
         return None
     return _speedups
