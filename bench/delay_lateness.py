@@ -1,4 +1,4 @@
-"""Lateness of delayed delivery (issue 4): in-process MessageStore + DelayService + a consumer that reads
+"""Lateness of delayed delivery: in-process MessageStore + DelayService + a consumer that reads
 the real topic (arrival listener + store.get_message), on the system clock.
 
 Scenarios (each on a fresh store in a temporary directory):

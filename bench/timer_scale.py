@@ -1,4 +1,4 @@
-"""Timer store at scale (issue 7).
+"""Timer store at scale.
 
 1. Schedule N pending 1 KiB messages with deliver times spread over 7 days (default 1,000,000;
    --full: 10,000,000): scheduling rate, process RSS, disk used.

@@ -1,4 +1,4 @@
-"""Issue 3 acceptance: the unmodified official 4.x client (PyPI rocketmq==0.4.4, rocketmq-client-cpp 1.2.x)
+"""The unmodified official 4.x client (PyPI rocketmq==0.4.4, rocketmq-client-cpp 1.2.x)
 produces and consumes against chronomq.
 
 Every client runs as a subprocess in its own venv (tests/compat/harness.py). Waiting is always polling

@@ -1,4 +1,4 @@
-"""Issue 7 acceptance with the official 4.x client (rocketmq==0.4.4): a message sent with TIMER_DELIVER_MS
+"""The timer with the official 4.x client (rocketmq==0.4.4): a message sent with TIMER_DELIVER_MS
 (or TIMER_DELAY_SEC) set as a user property is parked by the broker and reaches an official push consumer
 at that time, not before; the message id the official producer reports cancels it."""
 

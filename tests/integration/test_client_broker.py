@@ -423,7 +423,7 @@ async def test_consumer_process_killed_survivor_takes_over(server: ChronomqProce
             victim.wait(10)
 
 
-# --- deliver times through the timer store (issue 7) ---------------------------------------------------
+# --- deliver times through the timer store -------------------------------------------------------------
 def _now_ms() -> int:
     return int(time.time() * 1000)
 

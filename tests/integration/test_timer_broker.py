@@ -1,4 +1,4 @@
-"""The timer store through the broker process (issue 7): ``chronomq start`` over loopback on the real clock,
+"""The timer store through the broker process: ``chronomq start`` over loopback on the real clock,
 a raw-codec client for SEND (10 / 310 / 320 batch) and PULL, and the ``chronomq admin cancel | reschedule |
 pending | delay-stats`` verbs for the request codes 9001-9004.
 

@@ -956,7 +956,7 @@ async def test_no_task_left_after_close(broker):
     assert left == []
 
 
-# --- deliver times, caller-chosen ids, timer admin (issue 7) ---------------------------------------------
+# --- deliver times, caller-chosen ids, timer admin -------------------------------------------------------
 def test_deliver_time_properties_and_validation():
     at = datetime(2030, 1, 2, 3, 4, 5, 678000, tzinfo=UTC)
     at_ms = 1_893_553_445_678

@@ -28,6 +28,6 @@ native: ModuleType | None = _load()
 def describe() -> str:
     """One line for logs and benchmarks: which kernels are in use."""
     if native is not None:
-        return "compiled (chronomq._speedups)"
+        return "compiled (chronomq.store._speedups)"
     why = f"{PURE_ENV} set" if os.environ.get(PURE_ENV, "") not in ("", "0") else "not built"
     return f"pure Python ({why})"
