@@ -128,3 +128,36 @@ def test_a_slave_restarted_after_a_torn_chunk_resumes_from_its_last_whole_record
     finally:
         master.shutdown()
         slave.shutdown()
+
+
+@pytest.mark.parametrize("where", ["inside a segment", "at the start of a new segment"])
+def test_ending_replication_drops_a_torn_record_and_puts_follow_the_last_whole_one(tmp_path, where):
+    clock, rng = VirtualClock(), random.Random(11)
+    master = open_store(tmp_path / "m", clock)
+    slave = open_store(tmp_path / "s", clock)
+    try:
+        fill(master, rng, 60)  # several 16 KiB segments
+        master.wait_dispatched(master.max_phy_offset, 5)
+        starts = [s.start for s in master._cl.segments[1:]]
+        units = [u for t in ("T0", "T1", "T2") for q in range(2) for u in master.get_cq_units(t, q, 0, 1000)]
+        if where == "inside a segment":
+            record = next(u for u in units if u.commit_log_offset % SEG > 200)
+        else:
+            record = next(u for u in units if u.commit_log_offset in starts)
+        stream(master, slave, rng, upto=record.commit_log_offset + 5)  # 5 bytes of the next record
+        assert slave.end_replication() == 5
+        assert slave.max_phy_offset == record.commit_log_offset
+        assert slave.end_replication() == 0  # once is enough
+        m = MessageExt(topic="T9", body=b"after the promotion", queue_id=0, properties={"UNIQ_KEY": "P1"},
+                       born_timestamp=1, born_host=("10.0.0.1", 1))
+        put = slave.put_message(m)
+        assert put.status is PutStatus.PUT_OK and put.append.wrote_offset == record.commit_log_offset
+        slave.wait_dispatched(slave.max_phy_offset, 5)
+        assert slave.get_message("T9", 0, 0, 1).messages
+        slave.shutdown()
+        slave = open_store(tmp_path / "s", clock)  # the log recovers whole, with the new record last
+        assert slave.max_phy_offset == record.commit_log_offset + put.append.wrote_bytes
+        assert slave.look_message_by_offset(record.commit_log_offset).body == b"after the promotion"
+    finally:
+        master.shutdown()
+        slave.shutdown()

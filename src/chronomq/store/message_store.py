@@ -186,6 +186,11 @@ class MessageStore(PutPath, ReadPath):
         write position; raises ReplicaError."""
         return self._replica.append(offset, data)
 
+    def end_replication(self) -> int:
+        """A slave becoming a master: drop the tail of a record that never arrived whole (replica.py);
+        returns the bytes dropped."""
+        return self._replica.end()
+
     def replication_chunk(self, offset: int, max_bytes: int) -> bytes:
         """A master's read of commit-log bytes for a slave (replica.py); raises ReplicaError."""
         return self._replica.chunk(offset, max_bytes)

@@ -74,6 +74,36 @@ class ReplicaAppend:
         store._signal_dispatch()
         return pos
 
+    def end(self) -> int:
+        """Stop being a replica (a promotion): the bytes of a record whose rest never arrived are zeroed
+        and the write position moves back to the end of the last whole record, so puts follow it.
+        Returns how many bytes were dropped."""
+        store = self._store
+        cl = store._cl
+        with cl.lock:
+            keep = self.parsed
+            if keep < 0 or keep >= cl.wrote:
+                self.parsed = -1
+                return 0
+            dropped = cl.wrote - keep
+            pos = keep
+            while pos < cl.wrote:
+                seg = cl.segment_for(pos)
+                if seg is None:
+                    break
+                r = pos - seg.start
+                n = min(cl.wrote, seg.end) - pos
+                seg.mm[r : r + n] = bytes(n)
+                seg.written = min(seg.written, r)
+                pos += n
+            cl.wrote = keep
+            # the segment that now ends at ``keep``: one emptied by the drop if the torn record began it
+            store._cur_seg = cl.segment_for(keep) or (cl.segment_for(keep - 1) if keep > 0 else None)
+            self.parsed = -1
+        log.warning("replication ended: %d bytes of a record that never arrived whole were dropped at %d",
+                    dropped, keep)
+        return dropped
+
     def chunk(self, offset: int, max_bytes: int) -> bytes:
         """The master's side: up to ``max_bytes`` of the commit log from ``offset``, never past the write
         position or the end of its segment; b"" when there is nothing new. Raises ReplicaError when the

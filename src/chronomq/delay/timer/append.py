@@ -64,10 +64,12 @@ class AppendPath(TimerState):
     def schedule(self, msg: MessageExt, deliver_ms: int) -> ScheduleResult:
         return self.schedule_batch([(msg, deliver_ms)])[0]
 
-    def schedule_batch(self, items: Iterable[tuple[MessageExt, int]]) -> list[ScheduleResult]:
+    def schedule_batch(self, items: Iterable[tuple[MessageExt, int]], origin: int = -1
+                       ) -> list[ScheduleResult]:
         """Park messages until their deliver times. Each message is stored as given (its real topic
         and queue id); UNIQ_KEY is generated when missing. All-or-nothing validation: raises TimerError
-        (TimerRefused beyond the maximum delay) before anything is written."""
+        (TimerRefused beyond the maximum delay) before anything is written. ``origin`` goes into each
+        record's header: -1, or on a slave the commit-log offset of the journal record it came from."""
         items = list(items)
         now = self.clock.now_ms()
         encoded: list[tuple[MessageExt, int, bytearray]] = []
@@ -92,7 +94,7 @@ class AppendPath(TimerState):
             self._require_open()
             start_pos = self.data_end
             try:
-                return self._append(encoded, now)
+                return self._append(encoded, now, origin)
             except OSError as e:  # disk full, I/O error: nothing was acknowledged
                 self._abandon_records(start_pos)
                 raise TimerError(f"the timer store could not write: {e.strerror or e}") from e
@@ -115,7 +117,8 @@ class AppendPath(TimerState):
         except OSError:
             pass
 
-    def _append(self, encoded: list[tuple[MessageExt, int, bytearray]], now: int) -> list[ScheduleResult]:
+    def _append(self, encoded: list[tuple[MessageExt, int, bytearray]], now: int, origin: int = -1
+                ) -> list[ScheduleResult]:
         # 1. message bytes  2. key hash entries  3. index entries (with chain links)  4. wheel heads.
         # A crash between steps leaves unreachable bytes that recovery trims; see the module docs.
         results: list[ScheduleResult] = []
@@ -137,7 +140,7 @@ class AppendPath(TimerState):
                 pos = pos - pos % seg_size + seg_size
                 chunk_pos = pos
             tid = topics.get(msg.topic) or self._topic_id(msg.topic)
-            chunk += hdr_pack(DATA_MAGIC, size, PENDING, 0, deliver_ms, 0, now, -1, 0,
+            chunk += hdr_pack(DATA_MAGIC, size, PENDING, 0, deliver_ms, 0, now, origin, 0,
                               crc32(rec) - (1 << 31), tid)
             chunk += rec
             placed.append((pos, size, deliver_ms, tid))

@@ -83,3 +83,27 @@ class CancelPath(TimerState):
                 elif state in _DONE_OUTCOMES:
                     out.append(OpResult(_DONE_OUTCOMES[state], uid, h[5], msg.topic))
             return out or [OpResult(Outcome.UNKNOWN, ident)]
+
+    def mark_done(self, uniq: str) -> int:
+        """A slave's copy of a completion its master journaled: every pending record with this UNIQ_KEY
+        becomes DELIVERED and is never delivered from here. Returns how many changed."""
+        with self.lock:
+            self._require_open()
+            now = self.clock.now_ms()
+            n = 0
+            for pos, h, _msg in self._find(uniq, False):
+                if h[2] == PENDING:
+                    self._write_done(pos, h, DELIVERED, now)
+                    self.pending[h[10]] -= 1
+                    self.delivered += 1
+                    n += 1
+            if n:
+                self.dirty = True
+            return n
+
+    def is_parked(self, uniq: str, origin: int) -> bool:
+        """Whether the record parked from the journal record at commit-log offset ``origin`` is here
+        already, in any state (a slave replaying its master's journal skips it)."""
+        with self.lock:
+            self._require_open()
+            return any(h[7] == origin for _pos, h, _m in self._find(uniq, False))

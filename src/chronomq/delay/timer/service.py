@@ -15,6 +15,7 @@ from chronomq.message import (
 )
 from chronomq.store.types import records_put_of
 
+from .journal import TimerJournal
 from .props import timed_deliver_ms
 from .store import TimerStore
 from .types import OpResult, QueryPage, ScheduleResult, TimerConfig
@@ -68,6 +69,12 @@ class TimerService:
         self._synced_seq = 0
         self._sync_round_fut: asyncio.Future[None] | None = None
         self.sync_rounds = 0
+        self.journal: TimerJournal | None = None  # a master that replicates its timer (journal.py)
+
+    def enable_journal(self, journal: TimerJournal) -> None:
+        """Append every park, cancel, reschedule and completion to the commit log from now on, for slaves."""
+        self.journal = journal
+        self.timer.on_done = journal.done
 
     # --- lifecycle --------------------------------------------------------------------------------------
     def open(self) -> None:
@@ -107,13 +114,18 @@ class TimerService:
         return; also fsynced under SYNC_FLUSH (which blocks the caller: from an event loop, prefer
         ``schedule_async``). Adds UNIQ_KEY (when missing) and TIMER_DELIVER_MS to ``msg.properties``."""
         r = self.timer.schedule(msg, deliver_ms)
+        if self.journal is not None:
+            self.journal.parked([msg])
         if self.sync_flush:
             self._sync_files()
         return r
 
     def schedule_batch(self, items: Iterable[tuple[MessageExt, int]]) -> list[ScheduleResult]:
         """Like ``schedule`` for many messages at once (all validated before anything is written)."""
+        items = list(items)
         r = self.timer.schedule_batch(items)
+        if self.journal is not None:
+            self.journal.parked([m for m, _ in items])
         if self.sync_flush:
             self._sync_files()
         return r
@@ -122,12 +134,17 @@ class TimerService:
         """``schedule`` for event-loop callers: under SYNC_FLUSH the fsync runs in a worker thread
         instead of stalling the loop, shared with the requests that arrive meanwhile (group commit)."""
         r = self.timer.schedule(msg, deliver_ms)
+        if self.journal is not None:
+            self.journal.parked([msg])
         if self.sync_flush:
             await self._durable()
         return r
 
     async def schedule_batch_async(self, items: Iterable[tuple[MessageExt, int]]) -> list[ScheduleResult]:
+        items = list(items)
         r = self.timer.schedule_batch(items)
+        if self.journal is not None:
+            self.journal.parked([m for m, _ in items])
         if self.sync_flush:
             await self._durable()
         return r
@@ -163,10 +180,16 @@ class TimerService:
         return None if deliver_ms is None else self.schedule(msg, deliver_ms)
 
     def cancel(self, ident: str, by_key: bool = False) -> list[OpResult]:
-        return self.timer.cancel(ident, by_key)
+        results = self.timer.cancel(ident, by_key)
+        if self.journal is not None:
+            self.journal.cancelled(results)
+        return results
 
     def reschedule(self, ident: str, deliver_ms: int, by_key: bool = False) -> list[OpResult]:
-        return self.timer.reschedule(ident, deliver_ms, by_key)
+        results = self.timer.reschedule(ident, deliver_ms, by_key)
+        if self.journal is not None:
+            self.journal.rescheduled(results, deliver_ms)
+        return results
 
     def query(self, topic: str | None = None, key: str | None = None, tag: str | None = None,
               start_ms: int | None = None, end_ms: int | None = None, limit: int = 100,

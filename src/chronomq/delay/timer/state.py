@@ -32,6 +32,7 @@ class TimerState:
     _ckpt_lock: threading.Lock
     _ckpt_seq: int
     _ckpt_written: int
+    on_done: Callable[[list[str]], None] | None  # UNIQ_KEYs delivered or failed for good (a journal)
     wakeup: Callable[[int], None] | None
     _opened: bool
     _id_prefix: str | None

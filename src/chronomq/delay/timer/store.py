@@ -59,6 +59,7 @@ class TimerStore(Recovery, FlushPath, AppendPath, CancelPath, QueryPath, WindowP
         self._ckpt_lock = threading.Lock()
         self._ckpt_seq = 0
         self._ckpt_written = 0
+        self.on_done: Callable[[list[str]], None] | None = None  # completions, for a journal
         self.wakeup: Callable[[int], None] | None = None  # called with a deliver time that may be earlier
         self._opened = False
         self._id_prefix: str | None = None

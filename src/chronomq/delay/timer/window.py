@@ -51,6 +51,12 @@ from .state import TimerState
 log = logging.getLogger("chronomq.delay.timer.store")
 
 
+
+def _uniq_of(m: Any) -> str:
+    """The UNIQ_KEY of a taken entry's message: a put_records entry (buffer, position, size, properties)
+    or a MessageExt."""
+    return (m[3].get(PROPERTY_UNIQ_KEY) if m.__class__ is tuple else m.uniq_key) or ""
+
 class _Slot:
     """One slot's entries in memory: the chain read from disk (sorted) plus late arrivals (a heap)."""
 
@@ -395,12 +401,14 @@ class WindowPath(TimerState):
     def _refused(self, taken: _Taken, res: PutResult, out: list[str]) -> None:
         """The store refused one message for good: it is marked FAILED and never delivered."""
         k, m, h, item = taken
-        uniq = m[3].get(PROPERTY_UNIQ_KEY) if isinstance(m, tuple) else m.uniq_key
+        uniq = _uniq_of(m)
         log.error("timer: store refused message %s for good: %s", uniq, res.error)
         self._write_done(item[2], h, FAILED, self.clock.now_ms())
         self.pending[item[4]] -= 1
         self.failed += 1
         out[k] = "failed"
+        if self.on_done is not None and uniq:
+            self.on_done([uniq])
 
     def _busy(self, group: list[_Taken], out: list[str]) -> None:
         self.put_retries += len(group)
@@ -438,6 +446,8 @@ class WindowPath(TimerState):
         self.done_seq = seq
         self.delivered += len(group)
         self.dirty = True
+        if self.on_done is not None:
+            self.on_done([_uniq_of(g[1]) for g in group])
 
     def due_undelivered(self, now: int) -> dict[str, int]:
         """Per topic: messages whose deliver time has passed and that are still in memory waiting."""
