@@ -100,6 +100,9 @@ class BrokerConfig:
     haHousekeepingInterval: int = 20_000  # a slave silent this long is dropped
     haTransferBatchSize: int = 32 * 1024
     haSlaveFallbehindMax: int = 256 * 1024 * 1024  # SYNC_MASTER: a slave further behind is not in sync
+    # the timer's journal in the commit log, from which slaves rebuild it: "auto" (on for SYNC_MASTER),
+    # "true" or "false"
+    timerReplication: str = "auto"
 
     extra: dict[str, str] = field(default_factory=dict, repr=False)
 
@@ -119,6 +122,13 @@ class BrokerConfig:
     def is_slave(self) -> bool:
         return self.brokerRole == SLAVE
 
+    @property
+    def timer_journal(self) -> bool:
+        """Whether this broker, as a master, journals its timer for slaves (timerReplication)."""
+        if self.timerReplication == "auto":
+            return self.brokerRole == SYNC_MASTER
+        return self.timerReplication == "true"
+
     def validate(self) -> None:
         if self.brokerRole not in BROKER_ROLES:
             raise ConfigError(f"brokerRole: {self.brokerRole!r} must be one of {', '.join(BROKER_ROLES)}")
@@ -131,6 +141,8 @@ class BrokerConfig:
                      "haSlaveFallbehindMax"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name}: must be positive")
+        if self.timerReplication not in ("auto", "true", "false"):
+            raise ConfigError(f"timerReplication: {self.timerReplication!r} must be auto, true or false")
         if self.flushDiskType not in (ASYNC_FLUSH, SYNC_FLUSH):
             raise ConfigError(f"flushDiskType: {self.flushDiskType!r} must be ASYNC_FLUSH or SYNC_FLUSH")
         for name in ("mappedFileSizeCommitLog", "mappedFileSizeConsumeQueue", "maxMessageSize",

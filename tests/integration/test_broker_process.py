@@ -252,6 +252,7 @@ def test_separate_namesrv_and_brokers_register(tmp_path: Path) -> None:
             )
             out = _cli("admin", "cluster", "-n", ns_addr)
             assert out.returncode == 0 and "broker-b" in out.stdout and str(ports[1]) in out.stdout
+            assert "ASYNC_MASTER" in out.stdout and "SLAVE" in out.stdout  # each broker's role
             out = _cli("admin", "delay-stats", "-n", ns_addr)
             assert out.returncode == 0 and "broker-a" in out.stdout and "pending" in out.stdout
             assert out.stdout.count("\n    1 ") >= 2  # a level-1 row for each master

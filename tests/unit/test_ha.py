@@ -6,30 +6,45 @@ for what the slave holds; a slave whose log is ahead of its master's is refused.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from pathlib import Path
+from typing import Any
 
 import pytest
 from tests.conftest import async_wait_for, free_port
 from tests.integration.rawclient import AsyncRawClient, pull_ext
 
 from chronomq.broker.controller import BrokerController
-from chronomq.clock import VirtualClock
+from chronomq.broker.offsets import ConsumerOffsetManager
+from chronomq.broker.slave_sync import SlaveSynchronize
+from chronomq.broker.topics import TopicConfig, TopicConfigManager
+from chronomq.client import Message, Producer, PushConsumer
+from chronomq.clock import SystemClock, VirtualClock
 from chronomq.config import BrokerConfig
+from chronomq.delay.offsets import OffsetFile
+from chronomq.delay.timer.journal import JOURNAL_TOPIC
+from chronomq.ha import HAService
 from chronomq.ha.codec import HAProtocolError, ReportDecoder, TransferDecoder, encode_report, encode_transfer
-from chronomq.message import decode_records
+from chronomq.ha.service import SlaveLink
+from chronomq.message import MessageExt, decode_record, decode_records
 from chronomq.namesrv import RouteInfoManager
+from chronomq.namesrv.server import NameServer
+from chronomq.remoting.codec import RemotingCommand
 from chronomq.remoting.codes import RequestCode as R
 from chronomq.remoting.codes import ResponseCode as C
 
 
-def broker(tmp_path: Path, routes: RouteInfoManager, name: str, **over: str) -> BrokerController:
+def broker(tmp_path: Path, routes: RouteInfoManager | None, name: str, clock: Any = None,
+           **over: str) -> BrokerController:
+    """A broker registering with ``routes`` directly, or (None) with the name server of ``namesrvAddr``."""
     values = {"storePathRootDir": str(tmp_path / name), "listenPort": str(free_port()),
               "haListenPort": str(free_port()), "messageDelayLevel": "1s 5s", "syncFlushTimeout": "1500",
               "mappedFileSizeCommitLog": str(64 * 1024)}
     values.update(over)
     config, _ = BrokerConfig.load(None, values)
-    return BrokerController(config, VirtualClock(), local_register=routes.register_broker)
+    return BrokerController(config, clock or VirtualClock(),
+                            local_register=routes.register_broker if routes is not None else None)
 
 
 def log_bytes(b: BrokerController) -> bytes:
@@ -158,3 +173,203 @@ def test_roles_and_ids_are_checked():
         BrokerConfig.load(None, {"brokerId": "1"})
     cfg, _ = BrokerConfig.load(None, {"listenPort": "20000"})
     assert cfg.ha_port == 20001
+
+
+async def test_a_slave_copies_its_masters_topics_offsets_and_delay_offsets(tmp_path):
+    routes = RouteInfoManager()
+    master = broker(tmp_path, routes, "m", brokerRole="ASYNC_MASTER")
+    await master.start()
+    slave = broker(tmp_path, routes, "s", brokerRole="SLAVE", brokerId="1")
+    await slave.start()
+    try:
+        assert slave.slave_sync is not None and slave.slave_sync.master_addr == master.broker_addr
+        master.topics.update(TopicConfig("Orders", 6, 6, 6))
+        master.offsets.commit("G", "Orders", 3, 41)
+        master.delay.schedule.states[2].offset = 7
+
+        res = await slave.slave_sync.sync_all()
+        assert res.errors == {} and res.topics_replaced and res.offsets_taken == 1 and res.delay_offsets_saved
+        assert slave.topics.get("Orders") == master.topics.get("Orders")
+        assert slave.topics.data_version == master.topics.data_version
+        assert slave.offsets.query("G", "Orders", 3) == 41
+        saved = OffsetFile(slave.root).load()
+        assert saved is not None and saved.offsets[2] == 7
+        # what the slave persisted is what a restart (or a promotion) reads
+        assert json.loads((slave.root / "config" / "topics.json").read_text())["topicConfigTable"]["Orders"]
+        assert ConsumerOffsetManager(slave.root / "config").query("G", "Orders", 3) == 41
+
+        again = await slave.slave_sync.sync_all()  # nothing changed on the master
+        assert not again.topics_replaced and again.offsets_taken == 0
+
+        master.topics.delete("Orders")
+        master.offsets.commit("G", "Orders", 3, 50)
+        slave.offsets.commit("H", "Other", 0, 9)  # a key the master lacks stays, as RocketMQ's putAll
+        res = await slave.slave_sync.sync_all()
+        assert res.topics_replaced and slave.topics.get("Orders") is None
+        assert slave.offsets.query("G", "Orders", 3) == 50 and slave.offsets.query("H", "Other", 0) == 9
+
+        # role and replication as `chronomq admin cluster` and broker-status show them
+        await async_wait_for(lambda: master.runtime_info()["haLagBytes"] == 0, 10)
+        m_info, s_info = master.runtime_info(), slave.runtime_info()
+        assert m_info["brokerRole"] == "ASYNC_MASTER" and m_info["haSlaves"] == 1 and m_info["haLagMs"] == 0
+        assert m_info["haSlaveAckOffset"] == master.store.max_phy_offset
+        assert s_info["brokerRole"] == "SLAVE" and s_info["haConnected"] is True
+        assert s_info["masterAddr"] == master.broker_addr and s_info["slaveSyncRounds"] == 3
+        assert s_info["slaveSyncErrors"] == ""
+    finally:
+        await slave.shutdown()
+        await master.shutdown()
+    # the slave's unstarted schedule service did not overwrite the copied delay offsets at shutdown
+    assert OffsetFile(slave.root).load().offsets[2] == 7
+
+
+async def test_slave_sync_survives_a_missing_or_hostile_master(tmp_path, caplog):
+    topics = TopicConfigManager(tmp_path, 4, True, 2, lambda: 1)
+    offsets = ConsumerOffsetManager(tmp_path)
+    answers: list[Any] = []
+
+    async def invoke(addr: str, cmd: RemotingCommand, timeout: float) -> RemotingCommand:
+        a = answers.pop(0)
+        if isinstance(a, Exception):
+            raise a
+        return cmd.response(a[0], body=a[1], remark="nope" if a[0] else None)
+
+    sync = SlaveSynchronize(topics, offsets, str(tmp_path), invoke)
+    assert (await sync.sync_all()).errors == {}  # master unknown yet: nothing asked
+    sync.master_addr = "127.0.0.1:1"
+    before = dict(topics.table)
+    answers[:] = [ConnectionRefusedError("refused"), (0, b"{not json"), (C.SYSTEM_ERROR, b"")]
+    with caplog.at_level(logging.WARNING):
+        res = await sync.sync_all()
+    assert set(res.errors) == {"topics", "consumer offsets", "delay offsets"}
+    assert "not JSON" in res.errors["consumer offsets"] and "nope" in res.errors["delay offsets"]
+    assert topics.table == before and offsets.table == {}
+    assert "slave sync" in caplog.text
+    answers[:] = [(0, b'{"dataVersion": {"timestamp": 5, "counter": 1}, "topicConfigTable": {"T": {}}}'),
+                  (0, b'{"offsetTable": {"T@G": {"x": 1}}}'), (0, b'{"offsetTable": {"0": 3}}')]
+    res = await sync.sync_all()  # malformed entries: refused whole, nothing half-applied
+    assert set(res.errors) == {"topics", "consumer offsets", "delay offsets"}
+    assert topics.table == before and offsets.table == {}
+
+
+async def test_lag_in_bytes_and_ms_follows_appends_and_acks():
+    class Store:
+        max_phy_offset = 0
+
+    clock = VirtualClock()
+    config, _ = BrokerConfig.load(None, {})
+    ha = HAService(config, Store(), clock)  # type: ignore[arg-type]
+    assert ha.lag() == (-1, -1)  # no slave
+    ha.links[1] = SlaveLink("s")
+    ha.store.max_phy_offset = 100
+    ha.wake()
+    await clock.advance(5)
+    ha.store.max_phy_offset = 300
+    ha.wake()
+    await clock.advance(10)
+    assert ha.lag() == (300, 15)  # the oldest byte it lacks was appended 15 ms ago
+    ha._acked(100)
+    assert ha.lag() == (200, 10) and list(ha.replication_ms) == [15]
+    ha._acked(300)
+    assert ha.lag() == (0, 0) and list(ha.replication_ms) == [15, 10]
+    ha.wake()  # nothing new: no note
+    assert not ha._marks
+
+
+async def test_our_consumer_reads_from_the_slave_while_the_master_is_down(tmp_path):
+    ns = NameServer("127.0.0.1", free_port(), SystemClock())
+    await ns.start()
+    master = broker(tmp_path, None, "m", SystemClock(), namesrvAddr=ns.address)
+    slave = broker(tmp_path, None, "s", SystemClock(), namesrvAddr=ns.address, brokerRole="SLAVE",
+                   brokerId="1")
+    await master.start()
+    await slave.start()
+    got: list[bytes] = []
+    try:
+        async with Producer("PG_ha", ns.address) as p:
+            sent = [(await p.send(Message("HARead", f"m{i}".encode()))).msg_id for i in range(40)]
+        assert len(set(sent)) == 40
+        await async_wait_for(lambda: slave.store.max_phy_offset == master.store.max_phy_offset, 10)
+        await master.shutdown()  # it unregisters: the route lists only the slave now
+        async with PushConsumer("CG_ha", "HARead", lambda m: got.append(m.body), ns.address,
+                                consume_from="first", rebalance_interval=0.5, offset_commit_interval=0.3,
+                                long_poll_timeout=1.0, route_refresh_interval=0.5):
+            await async_wait_for(lambda: len(got) == 40, 20, message="every message, from the slave")
+            # with the master down, consumed offsets are kept by the slave
+            await async_wait_for(lambda: sum(slave.offsets.offsets_of("CG_ha", "HARead").values()) == 40, 10)
+        assert sorted(got) == sorted(f"m{i}".encode() for i in range(40))
+    finally:
+        await slave.shutdown()
+        await master.shutdown()
+        await ns.stop()
+
+
+def delivered(b: BrokerController, topic: str) -> list[MessageExt]:
+    """Every message of ``topic`` in the broker's consume queues."""
+    out = []
+    for qid in b.store.queue_ids(topic):
+        res = b.store.get_message(topic, qid, 0, 10_000, max_bytes=1 << 30)
+        out += [decode_record(raw) for raw in res.messages]
+    return out
+
+
+async def test_a_promoted_slave_delivers_every_pending_delayed_message_once(tmp_path):
+    routes = RouteInfoManager()
+    clock = VirtualClock()
+    t0 = clock.now_ms()
+    master = broker(tmp_path, routes, "m", clock, timerReplication="true")  # levels 1s 5s
+    slave = broker(tmp_path, routes, "s", clock, brokerRole="SLAVE", brokerId="1")
+    await master.start()
+    await slave.start()
+    c = await AsyncRawClient.connect(master.server.address)
+    try:
+        for i in range(20):  # t0..t4 due within 3 s, the rest 10..29 s ahead
+            due = t0 + (3000 if i < 5 else 10_000 + 1000 * i)
+            r = await c.send_message("Promo", f"t{i}".encode(), i % 4, {"TIMER_DELIVER_MS": str(due),
+                                                                         "UNIQ_KEY": f"U{i:04d}"})
+            assert r.code == C.SUCCESS, r.remark
+        for i in range(10):
+            r = await c.send_message("Promo", f"L{i}".encode(), i % 4, {"DELAY": "2" if i < 5 else "1"})
+            assert r.code == C.SUCCESS
+        cancel = await c.request(R.CHRONOMQ_CANCEL_SCHEDULED, {"id": "U0007", "byKey": "false"})
+        assert json.loads(cancel.body)["results"][0]["outcome"] == "CANCELLED"
+        later = await c.request(R.CHRONOMQ_RESCHEDULE, {"id": "U0008", "byKey": "false",
+                                                        "deliverMs": str(t0 + 40_000)})
+        assert json.loads(later.body)["results"][0]["outcome"] == "RESCHEDULED"
+
+        await clock.advance(3500)  # the master delivers t0..t4 and the 1 s levels
+        await async_wait_for(lambda: len(delivered(master, "Promo")) == 10, 10)
+        journal_end = lambda: master.store.get_max_offset_in_queue(JOURNAL_TOPIC, 0)  # noqa: E731
+        await async_wait_for(lambda: slave.store.max_phy_offset == master.store.max_phy_offset
+                             and slave.timer_follower.offset == journal_end(), 10)
+        assert slave.timer.count() == 14  # 20 parked - 5 delivered - 1 cancelled (t8 pending, moved)
+        slave.timer_follower.offset = 0  # a replay from the start changes nothing
+        slave.timer_follower.apply_available()
+        assert slave.timer.count() == 14 and slave.timer_follower.skipped == 0
+        assert (await slave.slave_sync.sync_all()).errors == {}
+    finally:
+        await c.close()
+        await master.shutdown()  # the master goes away (cleanly: the 0-duplicate case)
+
+    await slave.promote()
+    try:
+        assert slave.runtime_info()["brokerRole"] == "ASYNC_MASTER"
+        assert routes.brokers[slave.config.brokerName].brokerAddrs == {0: slave.broker_addr}
+        for _ in range(45):
+            await clock.advance(1000)
+        want = {f"t{i}" for i in range(20)} - {"t7"} | {f"L{i}" for i in range(10)}
+        await async_wait_for(lambda: len(delivered(slave, "Promo")) >= len(want), 10)
+        got = delivered(slave, "Promo")
+        bodies = [m.body.decode() for m in got]
+        assert sorted(bodies) == sorted(want)  # each once: none lost, none twice, the cancelled never
+        for m in got:
+            due = m.properties.get("TIMER_DELIVER_MS")
+            if due is not None:
+                assert m.store_timestamp >= int(due), m.body  # never early
+        t8 = next(m for m in got if m.body == b"t8")
+        assert t8.store_timestamp >= t0 + 40_000
+    finally:
+        await slave.shutdown()
+    # the promotion outlives a restart with the slave's configuration
+    again = broker(tmp_path, routes, "s", clock, brokerRole="SLAVE", brokerId="1")
+    assert again.config.brokerRole == "ASYNC_MASTER" and again.config.brokerId == 0

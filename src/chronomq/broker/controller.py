@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import threading
 from collections.abc import Callable
@@ -12,21 +13,25 @@ from pathlib import Path
 from typing import Any
 
 from chronomq.clock import Clock, SystemClock
-from chronomq.config import BrokerConfig, ConfigError
+from chronomq.config import ASYNC_MASTER, SYNC_MASTER, BrokerConfig, ConfigError
 from chronomq.delay import DelayService
 from chronomq.delay.timer import TimerError, TimerService
+from chronomq.delay.timer.journal import JOURNAL_TOPIC, TimerFollower, TimerJournal
 from chronomq.ha import HAClient, HAService
+from chronomq.remoting.client import RemotingClient
 from chronomq.remoting.codec import RemotingCommand
 from chronomq.remoting.codes import RequestCode
 from chronomq.remoting.server import Connection, RemotingServer
 from chronomq.store import MessageStore
+from chronomq.store.atomicfile import write_atomic
 
 from .clients import ConsumerManager, ProducerManager, QueueLockManager
 from .longpoll import PullHoldService
 from .nsclient import NamesrvClient
 from .offsets import ConsumerOffsetManager
 from .processor import BrokerProcessor
-from .services import BrokerServices
+from .services import BrokerServices, PromoteError
+from .slave_sync import SlaveSynchronize
 from .timer_processor import TimerProcessor
 from .topics import TopicConfig, TopicConfigManager
 
@@ -36,6 +41,9 @@ HOUSEKEEPING_INTERVAL_MS = 10_000
 
 # (cluster, name, addr, id, ha addr, topic configs, data version, now_ms, conn id) -> result
 RegisterFn = Callable[..., dict[str, str]]
+
+
+ROLE_FILE = "role.json"
 
 
 class BrokerController:
@@ -59,6 +67,7 @@ class BrokerController:
         self.bind_host = bind_host or config.brokerIP1
         self.store_host = (config.brokerIP1, config.listenPort)
         self.root = Path(config.storePathRootDir)
+        self._apply_promotion()
         self.store = MessageStore(config, self.clock, self.store_host)
         self.delay = DelayService(self.store, config, self.clock)
         try:  # the timer store (its settings are broker keys: timerMaxDelaySec, ...)
@@ -92,6 +101,7 @@ class BrokerController:
             hold=self.hold,
             notify_consumer_ids_changed=self.notify_consumer_ids_changed,
             runtime_info=self.runtime_info,
+            promote=self.promote,
         )
         self.timers = TimerProcessor(self.services)
         self.processor = BrokerProcessor(self.services, self.timers)
@@ -107,6 +117,10 @@ class BrokerController:
         self.ns_client: NamesrvClient | None = None
         self.ha: HAService | None = None  # a master's end of the slaves' link
         self.ha_client: HAClient | None = None  # a slave's end
+        self.slave_sync: SlaveSynchronize | None = None  # a slave's copy of the master's metadata
+        self.timer_follower: TimerFollower | None = None  # a slave's copy of the master's timer
+        self._journal_queued = False
+        self._sync_client: RemotingClient | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self.started_at = 0
         self._dispatch_queued = False
@@ -139,11 +153,21 @@ class BrokerController:
         self.store.set_min_offset_guard(self.delay.min_needed_offset)
         if not slave:  # a slave delivers no delayed message (RocketMQ runs the schedule service on masters)
             await self.delay.start()
+            if self.config.timer_journal:
+                self.timer.enable_journal(TimerJournal(self.store, self.clock, self.store_host))
             await self.timer.start()
+        else:  # the slave's timer parks what its master journals, and delivers nothing
+            self.timer.open()
+            self.timer_follower = TimerFollower(self.store, self.timer, self.root)
+            self.store.add_arrival_listener(self._journal_arrival)
+            self.timer_follower.apply_available()
         await self.server.start()
         if slave:
             self.ha_client = HAClient(self.config, self.store, self.clock)
             self.ha_client.start()
+            self._sync_client = RemotingClient()
+            self.slave_sync = SlaveSynchronize(self.topics, self.offsets, str(self.root),
+                                               self._sync_client.invoke)
         else:
             self.ha = HAService(self.config, self.store, self.clock)
             self.services.ha = self.ha
@@ -160,6 +184,10 @@ class BrokerController:
             asyncio.create_task(self._housekeeping_loop(), name="housekeeping"),
             asyncio.create_task(self._register_loop(), name="register"),
         ]
+        if self.slave_sync is not None:
+            self._tasks.append(asyncio.create_task(self.slave_sync.run(self.clock.sleep), name="slave-sync"))
+        if self.timer_follower is not None:
+            self._tasks.append(asyncio.create_task(self._slave_timer_loop(), name="slave-timer"))
         await self.register_all()
         log.info(
             "broker %s (%s) serving on %s, store %s, %s",
@@ -182,6 +210,113 @@ class BrokerController:
             self.loop.call_soon(self._dispatch_run)
         else:
             self.loop.call_soon_threadsafe(self._dispatch_run)
+
+    # --- promotion ---------------------------------------------------------------------------------------
+    @property
+    def _role_file(self) -> Path:
+        return self.root / "config" / ROLE_FILE
+
+    def _apply_promotion(self) -> None:
+        """A slave promoted before stays its broker name's master across restarts (config/role.json,
+        written by promote; delete it to run this data directory as a slave again)."""
+        try:
+            saved = json.loads(self._role_file.read_text())
+        except FileNotFoundError:
+            return
+        except (OSError, ValueError) as e:
+            raise ConfigError(f"{self._role_file}: unreadable ({e}); fix or delete it") from None
+        role = saved.get("brokerRole") if isinstance(saved, dict) else None
+        if role not in (ASYNC_MASTER, SYNC_MASTER):
+            raise ConfigError(f"{self._role_file}: brokerRole {role!r} is not a master role; "
+                              "fix or delete it")
+        if self.config.brokerRole != role or self.config.brokerId != 0:
+            log.warning("this data directory was promoted to %s (%s): running as brokerId 0, %s, not as "
+                        "configured (%s, brokerId %d)", role, self._role_file, role, self.config.brokerRole,
+                        self.config.brokerId)
+            self.config.brokerRole, self.config.brokerId = role, 0
+
+    async def promote(self, role: str = ASYNC_MASTER) -> None:
+        """Turn this slave into the master of its broker name, for good (config/role.json): stop taking
+        from the old master, apply the whole timer journal it received, start the delay-level schedule
+        service (from the copied delayOffset.json, skipping what the old master re-put, which it finds in
+        the replicated log) and the timer's delivery, listen for slaves, and register as brokerId 0.
+        Raises PromoteError when this broker is not a slave or ``role`` is not a master role."""
+        if not self.config.is_slave:
+            raise PromoteError(f"this broker is already a master ({self.config.brokerRole})")
+        if role not in (ASYNC_MASTER, SYNC_MASTER):
+            raise PromoteError(f"brokerRole {role!r}: a promoted slave becomes ASYNC_MASTER or SYNC_MASTER")
+        log.warning("promotion: this slave (%s, brokerId %d) becomes the master of %s as %s",
+                    self.broker_addr, self.config.brokerId, self.config.brokerName, role)
+        if self.ha_client is not None:
+            await self.ha_client.stop()
+            self.ha_client = None
+        self.store.end_replication()
+        for t in [t for t in self._tasks if t.get_name() in ("slave-sync", "slave-timer")]:
+            t.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await t
+            self._tasks.remove(t)
+        self.slave_sync = None
+        if self._sync_client is not None:
+            await self._sync_client.close()
+            self._sync_client = None
+        if self.timer_follower is not None:
+            applied = self.timer_follower.apply_available(limit=1 << 62)
+            self.timer_follower.save()
+            log.info("promotion: %d timer journal records applied last", applied)
+            self.timer_follower = None
+        saved = {"brokerRole": role, "promotedAtMs": self.clock.now_ms()}
+        await asyncio.to_thread(write_atomic, self._role_file, json.dumps(saved).encode())
+        old_id = self.config.brokerId
+        self.config.brokerRole, self.config.brokerId = role, 0
+        await self.delay.start()
+        if self.config.timer_journal:
+            self.timer.enable_journal(TimerJournal(self.store, self.clock, self.store_host))
+        await self.timer.start()
+        self.ha = HAService(self.config, self.store, self.clock)
+        self.services.ha = self.ha
+        try:
+            await self.ha.start(self.bind_host)
+        except OSError as e:
+            log.error("HA: cannot listen on %s:%d (%s); no slave can connect", self.bind_host,
+                      self.config.ha_port, e)
+        await self.register_all()  # the name server moves this address to id 0
+        log.warning("promotion done: %s is the master of %s (was brokerId %d)", self.broker_addr,
+                    self.config.brokerName, old_id)
+
+    async def _slave_timer_loop(self) -> None:
+        """A slave's timer delivers nothing, so its flush and retention (the delivery loop's periodic
+        work on a master) run here, off the event loop, with the follower's position saved after each
+        flush."""
+        timer = self.timer.timer
+        next_retention = self.clock.now_ms() + timer.cfg.retention_interval_ms
+        while True:
+            await self.clock.sleep(timer.cfg.flush_interval_ms / 1000)
+            try:
+                if timer.dirty:
+                    follower = self.timer_follower
+                    applied = follower.offset if follower is not None else 0  # all of it is in the files
+                    await asyncio.to_thread(timer.flush)
+                    if follower is not None:
+                        await asyncio.to_thread(follower.save, applied)
+                now = self.clock.now_ms()
+                if now >= next_retention:
+                    await asyncio.to_thread(timer.run_retention, now)
+                    next_retention = now + timer.cfg.retention_interval_ms
+            except OSError as e:
+                log.error("slave timer: flush or retention failed (retried next time): %s", e)
+
+    def _journal_arrival(self, topic: str, queue_id: int, max_offset: int, store_ts: int) -> None:
+        """The store's arrival listener on a slave: new journal records are applied on the loop."""
+        if topic != JOURNAL_TOPIC or self._journal_queued or self.loop is None:
+            return
+        self._journal_queued = True
+        self.loop.call_soon_threadsafe(self._journal_run)
+
+    def _journal_run(self) -> None:
+        self._journal_queued = False
+        if self.timer_follower is not None and not self.stopping:
+            self.timer_follower.apply_available()
 
     def _dispatch_run(self) -> None:
         self._dispatch_queued = False
@@ -210,12 +345,16 @@ class BrokerController:
             await self.ha.stop()
         if self.ha_client is not None:
             await self.ha_client.stop()
+        if self._sync_client is not None:
+            await self._sync_client.close()
         try:
             await self.delay.shutdown()
         except Exception:
             log.exception("delay service shutdown failed")
         try:
-            await self.timer.shutdown()
+            await self.timer.shutdown()  # its files closed and synced, then the follower's position
+            if self.timer_follower is not None:
+                self.timer_follower.save()
         except Exception:
             log.exception("timer service shutdown failed")
         self._persist(force=True)
@@ -303,6 +442,8 @@ class BrokerController:
             return
         if self.ha_client is not None and result:
             self.ha_client.set_master(str(result.get("haServerAddr") or ""))
+        if self.slave_sync is not None and result:
+            self.slave_sync.master_addr = str(result.get("masterAddr") or "")
 
     async def unregister_all(self) -> None:
         if self.ns_client is not None:
@@ -327,6 +468,36 @@ class BrokerController:
 
     # --- stats ---------------------------------------------------------------------------------------------
     def runtime_info(self) -> dict[str, Any]:
+        return {**self._ha_info(), **self._base_info()}
+
+    def _ha_info(self) -> dict[str, Any]:
+        """Role and replication: on a master the best slave's lag (-1 with none connected); on a slave
+        what its master told it last, and the metadata copy's last round."""
+        info: dict[str, Any] = {"brokerRole": self.config.brokerRole}
+        if self.ha is not None:
+            lag_bytes, lag_ms = self.ha.lag()
+            info.update(haSlaves=len(self.ha.links), haSlaveAckOffset=self.ha.push_to_slave_max,
+                        haLagBytes=lag_bytes, haLagMs=lag_ms)
+            recent = sorted(self.ha.replication_ms)  # append -> a slave's ack, the last 4,096 appends
+            if recent:
+                info.update(haReplicationP50Ms=recent[len(recent) // 2],
+                            haReplicationP99Ms=recent[min(len(recent) - 1, len(recent) * 99 // 100)],
+                            haReplicationMaxMs=recent[-1])
+        if self.ha_client is not None:
+            c = self.ha_client
+            known = c.master_offset >= 0
+            info.update(haMasterAddr=c.master_addr or "", haConnected=c.connected,
+                        haMasterOffset=c.master_offset,
+                        haLagBytes=max(0, c.master_offset - self.store.max_phy_offset) if known else -1,
+                        haLastReceiveAgoMs=(self.clock.now_ms() - c.last_receive_ms
+                                            if c.last_receive_ms else -1))
+        if self.slave_sync is not None:
+            last = self.slave_sync.last
+            info.update(masterAddr=self.slave_sync.master_addr, slaveSyncRounds=self.slave_sync.rounds,
+                        slaveSyncErrors=",".join(last.errors) if last and last.errors else "")
+        return info
+
+    def _base_info(self) -> dict[str, Any]:
         return {
             "brokerName": self.config.brokerName,
             "brokerAddr": self.broker_addr,

@@ -34,6 +34,19 @@ class ConsumerOffsetManager:
                 queues[queue_id] = offset
                 self._version += 1
 
+    def take(self, table: dict[str, dict[int, int]]) -> int:
+        """A slave takes its master's offsets (slave_sync.py): each topic@group of ``table`` replaces the
+        slave's entry for it, others stay, as RocketMQ's putAll. Returns how many entries changed."""
+        changed = 0
+        with self._lock:
+            for key, queues in table.items():
+                if self.table.get(key) != queues:
+                    self.table[key] = dict(queues)
+                    changed += 1
+            if changed:
+                self._version += 1
+        return changed
+
     def query(self, group: str, topic: str, queue_id: int) -> int:
         """The committed offset, or -1 when the group never committed one for this queue."""
         queues = self.table.get(self.key(group, topic))

@@ -12,7 +12,7 @@ shuts down, read by the processors.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,6 +28,10 @@ from .clients import ConsumerManager, ProducerManager, QueueLockManager
 from .longpoll import PullHoldService
 from .offsets import ConsumerOffsetManager
 from .topics import TopicConfigManager
+
+
+class PromoteError(Exception):
+    """A promotion that cannot be done: not a slave, or the role asked for is not a master's."""
 
 
 @dataclass
@@ -62,5 +66,6 @@ class BrokerServices:
     runtime_info: Callable[[], dict[str, Any]]
     put_stats: PutStats = field(default_factory=PutStats)
     ha: HAService | None = None  # on a master: the slaves' link and the SYNC_MASTER wait
+    promote: Callable[[str], Awaitable[None]] | None = None  # a slave's promotion (the controller's)
     loop: asyncio.AbstractEventLoop | None = None
     stopping: bool = False

@@ -8,7 +8,8 @@ The answer is SUCCESS with ext ``msgId`` = the timer offset msg id, ``queueId``,
 ms); for a batch (all-or-nothing) the ext values are comma-separated, one per item, in item order. A
 time beyond timerMaxDelaySec (TimerRefused) or a message the timer store cannot hold -> MESSAGE_ILLEGAL
 with the reason as remark. Under SYNC_FLUSH the answer is sent once the timer files are fsynced (in a
-worker thread: the event loop never waits on the disk).
+worker thread: the event loop never waits on the disk); on a SYNC_MASTER that journals its timer, once a
+slave holds the park too (else FLUSH_SLAVE_TIMEOUT / SLAVE_NOT_AVAILABLE, as for a send).
 
 Request codes (every ext value a string, bodies UTF-8 JSON):
 - 9002 CHRONOMQ_CANCEL_SCHEDULED ext {id, byKey "true"|"false"} -> {"results": [OpResult...]}
@@ -28,7 +29,9 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from chronomq.config import SYNC_MASTER
 from chronomq.delay.timer import ScheduleResult, TimerError, TimerService
+from chronomq.ha.service import SlaveWait
 from chronomq.message import MessageExt
 from chronomq.remoting.codec import HeaderError, RemotingCommand
 from chronomq.remoting.codes import RequestCode, ResponseCode
@@ -134,18 +137,30 @@ class TimerProcessor:
         """Park what ``DelayService.admit`` / ``admit_batch`` found timed, and answer for it."""
         msgs = [m for m, _ in timed]
         loop = self.services.loop
+        journal = self.timer.journal
+        failures = journal.failures if journal is not None else 0
         if not self.timer.sync_flush or loop is None:
             try:
                 results = self.timer.schedule_batch(timed)
             except TimerError as e:
                 return req.response(ResponseCode.MESSAGE_ILLEGAL, remark=str(e))
-            return self._scheduled(req, msgs, results)
+            resp = self._scheduled(req, msgs, results)
+            if not self._waits_for_slave():
+                return resp
+
+            async def after_slave() -> None:
+                conn.reply(req, await self._slave_holds(resp, failures))
+
+            self._spawn(loop, after_slave())
+            return DEFERRED
 
         # SYNC_FLUSH: the fsync runs off the event loop; answer when it is done (tasks run in creation
         # order, so records are written in the order the requests arrived)
         async def run() -> None:
             try:
                 resp = self._scheduled(req, msgs, await self.timer.schedule_batch_async(timed))
+                if self._waits_for_slave():
+                    resp = await self._slave_holds(resp, failures)
             except TimerError as e:
                 resp = req.response(ResponseCode.MESSAGE_ILLEGAL, remark=str(e))
             except Exception as e:  # an fsync failure: not acknowledged
@@ -154,10 +169,33 @@ class TimerProcessor:
                                     remark=f"timer store: {type(e).__name__}: {e}"[:500])
             conn.reply(req, resp)
 
-        task = loop.create_task(run())
+        self._spawn(loop, run())
+        return DEFERRED
+
+    def _spawn(self, loop: asyncio.AbstractEventLoop, coro: Any) -> None:
+        task = loop.create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
-        return DEFERRED
+
+    def _waits_for_slave(self) -> bool:
+        """SYNC_MASTER with the timer journaled: a timed send is answered once a slave holds its park."""
+        return (self.timer.journal is not None and self.services.ha is not None
+                and self.services.config.brokerRole == SYNC_MASTER)
+
+    async def _slave_holds(self, resp: RemotingCommand, failures: int) -> RemotingCommand:
+        """The answer once a slave holds the journal up to this park, or why not, as a send is answered:
+        FLUSH_SLAVE_TIMEOUT or SLAVE_NOT_AVAILABLE (the message is parked on this master either way)."""
+        journal, ha = self.timer.journal, self.services.ha
+        assert journal is not None and ha is not None
+        if journal.failures != failures:  # the store refused the journal record: no slave can hold it
+            resp.code = ResponseCode.SLAVE_NOT_AVAILABLE
+            return resp
+        waited = await ha.wait_slave(journal.end, self.services.config.syncFlushTimeout)
+        if waited == SlaveWait.TIMEOUT:
+            resp.code = ResponseCode.FLUSH_SLAVE_TIMEOUT
+        elif waited == SlaveWait.NO_SLAVE:
+            resp.code = ResponseCode.SLAVE_NOT_AVAILABLE
+        return resp
 
     def _scheduled(self, req: RemotingCommand, msgs: list[MessageExt], results: list[ScheduleResult]
                    ) -> RemotingCommand:

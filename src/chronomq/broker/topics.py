@@ -173,6 +173,31 @@ class TopicConfigManager:
             )
             return tc
 
+    def replace_all(self, configs: dict[str, TopicConfig], data_version: dict[str, int]) -> list[TopicConfig]:
+        """A slave takes its master's whole table and data version (slave_sync.py); the system topics stay
+        if the master's table lacks them. Returns the configs that were added, changed or removed; the
+        change callbacks run once for them, and the caller persists."""
+        with self._lock:
+            new = dict(configs)
+            for name in (DEFAULT_TOPIC, SCHEDULE_TOPIC):
+                if name not in new and name in self.table:
+                    new[name] = self.table[name]
+            changed = [tc for name, tc in new.items() if self.table.get(name) != tc]
+            changed += [tc for name, tc in self.table.items() if name not in new]
+            self.table = new
+            self.data_version = {"timestamp": int(data_version["timestamp"]),
+                                 "counter": int(data_version["counter"])}
+            self._dirty = True
+        if changed:
+            log.info("topic config taken from the master: %d topics, %d changed", len(new), len(changed))
+        for tc in changed[:1]:  # one call is enough: the callbacks re-register the whole table
+            for cb in self.on_change:
+                try:
+                    cb(tc)
+                except Exception:
+                    log.exception("topic change callback failed")
+        return changed
+
     def delete(self, topic: str) -> bool:
         with self._lock:
             tc = self.table.pop(topic, None)

@@ -1,7 +1,7 @@
 """``chronomq admin``: the administration verbs, each a thin shell over ``chronomq.client.Admin`` (one
 admin client for the CLI and for programs; see admin_session.py). This module holds the cluster, topic,
-route, broker-status, consumer-progress and delay-stats verbs and the argument parsers; the timer store's
-verbs (cancel, reschedule, pending) live in admin_timer.py, shared output helpers in output.py.
+route, broker-status, promote, consumer-progress and delay-stats verbs and the argument parsers; the timer
+store's verbs (cancel, reschedule, pending) live in admin_timer.py, shared output helpers in output.py.
 
 Exit codes: 0 done, 1 an error (printed as one line on stderr), 2 a usage error; cancel and reschedule
 also 3 (see their --help).
@@ -73,10 +73,10 @@ def _run_verb(args: argparse.Namespace) -> int:
                     print(f"broker {name} ({addr})")
                     print(delay_stats_table(stats))
         elif verb == "cluster":
-            rows = [[cluster, name, str(bid), addr]
+            rows = [[cluster, name, str(bid), addr, *_replication_cells(admin, addr)]
                     for cluster, brokers in sorted(admin.cluster().items())
                     for name, addrs in brokers.items() for bid, addr in sorted(addrs.items())]
-            print(table(rows, ["cluster", "broker", "id", "address"]))
+            print(table(rows, ["cluster", "broker", "id", "address", "role", "replication lag"]))
         elif verb == "topics":
             for t in admin.list_topics(sort=False):
                 print(t)
@@ -97,6 +97,10 @@ def _run_verb(args: argparse.Namespace) -> int:
                 print(f"no committed offsets for group {args.group}")
             else:
                 print(table(rows, ["broker", "topic", "queue", "max", "committed", "lag", "online"]))
+        elif verb == "promote":
+            if not args.broker:
+                raise AdminError("promote needs the slave's address: -b HOST:PORT")
+            print(admin.promote(args.broker, args.role))
         elif verb == "broker-status":
             for name, addr in targets(admin, args):
                 info = admin.broker_runtime_info(addr)
@@ -107,6 +111,23 @@ def _run_verb(args: argparse.Namespace) -> int:
             print(f"unknown admin verb {verb!r}", file=sys.stderr)
             return 2
     return 0
+
+
+def _replication_cells(admin: Any, addr: str) -> list[str]:
+    """A broker's role and how far its replication is behind, as `cluster` shows them."""
+    try:
+        info = admin.broker_runtime_info(addr)
+    except (AdminError, ClientError, OSError) as e:
+        return ["unreachable", str(e)[:60]]
+    role = info.get("brokerRole", "?")
+    lag_bytes, lag_ms = int(info.get("haLagBytes", "-1")), info.get("haLagMs")
+    if role == "SLAVE":
+        if info.get("haConnected") != "True":
+            return [role, f"not connected to {info.get('haMasterAddr') or 'a master'}"]
+        return [role, f"{lag_bytes:,} bytes behind" if lag_bytes >= 0 else "connected"]
+    if lag_bytes < 0:
+        return [role, "no slave connected"]
+    return [role, f"best slave {lag_bytes:,} bytes, {lag_ms} ms behind"]
 
 
 def run_admin(args: argparse.Namespace) -> int:
@@ -141,6 +162,9 @@ def add_admin_parsers(p: argparse.ArgumentParser) -> None:
     sp.add_argument("--queues", type=int, default=4)
     sp.add_argument("--perm", type=int, default=6)
     common(sub.add_parser("broker-status", help="runtime figures of the broker(s)"))
+    sp = sub.add_parser("promote", help="make a slave the master of its broker name (the old master is down)")
+    common(sp)
+    sp.add_argument("--role", choices=["ASYNC_MASTER", "SYNC_MASTER"], default="ASYNC_MASTER")
     sp = sub.add_parser("consumer-progress", help="committed offsets and lag of a consumer group")
     common(sp)
     sp.add_argument("-g", "--group", required=True)

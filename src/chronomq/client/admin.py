@@ -305,6 +305,16 @@ class Admin(SyncContextMixin):
                                         {"topic": topic}) or {}
 
     # --- one broker, by address ----------------------------------------------------------------------
+    async def promote(self, addr: str, role: str = "ASYNC_MASTER", timeout: float = 120.0) -> str:
+        """Make the slave at ``addr`` the master of its broker name (chronomq's CHRONOMQ_PROMOTE), as
+        ``role`` (ASYNC_MASTER or SYNC_MASTER); returns the broker's answer once it is done. Promote
+        only when the old master is down: two masters of one name would take turns in the route."""
+        what = f"promotion of {addr}"
+        resp = await self._instance.invoke_ok(
+            addr, self._instance.request(RequestCode.CHRONOMQ_PROMOTE, {"brokerRole": role}), timeout,
+            what=what)
+        return resp.remark or "promoted"
+
     async def broker_runtime_info(self, addr: str) -> dict[str, str]:
         """The runtime figures of the broker at ``addr`` (GET_BROKER_RUNTIME_INFO's table)."""
         what = f"runtime info of {addr}"

@@ -260,12 +260,39 @@ class ClientInstance:
             raise NoRouteError(f"no master address known for broker {broker_name!r}")
         return addr
 
+    def read_target(self, broker_name: str) -> tuple[str | None, bool]:
+        """Where a consumer reads from (pulls, queue offsets, committed offsets): the master when the
+        route lists one, else its slave with the lowest id, as RocketMQ's findBrokerAddressInSubscribe.
+        Returns (address or None, whether it is a slave)."""
+        addrs = self.broker_addrs.get(broker_name, {})
+        if 0 in addrs:
+            return addrs[0], False
+        if addrs:
+            return addrs[min(addrs)], True
+        return None, False
+
+    async def read_addr(self, broker_name: str, topic: str | None = None) -> tuple[str, bool]:
+        """read_target, asking the name server again once when the route lists no broker of that name."""
+        addr, slave = self.read_target(broker_name)
+        if addr is None and topic is not None:
+            with contextlib.suppress(Exception):
+                await self.get_route(topic, refresh=True)
+            addr, slave = self.read_target(broker_name)
+        if addr is None:
+            raise NoRouteError(f"no address known for broker {broker_name!r}")
+        return addr, slave
+
     # --- heartbeat -----------------------------------------------------------------------------------
     async def send_heartbeat(self) -> None:
         if self.heartbeat_body is None:
             return
-        body = json.dumps(self.heartbeat_body()).encode()
-        addrs = {a for addrs in self.broker_addrs.values() for bid, a in addrs.items() if bid == 0}
+        hb = self.heartbeat_body()
+        body = json.dumps(hb).encode()
+        # a consumer also tells the slaves, which serve its reads while their master is down; a
+        # producer only the masters (RocketMQ's sendHeartbeatToAllBroker)
+        everyone = bool(hb.get("consumerDataSet"))
+        addrs = {a for addrs in self.broker_addrs.values() for bid, a in addrs.items()
+                 if bid == 0 or everyone}
         results = await asyncio.gather(
             *(self.invoke_ok(a, self.request(RequestCode.HEART_BEAT, body=body), what="heartbeat")
               for a in sorted(addrs)), return_exceptions=True)
@@ -274,7 +301,7 @@ class ClientInstance:
                 log.debug("heartbeat to %s failed: %s", a, r)
 
     async def unregister(self, producer_group: str = "", consumer_group: str = "") -> None:
-        addrs = {a for addrs in self.broker_addrs.values() for bid, a in addrs.items() if bid == 0}
+        addrs = {a for addrs in self.broker_addrs.values() for a in addrs.values()}
         ext = {"clientID": self.client_id, "producerGroup": producer_group, "consumerGroup": consumer_group}
         await asyncio.gather(*(self.invoke(a, self.request(RequestCode.UNREGISTER_CLIENT, ext), 3.0,
                                            "unregister") for a in addrs), return_exceptions=True)

@@ -92,7 +92,9 @@ async def pull(inst: ClientInstance, mq: MessageQueue, offset: int, max_count: i
         raise ValueError(f"pull offset must be >= 0, got {offset}")
     if max_count < 1:
         raise ValueError(f"max_count must be >= 1, got {max_count}")
-    addr = await inst.broker_addr(mq.broker_name, mq.topic)
+    addr, slave = await inst.read_addr(mq.broker_name, mq.topic)
+    if slave:
+        commit_offset = None  # offsets are committed to the master only
     req = pull_request(inst, mq, offset, max_count, group, expression, suspend_ms, commit_offset)
     rto = timeout if timeout is not None else (suspend_ms / 1000 + 10 if suspend_ms else inst.request_timeout)
     what = f"pull {mq} at offset {offset}"
@@ -102,7 +104,7 @@ async def pull(inst: ClientInstance, mq: MessageQueue, offset: int, max_count: i
 
 async def _offset_call(inst: ClientInstance, code: int, mq: MessageQueue, what: str,
                        extra: dict[str, Any] | None = None) -> int:
-    addr = await inst.broker_addr(mq.broker_name, mq.topic)
+    addr, _ = await inst.read_addr(mq.broker_name, mq.topic)
     ext = {"topic": mq.topic, "queueId": mq.queue_id, **(extra or {})}
     resp = await inst.invoke_ok(addr, inst.request(code, ext), what=f"{what} of {mq}")
     return resp.ext_int("offset", 0) if code != RequestCode.GET_EARLIEST_MSG_STORETIME \
@@ -128,7 +130,7 @@ async def earliest_store_time(inst: ClientInstance, mq: MessageQueue) -> int:
 
 async def query_consumer_offset(inst: ClientInstance, group: str, mq: MessageQueue) -> int | None:
     """The group's committed offset, or None when the broker has none (QUERY_NOT_FOUND)."""
-    addr = await inst.broker_addr(mq.broker_name, mq.topic)
+    addr, _ = await inst.read_addr(mq.broker_name, mq.topic)
     ext = {"consumerGroup": group, "topic": mq.topic, "queueId": mq.queue_id}
     what = f"query offset of group {group!r} on {mq}"
     resp = await inst.invoke(addr, inst.request(RequestCode.QUERY_CONSUMER_OFFSET, ext), 5.0, what)
@@ -140,7 +142,9 @@ async def query_consumer_offset(inst: ClientInstance, group: str, mq: MessageQue
 
 
 async def update_consumer_offset(inst: ClientInstance, group: str, mq: MessageQueue, offset: int) -> None:
-    addr = await inst.broker_addr(mq.broker_name, mq.topic)
+    # the master's when there is one; with it down, the slave keeps the offset (RocketMQ's client does
+    # the same, and the consumer's own offsets go to the master once it is back)
+    addr, _ = await inst.read_addr(mq.broker_name, mq.topic)
     ext = {"consumerGroup": group, "topic": mq.topic, "queueId": mq.queue_id, "commitOffset": offset}
     await inst.invoke_ok(addr, inst.request(RequestCode.UPDATE_CONSUMER_OFFSET, ext), 5.0,
                          f"commit offset {offset} of group {group!r} on {mq}")

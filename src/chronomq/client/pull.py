@@ -84,7 +84,9 @@ class PullPath(ConsumerState):
         """ops.pull for the pull loop, with the queue's tag set computed once."""
         mq = pq.mq
         inst = self._instance
-        addr = await inst.broker_addr(mq.broker_name, mq.topic)
+        addr, slave = await inst.read_addr(mq.broker_name, mq.topic)
+        if slave:
+            commit = None  # offsets are committed to the master only
         offset = pq.next_offset
         req = ops.pull_request(inst, mq, offset, count, self.group, pq.expression,
                                int(self.long_poll_timeout * 1000), commit)

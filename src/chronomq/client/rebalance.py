@@ -85,7 +85,9 @@ class Rebalance(ConsumerState):
             await self._apply(topic, expr, set(mine))
 
     async def _consumer_ids(self, route: TopicRoute) -> list[str] | None:
-        addrs = sorted({a for addrs in route.broker_addrs.values() for bid, a in addrs.items() if bid == 0})
+        # each broker's master, or its slave while the master is down (it knows the group from heartbeats)
+        addrs = sorted({a for name in route.broker_addrs
+                        if (a := self._instance.read_target(name)[0]) is not None})
         for addr in addrs:
             try:
                 cids = await ops.consumer_ids(self._instance, self.group, addr)

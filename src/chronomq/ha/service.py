@@ -6,7 +6,10 @@ chunks of ``haTransferBatchSize`` that never cross a segment, woken by ``wake()`
 offset ahead of this log's end is refused with a log line and disconnected: its extra tail may hold
 acknowledged messages this master lost, so only an operator may throw it away. A slave silent for
 ``haHousekeepingInterval`` is dropped. ``wait_slave(offset)`` resolves when a slave has acked it; the
-waits are kept in offset order, so one ack releases every send below it.
+waits are kept in offset order, so one ack releases every send below it. ``lag()`` says how far the best
+slave is behind, in bytes and in milliseconds: the log's end is noted at each ``wake()`` while a slave is
+connected (at most ``MAX_MARKS`` notes; past that the newest note is moved forward, which can only make the
+reported lag larger), and an ack drops the notes it covers.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import asyncio
 import heapq
 import itertools
 import logging
+from collections import deque
 from dataclasses import dataclass
 
 from chronomq.clock import Clock
@@ -24,6 +28,8 @@ from chronomq.store.message_store import MessageStore
 from chronomq.store.replica import ReplicaError
 
 log = logging.getLogger("chronomq.ha")
+
+MAX_MARKS = 65_536  # notes of (log end, time) kept for the lag in ms
 
 
 class SlaveWait:
@@ -55,6 +61,8 @@ class HAService:
         self._seq = itertools.count()
         self._prune_at = 1024  # prune the heap of given-up waits when it grows past this
         self._tasks: set[asyncio.Task[None]] = set()
+        self._marks: deque[tuple[int, int]] = deque()  # (log end, when it was reached), oldest first
+        self.replication_ms: deque[int] = deque(maxlen=4096)  # recent times from append to a slave's ack
 
     # --- lifecycle ------------------------------------------------------------------------------------
     async def start(self, host: str) -> None:
@@ -84,8 +92,26 @@ class HAService:
     # --- the append side -----------------------------------------------------------------------------
     def wake(self) -> None:
         """New bytes in the log: every link's writer sends them now. Call on the loop thread."""
+        if self.links:
+            end = self.store.max_phy_offset
+            marks = self._marks
+            if end > self.push_to_slave_max and (not marks or end > marks[-1][0]):
+                if len(marks) < MAX_MARKS:
+                    marks.append((end, self.clock.now_ms()))
+                else:
+                    marks[-1] = (end, marks[-1][1])
         for ev in self._wakers:
             ev.set()
+
+    def lag(self) -> tuple[int, int]:
+        """(bytes, ms) the most advanced slave is behind this log's end; (-1, -1) with no slave connected.
+        The ms are how long ago the oldest byte it lacks was appended (0 when it holds everything)."""
+        if not self.links:
+            return -1, -1
+        behind = max(0, self.store.max_phy_offset - self.push_to_slave_max)
+        if behind == 0 or not self._marks:
+            return behind, 0
+        return behind, max(0, self.clock.now_ms() - self._marks[0][1])
 
     def slave_ok(self) -> bool:
         """A slave is connected and at most ``haSlaveFallbehindMax`` behind (RocketMQ's isSlaveOK)."""
@@ -113,6 +139,11 @@ class HAService:
     def _acked(self, offset: int) -> None:
         if offset > self.push_to_slave_max:
             self.push_to_slave_max = offset
+            marks = self._marks
+            if marks and marks[0][0] <= offset:
+                now = self.clock.now_ms()
+                while marks and marks[0][0] <= offset:
+                    self.replication_ms.append(now - marks.popleft()[1])
         waits = self._waits
         while waits and waits[0][0] <= self.push_to_slave_max:
             _, _, fut = heapq.heappop(waits)
@@ -147,6 +178,9 @@ class HAService:
                           addr, start, self.store.max_phy_offset)
                 return
             log.info("HA: slave %s connected, streaming from offset %d", addr, start)
+            if not self.config.timer_journal:
+                log.warning("HA: timed messages (deliver times) are not replicated to slave %s: set "
+                            "timerReplication=true so that a promoted slave can deliver them", addr)
             self.links[cid] = link
             self._wakers.add(wake)
             self._acked(start)
@@ -155,6 +189,8 @@ class HAService:
             log.warning("HA: slave %s disconnected: %s", addr, e or type(e).__name__)
         finally:
             self.links.pop(cid, None)
+            if not self.links:
+                self._marks.clear()  # no slave: no lag to measure (lag() says -1)
             self._wakers.discard(wake)
             reading.cancel()
             writer.close()
@@ -193,8 +229,13 @@ class HAService:
                 nxt += len(chunk)
                 await writer.drain()
                 continue
+            # new bytes, the slave's side ending (a closed connection is seen at once), or a heartbeat
+            waiter = asyncio.ensure_future(wake.wait())
             try:
-                await asyncio.wait_for(wake.wait(), heartbeat_s)
-            except TimeoutError:
+                done, _ = await asyncio.wait({waiter, reading}, timeout=heartbeat_s,
+                                             return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                waiter.cancel()
+            if not done:
                 writer.write(encode_transfer(nxt))  # heartbeat: the offset this slave should be at
                 await writer.drain()

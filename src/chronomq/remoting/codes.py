@@ -65,6 +65,7 @@ class RequestCode(IntEnum):
     CHRONOMQ_CANCEL_SCHEDULED = 9002
     CHRONOMQ_RESCHEDULE = 9003
     CHRONOMQ_QUERY_PENDING = 9004
+    CHRONOMQ_PROMOTE = 9005  # a slave becomes its broker name's master (ext: brokerRole)
 
 
 class ResponseCode(IntEnum):

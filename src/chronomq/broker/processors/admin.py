@@ -1,29 +1,36 @@
 """Admin and queue-information requests (RocketMQ's AdminBrokerProcessor): topic config
 (GET_ALL_TOPIC_CONFIG, UPDATE_AND_CREATE_TOPIC, DELETE_TOPIC_IN_BROKER), runtime and topic stats, queue
 offsets (GET_MAX_OFFSET, GET_MIN_OFFSET, SEARCH_OFFSET_BY_TIMESTAMP, GET_EARLIEST_MSG_STORETIME,
-GET_ALL_CONSUMER_OFFSET) and the orderly consumers' queue locks (LOCK_BATCH_MQ, UNLOCK_BATCH_MQ).
+GET_ALL_CONSUMER_OFFSET, GET_ALL_DELAY_OFFSET: what a slave copies) and the orderly consumers' queue
+locks (LOCK_BATCH_MQ, UNLOCK_BATCH_MQ).
 
 Rules: answered inline from the services; the schedule topic cannot be created or updated here.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
 from typing import Any
 
+from chronomq.config import ASYNC_MASTER
 from chronomq.message import SCHEDULE_TOPIC
 from chronomq.remoting.codec import HeaderError, RemotingCommand
 from chronomq.remoting.codes import PERM_READ, PERM_WRITE, RequestCode, ResponseCode
-from chronomq.remoting.server import Connection
+from chronomq.remoting.server import DEFERRED, Connection
 
+from ..services import PromoteError
 from ..topics import TopicConfig, TopicError
 from .base import Handler, ProcessorBase, dump_json, parse_json_body
 
+log = logging.getLogger("chronomq.broker")
 
 class AdminProcessor(ProcessorBase):
     """Topics, stats, queue offsets and queue locks."""
 
     def _init_admin(self) -> dict[int, Handler]:
+        self._promotions: set[asyncio.Future[None]] = set()
         return {
             RequestCode.GET_MAX_OFFSET: self.get_max_offset,
             RequestCode.GET_MIN_OFFSET: self.get_min_offset,
@@ -37,6 +44,8 @@ class AdminProcessor(ProcessorBase):
             RequestCode.GET_BROKER_RUNTIME_INFO: self.get_runtime_info,
             RequestCode.GET_TOPIC_STATS_INFO: self.get_topic_stats,
             RequestCode.GET_ALL_CONSUMER_OFFSET: self.get_all_consumer_offset,
+            RequestCode.GET_ALL_DELAY_OFFSET: self.get_all_delay_offset,
+            RequestCode.CHRONOMQ_PROMOTE: self.promote,
         }
 
     # --- queue offsets ---------------------------------------------------------------------------------
@@ -61,6 +70,35 @@ class AdminProcessor(ProcessorBase):
     def get_all_consumer_offset(self, req: RemotingCommand, conn: Connection) -> RemotingCommand:
         table = {k: {str(q): o for q, o in v.items()} for k, v in self.services.offsets.table.items()}
         return req.response(body=dump_json({"offsetTable": table}))
+
+    def get_all_delay_offset(self, req: RemotingCommand, conn: Connection) -> RemotingCommand:
+        """The delay levels' schedule offsets as delayOffset.json holds them (what a slave copies)."""
+        return req.response(body=self.delay.schedule.snapshot().to_json().encode())
+
+    def promote(self, req: RemotingCommand, conn: Connection) -> RemotingCommand | None:
+        """CHRONOMQ_PROMOTE: this slave becomes the master (ext brokerRole: ASYNC_MASTER by default, or
+        SYNC_MASTER); answered once it is done."""
+        role = req.ext_str("brokerRole") or ASYNC_MASTER
+        fn = self.services.promote
+        if fn is None or not self.config.is_slave:
+            return req.response(ResponseCode.SYSTEM_ERROR,
+                                remark=f"this broker is not a slave but {self.config.brokerRole}")
+
+        async def run() -> None:
+            try:
+                await fn(role)
+                resp = req.response(remark=f"{self.config.brokerName}: this broker is now its {role}")
+            except PromoteError as e:
+                resp = req.response(ResponseCode.SYSTEM_ERROR, remark=str(e))
+            except Exception as e:
+                log.exception("promotion failed")
+                resp = req.response(ResponseCode.SYSTEM_ERROR, remark=f"promotion failed: {e}"[:500])
+            conn.reply(req, resp)
+
+        task = asyncio.ensure_future(run())
+        self._promotions.add(task)
+        task.add_done_callback(self._promotions.discard)
+        return DEFERRED
 
     # --- orderly consumers ------------------------------------------------------------------------------
     @staticmethod
