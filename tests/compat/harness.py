@@ -195,6 +195,56 @@ class ChronomqProcess:
             self.stop()
 
 
+
+class CliProcess:
+    """One ``chronomq <args>`` child process (``namesrv`` or ``broker``, whose first stdout line says it is
+    ready); its stderr is appended to ``log``."""
+
+    def __init__(self, log: Path, *args: str) -> None:
+        self.args, self.log = list(args), Path(log)
+        self.proc: subprocess.Popen[str] | None = None
+
+    def start(self, timeout: float = 60) -> CliProcess:
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO / "src"), env.get("PYTHONPATH")]))
+        with open(self.log, "a", encoding="utf-8") as err:
+            self.proc = subprocess.Popen([sys.executable, "-m", "chronomq.cli.main", *self.args], cwd=REPO,
+                                         env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                         stderr=err, text=True)
+        ready = threading.Event()
+        first: list[str] = []
+
+        def read() -> None:
+            assert self.proc is not None and self.proc.stdout is not None
+            first.append(self.proc.stdout.readline())  # the ready line, or "" when it died first
+            ready.set()
+            for _ in self.proc.stdout:  # keep the pipe drained
+                pass
+
+        threading.Thread(target=read, daemon=True).start()
+        if not ready.wait(timeout) or "ready" not in first[0]:
+            self.stop(signal.SIGKILL)
+            raise RuntimeError(f"chronomq {self.args[0]} did not start; log {self.log}:\n{_tail(self.log)}")
+        return self
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc is not None else None
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 30) -> None:
+        proc, self.proc = self.proc, None
+        if proc is None or proc.poll() is not None:
+            return
+        proc.send_signal(sig)
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+
+    def tail(self) -> str:
+        return _tail(self.log)
+
 # --- the official client's venv ------------------------------------------------------------------------
 _official_lock = threading.Lock()
 _official_result: str | CompatUnavailable | None = None
