@@ -100,6 +100,13 @@ class BrokerConfig:
     haHousekeepingInterval: int = 20_000  # a slave silent this long is dropped
     haTransferBatchSize: int = 32 * 1024
     haSlaveFallbehindMax: int = 256 * 1024 * 1024  # SYNC_MASTER: a slave further behind is not in sync
+    # a slave promotes itself (as ASYNC_MASTER) once its master has sent nothing for this long and the
+    # name server lists no master for its broker name; 0: only `chronomq admin promote` does
+    slaveAutoPromoteAfterMs: int = 0
+    # reads from a slave (RocketMQ's keys): with slaveReadEnable a master suggests its slave (brokerId 1)
+    # to a consumer that is more than accessMessageInMemoryMaxRatio % of the machine's RAM behind
+    slaveReadEnable: bool = False
+    accessMessageInMemoryMaxRatio: int = 40
     # the timer's journal in the commit log, from which slaves rebuild it: "auto" (on for SYNC_MASTER),
     # "true" or "false"
     timerReplication: str = "auto"
@@ -141,6 +148,11 @@ class BrokerConfig:
                      "haSlaveFallbehindMax"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name}: must be positive")
+        if self.slaveAutoPromoteAfterMs < 0:
+            raise ConfigError("slaveAutoPromoteAfterMs: must be 0 (off) or a positive number of ms")
+        if not 0 < self.accessMessageInMemoryMaxRatio <= 100:
+            raise ConfigError(f"accessMessageInMemoryMaxRatio: {self.accessMessageInMemoryMaxRatio} must be "
+                              "1..100")
         if self.timerReplication not in ("auto", "true", "false"):
             raise ConfigError(f"timerReplication: {self.timerReplication!r} must be auto, true or false")
         if self.flushDiskType not in (ASYNC_FLUSH, SYNC_FLUSH):

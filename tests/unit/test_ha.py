@@ -373,3 +373,103 @@ async def test_a_promoted_slave_delivers_every_pending_delayed_message_once(tmp_
     # the promotion outlives a restart with the slave's configuration
     again = broker(tmp_path, routes, "s", clock, brokerRole="SLAVE", brokerId="1")
     assert again.config.brokerRole == "ASYNC_MASTER" and again.config.brokerId == 0
+
+
+async def test_with_slave_read_enabled_a_far_behind_consumer_reads_from_the_slave(tmp_path):
+    ns = NameServer("127.0.0.1", free_port(), SystemClock())
+    await ns.start()
+    master = broker(tmp_path, None, "m", SystemClock(), namesrvAddr=ns.address, slaveReadEnable="true")
+    slave = broker(tmp_path, None, "s", SystemClock(), namesrvAddr=ns.address, brokerRole="SLAVE",
+                   brokerId="1", slaveReadEnable="true")
+    await master.start()
+    await slave.start()
+    got: list[bytes] = []
+    try:
+        assert master.processor.slave_read_behind_bytes > 1 << 20  # 40 % of this machine's RAM
+        master.processor.slave_read_behind_bytes = slave.processor.slave_read_behind_bytes = -1  # all behind
+        async with Producer("PG_sre", ns.address) as p:
+            for i in range(40):
+                await p.send(Message("SlaveRead", f"r{i}".encode()))
+        await async_wait_for(lambda: slave.store.max_phy_offset == master.store.max_phy_offset, 10)
+        async with PushConsumer("CG_sre", "SlaveRead", lambda m: got.append(m.body), ns.address,
+                                consume_from="first", rebalance_interval=0.5, long_poll_timeout=5.0,
+                                route_refresh_interval=0.5):
+            await async_wait_for(lambda: len(got) == 40, 20, message="every message")
+            # the consumer now waits for more on the slave, where the master's answers sent it (its retry
+            # topic, never far behind, stays on the master)
+            def held(b: BrokerController) -> set[int]:
+                return {k[1] for k, w in b.hold._waiters.items() if k[0] == "SlaveRead" and w}
+
+            await async_wait_for(lambda: len(held(slave)) == 4, 10, message="long polls held on the slave")
+            assert held(master) == set()
+        assert sorted(got) == sorted(f"r{i}".encode() for i in range(40))
+    finally:
+        await slave.shutdown()
+        await master.shutdown()
+        await ns.stop()
+
+
+async def test_a_slave_promotes_itself_only_when_the_name_server_lists_no_master(tmp_path):
+    routes = RouteInfoManager()
+    clock = VirtualClock()
+    master = broker(tmp_path, routes, "m", clock, timerReplication="true")
+    slave = broker(tmp_path, routes, "s", clock, brokerRole="SLAVE", brokerId="1",
+                   slaveAutoPromoteAfterMs="3000")
+    await master.start()
+    await slave.start()
+    due = clock.now_ms() + 20_000
+    c = await AsyncRawClient.connect(master.server.address)
+    try:
+        r = await c.send_message("Auto", b"later", 0, {"TIMER_DELIVER_MS": str(due)})
+        assert r.code == C.SUCCESS
+        await async_wait_for(lambda: slave.timer.count() == 1, 10)
+    finally:
+        await c.close()
+        await master.shutdown()  # the link drops; the route still lists the master (no unregister here)
+    await async_wait_for(lambda: slave.ha_client is not None and not slave.ha_client.connected, 10)
+    for _ in range(6):
+        await clock.advance(1000)
+    assert slave.config.is_slave  # the name server still names a master: no promotion
+    routes.unregister_broker(master.config.brokerClusterName, master.config.brokerName, master.broker_addr, 0)
+    try:
+        for _ in range(3):
+            await clock.advance(1000)
+        await async_wait_for(lambda: slave.runtime_info()["brokerRole"] == "ASYNC_MASTER", 10)
+        assert routes.brokers[slave.config.brokerName].brokerAddrs == {0: slave.broker_addr}
+        await clock.advance_to(due + 100)
+        await async_wait_for(lambda: [m.body for m in delivered(slave, "Auto")] == [b"later"], 10)
+    finally:
+        await slave.shutdown()
+
+
+async def test_an_empty_slave_copies_a_master_whose_oldest_segments_were_cleaned(tmp_path, caplog):
+    routes = RouteInfoManager()
+    clock = VirtualClock()
+    master = broker(tmp_path, routes, "m", clock, fileReservedTime="1")
+    await master.start()
+    c = await AsyncRawClient.connect(master.server.address)
+    slave = None
+    try:
+        for i in range(60):  # about 2 KiB each: several 64 KiB segments
+            assert (await c.send_message("Old", f"o{i}".encode() * 500, i % 2)).code == C.SUCCESS
+        await clock.advance(2 * 3_600_000)  # past fileReservedTime (1 h)
+        for i in range(5):
+            assert (await c.send_message("New", f"n{i}".encode(), 0)).code == C.SUCCESS
+        await asyncio.to_thread(master.store.wait_dispatched, master.store.max_phy_offset, 5)
+        assert master.store.run_clean_once(force=True) > 0
+        oldest = master.store.min_phy_offset
+        assert oldest > 0
+        with caplog.at_level(logging.INFO, logger="chronomq.ha"):
+            slave = broker(tmp_path, routes, "s", clock, brokerRole="SLAVE", brokerId="1")
+            await slave.start()
+            await async_wait_for(lambda: slave.store.max_phy_offset == master.store.max_phy_offset, 10)
+        assert "is empty and this master's log starts at" in caplog.text
+        assert slave.store.min_phy_offset == oldest and log_bytes(slave) == log_bytes(master)
+        await asyncio.to_thread(slave.store.wait_dispatched, slave.store.max_phy_offset, 5)
+        res = slave.store.get_message("New", 0, 0, 10)
+        assert [decode_record(r).body for r in res.messages] == [f"n{i}".encode() for i in range(5)]
+    finally:
+        await c.close()
+        if slave is not None:
+            await slave.shutdown()
+        await master.shutdown()

@@ -188,6 +188,8 @@ class BrokerController:
             self._tasks.append(asyncio.create_task(self.slave_sync.run(self.clock.sleep), name="slave-sync"))
         if self.timer_follower is not None:
             self._tasks.append(asyncio.create_task(self._slave_timer_loop(), name="slave-timer"))
+        if slave and self.config.slaveAutoPromoteAfterMs > 0:
+            self._tasks.append(asyncio.create_task(self._auto_promote_loop(), name="auto-promote"))
         await self.register_all()
         log.info(
             "broker %s (%s) serving on %s, store %s, %s",
@@ -283,6 +285,31 @@ class BrokerController:
         await self.register_all()  # the name server moves this address to id 0
         log.warning("promotion done: %s is the master of %s (was brokerId %d)", self.broker_addr,
                     self.config.brokerName, old_id)
+
+    async def _auto_promote_loop(self) -> None:
+        """slaveAutoPromoteAfterMs: promote this slave once its master has sent nothing for that long
+        and the name server, asked again, lists no master for this broker name (the name server is the
+        witness: a master that lost only its link to this slave keeps its role)."""
+        after = self.config.slaveAutoPromoteAfterMs
+        while self.config.is_slave and not self.stopping:
+            await self.clock.sleep(min(1.0, after / 1000))
+            c = self.ha_client
+            if c is None:
+                return
+            silent = self.clock.now_ms() - (c.last_receive_ms or self.started_at)
+            if c.connected or silent < after:
+                continue
+            await self.register_all()  # the name server's answer names the master it has, if any
+            if self.slave_sync is not None and self.slave_sync.master_addr:
+                continue
+            log.warning("auto promotion: no word from the master for %d ms and the name server lists none "
+                        "for %s", silent, self.config.brokerName)
+            try:
+                await self.promote(ASYNC_MASTER)
+            except Exception:
+                log.exception("auto promotion failed; still a slave, trying again")
+                continue
+            return
 
     async def _slave_timer_loop(self) -> None:
         """A slave's timer delivers nothing, so its flush and retention (the delivery loop's periodic

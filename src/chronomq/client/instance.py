@@ -260,24 +260,27 @@ class ClientInstance:
             raise NoRouteError(f"no master address known for broker {broker_name!r}")
         return addr
 
-    def read_target(self, broker_name: str) -> tuple[str | None, bool]:
-        """Where a consumer reads from (pulls, queue offsets, committed offsets): the master when the
-        route lists one, else its slave with the lowest id, as RocketMQ's findBrokerAddressInSubscribe.
-        Returns (address or None, whether it is a slave)."""
+    def read_target(self, broker_name: str, prefer: int = 0) -> tuple[str | None, bool]:
+        """Where a consumer reads from (pulls, queue offsets, committed offsets): ``prefer`` (a broker id
+        the master suggested) when the route lists it, else the master, else its slave with the lowest
+        id, as RocketMQ's findBrokerAddressInSubscribe. Returns (address or None, whether it is a slave)."""
         addrs = self.broker_addrs.get(broker_name, {})
+        if prefer and prefer in addrs:
+            return addrs[prefer], True
         if 0 in addrs:
             return addrs[0], False
         if addrs:
             return addrs[min(addrs)], True
         return None, False
 
-    async def read_addr(self, broker_name: str, topic: str | None = None) -> tuple[str, bool]:
+    async def read_addr(self, broker_name: str, topic: str | None = None, prefer: int = 0
+                        ) -> tuple[str, bool]:
         """read_target, asking the name server again once when the route lists no broker of that name."""
-        addr, slave = self.read_target(broker_name)
+        addr, slave = self.read_target(broker_name, prefer)
         if addr is None and topic is not None:
             with contextlib.suppress(Exception):
                 await self.get_route(topic, refresh=True)
-            addr, slave = self.read_target(broker_name)
+            addr, slave = self.read_target(broker_name, prefer)
         if addr is None:
             raise NoRouteError(f"no address known for broker {broker_name!r}")
         return addr, slave

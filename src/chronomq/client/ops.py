@@ -36,6 +36,7 @@ class PullResult:
     min_offset: int
     max_offset: int
     messages: list[ReceivedMessage] = field(default_factory=list)
+    suggest_broker_id: int = 0  # where the broker suggests the next pull go (0: the master)
 
 
 _PULL_CODES = (ResponseCode.SUCCESS, ResponseCode.PULL_NOT_FOUND, ResponseCode.PULL_RETRY_IMMEDIATELY,
@@ -67,12 +68,13 @@ def pull_result(resp: RemotingCommand, mq: MessageQueue, offset: int, tags: set[
     nxt = resp.ext_int("nextBeginOffset", offset)
     lo = resp.ext_int("minOffset", 0)
     hi = resp.ext_int("maxOffset", 0)
+    suggest = resp.ext_int("suggestWhichBrokerId", 0)
     if code == ResponseCode.PULL_NOT_FOUND:
-        return PullResult(PullStatus.NO_NEW_MSG, nxt, lo, hi)
+        return PullResult(PullStatus.NO_NEW_MSG, nxt, lo, hi, suggest_broker_id=suggest)
     if code == ResponseCode.PULL_RETRY_IMMEDIATELY:
-        return PullResult(PullStatus.NO_MATCHED_MSG, nxt, lo, hi)
+        return PullResult(PullStatus.NO_MATCHED_MSG, nxt, lo, hi, suggest_broker_id=suggest)
     if code == ResponseCode.PULL_OFFSET_MOVED:
-        return PullResult(PullStatus.OFFSET_ILLEGAL, nxt, lo, hi)
+        return PullResult(PullStatus.OFFSET_ILLEGAL, nxt, lo, hi, suggest_broker_id=suggest)
     try:
         msgs = decode_received(resp.body, mq.broker_name)
     except m.MessageFormatError as e:
@@ -81,8 +83,8 @@ def pull_result(resp: RemotingCommand, mq: MessageQueue, offset: int, tags: set[
     if tags is not None:
         msgs = [x for x in msgs if x.properties.get(m.PROPERTY_TAGS) in tags]
     if not msgs:
-        return PullResult(PullStatus.NO_MATCHED_MSG, nxt, lo, hi)
-    return PullResult(PullStatus.FOUND, nxt, lo, hi, msgs)
+        return PullResult(PullStatus.NO_MATCHED_MSG, nxt, lo, hi, suggest_broker_id=suggest)
+    return PullResult(PullStatus.FOUND, nxt, lo, hi, msgs, suggest)
 
 
 async def pull(inst: ClientInstance, mq: MessageQueue, offset: int, max_count: int, *, group: str,

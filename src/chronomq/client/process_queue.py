@@ -30,6 +30,7 @@ class ProcessQueue:
     consumed: int = 0
     backlog: int = 0  # messages beyond next_offset, as of the last pull (maxOffset - nextBeginOffset)
     tags: set[str] | None = None  # tag_set(expression), for the client-side filter of pulled messages
+    suggested_broker: int = 0  # the broker id the last pull answer suggested for the next (0: master)
 
     order: collections.deque[int] = field(default_factory=collections.deque)
 

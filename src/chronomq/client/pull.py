@@ -84,7 +84,7 @@ class PullPath(ConsumerState):
         """ops.pull for the pull loop, with the queue's tag set computed once."""
         mq = pq.mq
         inst = self._instance
-        addr, slave = await inst.read_addr(mq.broker_name, mq.topic)
+        addr, slave = await inst.read_addr(mq.broker_name, mq.topic, pq.suggested_broker)
         if slave:
             commit = None  # offsets are committed to the master only
         offset = pq.next_offset
@@ -92,4 +92,6 @@ class PullPath(ConsumerState):
                                int(self.long_poll_timeout * 1000), commit)
         what = f"pull {mq} at offset {offset}"
         resp = await inst.invoke(addr, req, self.long_poll_timeout + 15, what)
-        return ops.pull_result(resp, mq, offset, pq.tags, what, addr)
+        res = ops.pull_result(resp, mq, offset, pq.tags, what, addr)
+        pq.suggested_broker = res.suggest_broker_id  # the next pull goes where the broker says
+        return res

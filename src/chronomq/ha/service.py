@@ -4,7 +4,9 @@ Each slave connection reads the slave's offset reports and streams the log from 
 chunks of ``haTransferBatchSize`` that never cross a segment, woken by ``wake()`` after every append
 (no polling); an idle link gets a heartbeat every ``haSendHeartbeatInterval``. A slave that reports an
 offset ahead of this log's end is refused with a log line and disconnected: its extra tail may hold
-acknowledged messages this master lost, so only an operator may throw it away. A slave silent for
+acknowledged messages this master lost, so only an operator may throw it away. An empty slave of a master
+whose oldest segments were cleaned gets the log from its oldest offset; a slave below that offset (its log
+would have a gap) is refused the same way. A slave silent for
 ``haHousekeepingInterval`` is dropped. ``wait_slave(offset)`` resolves when a slave has acked it; the
 waits are kept in offset order, so one ack releases every send below it. ``lag()`` says how far the best
 slave is behind, in bytes and in milliseconds: the log's end is noted at each ``wake()`` while a slave is
@@ -171,6 +173,16 @@ class HAService:
         reading = asyncio.ensure_future(self._read_reports(reader, link, first))
         try:
             start = await asyncio.wait_for(asyncio.shield(first), self.config.haHousekeepingInterval / 1000)
+            oldest = self.store.min_phy_offset
+            if start == 0 and oldest > 0:
+                log.info("HA: slave %s is empty and this master's log starts at %d (older segments were "
+                         "cleaned): it gets the log from there", addr, oldest)
+                start = oldest
+            elif start < oldest:
+                log.error("HA: slave %s reports offset %d, below this master's oldest offset %d (cleaned): "
+                          "its log would have a gap; refusing it. Move its data aside and restart it empty "
+                          "to copy this master's log from %d", addr, start, oldest, oldest)
+                return
             if start > self.store.max_phy_offset:
                 log.error("HA: slave %s reports offset %d, ahead of this master's log end %d; refusing it. "
                           "Its extra tail may hold messages this master lost: keep that slave's data, or "

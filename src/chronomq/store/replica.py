@@ -1,7 +1,8 @@
 """The slave's side of the store: commit-log bytes received from the master are written at the same
 offsets, and each record, once whole, is dispatched to consume queues and index like a put.
 
-Rules: bytes arrive in order (an offset other than the write position is refused); a chunk may end
+Rules: bytes arrive in order (an offset other than the write position is refused, except that an empty
+store may start at a segment boundary: a master whose oldest segments were cleaned); a chunk may end
 inside a record, which is dispatched when its rest arrives; segment boundaries are the master's, so both
 must use the same ``mappedFileSizeCommitLog`` (a record that would cross one is refused as corrupt).
 """
@@ -45,7 +46,13 @@ class ReplicaAppend:
         view = memoryview(data)
         with cl.lock:
             if offset != cl.wrote:
-                raise ReplicaError(f"offset {offset} is not this store's write position {cl.wrote}")
+                if cl.wrote != 0 or cl.segments or offset % store._seg_size:
+                    raise ReplicaError(f"offset {offset} is not this store's write position {cl.wrote}")
+                # an empty store copying a master whose oldest segments were cleaned starts where the
+                # master's log starts
+                log.info("replica: this empty commit log starts at the master's offset %d", offset)
+                cl.wrote = offset
+                self.parsed = offset
             if self.parsed < 0:
                 self.parsed = cl.wrote
             pos = offset

@@ -8,9 +8,11 @@ deadline. Tags are filtered in the store through ``TagFilter`` (TAG expressions 
 
 from __future__ import annotations
 
+import os
+import struct
 from collections.abc import Callable
 
-from chronomq.message import java_string_hash
+from chronomq.message import POS_PHYSICALOFFSET, java_string_hash
 from chronomq.remoting.codec import RemotingCommand
 from chronomq.remoting.codes import (
     PERM_READ,
@@ -29,6 +31,15 @@ MAX_PULL_MSGS = 256
 MAX_PULL_BYTES = 4 * 1024 * 1024
 MAX_SUSPEND_MS = 60_000
 
+
+_I64 = struct.Struct(">q")
+
+
+def _physical_ram() -> int:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):
+        return 8 << 30  # unknown: as an 8 GiB machine
 
 class TagFilter:
     """Server-side tag filter from a subscription expression: "*" / "" (all) or "a || b"."""
@@ -58,6 +69,7 @@ class PullProcessor(ProcessorBase):
         self._filters: dict[str, TagFilter] = {}
         # PULLs found empty inline, now being held (the request is kept so its id cannot be reused)
         self._checked: dict[int, tuple[RemotingCommand, RemotingCommand]] = {}
+        self.slave_read_behind_bytes = _physical_ram() * self.config.accessMessageInMemoryMaxRatio // 100
         return {RequestCode.PULL_MESSAGE: self.pull_message}
 
     # --- PULL_MESSAGE (11) --------------------------------------------------------------------------------
@@ -131,11 +143,25 @@ class PullProcessor(ProcessorBase):
             "nextBeginOffset": str(nxt),
             "minOffset": str(r.min_offset),
             "maxOffset": str(r.max_offset),
-            "suggestWhichBrokerId": "0",
+            "suggestWhichBrokerId": str(self._suggest(r.messages[-1] if body else None)),
         }
         return req.response(
             code, ext_fields=ext, body=body, remark=remark
         ), code == ResponseCode.PULL_NOT_FOUND
+
+    def _suggest(self, last_record: bytes | None) -> int:
+        """suggestWhichBrokerId: 0 (the master) unless slaveReadEnable. Then RocketMQ's rule: 1 (the
+        slave) when the consumer's position (the last record of this answer) is more than
+        accessMessageInMemoryMaxRatio % of the machine's RAM behind the commit log's end, so its reads
+        would come from disk rather than the page cache; on a slave the same rule keeps a far-behind
+        consumer there and sends the others back. An answer with no message keeps the consumer where it
+        is."""
+        if not self.config.slaveReadEnable:
+            return 0
+        if last_record is None:
+            return self.config.brokerId
+        (phys,) = _I64.unpack_from(last_record, POS_PHYSICALOFFSET)
+        return 1 if self.store.max_phy_offset - phys > self.slave_read_behind_bytes else 0
 
     def _pull_commit(self, req: RemotingCommand) -> None:
         if req.ext_int("sysFlag", 0) & PULL_FLAG_COMMIT_OFFSET:
