@@ -6,6 +6,7 @@ import asyncio
 import socket
 import time
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 import pytest
 
@@ -42,6 +43,17 @@ async def async_wait_for(predicate: Callable[[], object | Awaitable[object]], ti
             pytest.fail(f"timed out after {timeout}s waiting for {message}")
         await asyncio.sleep(interval)
 
+
+
+def queue_messages(store: Any, topic: str) -> list[Any]:
+    """Every message of ``topic`` in a MessageStore's consume queues, decoded, queue by queue."""
+    from chronomq.message import decode_record
+
+    out = []
+    for qid in store.queue_ids(topic):
+        res = store.get_message(topic, qid, 0, 100_000, max_bytes=1 << 30)
+        out += [decode_record(raw) for raw in res.messages]
+    return out
 
 @pytest.fixture
 def port() -> int:

@@ -92,6 +92,11 @@ class BrokerConfig:
     longPollingEnable: bool = True
     clientChannelMaxIdleTimeSeconds: int = 120
     registerNameServerPeriod: int = 30_000
+    # transactions (RocketMQ's keys and defaults)
+    rejectTransactionMessage: bool = False
+    transactionTimeOut: int = 6000  # a half message undecided this long (ms) is checked
+    transactionCheckInterval: int = 60_000  # ms between check rounds
+    transactionCheckMax: int = 15  # checks before a half message is given up (TRANS_CHECK_MAX_TIME_TOPIC)
     # HA
     brokerRole: str = "ASYNC_MASTER"  # ASYNC_MASTER | SYNC_MASTER | SLAVE
     haListenPort: int = 0  # 0: listenPort + 1, as RocketMQ's BrokerStartup sets it
@@ -145,7 +150,8 @@ class BrokerConfig:
         if not 0 <= self.haListenPort < 65536 or self.ha_port == self.listenPort or self.ha_port > 65535:
             raise ConfigError(f"haListenPort: {self.haListenPort} must be a TCP port other than listenPort")
         for name in ("haSendHeartbeatInterval", "haHousekeepingInterval", "haTransferBatchSize",
-                     "haSlaveFallbehindMax"):
+                     "haSlaveFallbehindMax", "transactionTimeOut", "transactionCheckInterval",
+                     "transactionCheckMax"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name}: must be positive")
         if self.slaveAutoPromoteAfterMs < 0:

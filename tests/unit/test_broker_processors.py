@@ -137,7 +137,7 @@ async def test_no_auto_creation_when_disabled(tmp_path: Path) -> None:
         ({"queueId": 99}, C.SYSTEM_ERROR, "queueId"),
         ({"queueId": "x"}, C.SYSTEM_ERROR, "not an integer"),
         ({"topic": None}, C.SYSTEM_ERROR, "topic"),
-        ({"sysFlag": 4}, C.NO_PERMISSION, "transactional"),
+        ({"sysFlag": 4}, C.MESSAGE_ILLEGAL, "TRAN_MSG"),
     ],
 )
 async def test_bad_sends_are_answered_with_clear_errors(
@@ -549,7 +549,9 @@ async def test_admin_codes_and_unknown_code(env: Env) -> None:
     assert info["brokerName"] == "broker-a"
     stats = json.loads((await c.request(R.GET_TOPIC_STATS_INFO, {"topic": "Adm"})).body)
     assert len(stats["offsetTable"]) == 2
-    resp = await c.request(R.END_TRANSACTION, {})
+    resp = await c.request(R.END_TRANSACTION, {})  # a malformed one is refused with the reason
+    assert resp.code == C.SYSTEM_ERROR and "commitOrRollback" in resp.remark
+    resp = await c.request(R.CHECK_TRANSACTION_STATE, {})  # a client's code: a broker does not serve it
     assert resp.code == C.REQUEST_CODE_NOT_SUPPORTED
     resp = await c.request(R.UPDATE_AND_CREATE_TOPIC, {"topic": "bad name"})
     assert resp.code == C.SYSTEM_ERROR

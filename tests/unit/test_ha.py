@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.conftest import async_wait_for, free_port
+from tests.conftest import async_wait_for, free_port, queue_messages
 from tests.integration.rawclient import AsyncRawClient, pull_ext
 
 from chronomq.broker.controller import BrokerController
@@ -305,12 +305,7 @@ async def test_our_consumer_reads_from_the_slave_while_the_master_is_down(tmp_pa
 
 
 def delivered(b: BrokerController, topic: str) -> list[MessageExt]:
-    """Every message of ``topic`` in the broker's consume queues."""
-    out = []
-    for qid in b.store.queue_ids(topic):
-        res = b.store.get_message(topic, qid, 0, 10_000, max_bytes=1 << 30)
-        out += [decode_record(raw) for raw in res.messages]
-    return out
+    return queue_messages(b.store, topic)
 
 
 async def test_a_promoted_slave_delivers_every_pending_delayed_message_once(tmp_path):

@@ -34,6 +34,7 @@ from .services import BrokerServices, PromoteError
 from .slave_sync import SlaveSynchronize
 from .timer_processor import TimerProcessor
 from .topics import TopicConfig, TopicConfigManager
+from .transaction import TransactionService
 
 log = logging.getLogger("chronomq.broker")
 
@@ -103,6 +104,9 @@ class BrokerController:
             runtime_info=self.runtime_info,
             promote=self.promote,
         )
+        self.transactions = TransactionService(config, self.clock, self.store, self.delay, self.timer,
+                                               self.offsets, self.producers, self.store_host)
+        self.services.transactions = self.transactions
         self.timers = TimerProcessor(self.services)
         self.processor = BrokerProcessor(self.services, self.timers)
         self.server = RemotingServer(
@@ -188,6 +192,8 @@ class BrokerController:
             self._tasks.append(asyncio.create_task(self.slave_sync.run(self.clock.sleep), name="slave-sync"))
         if self.timer_follower is not None:
             self._tasks.append(asyncio.create_task(self._slave_timer_loop(), name="slave-timer"))
+        if not slave:
+            self._tasks.append(asyncio.create_task(self._transaction_check_loop(), name="transaction-check"))
         if slave and self.config.slaveAutoPromoteAfterMs > 0:
             self._tasks.append(asyncio.create_task(self._auto_promote_loop(), name="auto-promote"))
         await self.register_all()
@@ -282,9 +288,23 @@ class BrokerController:
         except OSError as e:
             log.error("HA: cannot listen on %s:%d (%s); no slave can connect", self.bind_host,
                       self.config.ha_port, e)
+        self._tasks.append(asyncio.create_task(self._transaction_check_loop(), name="transaction-check"))
         await self.register_all()  # the name server moves this address to id 0
         log.warning("promotion done: %s is the master of %s (was brokerId %d)", self.broker_addr,
                     self.config.brokerName, old_id)
+
+    async def _transaction_check_loop(self) -> None:
+        """A master's check of undecided half messages, every transactionCheckInterval (RocketMQ's
+        TransactionalMessageCheckService; the first round after one interval)."""
+        while True:
+            await self.clock.sleep(self.config.transactionCheckInterval / 1000)
+            try:
+                counts = self.transactions.check_once()
+                if counts["checked"] or counts["given_up"]:
+                    log.info("transactions: %d half messages checked, %d given up", counts["checked"],
+                             counts["given_up"])
+            except Exception:
+                log.exception("transactions: the check round failed; trying again next interval")
 
     async def _auto_promote_loop(self) -> None:
         """slaveAutoPromoteAfterMs: promote this slave once its master has sent nothing for that long
@@ -495,7 +515,8 @@ class BrokerController:
 
     # --- stats ---------------------------------------------------------------------------------------------
     def runtime_info(self) -> dict[str, Any]:
-        return {**self._ha_info(), **self._base_info()}
+        tx = {"transaction" + k[0].upper() + k[1:]: v for k, v in self.transactions.stats().items()}
+        return {**self._ha_info(), **self._base_info(), **tx}
 
     def _ha_info(self) -> dict[str, Any]:
         """Role and replication: on a master the best slave's lag (-1 with none connected); on a slave

@@ -1,7 +1,7 @@
 """The broker's request dispatcher (protocol.md section 2): ``BrokerProcessor`` maps each request code to
 its handler; the handlers live in ``broker/processors/``, one module per kind of request, as mixins of
-this class (send.py, pull.py, client_manage.py, consumer_manage.py, admin.py, query.py), and the timer
-codes 9001-9004 in ``broker/timer_processor.py``.
+this class (send.py, pull.py, client_manage.py, consumer_manage.py, admin.py, query.py, transaction.py),
+and the timer codes 9001-9004 in ``broker/timer_processor.py``.
 
 Most requests are answered inline (``handle_sync``: no task, no await). Two need to wait:
 - a PULL with the suspend flag and nothing to return: ``handle_sync`` returns None and the async
@@ -25,6 +25,7 @@ from .processors.consumer_manage import ConsumerManageProcessor
 from .processors.pull import PullProcessor
 from .processors.query import QueryMessageProcessor
 from .processors.send import SendProcessor
+from .processors.transaction import TransactionProcessor
 
 if TYPE_CHECKING:
     from .services import BrokerServices
@@ -38,6 +39,7 @@ class BrokerProcessor(
     ConsumerManageProcessor,
     QueryMessageProcessor,
     AdminProcessor,
+    TransactionProcessor,
 ):
     """The 4.x request codes, answered from the broker's services; the timer codes and the parking of
     timed messages are ``timers``' (broker/timer_processor.py)."""
@@ -57,6 +59,7 @@ class BrokerProcessor(
         self._sync.update(self._init_consumer_manage())
         self._sync.update(self._init_query())
         self._sync.update(self._init_admin())
+        self._sync.update(self._init_transaction())
         self._sync.update(timers.handlers())  # 9001-9004: broker/timer_processor.py
 
     def handle_sync(self, req: RemotingCommand, conn: Connection) -> RemotingCommand | None:

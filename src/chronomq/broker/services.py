@@ -28,6 +28,7 @@ from .clients import ConsumerManager, ProducerManager, QueueLockManager
 from .longpoll import PullHoldService
 from .offsets import ConsumerOffsetManager
 from .topics import TopicConfigManager
+from .transaction import TransactionService
 
 
 class PromoteError(Exception):
@@ -67,5 +68,6 @@ class BrokerServices:
     put_stats: PutStats = field(default_factory=PutStats)
     ha: HAService | None = None  # on a master: the slaves' link and the SYNC_MASTER wait
     promote: Callable[[str], Awaitable[None]] | None = None  # a slave's promotion (the controller's)
+    transactions: TransactionService | None = None  # half messages, END_TRANSACTION and the check
     loop: asyncio.AbstractEventLoop | None = None
     stopping: bool = False

@@ -25,6 +25,7 @@ from .model import Message, MessageQueue, ReceivedMessage, SendResult, SendStatu
 from .ops import PullResult, PullStatus
 from .producer import Producer, select_by_key
 from .simple import SimpleConsumer
+from .transaction import LocalTransactionState, TransactionProducer, TransactionSendResult
 
 __all__ = [
     "LATER",
@@ -37,6 +38,7 @@ __all__ = [
     "ConnectFailed",
     "ConsumeResult",
     "InvalidMessage",
+    "LocalTransactionState",
     "Message",
     "MessageQueue",
     "MessageTooLarge",
@@ -60,6 +62,8 @@ __all__ = [
     "TimerOutcome",
     "TopicNotFound",
     "TopicRoute",
+    "TransactionProducer",
+    "TransactionSendResult",
     "allocate_average",
     "select_by_key",
 ]

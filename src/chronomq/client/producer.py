@@ -111,7 +111,8 @@ class Producer(SyncContextMixin):
         self._clock: Clock = clock if clock is not None else SystemClock()
         self._instance = ClientInstance(namesrv, instance_name=instance_name, request_timeout=send_timeout,
                                         heartbeat_interval=heartbeat_interval,
-                                        route_refresh_interval=route_refresh_interval)
+                                        route_refresh_interval=route_refresh_interval,
+                                        request_handler=self._on_server_request)
         self._instance.heartbeat_body = self._heartbeat_body
         self._ids = _UniqIdGen(self._instance.client_ip, self._clock)
         self._rr = itertools.count(random.randrange(1024))
@@ -122,6 +123,11 @@ class Producer(SyncContextMixin):
     @property
     def client_id(self) -> str:
         return self._instance.client_id
+
+    async def _on_server_request(self, addr: str, cmd: RemotingCommand) -> RemotingCommand | None:
+        """A request a broker sends this producer; a plain producer answers none."""
+        return cmd.response(ResponseCode.REQUEST_CODE_NOT_SUPPORTED,
+                            remark=f"request code {cmd.code} is not supported by this producer")
 
     def _heartbeat_body(self) -> dict[str, Any]:
         return {"clientID": self.client_id, "producerDataSet": [{"groupName": self.group}],

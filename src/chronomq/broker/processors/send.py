@@ -22,12 +22,12 @@ from chronomq.ha import SlaveWait
 from chronomq.message import (
     DLQ_GROUP_TOPIC_PREFIX,
     PROPERTY_MAX_RECONSUME_TIMES,
-    PROPERTY_TRANSACTION_PREPARED,
     PROPERTY_WAIT_STORE_MSG_OK,
     RETRY_GROUP_TOPIC_PREFIX,
     SCHEDULE_TOPIC,
     SYSFLAG_COMPRESSED,
     SYSFLAG_TRANSACTION_PREPARED_TYPE,
+    SYSFLAG_TRANSACTION_ROLLBACK_TYPE,
     MessageExt,
     MessageFormatError,
     decode_properties,
@@ -40,6 +40,7 @@ from chronomq.remoting.server import DEFERRED, Connection
 from chronomq.store.types import PutResult, PutStatus
 
 from ..topics import TopicError
+from ..transaction import is_transactional
 from .base import Handler, ProcessorBase
 
 log = logging.getLogger("chronomq.broker")
@@ -136,6 +137,13 @@ class SendProcessor(ProcessorBase):
         if isinstance(target, RemotingCommand):
             return target
         props = target.properties
+        tx = self.services.transactions
+        if tx is not None and is_transactional(props):  # a half message: stored as it is, never parked
+            half = tx.half(target.message(conn, self.services.store_host, props, req.body, target.flag,
+                                          target.sys_flag))
+            result = self.store.put_message(half)
+            self.services.put_stats.record(result)
+            return self._put_response(req, conn, result, True, target.queue_id)
         if batch:
             msgs = self._batch_messages(req, conn, target)
             if isinstance(msgs, RemotingCommand):
@@ -200,13 +208,20 @@ class SendProcessor(ProcessorBase):
                 ResponseCode.SYSTEM_ERROR,
                 remark=f"request queueId[{queue_id}] is illegal, topic {topic} has {nqueues} queues",
             )
-        if (
-            transaction_type(sys_flag) == SYSFLAG_TRANSACTION_PREPARED_TYPE
-            or props.get(PROPERTY_TRANSACTION_PREPARED) == "true"
-        ):
-            return req.response(
-                ResponseCode.NO_PERMISSION, remark="transactional messages are not supported by this broker"
-            )
+        tx_bits = transaction_type(sys_flag)
+        if tx_bits in (SYSFLAG_TRANSACTION_PREPARED_TYPE, SYSFLAG_TRANSACTION_ROLLBACK_TYPE) \
+                and not is_transactional(props):
+            # RocketMQ would store it and never index it: invisible for good
+            return req.response(ResponseCode.MESSAGE_ILLEGAL,
+                                remark="a prepared or rolled-back transactional message must carry the "
+                                "property TRAN_MSG=true and END_TRANSACTION decides it")
+        if is_transactional(props):
+            if self.config.rejectTransactionMessage:
+                return req.response(ResponseCode.NO_PERMISSION, remark=f"the broker[{self.config.brokerIP1}] "
+                                    "sending transaction message is forbidden")
+            if batch:
+                return req.response(ResponseCode.MESSAGE_ILLEGAL,
+                                    remark="a transactional message cannot be sent in a batch")
         # a producer resending to a retry topic too often: dead letter (Java handleRetryAndDLQ)
         if topic.startswith(RETRY_GROUP_TOPIC_PREFIX) and not batch and reconsume >= self._max_reconsume(
                 req, props):
