@@ -92,6 +92,11 @@ class BrokerConfig:
     longPollingEnable: bool = True
     clientChannelMaxIdleTimeSeconds: int = 120
     registerNameServerPeriod: int = 30_000
+    # ACL 1.0: every request signed by an account of aclFile ("": <storePathRootDir>/conf/plain_acl.yml)
+    aclEnable: bool = False
+    aclFile: str = ""
+    aclReplayWindowMs: int = 300_000  # a request signed with a Timestamp further away is refused
+    aclRequireTimestamp: bool = False  # refuse requests without chronomq's Timestamp (RocketMQ's clients)
     # transactions (RocketMQ's keys and defaults)
     rejectTransactionMessage: bool = False
     transactionTimeOut: int = 6000  # a half message undecided this long (ms) is checked
@@ -129,6 +134,10 @@ class BrokerConfig:
     @property
     def ha_port(self) -> int:
         return self.haListenPort or self.listenPort + 1
+
+    @property
+    def acl_path(self) -> Path:
+        return Path(self.aclFile) if self.aclFile else Path(self.storePathRootDir) / "conf" / "plain_acl.yml"
 
     @property
     def is_slave(self) -> bool:

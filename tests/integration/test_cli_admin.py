@@ -81,3 +81,32 @@ def test_client_admin_raises_not_a_name_server(server: ChronomqProcess) -> None:
     with Admin(server.namesrv_addr) as admin:
         assert admin.masters() == [("broker-a", server.broker_addr)]
         assert admin.cluster() == {"DefaultCluster": {"broker-a": {0: server.broker_addr}}}
+
+
+def test_admin_verbs_carry_acl_credentials(tmp_path: Path) -> None:
+    acl = tmp_path / "plain_acl.yml"
+    acl.write_text("accounts:\n  - accessKey: admin-key\n    secretKey: admin-secret\n    admin: true\n")
+    with ChronomqProcess(tmp_path / "data", {"aclEnable": "true", "aclFile": str(acl)}) as p:
+        ns = p.namesrv_addr
+        out = _cli("admin", "update-topic", "-n", ns, "AclCli", "--queues", "2")
+        assert out.returncode == 1 and "No accessKey is configured" in out.stderr
+        out = _cli("admin", "update-topic", "-n", ns, "AclCli", "--access-key", "admin-key",
+                   "--secret-key", "wrong-secret")
+        assert out.returncode == 1 and "Check signature failed" in out.stderr
+        env = {"CHRONOMQ_ACCESS_KEY": "admin-key", "CHRONOMQ_SECRET_KEY": "admin-secret"}
+        old = {k: os.environ.get(k) for k in env}
+        os.environ.update(env)
+        try:
+            out = _cli("admin", "update-topic", "-n", ns, "AclCli", "--queues", "2")
+            assert out.returncode == 0, out.stderr
+            out = _cli("admin", "broker-status", "-n", ns)
+            assert out.returncode == 0 and "brokerRole" in out.stdout
+        finally:
+            for k, v in old.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+        out = _cli("admin", "topics", "-n", ns, "--access-key", "admin-key")
+        assert out.returncode == 1 and "secret key" in out.stderr
+        assert "admin-secret" not in p.log_tail(20_000)

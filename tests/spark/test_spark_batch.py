@@ -168,3 +168,23 @@ def test_write_delay_ms_carries_timer_deliver_time(spark, broker) -> None:
     assert int(by[b"c"].properties["TIMER_DELIVER_MS"]) == int(at.timestamp() * 1000)
     for r in by.values():  # never early: stored on the real topic at or after the deliver time
         assert int(r.timestamp.timestamp() * 1000) >= int(r.properties["TIMER_DELIVER_MS"])
+
+
+def test_acl_credentials_for_reads_and_writes(spark, tmp_path) -> None:
+    from tests.compat.harness import ChronomqProcess
+
+    acl = tmp_path / "plain_acl.yml"
+    acl.write_text("accounts:\n  - accessKey: spark-key\n    secretKey: spark-secret\n    admin: true\n"
+                   "    defaultTopicPerm: PUB|SUB\n    defaultGroupPerm: SUB\n")
+    with ChronomqProcess(tmp_path / "data", {"aclEnable": "true", "aclFile": str(acl)}) as p:
+        ns = p.namesrv_addr
+        creds = {"accessKey": "spark-key", "secretKey": "spark-secret"}
+        df = spark.createDataFrame([(f"v{i}".encode(),) for i in range(6)], "value binary")
+        writer = df.write.format("chronomq").option("namesrv", ns).option("topic", "AclSpark")
+        for k, v in creds.items():
+            writer = writer.option(k, v)
+        writer.mode("append").save()
+        rows = reader(spark, ns, subscribe="AclSpark", **creds).select("value").collect()
+        assert sorted(r.value for r in rows) == [f"v{i}".encode() for i in range(6)]
+        with pytest.raises(Exception, match="No accessKey is configured"):
+            reader(spark, ns, subscribe="AclSpark").collect()

@@ -370,3 +370,17 @@ def test_pending_schema_and_batch() -> None:
     assert r0["created"] == datetime.fromtimestamp(1_700_000_000, UTC)
     assert (r0["body_size"], r0["broker"]) == (10, "broker-a")
     assert r1["offset_msg_id"] is None and r1["created"] is None and r1["tags"] is None and r1["keys"] == []
+
+
+def test_acl_credentials_reach_every_client_the_source_builds() -> None:
+    creds = {"accessKey": "RocketMQ", "secretKey": "12345678"}
+    assert read(subscribe="t", **creds).credentials == ("RocketMQ", "12345678")
+    assert read(subscribe="t").credentials is None
+    assert parse_write_options({**NS, **creds}).credentials == ("RocketMQ", "12345678")
+    assert parse_pending_options({**NS, "mode": "pending", **creds}, False).credentials == ("RocketMQ",
+                                                                                           "12345678")
+    with pytest.raises(OptionError, match="go together"):
+        read(subscribe="t", accessKey="RocketMQ")
+    from chronomq.spark.io import ReadSettings
+
+    assert ReadSettings.of(read(subscribe="t", **creds), [1000]).credentials == ("RocketMQ", "12345678")

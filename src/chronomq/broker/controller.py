@@ -12,6 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from chronomq.acl import AclConfigError, AclValidator
 from chronomq.clock import Clock, SystemClock
 from chronomq.config import ASYNC_MASTER, SYNC_MASTER, BrokerConfig, ConfigError
 from chronomq.delay import DelayService
@@ -109,6 +110,12 @@ class BrokerController:
         self.services.transactions = self.transactions
         self.timers = TimerProcessor(self.services)
         self.processor = BrokerProcessor(self.services, self.timers)
+        if config.aclEnable:
+            try:
+                self.processor.acl = AclValidator(config.acl_path, self.clock.now_ms,
+                                                  config.aclReplayWindowMs, config.aclRequireTimestamp)
+            except AclConfigError as e:
+                raise ConfigError(f"aclEnable: {e}") from None
         self.server = RemotingServer(
             self.processor.handle,
             self.bind_host,

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from chronomq.acl import AclValidator, refusal
 from chronomq.remoting.codec import RemotingCommand
 from chronomq.remoting.codes import RequestCode
 from chronomq.remoting.server import Connection, UnsupportedCode
@@ -52,6 +53,7 @@ class BrokerProcessor(
         self.topics = services.topics
         self.delay = services.delay
         self.timers = timers
+        self.acl: AclValidator | None = None  # set when aclEnable (the controller loads the accounts)
         self._sync: dict[int, Handler] = {}
         self._sync.update(self._init_send())
         self._sync.update(self._init_pull())
@@ -63,6 +65,10 @@ class BrokerProcessor(
         self._sync.update(timers.handlers())  # 9001-9004: broker/timer_processor.py
 
     def handle_sync(self, req: RemotingCommand, conn: Connection) -> RemotingCommand | None:
+        if self.acl is not None:
+            refused = refusal(self.acl, req, conn.remote_addr)
+            if refused is not None:
+                return refused
         fn = self._sync.get(req.code)
         if fn is None:
             raise UnsupportedCode(req.code)

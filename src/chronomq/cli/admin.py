@@ -145,6 +145,8 @@ def add_admin_parsers(p: argparse.ArgumentParser) -> None:
 
     def common(sp: argparse.ArgumentParser, broker: bool = True) -> None:
         sp.add_argument("-n", "--namesrv", default="127.0.0.1:9876", help="name server HOST:PORT")
+        sp.add_argument("--access-key", help="ACL access key (or CHRONOMQ_ACCESS_KEY)")
+        sp.add_argument("--secret-key", help="ACL secret key (better: CHRONOMQ_SECRET_KEY)")
         if broker:
             sp.add_argument("-b", "--broker", help="ask this broker HOST:PORT directly")
 

@@ -8,6 +8,7 @@ Rules: the verbs send no request of their own; every request goes through the cl
 from __future__ import annotations
 
 import argparse
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -26,12 +27,25 @@ def check_addr(addr: str, option: str) -> str:
     return addr
 
 
+def credentials(args: argparse.Namespace) -> tuple[str, str] | None:
+    """ACL credentials: --access-key / --secret-key, else CHRONOMQ_ACCESS_KEY / CHRONOMQ_SECRET_KEY (the
+    environment keeps the secret out of the process list); None when neither gives an access key."""
+    ak = getattr(args, "access_key", None) or os.environ.get("CHRONOMQ_ACCESS_KEY")
+    sk = getattr(args, "secret_key", None) or os.environ.get("CHRONOMQ_SECRET_KEY")
+    if not ak:
+        return None
+    if not sk:
+        raise AdminError("an access key needs its secret key: --secret-key or CHRONOMQ_SECRET_KEY")
+    return ak, sk
+
+
 @contextmanager
 def open_admin(args: argparse.Namespace) -> Iterator[Any]:
     """The blocking facade of an Admin on ``args.namesrv`` (closed on leaving)."""
     if getattr(args, "broker", None):
         check_addr(args.broker, "-b")
-    client = Admin(check_addr(args.namesrv, "-n"), request_timeout=REQUEST_TIMEOUT)
+    client = Admin(check_addr(args.namesrv, "-n"), request_timeout=REQUEST_TIMEOUT,
+                   credentials=credentials(args))
     with client as admin:
         yield admin
 

@@ -93,6 +93,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("namesrv", help="a stand-alone name server")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=9876)
+    p.add_argument("--acl-file", metavar="PATH",
+                   help="check every request against these plain_acl.yml accounts (like aclEnable)")
 
     p = sub.add_parser("broker", help="a stand-alone broker registering with name server(s)")
     p.add_argument("-n", "--namesrv", metavar="HOST:PORT[;HOST:PORT]", help="name server address(es)")
@@ -183,6 +185,11 @@ def cmd_start(args: argparse.Namespace) -> int:
         clock = SystemClock()
         ns = NameServer(host, ns_port, clock)
         broker = BrokerController(config, clock, bind_host=host, local_register=ns.routes.register_broker)
+        if broker.processor.acl is not None:  # the embedded name server checks the same accounts
+            from chronomq.acl import refusal
+
+            acl = broker.processor.acl
+            ns.request_check = lambda req, addr: refusal(acl, req, addr)
 
         async def start() -> None:
             await ns.start()
@@ -206,8 +213,22 @@ def cmd_namesrv(args: argparse.Namespace) -> int:
     choose_loop()
     from chronomq.namesrv import NameServer
 
+    acl = None
+    if args.acl_file:
+        from chronomq.acl import AclConfigError, AclValidator
+        from chronomq.clock import SystemClock
+
+        try:
+            acl = AclValidator(args.acl_file, SystemClock().now_ms)
+        except AclConfigError as e:
+            raise ConfigError(f"--acl-file: {e}") from None
+
     async def main() -> None:
         ns = NameServer(args.host, args.port)
+        if acl is not None:
+            from chronomq.acl import refusal
+
+            ns.request_check = lambda req, addr: refusal(acl, req, addr)
         await _run_until_signal(ns.start, ns.stop, lambda: f"chronomq namesrv ready {ns.address}")
 
     asyncio.run(main())

@@ -193,9 +193,11 @@ def _json_body(body: bytes, what: str, addr: str) -> dict[str, Any]:
 
 class Admin(SyncContextMixin):
     def __init__(self, namesrv: str | Sequence[str] = "127.0.0.1:9876", *, request_timeout: float = 5.0,
-                 instance_name: str | None = None, clock: Clock | None = None) -> None:
-        self._instance = ClientInstance(namesrv, instance_name=instance_name, request_timeout=request_timeout)
+                 instance_name: str | None = None, clock: Clock | None = None,
+                 credentials: tuple[str, str] | None = None) -> None:
         self._clock: Clock = clock if clock is not None else SystemClock()
+        self._instance = ClientInstance(namesrv, credentials=credentials, instance_name=instance_name,
+                                        request_timeout=request_timeout, clock=self._clock)
         self._closed = False
 
     async def start(self) -> None:

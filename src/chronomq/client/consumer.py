@@ -91,7 +91,7 @@ class PushConsumer(Rebalance, PullPath, ConsumeService, OffsetCommit, QueueLocks
                  max_reconsume_times: int | None = None, retry_delay_level: int = 0,
                  orderly_retry_delay: float = 1.0, shutdown_timeout: float = 10.0,
                  request_timeout: float = 3.0, instance_name: str | None = None,
-                 clock: Clock | None = None) -> None:
+                 clock: Clock | None = None, credentials: tuple[str, str] | None = None) -> None:
         subs = _checked_subscriptions(group, subscriptions, consume_from, consume_timestamp, concurrency,
                                       max_inflight_per_queue, pull_batch_size)
         self.group = group
@@ -116,10 +116,11 @@ class PushConsumer(Rebalance, PullPath, ConsumeService, OffsetCommit, QueueLocks
             self.subscriptions[m.RETRY_GROUP_TOPIC_PREFIX + group] = "*"
         self._clock: Clock = clock if clock is not None else SystemClock()
         self._sub_version = self._clock.now_ms()
-        self._instance = ClientInstance(namesrv, instance_name=instance_name, request_timeout=request_timeout,
+        self._instance = ClientInstance(namesrv, credentials=credentials, instance_name=instance_name,
+                                        request_timeout=request_timeout,
                                         heartbeat_interval=heartbeat_interval,
                                         route_refresh_interval=route_refresh_interval,
-                                        request_handler=self._on_server_request)
+                                        request_handler=self._on_server_request, clock=self._clock)
         self._instance.heartbeat_body = self._heartbeat_body
         self._pqs: dict[MessageQueue, ProcessQueue] = {}
         self._offsets: dict[MessageQueue, int] = {}

@@ -15,6 +15,7 @@ import socket
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import Any
 
+from chronomq.clock import Clock, SystemClock
 from chronomq.remoting.client import (
     RemotingClient,
     RemotingClosedError,
@@ -23,6 +24,7 @@ from chronomq.remoting.client import (
 )
 from chronomq.remoting.codec import RemotingCommand
 from chronomq.remoting.codes import RequestCode, ResponseCode
+from chronomq.remoting.signing import sign
 
 from .errors import ClientClosed, ConnectFailed, NoRouteError, RequestTimeout, error_for_code
 from .model import TopicRoute
@@ -60,7 +62,8 @@ class ClientInstance:
                  request_timeout: float = 3.0, route_timeout: float = 5.0,
                  heartbeat_interval: float = 30.0, route_refresh_interval: float = 30.0,
                  request_handler: Callable[[str, RemotingCommand], Awaitable[RemotingCommand | None]]
-                 | None = None) -> None:
+                 | None = None, credentials: tuple[str, str] | None = None,
+                 clock: Clock | None = None) -> None:
         self.namesrv_addrs = parse_namesrv(namesrv)
         self.request_timeout = request_timeout
         self.route_timeout = route_timeout
@@ -70,6 +73,9 @@ class ClientInstance:
         self.client_ip = local_ip()
         self.client_id = f"{self.client_ip}@{instance_name or f'{os.getpid()}#{seq}'}"
         self._handler = request_handler
+        # (access key, secret key): every request is signed (RocketMQ ACL 1.0) just before it is sent
+        self.credentials = credentials
+        self._clock: Clock = clock or SystemClock()  # the signatures' Timestamp
         self._remoting: RemotingClient | None = None
         self._ns_index = 0
         self.routes: dict[str, TopicRoute] = {}
@@ -149,6 +155,8 @@ class ClientInstance:
         if not self.running or self._remoting is None:
             raise ClientClosed(f"{what}: the client is not running (start it, or it was closed)")
         try:
+            if self.credentials is not None:
+                sign(cmd, *self.credentials, self._clock.now_ms())
             return await self._remoting.invoke(addr, cmd, timeout or self.request_timeout)
         except RemotingTimeoutError as e:
             raise RequestTimeout(f"{what}: {e}") from None
@@ -161,6 +169,8 @@ class ClientInstance:
         if not self.running or self._remoting is None:
             raise ClientClosed(f"{what}: the client is not running")
         try:
+            if self.credentials is not None:
+                sign(cmd, *self.credentials, self._clock.now_ms())
             await self._remoting.invoke_oneway(addr, cmd)
         except RemotingClosedError:
             raise ClientClosed(f"{what}: the client was closed") from None

@@ -93,7 +93,8 @@ class Producer(SyncContextMixin):
                  default_topic: str = m.DEFAULT_TOPIC, default_topic_queue_nums: int = 4,
                  heartbeat_interval: float = 30.0, route_refresh_interval: float = 30.0,
                  instance_name: str | None = None, use_v2_header: bool = True,
-                 broker_isolation: float = 2.0, clock: Clock | None = None) -> None:
+                 broker_isolation: float = 2.0, clock: Clock | None = None,
+                 credentials: tuple[str, str] | None = None) -> None:
         if not group:
             raise ValueError("the producer group must not be empty")
         if retries < 0:
@@ -109,10 +110,11 @@ class Producer(SyncContextMixin):
         self.use_v2_header = use_v2_header
         self.broker_isolation = broker_isolation
         self._clock: Clock = clock if clock is not None else SystemClock()
-        self._instance = ClientInstance(namesrv, instance_name=instance_name, request_timeout=send_timeout,
+        self._instance = ClientInstance(namesrv, credentials=credentials, instance_name=instance_name,
+                                        request_timeout=send_timeout,
                                         heartbeat_interval=heartbeat_interval,
                                         route_refresh_interval=route_refresh_interval,
-                                        request_handler=self._on_server_request)
+                                        request_handler=self._on_server_request, clock=self._clock)
         self._instance.heartbeat_body = self._heartbeat_body
         self._ids = _UniqIdGen(self._instance.client_ip, self._clock)
         self._rr = itertools.count(random.randrange(1024))

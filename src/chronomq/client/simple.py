@@ -17,11 +17,13 @@ __all__ = ["PullResult", "PullStatus", "SimpleConsumer"]
 
 class SimpleConsumer(SyncContextMixin):
     def __init__(self, group: str = "DEFAULT_PULL_CONSUMER", namesrv: str | Sequence[str] = "127.0.0.1:9876",
-                 *, request_timeout: float = 3.0, instance_name: str | None = None) -> None:
+                 *, request_timeout: float = 3.0, instance_name: str | None = None,
+                 credentials: tuple[str, str] | None = None) -> None:
         if not group:
             raise ValueError("the consumer group must not be empty")
         self.group = group
-        self._instance = ClientInstance(namesrv, instance_name=instance_name, request_timeout=request_timeout)
+        self._instance = ClientInstance(namesrv, credentials=credentials, instance_name=instance_name,
+                                        request_timeout=request_timeout)
         self._started = False
         self._closed = False
 

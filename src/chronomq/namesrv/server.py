@@ -7,6 +7,7 @@ import contextlib
 import json
 import logging
 import zlib
+from collections.abc import Callable
 from typing import Any
 
 from chronomq.clock import Clock, SystemClock
@@ -67,6 +68,8 @@ class NameServer:
         self.server.close_callbacks.append(self._on_close)
         self.kv: dict[str, dict[str, str]] = {}
         self._scan_task: asyncio.Task[None] | None = None
+        # (request, client address) -> a refusal to answer instead, or None (the ACL check, when on)
+        self.request_check: Callable[[RemotingCommand, str], RemotingCommand | None] | None = None
 
     @property
     def address(self) -> str:
@@ -102,6 +105,10 @@ class NameServer:
         return resp
 
     def handle_sync(self, req: RemotingCommand, conn: Connection | None) -> RemotingCommand | None:
+        if self.request_check is not None and conn is not None:
+            refused = self.request_check(req, conn.remote_addr)
+            if refused is not None:
+                return refused
         code = req.code
         if code == RequestCode.GET_ROUTEINFO_BY_TOPIC:
             topic = req.require_str("topic")

@@ -80,12 +80,14 @@ class Metadata:
     def _c(self) -> Any:
         if self._consumer is None:
             self._consumer = SimpleConsumer(READER_GROUP, self.opts.namesrv,
-                                            request_timeout=self.opts.request_timeout_s).blocking()
+                                            request_timeout=self.opts.request_timeout_s,
+                                            credentials=self.opts.credentials).blocking()
         return self._consumer
 
     def _a(self) -> Any:
         if self._admin is None:
-            self._admin = Admin(self.opts.namesrv, request_timeout=self.opts.request_timeout_s).blocking()
+            self._admin = Admin(self.opts.namesrv, request_timeout=self.opts.request_timeout_s,
+                                credentials=self.opts.credentials).blocking()
         return self._admin
 
     def close(self) -> None:
@@ -218,11 +220,12 @@ class ReadSettings:
     request_timeout_s: float
     levels_ms: tuple[int, ...] = field(default_factory=lambda: tuple(DEFAULT_LEVELS_MS))
     rows_per_batch: int = 4096
+    credentials: tuple[str, str] | None = None
 
     @classmethod
     def of(cls, opts: ReadOptions, levels_ms: Sequence[int]) -> ReadSettings:
         return cls(opts.namesrv, opts.tag_expression, opts.fail_on_data_loss, opts.pull_batch_size,
-                   opts.request_timeout_s, tuple(levels_ms))
+                   opts.request_timeout_s, tuple(levels_ms), credentials=opts.credentials)
 
 
 def read_range(settings: ReadSettings, qr: QueueRange, schema: pa.Schema) -> Iterator[pa.RecordBatch]:
@@ -232,8 +235,8 @@ def read_range(settings: ReadSettings, qr: QueueRange, schema: pa.Schema) -> Ite
     if qr.end <= qr.start:
         return
     mq = MessageQueue(qr.topic, qr.broker, qr.queue_id)
-    proxy = SimpleConsumer(READER_GROUP, settings.namesrv,
-                           request_timeout=settings.request_timeout_s).blocking()
+    proxy = SimpleConsumer(READER_GROUP, settings.namesrv, request_timeout=settings.request_timeout_s,
+                           credentials=settings.credentials).blocking()
     try:
         offset = qr.start
         pending: list[Any] = []
@@ -302,7 +305,8 @@ def _lost(settings: ReadSettings, mq: MessageQueue, frm: int, to: int, end: int,
 def read_pending(opts: PendingOptions, schema: pa.Schema) -> Iterator[pa.RecordBatch]:
     """Every pending message matching the filters, one Arrow batch per page, paging through all master
     brokers with Admin.pending's cursor (ordered by broker, then deliver time)."""
-    proxy = Admin(opts.namesrv, request_timeout=opts.request_timeout_s).blocking()
+    proxy = Admin(opts.namesrv, request_timeout=opts.request_timeout_s,
+                  credentials=opts.credentials).blocking()
     seen: set[str] = set()
     cursor: str | None = None
     try:
@@ -400,7 +404,8 @@ def write_rows(opts: WriteOptions, batches: Iterator[pa.RecordBatch], query_id: 
     by its own level); at most ``maxInFlight`` sends are outstanding. The first failure fails the task
     (Spark retries it: at-least-once, the same UNIQ_KEYs are sent again)."""
     stats = WriteStats()
-    proxy = Producer(opts.producer_group, opts.namesrv, send_timeout=opts.request_timeout_s).blocking()
+    proxy = Producer(opts.producer_group, opts.namesrv, send_timeout=opts.request_timeout_s,
+                     credentials=opts.credentials).blocking()
     producer = proxy.async_client
     sem_holder: dict[str, asyncio.Semaphore] = {}
 

@@ -20,6 +20,7 @@ The read options follow Spark's Kafka source, which Spark users already know:
 ``pullBatchSize``            messages per pull request (default 256, 1..1024; brokers may cap it)
 ``requestTimeoutMs``         client request timeout (default 10000)
 ``mode``                     ``messages`` (default: the rows of topics, as above) or ``pending``
+``accessKey`` / ``secretKey``  ACL credentials for a cluster with aclEnable (every mode, reads and writes)
 ==========================  ==========================================================================
 
 ``mode=pending`` (batch only) reads the brokers' timer stores instead: one row per message waiting for
@@ -59,10 +60,10 @@ _ENGINE_KEYS = {"path", "checkpointlocation", "queryname"}
 READ_KEYS = {
     "namesrv", "nameserver", "subscribe", "subscribepattern", "assign", "startingoffsets",
     "endingoffsets", "startingtimestamp", "maxoffsetspertrigger", "failondataloss", "tagexpression",
-    "minpartitions", "pullbatchsize", "requesttimeoutms", "mode",
+    "minpartitions", "pullbatchsize", "requesttimeoutms", "mode", "accesskey", "secretkey",
 }
 PENDING_KEYS = {"namesrv", "nameserver", "mode", "topic", "key", "tag", "deliverfrom", "deliverto",
-                "pagesize", "requesttimeoutms"}
+                "pagesize", "requesttimeoutms", "accesskey", "secretkey"}
 # read modes: the rows of topics (default) / the timer stores' pending index
 MODE_MESSAGES = "messages"
 MODE_PENDING = "pending"
@@ -76,9 +77,10 @@ _SPELLING = {
     "tagexpression": "tagExpression", "minpartitions": "minPartitions", "pullbatchsize": "pullBatchSize",
     "requesttimeoutms": "requestTimeoutMs", "mode": "mode", "topic": "topic", "key": "key", "tag": "tag",
     "deliverfrom": "deliverFrom", "deliverto": "deliverTo", "pagesize": "pageSize",
+    "accesskey": "accessKey", "secretkey": "secretKey",
 }
 WRITE_KEYS = {"namesrv", "nameserver", "topic", "producergroup", "batchsize", "maxinflight", "writeid",
-              "requesttimeoutms"}
+              "requesttimeoutms", "accesskey", "secretkey"}
 
 # Offsets per queue: {topic: {broker_name: {queue_id: offset}}} (queue ids as ints inside Python).
 QueueOffsets = dict[str, dict[str, dict[int, int]]]
@@ -118,6 +120,7 @@ class ReadOptions:
     pull_batch_size: int
     request_timeout_s: float
     streaming: bool
+    credentials: tuple[str, str] | None = None
 
     def named_topics(self) -> list[str] | None:
         """Topics named by subscribe/assign (None for subscribePattern: resolved against the cluster)."""
@@ -137,6 +140,7 @@ class WriteOptions:
     max_in_flight: int
     write_id: str | None
     request_timeout_s: float
+    credentials: tuple[str, str] | None = None
 
 
 def _lower(options: Mapping[str, str]) -> dict[str, str]:
@@ -171,6 +175,15 @@ def _namesrv(opts: dict[str, str]) -> str:
         if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
             raise OptionError(f"option 'namesrv': {addr!r} is not host:port")
     return value
+
+
+def _credentials(opts: dict[str, str]) -> tuple[str, str] | None:
+    ak, sk = (opts.get("accesskey") or "").strip(), (opts.get("secretkey") or "").strip()
+    if not ak and not sk:
+        return None
+    if not ak or not sk:
+        raise OptionError("options 'accessKey' and 'secretKey' go together: give both or neither")
+    return ak, sk
 
 
 def _int(opts: dict[str, str], key: str, name: str, *, minimum: int | None = None,
@@ -389,6 +402,7 @@ def parse_read_options(options: Mapping[str, str], streaming: bool) -> ReadOptio
         pull_batch_size=_int(opts, "pullbatchsize", "pullBatchSize", minimum=1, maximum=1024) or 256,
         request_timeout_s=(_int(opts, "requesttimeoutms", "requestTimeoutMs", minimum=100) or 10_000) / 1000,
         streaming=streaming,
+        credentials=_credentials(opts),
     )
 
 
@@ -418,6 +432,7 @@ class PendingOptions:
     deliver_to_ms: int | None
     page_size: int
     request_timeout_s: float
+    credentials: tuple[str, str] | None = None
 
 
 def parse_time_ms(raw: str, name: str) -> int:
@@ -477,6 +492,7 @@ def parse_pending_options(options: Mapping[str, str], streaming: bool) -> Pendin
         deliver_to_ms=end,
         page_size=_int(opts, "pagesize", "pageSize", minimum=1, maximum=1000) or 1000,
         request_timeout_s=(_int(opts, "requesttimeoutms", "requestTimeoutMs", minimum=100) or 10_000) / 1000,
+        credentials=_credentials(opts),
     )
 
 
@@ -496,4 +512,5 @@ def parse_write_options(options: Mapping[str, str]) -> WriteOptions:
         max_in_flight=_int(opts, "maxinflight", "maxInFlight", minimum=1, maximum=1024) or 8,
         write_id=write_id,
         request_timeout_s=(_int(opts, "requesttimeoutms", "requestTimeoutMs", minimum=100) or 10_000) / 1000,
+        credentials=_credentials(opts),
     )

@@ -9,6 +9,7 @@ args:
   deadline_s (overall bound, default 60), out (optional JSONL path: one line per acknowledged send),
   stop_on_error (default false: record the error and go on), max_errors (default 50),
   interval_ms (sync/oneway/orderly: pause between sends, for a paced background producer),
+  credentials: [access key, secret key, channel] for a broker with aclEnable (set_session_credentials),
   barrier: a message spec sent with send_sync after the others (same connection, so its answer means
     the broker has read every earlier oneway frame; the client may drop unsent oneway frames at shutdown)
 SIGTERM/SIGINT: stop sending, shut down, print the result.
@@ -90,6 +91,8 @@ def main() -> None:
 
     producer = Producer(str(args.get("group", "PG_compat")), timeout=int(args.get("timeout_ms", 3000)))
     producer.set_namesrv_addr(args["namesrv"])
+    if args.get("credentials"):  # [access key, secret key, channel]: every request signed (ACL)
+        producer.set_session_credentials(*args["credentials"])
     producer.start()
     out = JsonlWriter(args.get("out"))
     guard = FirstSendGuard()

@@ -2,7 +2,7 @@
 
 args: namesrv, group, topic (required); expression (default "*"); max_num (default 32); props;
   expect: keep making passes over all queues until this many messages arrived (omit: one pass);
-  deadline_s (default 30).
+  deadline_s (default 30); credentials: [access key, secret key, channel] (set_session_credentials).
 result: {"messages": [...], "passes": n, "reason": "expect"|"pass"|"deadline", "errors": [...]}
 (a pass that raises is reported in errors and the next pass goes on, until the deadline)
 """
@@ -28,6 +28,8 @@ def main() -> None:
 
     consumer = PullConsumer(args["group"])
     consumer.set_namesrv_addr(args["namesrv"])
+    if args.get("credentials"):  # [access key, secret key, channel]: every request signed (ACL)
+        consumer.set_session_credentials(*args["credentials"])
     consumer.start()
     messages = []
     passes = 0
