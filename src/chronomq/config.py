@@ -92,6 +92,8 @@ class BrokerConfig:
     longPollingEnable: bool = True
     clientChannelMaxIdleTimeSeconds: int = 120
     registerNameServerPeriod: int = 30_000
+    # the Prometheus endpoint (/metrics): 0 = listenPort + 2, -1 = off
+    metricsPort: int = 0
     # ACL 1.0: every request signed by an account of aclFile ("": <storePathRootDir>/conf/plain_acl.yml)
     aclEnable: bool = False
     aclFile: str = ""
@@ -134,6 +136,10 @@ class BrokerConfig:
     @property
     def ha_port(self) -> int:
         return self.haListenPort or self.listenPort + 1
+
+    @property
+    def metrics_port(self) -> int | None:
+        return None if self.metricsPort < 0 else (self.metricsPort or self.listenPort + 2)
 
     @property
     def acl_path(self) -> Path:

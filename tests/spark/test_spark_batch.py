@@ -184,7 +184,9 @@ def test_acl_credentials_for_reads_and_writes(spark, tmp_path) -> None:
         for k, v in creds.items():
             writer = writer.option(k, v)
         writer.mode("append").save()
-        rows = reader(spark, ns, subscribe="AclSpark", **creds).select("value").collect()
-        assert sorted(r.value for r in rows) == [f"v{i}".encode() for i in range(6)]
+        want = [f"v{i}".encode() for i in range(6)]
+        # the two partitions' sends create the topic concurrently: read until every row is listed
+        wait_for(lambda: sorted(r.value for r in reader(spark, ns, subscribe="AclSpark", **creds)
+                                .select("value").collect()) == want, timeout=30, message="all 6 rows")
         with pytest.raises(Exception, match="No accessKey is configured"):
             reader(spark, ns, subscribe="AclSpark").collect()

@@ -16,9 +16,11 @@ from chronomq.acl import AclConfigError, AclValidator
 from chronomq.clock import Clock, SystemClock
 from chronomq.config import ASYNC_MASTER, SYNC_MASTER, BrokerConfig, ConfigError
 from chronomq.delay import DelayService
+from chronomq.delay.histogram import Histogram
 from chronomq.delay.timer import TimerError, TimerService
 from chronomq.delay.timer.journal import JOURNAL_TOPIC, TimerFollower, TimerJournal
 from chronomq.ha import HAClient, HAService
+from chronomq.metrics import LATENESS_BUCKETS_MS, MetricsServer
 from chronomq.remoting.client import RemotingClient
 from chronomq.remoting.codec import RemotingCommand
 from chronomq.remoting.codes import RequestCode
@@ -131,6 +133,7 @@ class BrokerController:
         self.slave_sync: SlaveSynchronize | None = None  # a slave's copy of the master's metadata
         self.timer_follower: TimerFollower | None = None  # a slave's copy of the master's timer
         self._journal_queued = False
+        self.metrics: MetricsServer | None = None
         self._sync_client: RemotingClient | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self.started_at = 0
@@ -187,6 +190,7 @@ class BrokerController:
             except OSError as e:
                 log.error("HA: cannot listen on %s:%d (%s); no slave can connect, and SYNC_MASTER sends "
                           "answer SLAVE_NOT_AVAILABLE", self.bind_host, self.config.ha_port, e)
+        self._start_metrics()
         self._register_event = asyncio.Event()
         if self.local_register is None:
             self.ns_client = NamesrvClient([a for a in self.config.namesrvAddr.split(";") if a.strip()])
@@ -395,6 +399,9 @@ class BrokerController:
         for _ in range(5):
             await asyncio.sleep(0)
         await self.server.stop()
+        if self.metrics is not None:
+            await asyncio.to_thread(self.metrics.stop)
+            self.metrics = None
         if self.ha is not None:
             await self.ha.stop()
         if self.ha_client is not None:
@@ -519,6 +526,59 @@ class BrokerController:
             )
             cmd.language = "JAVA"
             conn.send_oneway(cmd)
+
+    # --- metrics -------------------------------------------------------------------------------------------
+    def _start_metrics(self) -> None:
+        port = self.config.metrics_port
+        if port is None:
+            return
+        loop = self.loop
+        assert loop is not None
+
+        def snapshot() -> dict[str, Any]:  # a scrape, in the endpoint's thread: read on the loop
+            async def on_loop() -> dict[str, Any]:
+                return self.metrics_snapshot()
+
+            return asyncio.run_coroutine_threadsafe(on_loop(), loop).result(10)
+
+        try:
+            self.metrics = MetricsServer(snapshot, self.bind_host, port)
+            log.info("metrics on http://%s:%d/metrics", self.bind_host, self.metrics.port)
+        except OSError as e:
+            log.error("metrics: cannot listen on %s:%d (%s); set metricsPort to a free port, or -1",
+                      self.bind_host, port, e)
+
+    def metrics_snapshot(self) -> dict[str, Any]:
+        """The figures of metrics.families (on the loop)."""
+        store = self.store
+        topics = {t: sum(store.get_max_offset_in_queue(t, q) for q in store.queue_ids(t))
+                  for t in store.topics()}
+        groups = []
+        for key, queues in list(self.offsets.table.items()):
+            topic, _, group = key.partition("@")
+            diff = sum(max(0, store.get_max_offset_in_queue(topic, q) - off) for q, off in queues.items())
+            groups.append({"topic": topic, "group": group, "offset": sum(queues.values()), "diff": diff})
+        levels = {st.level: self.delay.schedule.level_stats(st)["pending"]
+                  for st in self.delay.schedule.states.values()}
+        t = self.timer.timer
+        stats = self.timer.stats()
+        lat = Histogram.merged(t.hist.values())
+        info = self.runtime_info()
+        rep = None
+        if self.ha is not None and self.ha.links:
+            rep = {"lag_bytes": info["haLagBytes"], "lag_ms": info["haLagMs"]}
+        return {
+            "cluster": self.config.brokerClusterName, "broker": self.config.brokerName,
+            "role": self.config.brokerRole, "put_messages": self.services.put_stats.count,
+            "put_failures": self.services.put_stats.failures, "topics": topics, "groups": groups,
+            "commitlog": {"max": store.max_phy_offset, "min": store.min_phy_offset}, "delay_levels": levels,
+            "timer": {"pending": dict(stats.get("pending_by_topic") or {}), "delivered": stats["delivered"],
+                      "cancelled": stats["cancelled"], "rescheduled": stats["rescheduled"],
+                      "early": stats["early_deliveries"],
+                      "lateness": {"buckets": lat.cumulative(LATENESS_BUCKETS_MS), "count": lat.count,
+                                   "sum": lat.total}},
+            "replication": rep,
+        }
 
     # --- stats ---------------------------------------------------------------------------------------------
     def runtime_info(self) -> dict[str, Any]:

@@ -64,6 +64,15 @@ class Histogram:
                 return min(bucket_upper(idx), self.max)
         return self.max
 
+    def cumulative(self, bounds: Iterable[int]) -> list[tuple[int, int]]:
+        """(bound, samples at or below it) for each bound: a bucket counts once its upper value is within
+        the bound, so a count is exact below 32 ms and never above the truth."""
+        items = sorted((bucket_upper(idx), n) for idx, n in self._counts.items())
+        out = []
+        for b in bounds:
+            out.append((b, sum(n for upper, n in items if upper <= b)))
+        return out
+
     @classmethod
     def merged(cls, hists: Iterable[Histogram]) -> Histogram:
         """One histogram holding every sample of ``hists`` (e.g. per-topic lateness, all topics)."""

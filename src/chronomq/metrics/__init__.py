@@ -1,0 +1,143 @@
+"""Prometheus metrics of a broker (prometheus-client), fed by the broker: ``serve(snapshot, host, port)``
+starts the HTTP endpoint, and at each scrape ``snapshot()`` returns the broker's figures as a plain dict
+(see ``families`` for its keys), which become metric families. Nothing is counted on the hot path.
+
+Names follow rocketmq-exporter where the thing is the same (``rocketmq_producer_offset``,
+``rocketmq_consumer_offset``, ``rocketmq_group_diff``, labels ``cluster``, ``broker``, ``topic``,
+``group``); what only chronomq has is ``chronomq_*`` (delay levels, the timer, lateness, replication).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Iterator
+from socketserver import ThreadingMixIn
+from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+
+from prometheus_client import CollectorRegistry, make_wsgi_app
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+
+log = logging.getLogger("chronomq.metrics")
+
+# Lateness histogram bounds, ms (due time -> put into the store)
+LATENESS_BUCKETS_MS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10_000, 30_000, 60_000)
+DLQ_PREFIX, RETRY_PREFIX = "%DLQ%", "%RETRY%"
+
+
+def families(s: dict[str, Any]) -> Iterator[Metric]:
+    """The metric families of one snapshot. Keys: ``cluster``, ``broker``, ``role``, ``put_messages``,
+    ``put_failures``, ``topics`` {topic: messages}, ``groups`` [{group, topic, offset, diff}],
+    ``commitlog`` {max, min}, ``delay_levels`` {level: pending}, ``timer`` {pending {topic: n},
+    delivered, cancelled, rescheduled, early, lateness {buckets [(bound, cumulative)], count, sum}},
+    ``replication`` {lag_bytes, lag_ms} or None."""
+    base = [s["cluster"], s["broker"]]
+    g = GaugeMetricFamily("rocketmq_producer_offset", "messages stored in a topic on this broker (queues' "
+                          "max offsets)", labels=["cluster", "broker", "topic"])
+    dlq = GaugeMetricFamily("chronomq_dlq_messages", "messages in a group's dead-letter topic",
+                            labels=["cluster", "broker", "group"])
+    retry = GaugeMetricFamily("chronomq_retry_messages", "messages in a group's retry topic",
+                              labels=["cluster", "broker", "group"])
+    for topic, n in sorted(s["topics"].items()):
+        g.add_metric([*base, topic], n)
+        if topic.startswith(DLQ_PREFIX):
+            dlq.add_metric([*base, topic[len(DLQ_PREFIX):]], n)
+        elif topic.startswith(RETRY_PREFIX):
+            retry.add_metric([*base, topic[len(RETRY_PREFIX):]], n)
+    yield from (g, dlq, retry)
+    co = GaugeMetricFamily("rocketmq_consumer_offset", "a group's committed offsets in a topic (sum over "
+                           "queues)", labels=["cluster", "broker", "topic", "group"])
+    diff = GaugeMetricFamily("rocketmq_group_diff", "messages a group has yet to consume in a topic",
+                             labels=["cluster", "broker", "topic", "group"])
+    for row in s["groups"]:
+        co.add_metric([*base, row["topic"], row["group"]], row["offset"])
+        diff.add_metric([*base, row["topic"], row["group"]], row["diff"])
+    yield from (co, diff)
+    for name, key, text in (("chronomq_put_messages", "put_messages", "sends stored"),
+                            ("chronomq_put_failures", "put_failures", "sends the store refused")):
+        c = CounterMetricFamily(name, text, labels=["cluster", "broker"])
+        c.add_metric(base, s[key])
+        yield c
+    role = GaugeMetricFamily("chronomq_broker_role", "1 for this broker's role", labels=["cluster", "broker",
+                                                                                             "role"])
+    role.add_metric([*base, s["role"]], 1)
+    yield role
+    for name, key, text in (("chronomq_commitlog_max_offset_bytes", "max", "the commit log's end"),
+                            ("chronomq_commitlog_min_offset_bytes", "min", "the commit log's oldest offset")):
+        m = GaugeMetricFamily(name, text, labels=["cluster", "broker"])
+        m.add_metric(base, s["commitlog"][key])
+        yield m
+    lv = GaugeMetricFamily("chronomq_delay_level_pending", "messages waiting under a delay level",
+                           labels=["cluster", "broker", "level"])
+    for level, n in sorted(s["delay_levels"].items()):
+        lv.add_metric([*base, str(level)], n)
+    yield lv
+    t = s["timer"]
+    tp = GaugeMetricFamily("chronomq_timer_pending", "messages waiting in the timer store for their deliver "
+                           "time", labels=["cluster", "broker", "topic"])
+    for topic, n in sorted(t["pending"].items()):
+        tp.add_metric([*base, topic], n)
+    yield tp
+    for name, key, text in (("chronomq_timer_delivered", "delivered", "timed messages delivered"),
+                            ("chronomq_timer_cancelled", "cancelled", "timed messages cancelled"),
+                            ("chronomq_timer_rescheduled", "rescheduled", "timed messages rescheduled"),
+                            ("chronomq_early_deliveries", "early", "deliveries before their time (stays 0)")):
+        c = CounterMetricFamily(name, text, labels=["cluster", "broker"])
+        c.add_metric(base, t[key])
+        yield c
+    lat = t["lateness"]
+    h = HistogramMetricFamily("chronomq_timer_lateness_ms", "from a timed message's due time to its put into "
+                              "the store, ms", labels=["cluster", "broker"])
+    buckets = [(str(b), n) for b, n in lat["buckets"]] + [("+Inf", lat["count"])]
+    h.add_metric(base, buckets, lat["sum"])
+    yield h
+    rep = s.get("replication")
+    if rep is not None:
+        for name, key, text in (("chronomq_replication_lag_bytes", "lag_bytes", "bytes the best slave lacks"),
+                                ("chronomq_replication_lag_ms", "lag_ms", "how long ago the oldest byte the "
+                                 "best slave lacks was appended")):
+            m = GaugeMetricFamily(name, text, labels=["cluster", "broker"])
+            m.add_metric(base, rep[key])
+            yield m
+
+
+class _Collector:
+    def __init__(self, snapshot: Callable[[], dict[str, Any]]) -> None:
+        self.snapshot = snapshot
+
+    def collect(self) -> Iterator[Metric]:
+        try:
+            s = self.snapshot()
+        except Exception as e:  # a scrape must not take the broker down; Prometheus sees the gap
+            log.error("metrics: the broker's figures could not be read: %s", e or type(e).__name__)
+            return
+        yield from families(s)
+
+
+class _Server(ThreadingMixIn, WSGIServer):
+    daemon_threads = True
+
+
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:
+        pass  # a scrape every few seconds is not worth a log line
+
+
+class MetricsServer:
+    """The HTTP endpoint (``/metrics``, prometheus-client's WSGI app) in a thread of its own; ``stop()``
+    closes it within a poll interval (50 ms)."""
+
+    def __init__(self, snapshot: Callable[[], dict[str, Any]], host: str, port: int) -> None:
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(_Collector(snapshot))  # type: ignore[arg-type]
+        self._server = make_server(host, port, make_wsgi_app(self.registry), _Server, _QuietHandler)
+        self.port = int(self._server.server_address[1])
+        self.host = host
+        self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05},
+                                        name="chronomq-metrics", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()

@@ -1,0 +1,88 @@
+"""/metrics of a real broker (in process, loopback) after known traffic: stored and consumed counts, a
+group's lag, delay-level and timer pending counts, the lateness histogram and role, parsed with
+prometheus-client's own parser."""
+
+from __future__ import annotations
+
+import asyncio
+import urllib.request
+from pathlib import Path
+
+from prometheus_client.parser import text_string_to_metric_families
+from tests.conftest import async_wait_for, free_port
+
+from chronomq.broker.controller import BrokerController
+from chronomq.client import Message, Producer, SimpleConsumer
+from chronomq.clock import SystemClock
+from chronomq.config import BrokerConfig
+from chronomq.delay.histogram import Histogram
+from chronomq.namesrv.server import NameServer
+
+
+def scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    out = {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            labels = tuple(sorted((k, v) for k, v in s.labels.items() if k not in ("cluster", "broker")))
+            out[(s.name, labels)] = s.value
+    return out
+
+
+async def test_metrics_after_known_traffic(tmp_path: Path) -> None:
+    ns = NameServer("127.0.0.1", free_port(), SystemClock())
+    await ns.start()
+    mport = free_port()
+    values = {"storePathRootDir": str(tmp_path), "listenPort": str(free_port()),
+              "haListenPort": str(free_port()), "namesrvAddr": ns.address, "metricsPort": str(mport),
+              "messageDelayLevel": "1s 1h"}
+    config, _ = BrokerConfig.load(None, values)
+    b = BrokerController(config, SystemClock())
+    await b.start()
+    try:
+        async with Producer("PG_m", ns.address) as p:
+            for i in range(10):
+                await p.send(Message("MetT", f"m{i}".encode()))
+            await p.send(Message("MetT", b"parked", delay_level=2))  # 1 h: pending under level 2
+            now = SystemClock().now_ms()
+            for _ in range(3):
+                await p.send(Message("MetT", b"much later", deliver_at=now + 3_600_000))
+            for _ in range(2):
+                await p.send(Message("MetT", b"soon", deliver_at=now + 300))
+        await async_wait_for(lambda: b.timer.stats()["delivered"] == 2, 10, message="the two soon ones")
+        async with SimpleConsumer("CG_m", ns.address) as c:
+            got = 0
+            for q in await c.queues("MetT"):
+                res = await c.pull(q, 0, 2)
+                got += len(res.messages)
+                if res.messages:
+                    await c.commit_offset(q, res.next_offset)
+        assert got > 0
+        m = await asyncio.to_thread(scrape, mport)  # the endpoint reads the broker on its loop
+        stored = m[("rocketmq_producer_offset", (("topic", "MetT"),))]
+        assert stored == 12  # 10 plain + 2 delivered by the timer (the parked ones are elsewhere)
+        offset = m[("rocketmq_consumer_offset", (("group", "CG_m"), ("topic", "MetT")))]
+        lag = m[("rocketmq_group_diff", (("group", "CG_m"), ("topic", "MetT")))]
+        assert offset == got and lag == 12 - got
+        assert m[("chronomq_delay_level_pending", (("level", "2"),))] == 1
+        assert m[("chronomq_timer_pending", (("topic", "MetT"),))] == 3
+        assert m[("chronomq_timer_delivered_total", ())] == 2
+        assert m[("chronomq_early_deliveries_total", ())] == 0
+        assert m[("chronomq_timer_lateness_ms_count", ())] == 2
+        assert m[("chronomq_timer_lateness_ms_bucket", (("le", "+Inf"),))] == 2
+        assert m[("chronomq_timer_lateness_ms_bucket", (("le", "60000"),))] == 2
+        assert m[("chronomq_put_messages_total", ())] >= 10
+        assert m[("chronomq_broker_role", (("role", "ASYNC_MASTER"),))] == 1
+    finally:
+        await b.shutdown()
+        await ns.stop()
+
+
+def test_histogram_buckets_never_count_above_the_truth() -> None:
+    h = Histogram()
+    for v in (0, 3, 31, 40, 100, 1000):
+        h.record(v)
+    got = h.cumulative([0, 3, 31, 39, 100, 10_000])
+    # 100 lies in the bucket 96..103, which is not wholly within 100: left out, never counted too high
+    assert got == [(0, 1), (3, 2), (31, 3), (39, 3), (100, 4), (10_000, 6)]
