@@ -86,3 +86,47 @@ def test_histogram_buckets_never_count_above_the_truth() -> None:
     got = h.cumulative([0, 3, 31, 39, 100, 10_000])
     # 100 lies in the bucket 96..103, which is not wholly within 100: left out, never counted too high
     assert got == [(0, 1), (3, 2), (31, 3), (39, 3), (100, 4), (10_000, 6)]
+
+
+async def test_name_server_metrics(tmp_path: Path) -> None:
+    from chronomq.metrics import MetricsServer, namesrv_families
+
+    ns = NameServer("127.0.0.1", free_port(), SystemClock())
+    await ns.start()
+    values = {"storePathRootDir": str(tmp_path), "listenPort": str(free_port()), "metricsPort": "-1",
+              "haListenPort": str(free_port()), "namesrvAddr": ns.address, "brokerName": "nb"}
+    config, _ = BrokerConfig.load(None, values)
+    b = BrokerController(config, SystemClock())
+    await b.start()  # registers over TCP
+    server = MetricsServer(ns.metrics_snapshot, "127.0.0.1", 0, namesrv_families)
+    try:
+        assert b.metrics is None  # metricsPort -1: no endpoint
+        m = await asyncio.to_thread(scrape, server.port)
+        assert m[("chronomq_namesrv_broker", (("addr", b.broker_addr), ("id", "0")))] == 1
+        assert m[("chronomq_namesrv_topics", ())] >= 1 and m[("chronomq_namesrv_requests_total", ())] >= 1
+    finally:
+        server.stop()
+        await b.shutdown()
+        await ns.stop()
+
+
+def test_the_grafana_dashboard_uses_only_exported_metrics() -> None:
+    import json
+    import re
+
+    from chronomq.metrics import families, namesrv_families
+
+    snap = {"cluster": "c", "broker": "b", "role": "ASYNC_MASTER", "put_messages": 1, "put_failures": 0,
+            "topics": {"T": 1}, "groups": [{"topic": "T", "group": "G", "offset": 1, "diff": 0}],
+            "commitlog": {"max": 1, "min": 0}, "delay_levels": {1: 0},
+            "timer": {"pending": {}, "delivered": 0, "cancelled": 0, "rescheduled": 0, "early": 0,
+                      "lateness": {"buckets": [(1, 0)], "count": 0, "sum": 0}},
+            "replication": {"lag_bytes": 0, "lag_ms": 0}}
+    names = set()
+    for fam in [*families(snap), *namesrv_families({"brokers": [], "topics": 0, "requests": 0})]:
+        names.add(fam.name)  # a family with no sample in this snapshot still exists
+        names.update(s.name for s in fam.samples)
+    dash = json.loads((Path(__file__).resolve().parents[2] / "dashboards" / "chronomq.json").read_text())
+    used = {m for p in dash["panels"] for t in p["targets"]
+            for m in re.findall(r"\b(?:chronomq|rocketmq)_[a-z_]+\b", t["expr"])}
+    assert used and used <= names, used - names

@@ -20,6 +20,7 @@ import signal
 import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 from chronomq.config import BrokerConfig, ConfigError, parse_properties
 
@@ -93,6 +94,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("namesrv", help="a stand-alone name server")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=9876)
+    p.add_argument("--metrics-port", type=int, default=0,
+                   help="Prometheus /metrics of this name server (0: --port + 2, -1: off)")
     p.add_argument("--acl-file", metavar="PATH",
                    help="check every request against these plain_acl.yml accounts (like aclEnable)")
 
@@ -169,6 +172,19 @@ async def _run_until_signal(
     await stop()
 
 
+def _namesrv_metrics(ns: Any, host: str, port: int, ns_port: int) -> None:
+    """The name server's /metrics on ``port`` (0: its own port + 2, -1: none); a port that cannot be bound
+    is logged, not fatal."""
+    if port < 0:
+        return
+    from chronomq.metrics import MetricsServer, namesrv_families
+
+    try:
+        MetricsServer(ns.metrics_snapshot, host, port or ns_port + 2, namesrv_families)
+    except OSError as e:
+        log.error("name server metrics: cannot listen on %s:%d (%s)", host, port or ns_port + 2, e)
+
+
 def cmd_start(args: argparse.Namespace) -> int:
     host = args.host or "127.0.0.1"
     ns_port = args.namesrv_port if args.namesrv_port is not None else 9876
@@ -184,6 +200,7 @@ def cmd_start(args: argparse.Namespace) -> int:
     async def main() -> None:
         clock = SystemClock()
         ns = NameServer(host, ns_port, clock)
+        _namesrv_metrics(ns, host, 0, ns_port)
         broker = BrokerController(config, clock, bind_host=host, local_register=ns.routes.register_broker)
         if broker.processor.acl is not None:  # the embedded name server checks the same accounts
             from chronomq.acl import refusal
@@ -225,6 +242,7 @@ def cmd_namesrv(args: argparse.Namespace) -> int:
 
     async def main() -> None:
         ns = NameServer(args.host, args.port)
+        _namesrv_metrics(ns, args.host, args.metrics_port, args.port)
         if acl is not None:
             from chronomq.acl import refusal
 

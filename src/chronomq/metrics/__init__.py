@@ -1,6 +1,7 @@
-"""Prometheus metrics of a broker (prometheus-client), fed by the broker: ``serve(snapshot, host, port)``
-starts the HTTP endpoint, and at each scrape ``snapshot()`` returns the broker's figures as a plain dict
-(see ``families`` for its keys), which become metric families. Nothing is counted on the hot path.
+"""Prometheus metrics of a broker or a name server (prometheus-client), fed by them: ``MetricsServer(
+snapshot, host, port)`` starts the HTTP endpoint, and at each scrape ``snapshot()`` returns the figures as
+a plain dict (see ``families`` and ``namesrv_families`` for the keys), which become metric families.
+Nothing is counted on the hot path.
 
 Names follow rocketmq-exporter where the thing is the same (``rocketmq_producer_offset``,
 ``rocketmq_consumer_offset``, ``rocketmq_group_diff``, labels ``cluster``, ``broker``, ``topic``,
@@ -102,17 +103,35 @@ def families(s: dict[str, Any]) -> Iterator[Metric]:
             yield m
 
 
+def namesrv_families(s: dict[str, Any]) -> Iterator[Metric]:
+    """A name server's figures. Keys: ``brokers`` [{cluster, broker, id, addr}], ``topics`` (count),
+    ``requests`` (served since start)."""
+    b = GaugeMetricFamily("chronomq_namesrv_broker", "1 for each registered broker address",
+                          labels=["cluster", "broker", "id", "addr"])
+    for row in s["brokers"]:
+        b.add_metric([row["cluster"], row["broker"], str(row["id"]), row["addr"]], 1)
+    yield b
+    t = GaugeMetricFamily("chronomq_namesrv_topics", "topics with a route")
+    t.add_metric([], s["topics"])
+    yield t
+    r = CounterMetricFamily("chronomq_namesrv_requests", "requests served")
+    r.add_metric([], s["requests"])
+    yield r
+
+
 class _Collector:
-    def __init__(self, snapshot: Callable[[], dict[str, Any]]) -> None:
+    def __init__(self, snapshot: Callable[[], dict[str, Any]],
+                 to_families: Callable[[dict[str, Any]], Iterator[Metric]]) -> None:
         self.snapshot = snapshot
+        self.to_families = to_families
 
     def collect(self) -> Iterator[Metric]:
         try:
             s = self.snapshot()
-        except Exception as e:  # a scrape must not take the broker down; Prometheus sees the gap
-            log.error("metrics: the broker's figures could not be read: %s", e or type(e).__name__)
+        except Exception as e:  # a scrape must not take the server down; Prometheus sees the gap
+            log.error("metrics: the figures could not be read: %s", e or type(e).__name__)
             return
-        yield from families(s)
+        yield from self.to_families(s)
 
 
 class _Server(ThreadingMixIn, WSGIServer):
@@ -128,9 +147,10 @@ class MetricsServer:
     """The HTTP endpoint (``/metrics``, prometheus-client's WSGI app) in a thread of its own; ``stop()``
     closes it within a poll interval (50 ms)."""
 
-    def __init__(self, snapshot: Callable[[], dict[str, Any]], host: str, port: int) -> None:
+    def __init__(self, snapshot: Callable[[], dict[str, Any]], host: str, port: int,
+                 to_families: Callable[[dict[str, Any]], Iterator[Metric]] = families) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
-        self.registry.register(_Collector(snapshot))  # type: ignore[arg-type]
+        self.registry.register(_Collector(snapshot, to_families))  # type: ignore[arg-type]
         self._server = make_server(host, port, make_wsgi_app(self.registry), _Server, _QuietHandler)
         self.port = int(self._server.server_address[1])
         self.host = host

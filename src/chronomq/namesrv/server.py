@@ -71,6 +71,14 @@ class NameServer:
         # (request, client address) -> a refusal to answer instead, or None (the ACL check, when on)
         self.request_check: Callable[[RemotingCommand, str], RemotingCommand | None] | None = None
 
+    def metrics_snapshot(self) -> dict[str, Any]:
+        """This name server's figures for metrics.namesrv_families (thread-safe: the route table locks)."""
+        info = self.routes.cluster_info()
+        brokers = [{"cluster": data.get("cluster", ""), "broker": name, "id": int(bid), "addr": addr}
+                   for name, data in info["brokerAddrTable"].items()
+                   for bid, addr in sorted((data.get("brokerAddrs") or {}).items())]
+        return {"brokers": brokers, "topics": len(self.routes.topic_list()), "requests": self.server.requests}
+
     @property
     def address(self) -> str:
         return self.server.address
