@@ -72,7 +72,8 @@ class ChronomqProcess:
 
     def __init__(self, data_dir: Path, overrides: dict[str, str] | None = None) -> None:
         self.data_dir = Path(data_dir)
-        self.overrides = dict(overrides or {})
+        # no /metrics unless asked: its default ports (+ 2) are not ones free_port reserved
+        self.overrides = {"metricsPort": "-1", **(overrides or {})}
         self.host = "127.0.0.1"
         self.namesrv_port = free_port()
         self.broker_port = free_port()

@@ -15,9 +15,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from bench.ha import Cluster
 
 from chronomq.remoting.codes import RequestCode, ResponseCode
-from tests.compat.harness import CliProcess, RawClient, free_port, run_driver
+from tests.compat.harness import RawClient, run_driver
 from tests.conftest import wait_for
 from tests.integration.rawclient import send_ext
 
@@ -35,24 +36,9 @@ def runtime(addr: str) -> dict[str, str]:
 
 @pytest.fixture
 def cluster(tmp_path: Path, official_client: str) -> Iterator[dict[str, Any]]:
-    ns_port, m_port, s_port, ha_port = free_port(), free_port(), free_port(), free_port()
-    ns = f"127.0.0.1:{ns_port}"
-    common = ["-n", ns, "--set", "brokerName=ha-a", "--set", "syncFlushTimeout=3000"]
-    procs = {
-        "ns_proc": CliProcess(tmp_path / "ns.log", "namesrv", "--port", str(ns_port)),
-        "master_proc": CliProcess(tmp_path / "master.log", "broker", *common, "--data-dir",
-                                  str(tmp_path / "m"), "--broker-port", str(m_port), "--set",
-                                  "brokerRole=SYNC_MASTER", "--set", f"haListenPort={ha_port}"),
-        "slave_proc": CliProcess(tmp_path / "slave.log", "broker", *common, "--data-dir", str(tmp_path / "s"),
-                      "--broker-port", str(s_port), "--set", "brokerRole=SLAVE", "--set", "brokerId=1"),
-    }
-    try:
-        for p in procs.values():
-            p.start()
-        yield {"ns": ns, "master": f"127.0.0.1:{m_port}", "slave": f"127.0.0.1:{s_port}", **procs}
-    finally:
-        for p in reversed(procs.values()):
-            p.stop()
+    with Cluster(tmp_path, ["brokerRole=SYNC_MASTER", "syncFlushTimeout=3000"], slave=True) as c:
+        yield {"ns": c.ns, "master": c.master_addr, "slave": c.slave_addr, "master_proc": c.procs[1],
+               "slave_proc": c.procs[2]}
 
 
 def produce(ns: str, topic: str, count: int, prefix: str) -> dict[str, Any]:

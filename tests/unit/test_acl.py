@@ -95,7 +95,8 @@ async def acl_broker(tmp_path: Path):
     clock = VirtualClock()
     ns = NameServer("127.0.0.1", free_port(), clock)
     values = {"storePathRootDir": str(tmp_path), "listenPort": str(free_port()),
-              "haListenPort": str(free_port()), "namesrvAddr": ns.address, "aclEnable": "true"}
+              "haListenPort": str(free_port()), "namesrvAddr": ns.address, "aclEnable": "true",
+              "metricsPort": "-1"}
     config, _ = BrokerConfig.load(None, values)
     b = BrokerController(config, clock, local_register=ns.routes.register_broker)
     acl = b.processor.acl

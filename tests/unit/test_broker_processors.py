@@ -36,6 +36,7 @@ class Env:
             "storePathRootDir": str(tmp_path / "store"),
             "listenPort": str(free_port()),
             "messageDelayLevel": "1s 5s 10s 30s",
+            "metricsPort": "-1",  # no /metrics: its port (listenPort + 2) is not one free_port reserved
         }
         values.update(overrides or {})
         self.config, _ = BrokerConfig.load(None, values)

@@ -40,7 +40,7 @@ def broker(tmp_path: Path, routes: RouteInfoManager | None, name: str, clock: An
     """A broker registering with ``routes`` directly, or (None) with the name server of ``namesrvAddr``."""
     values = {"storePathRootDir": str(tmp_path / name), "listenPort": str(free_port()),
               "haListenPort": str(free_port()), "messageDelayLevel": "1s 5s", "syncFlushTimeout": "1500",
-              "mappedFileSizeCommitLog": str(64 * 1024)}
+              "mappedFileSizeCommitLog": str(64 * 1024), "metricsPort": "-1"}
     values.update(over)
     config, _ = BrokerConfig.load(None, values)
     return BrokerController(config, clock or VirtualClock(),

@@ -97,7 +97,8 @@ class Env:
         self.clock = clock or VirtualClock(NOW)
         self.routes = RouteInfoManager()
         values = {"storePathRootDir": str(tmp_path / "store"), "listenPort": str(free_port()),
-                  "messageDelayLevel": "1s 5s 10s", "timerMaxDelaySec": "3600", **(overrides or {})}
+                  "messageDelayLevel": "1s 5s 10s", "timerMaxDelaySec": "3600", "metricsPort": "-1",
+                  **(overrides or {})}
         self.config, _ = BrokerConfig.load(None, values)
         self.broker = BrokerController(self.config, self.clock, local_register=self.routes.register_broker)
         self.client: AsyncRawClient | None = None

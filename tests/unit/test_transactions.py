@@ -30,7 +30,7 @@ FAST = {"transactionTimeOut": "300", "transactionCheckInterval": "200"}
 
 def make_broker(root: Path, ns: str, port: int, **over: str) -> BrokerController:
     values = {"storePathRootDir": str(root), "listenPort": str(port), "haListenPort": str(free_port()),
-              "namesrvAddr": ns, "messageDelayLevel": "1s 2s", **FAST, **over}
+              "namesrvAddr": ns, "messageDelayLevel": "1s 2s", "metricsPort": "-1", **FAST, **over}
     config, _ = BrokerConfig.load(None, values)
     return BrokerController(config, SystemClock())
 

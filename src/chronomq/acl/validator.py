@@ -21,7 +21,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from chronomq.remoting.codes import RequestCode
+from chronomq.remoting.codes import RequestCode, ResponseCode
 from chronomq.remoting.signing import ACCESS_KEY, SIGNATURE, TIMESTAMP, signature
 
 from .plain import PUB, RETRY_PREFIX, SUB, AclConfigError, PlainAcl, check_perm, parse
@@ -200,7 +200,5 @@ def refusal(validator: AclValidator | None, req: Any, remote_addr: str) -> Any:
         validator.refused += 1
         log.warning("ACL: refused request code %s from %s (AccessKey %s): %s", req.code, remote_addr,
                     req.ext_fields.get(ACCESS_KEY) or "-", e)
-        from chronomq.remoting.codes import ResponseCode
-
         return req.response(ResponseCode.NO_PERMISSION, remark=f"AclException: {e}")
     return None

@@ -166,10 +166,7 @@ class BrokerController:
         self.store.set_dispatch_hook(self._dispatch_soon)
         self.store.set_min_offset_guard(self.delay.min_needed_offset)
         if not slave:  # a slave delivers no delayed message (RocketMQ runs the schedule service on masters)
-            await self.delay.start()
-            if self.config.timer_journal:
-                self.timer.enable_journal(TimerJournal(self.store, self.clock, self.store_host))
-            await self.timer.start()
+            await self._start_delivery()
         else:  # the slave's timer parks what its master journals, and delivers nothing
             self.timer.open()
             self.timer_follower = TimerFollower(self.store, self.timer, self.root)
@@ -183,13 +180,7 @@ class BrokerController:
             self.slave_sync = SlaveSynchronize(self.topics, self.offsets, str(self.root),
                                                self._sync_client.invoke)
         else:
-            self.ha = HAService(self.config, self.store, self.clock)
-            self.services.ha = self.ha
-            try:
-                await self.ha.start(self.bind_host)
-            except OSError as e:
-                log.error("HA: cannot listen on %s:%d (%s); no slave can connect, and SYNC_MASTER sends "
-                          "answer SLAVE_NOT_AVAILABLE", self.bind_host, self.config.ha_port, e)
+            await self._start_ha_service()
         self._start_metrics()
         self._register_event = asyncio.Event()
         if self.local_register is None:
@@ -216,6 +207,24 @@ class BrokerController:
             self.root,
             self.config.flushDiskType,
         )
+
+    async def _start_delivery(self) -> None:
+        """A master's delivery of delayed messages: the level schedule service and the timer's loop
+        (journaled for slaves when timerReplication says so)."""
+        await self.delay.start()
+        if self.config.timer_journal:
+            self.timer.enable_journal(TimerJournal(self.store, self.clock, self.store_host))
+        await self.timer.start()
+
+    async def _start_ha_service(self) -> None:
+        """A master's end of the slaves' link; a port that cannot be bound is logged, not fatal."""
+        self.ha = HAService(self.config, self.store, self.clock)
+        self.services.ha = self.ha
+        try:
+            await self.ha.start(self.bind_host)
+        except OSError as e:
+            log.error("HA: cannot listen on %s:%d (%s); no slave can connect, and SYNC_MASTER sends "
+                      "answer SLAVE_NOT_AVAILABLE", self.bind_host, self.config.ha_port, e)
 
     def _dispatch_soon(self) -> None:
         """The store's dispatch hook: consume-queue entries of the puts made during this event-loop
@@ -288,17 +297,8 @@ class BrokerController:
         await asyncio.to_thread(write_atomic, self._role_file, json.dumps(saved).encode())
         old_id = self.config.brokerId
         self.config.brokerRole, self.config.brokerId = role, 0
-        await self.delay.start()
-        if self.config.timer_journal:
-            self.timer.enable_journal(TimerJournal(self.store, self.clock, self.store_host))
-        await self.timer.start()
-        self.ha = HAService(self.config, self.store, self.clock)
-        self.services.ha = self.ha
-        try:
-            await self.ha.start(self.bind_host)
-        except OSError as e:
-            log.error("HA: cannot listen on %s:%d (%s); no slave can connect", self.bind_host,
-                      self.config.ha_port, e)
+        await self._start_delivery()
+        await self._start_ha_service()
         self._tasks.append(asyncio.create_task(self._transaction_check_loop(), name="transaction-check"))
         await self.register_all()  # the name server moves this address to id 0
         log.warning("promotion done: %s is the master of %s (was brokerId %d)", self.broker_addr,
@@ -563,10 +563,10 @@ class BrokerController:
         t = self.timer.timer
         stats = self.timer.stats()
         lat = Histogram.merged(t.hist.values())
-        info = self.runtime_info()
         rep = None
         if self.ha is not None and self.ha.links:
-            rep = {"lag_bytes": info["haLagBytes"], "lag_ms": info["haLagMs"]}
+            lag_bytes, lag_ms = self.ha.lag()
+            rep = {"lag_bytes": lag_bytes, "lag_ms": lag_ms}
         return {
             "cluster": self.config.brokerClusterName, "broker": self.config.brokerName,
             "role": self.config.brokerRole, "put_messages": self.services.put_stats.count,

@@ -200,7 +200,7 @@ def cmd_start(args: argparse.Namespace) -> int:
     async def main() -> None:
         clock = SystemClock()
         ns = NameServer(host, ns_port, clock)
-        _namesrv_metrics(ns, host, 0, ns_port)
+        _namesrv_metrics(ns, host, 0 if config.metricsPort >= 0 else -1, ns_port)  # -1: neither has one
         broker = BrokerController(config, clock, bind_host=host, local_register=ns.routes.register_broker)
         if broker.processor.acl is not None:  # the embedded name server checks the same accounts
             from chronomq.acl import refusal

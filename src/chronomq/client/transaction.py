@@ -112,17 +112,18 @@ class TransactionProducer(Producer):
         else:
             state, error = await _answer(local, message, result)
         _, offset = m.decode_offset_msg_id(result.offset_msg_id)
-        await self._end(mq.broker_name, result.queue_offset, offset, uniq, state, False, error)
+        addr = await self._instance.broker_addr(mq.broker_name)
+        await self._end(addr, result.queue_offset, offset, uniq, state, False, error)
         return TransactionSendResult(result, state, error)
 
-    async def _end(self, broker: str, queue_offset: int, commit_log_offset: int, msg_id: str,
-                   state: LocalTransactionState, from_check: bool, remark: str | None) -> None:
+    async def _end(self, addr: str, queue_offset: int, commit_log_offset: int, msg_id: str,
+                   state: LocalTransactionState, from_check: bool, remark: str | None = None) -> None:
+        """END_TRANSACTION (oneway) to the broker at ``addr`` for the half message at those offsets."""
         ext = {"producerGroup": self.group, "tranStateTableOffset": str(queue_offset),
                "commitLogOffset": str(commit_log_offset), "commitOrRollback": str(_DECISION[state]),
                "fromTransactionCheck": "true" if from_check else "false", "msgId": msg_id}
         cmd = self._instance.request(RequestCode.END_TRANSACTION, ext, oneway=True)
         cmd.remark = remark
-        addr = await self._instance.broker_addr(broker)
         await self._instance.invoke_oneway(addr, cmd, "end transaction")
 
     async def _on_server_request(self, addr: str, cmd: RemotingCommand) -> RemotingCommand | None:
@@ -139,12 +140,8 @@ class TransactionProducer(Producer):
         state, error = await _answer(self.checker, msg)
         if error:
             log.warning("%s: the transaction checker raised for %s: %s", self.group, msg_id, error)
-        ext = {"producerGroup": self.group, "tranStateTableOffset": str(queue_offset),
-               "commitLogOffset": str(offset), "commitOrRollback": str(_DECISION[state]),
-               "fromTransactionCheck": "true", "msgId": msg_id}
         try:
-            await self._instance.invoke_oneway(addr, self._instance.request(RequestCode.END_TRANSACTION, ext,
-                                                                            oneway=True), "end transaction")
+            await self._end(addr, queue_offset, offset, msg_id, state, True)
         except Exception as e:
             log.warning("%s: the answer to a transaction check could not be sent to %s: %s", self.group, addr,
                         e)
