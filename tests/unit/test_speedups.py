@@ -15,8 +15,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from chronomq import message
+from chronomq.broker.processors import send
 from chronomq.delay import delivery
+from chronomq.delay.timer import append
 from chronomq.message import MessageExt, MessageFormatError
+from chronomq.remoting import codec
 from chronomq.store import commitlog, put, speedups
 
 native = speedups.native
@@ -45,6 +48,8 @@ def test_the_kernels_are_built_unless_pure_python_is_asked_for():
         assert speedups.describe().startswith("compiled")
         assert put.property_fields is native.property_fields
         assert commitlog.splice is native.splice
+        assert append._encode_record is native.encode_record
+        assert send._batch_items is native.batch_items
 
 
 @needs_native
@@ -63,6 +68,9 @@ def test_pure_python_switch_runs_the_pure_kernels_end_to_end(tmp_path):
         "from chronomq.store import put, commitlog, speedups;"
         "assert speedups.native is None;"
         "assert put.property_fields is put.property_fields_py and commitlog.splice is commitlog.splice_py;"
+        "from chronomq import message; from chronomq.remoting import codec;"
+        "from chronomq.delay.timer import append; from chronomq.broker.processors import send;"
+        "assert append._encode_record is message.encode_record and send._batch_items is codec.batch_items;"
         "print(speedups.describe())"
     )
     env = dict(os.environ, CHRONOMQ_PURE_PYTHON="1")
@@ -187,3 +195,75 @@ def test_splice_refuses_fields_wider_than_their_slots():
         native.splice(rec, 0, len(rec), b"t", 1 << 31, b"", HOST)
     with pytest.raises(ValueError):
         native.splice(rec, 0, len(rec), b"t", 0, b"p" * 65_536, HOST)
+
+
+# --- the schedule path: batch bodies and record encoding ----------------------------------------------------
+def _batch(items: list[tuple[bytes, dict[str, str], int]]) -> bytes:
+    return codec.encode_batch_body([codec.BatchItem(body=b, properties=p, flag=f) for b, p, f in items])
+
+
+clean_props = prop_dicts.filter(lambda p: put.property_fields_py(p).__class__ is tuple)
+
+
+@needs_native
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.binary(max_size=200), clean_props, st.integers(-(1 << 31), (1 << 31) - 1)),
+                max_size=6))
+def test_batch_items_match_pure(items):
+    body = _batch(items)
+    for view in (body, bytearray(body)):
+        got = native.batch_items(view)
+        assert got == codec.batch_items(view)
+        assert got == [(b, p, f) for b, p, f in items] or any("\x01" in k or "\x02" in k or not k
+                                                              for _b, p, _f in items for k in p)
+
+
+@needs_native
+@settings(max_examples=400, deadline=None)
+@given(st.binary(max_size=120), st.data())
+def test_batch_items_refuse_any_damage_as_pure(noise, data):
+    # random bytes, and a valid batch cut or overwritten at a random place
+    body = _batch([(b"hello", {"KEYS": "k", "TIMER_DELIVER_MS": "1"}, 0), (b"", {}, 3)])
+    cut = data.draw(st.integers(0, len(body)))
+    at = data.draw(st.integers(0, len(body) - 1))
+    damaged = bytearray(body)
+    damaged[at] = data.draw(st.integers(0, 255))
+    for buf in (noise, body[:cut], bytes(damaged)):
+        want = _outcome(codec.batch_items, buf)
+        assert _outcome(native.batch_items, buf) == want, buf
+        if want[0] == "raised":
+            assert want[1] is MessageFormatError
+
+
+def _message(topic: str, body: bytes, props: dict[str, str], **fields) -> MessageExt:
+    return MessageExt(topic, body, props, **fields)
+
+
+@needs_native
+@settings(max_examples=200, deadline=None)
+@given(st.text(st.characters(blacklist_categories=("Cs",)), min_size=1, max_size=140),
+       st.binary(max_size=300), prop_dicts, st.integers(-(1 << 31), (1 << 31) - 1), st.integers(0, 0xFF),
+       st.sampled_from([("10.0.0.1", 4242), ("::1", 1), ("not an ip", 7), ("127.0.0.1", 70_000_000_000)]),
+       st.integers(-(1 << 63), (1 << 63) - 1), st.integers(0, (1 << 31) - 1))
+def test_encode_record_matches_pure(topic, body, props, queue_id, sys_flag, born_host, born_ts, crc):
+    msg = _message(topic, body, props, queue_id=queue_id, sys_flag=sys_flag, born_host=born_host,
+                   born_timestamp=born_ts, store_host=("127.0.0.1", 10911), body_crc=crc, flag=5,
+                   reconsume_times=2, store_timestamp=9, queue_offset=1, commit_log_offset=2,
+                   prepared_transaction_offset=3)
+    assert _outcome(native.encode_record, msg) == _outcome(message.encode_record, msg)
+    text = message.encode_properties(props)
+    assert _outcome(native.encode_record, msg, text) == _outcome(message.encode_record, msg, text)
+
+
+@needs_native
+@pytest.mark.parametrize("fields", [
+    {"queue_id": 1 << 31}, {"flag": -(1 << 31) - 1}, {"queue_offset": 1 << 63}, {"born_timestamp": "1"},
+    {"reconsume_times": 1.5}, {"sys_flag": 0x30}, {"body": bytearray(b"ba")}, {"body": memoryview(b"mv")},
+    {"properties": {"a": 1}}, {"properties": {"a": "\ud800"}}, {"properties": {"k": "v" * 40_000}},
+    {"topic": "t" * 128}, {"topic": "名" * 43}, {"born_host": ["10.0.0.1", 1]},
+])
+def test_encode_record_edges(fields):
+    msg = _message(fields.pop("topic", "T"), fields.pop("body", b"body"),
+                   fields.pop("properties", {"a": "b"}), **fields)
+    got, want = _outcome(native.encode_record, msg), _outcome(message.encode_record, msg)
+    assert got == want

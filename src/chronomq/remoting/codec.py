@@ -299,6 +299,7 @@ class FrameDecoder:
 
 # --- batch body (SEND_MESSAGE with batch=1 / SEND_BATCH_MESSAGE) ------------------------------------
 _BATCH_HEAD = struct.Struct(">iiiii")  # total, magic, crc, flag, body length
+_H16S = struct.Struct(">h")
 
 
 @dataclass(slots=True)
@@ -308,31 +309,38 @@ class BatchItem:
     flag: int = 0
 
 
-def decode_batch_body(data: bytes) -> list[BatchItem]:
-    """Split a batch body: TOTALSIZE | MAGIC | BODYCRC | FLAG | BODYLEN | BODY | PROPLEN(int16) | PROPS."""
+def batch_items(data: bytes | bytearray) -> list[tuple[bytes, dict[str, str], int]]:
+    """Split a batch body: TOTALSIZE | MAGIC | BODYCRC | FLAG | BODYLEN | BODY | PROPLEN(int16) | PROPS,
+    repeated; each item as (body, properties, flag). Raises MessageFormatError."""
     items = []
     pos = 0
     n = len(data)
+    head = _BATCH_HEAD.size
     while pos < n:
-        if n - pos < _BATCH_HEAD.size + 2:
+        if n - pos < head + 2:
             raise MessageFormatError("batch item truncated")
         total, _magic, _crc, flag, blen = _BATCH_HEAD.unpack_from(data, pos)
-        if total < _BATCH_HEAD.size + 2 or pos + total > n or blen < 0 or blen > total:
+        if total < head + 2 or pos + total > n or blen < 0 or blen > total - head - 2:
             raise MessageFormatError("batch item length out of range")
-        p = pos + _BATCH_HEAD.size
-        body = data[p : p + blen]
+        p = pos + head
+        body = bytes(data[p : p + blen])
         p += blen
-        (plen,) = struct.unpack_from(">h", data, p)
+        (plen,) = _H16S.unpack_from(data, p)
         p += 2
         if plen < 0 or p + plen != pos + total:
             raise MessageFormatError("batch item properties length out of range")
         try:
-            props = decode_properties(data[p : p + plen].decode())
+            props = decode_properties(bytes(data[p : p + plen]).decode())
         except UnicodeDecodeError:
             raise MessageFormatError("batch item properties are not UTF-8") from None
-        items.append(BatchItem(body=bytes(body), properties=props, flag=flag))
+        items.append((body, props, flag))
         pos += total
     return items
+
+
+def decode_batch_body(data: bytes | bytearray) -> list[BatchItem]:
+    """A batch body's items as BatchItems (batch_items). Raises MessageFormatError."""
+    return [BatchItem(body=b, properties=p, flag=f) for b, p, f in batch_items(data)]
 
 
 def encode_batch_body(items: list[BatchItem]) -> bytes:

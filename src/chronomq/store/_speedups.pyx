@@ -1,13 +1,15 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
-"""Compiled kernels of the delivery hot path: each one is a drop-in for a pure-Python function of the
-same name (commitlog.splice, put.property_fields, delivery.record_to_put),
+"""Compiled kernels of the hot paths (a timed message's way in, its delivery): each one is a drop-in for
+a pure-Python function of the same name (commitlog.splice, put.property_fields, delivery.record_to_put,
+codec.batch_items, message.encode_record),
 with the same results, the same refusals and the same exception types. The pure functions stay the
 reference and are used when this module is not built or CHRONOMQ_PURE_PYTHON=1 (chronomq.store.speedups)."""
 
 from cpython.buffer cimport PyBUF_SIMPLE, PyBuffer_Release, PyObject_GetBuffer
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
+from cpython.number cimport PyNumber_Index
 from cpython.unicode cimport PyUnicode_DecodeUTF8
-from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t
+from libc.stdint cimport int16_t, int32_t, int64_t, uint8_t, uint32_t
 from libc.string cimport memchr, memcpy, memset
 
 
@@ -130,6 +132,25 @@ def record_to_put(object buf, Py_ssize_t pos, Py_ssize_t size):
         PyBuffer_Release(&view)
 
 
+cdef bytes _join_props(dict props, Py_ssize_t total):
+    """name 0x01 value 0x02 ... for str names and values whose UTF-8 sizes add up to ``total``."""
+    cdef Py_ssize_t kl, vl
+    cdef const char* kp
+    cdef const char* vp
+    cdef char* out
+    props_b = PyBytes_FromStringAndSize(NULL, total)
+    out = PyBytes_AS_STRING(props_b)
+    for k, v in props.items():
+        kp = PyUnicode_AsUTF8AndSize(k, &kl)
+        vp = PyUnicode_AsUTF8AndSize(v, &vl)
+        memcpy(out, kp, kl)
+        out[kl] = 1
+        memcpy(out + kl + 1, vp, vl)
+        out[kl + 1 + vl] = 2
+        out += kl + vl + 2
+    return props_b
+
+
 def property_fields(dict props):
     """put.property_fields: (properties bytes, TAGS, KEYS words or None, UNIQ_KEY) for a message's
     properties, or the refusal as an int: 0 when a name is empty or a name or value holds a 0x01/0x02
@@ -168,16 +189,7 @@ def property_fields(dict props):
         raise bad_text
     if total > C_MAX_PROPS:
         return total
-    props_b = PyBytes_FromStringAndSize(NULL, total)
-    out = PyBytes_AS_STRING(props_b)
-    for k, v in props.items():
-        kp = PyUnicode_AsUTF8AndSize(k, &kl)
-        vp = PyUnicode_AsUTF8AndSize(v, &vl)
-        memcpy(out, kp, kl)
-        out[kl] = 1
-        memcpy(out + kl + 1, vp, vl)
-        out[kl + 1 + vl] = 2
-        out += kl + vl + 2
+    props_b = _join_props(props, total)
     keys = props.get(PROPERTY_KEYS)
     keys_l = [w for w in keys.split(" ") if w] if keys else None
     return props_b, props.get(PROPERTY_TAGS), keys_l, props.get(PROPERTY_UNIQ_KEY)
@@ -242,5 +254,173 @@ def splice(object buf, Py_ssize_t pos, Py_ssize_t size, bytes topic_b, Py_ssize_
         # the body CRC over the copy just made (rec is not shared with anyone yet)
         wr32(o + 8, crc32(memoryview(rec)[C_BODY : C_BODY + body_len]) & 0x7FFFFFFF)
         return rec, body_len
+    finally:
+        PyBuffer_Release(&view)
+
+
+# --- the schedule path: a batch request's items in, the stored record out -------------------------------
+MAX_TOPIC_LENGTH = 127
+BATCH_HEAD_SIZE = 20  # total, magic, crc, flag, body length
+
+cdef Py_ssize_t C_MAX_TOPIC = MAX_TOPIC_LENGTH
+cdef Py_ssize_t C_BATCH_HEAD = BATCH_HEAD_SIZE
+cdef dict _packed_hosts = {}
+cdef object _pack_host = None
+cdef object _struct_error = None
+
+
+cdef inline void wr64(uint8_t* p, int64_t v) noexcept nogil:
+    wr32(p, v >> 32)
+    wr32(p + 4, v)  # wr32 keeps the low 32 bits
+
+
+cdef object _imports():
+    global _pack_host, _struct_error
+    if _pack_host is None:
+        import struct
+        from chronomq.message import pack_host
+        _pack_host, _struct_error = pack_host, struct.error
+
+
+def batch_items(object data):
+    """codec.batch_items: the items of a batch body (TOTALSIZE | MAGIC | BODYCRC | FLAG | BODYLEN | BODY |
+    PROPLEN(int16) | PROPS, repeated) as (body, properties, flag). Raises MessageFormatError."""
+    cdef Py_buffer view
+    cdef const uint8_t* b
+    cdef Py_ssize_t n, pos = 0, p, plen
+    cdef int32_t total, flag, blen
+    cdef list items = []
+    PyObject_GetBuffer(data, &view, PyBUF_SIMPLE)
+    try:
+        b = <const uint8_t*>view.buf
+        n = view.len
+        while pos < n:
+            if n - pos < C_BATCH_HEAD + 2:
+                raise _format_error("batch item truncated")
+            total = rd32(b + pos)
+            flag = rd32(b + pos + 12)
+            blen = rd32(b + pos + 16)
+            if total < C_BATCH_HEAD + 2 or pos + total > n or blen < 0 or blen > total - C_BATCH_HEAD - 2:
+                raise _format_error("batch item length out of range")
+            p = pos + C_BATCH_HEAD
+            body = PyBytes_FromStringAndSize(<const char*>b + p, blen)
+            p += blen
+            plen = <int16_t>((b[p] << 8) | b[p + 1])
+            p += 2
+            if plen < 0 or p + plen != pos + total:
+                raise _format_error("batch item properties length out of range")
+            try:
+                props = _props_of(b + p, plen)
+            except UnicodeDecodeError:
+                raise _format_error("batch item properties are not UTF-8") from None
+            items.append((body, props, flag))
+            pos += total
+        return items
+    finally:
+        PyBuffer_Release(&view)
+
+
+cdef bytes _host(object host):
+    try:
+        packed = _packed_hosts.get(host)
+    except TypeError:  # not hashable: pack it every time
+        return _pack_host(host)
+    if packed is None:
+        packed = _pack_host(host)
+        if len(_packed_hosts) >= 4096:
+            _packed_hosts.clear()
+        _packed_hosts[host] = packed
+    return packed
+
+
+cdef int64_t _field(object v, bint wide) except? -1:
+    """A struct 'i' (wide: 'q') field: the same refusals as struct.pack (struct.error)."""
+    cdef int64_t x
+    try:
+        x = v if type(v) is int else PyNumber_Index(v)
+    except OverflowError:
+        raise _struct_error("argument out of range") from None
+    except TypeError:
+        raise _struct_error("required argument is not an integer") from None
+    if not wide and (x < -0x80000000 or x > 0x7FFFFFFF):
+        raise _struct_error("argument out of range")
+    return x
+
+
+def encode_record(object msg, object properties_text=None):
+    """message.encode_record: the message in the stored V1 layout, as a bytearray. Raises
+    MessageFormatError for a topic or properties too long, struct.error for a field out of range."""
+    cdef Py_ssize_t tl, pl, bl, total, kl, vl, p
+    cdef const char* tp
+    cdef uint8_t* o
+    cdef Py_buffer view
+    cdef int64_t crc
+    _imports()
+    tp = PyUnicode_AsUTF8AndSize(msg.topic, &tl)
+    if properties_text is None:
+        props = msg.properties
+        pl = 0
+        for k, v in props.items():
+            if not isinstance(k, str) or not isinstance(v, str):
+                bad = k if not isinstance(k, str) else v
+                raise TypeError(f"sequence item: expected str instance, {type(bad).__name__} found")
+            PyUnicode_AsUTF8AndSize(k, &kl)
+            PyUnicode_AsUTF8AndSize(v, &vl)
+            pl += kl + vl + 2
+        props_b = _join_props(props, pl)
+    else:
+        props_b = properties_text.encode()
+        pl = len(props_b)
+    if tl > C_MAX_TOPIC:
+        raise _format_error("topic too long")
+    if pl > C_MAX_PROPS:
+        raise _format_error("properties too long")
+    body = msg.body
+    crc = _field(msg.body_crc, False)
+    queue_id = _field(msg.queue_id, False)
+    flag = _field(msg.flag, False)
+    queue_offset = _field(msg.queue_offset, True)
+    cl_offset = _field(msg.commit_log_offset, True)
+    sys_flag = _field(msg.sys_flag & ~HOST_V6_FLAGS, False)
+    born_ts = _field(msg.born_timestamp, True)
+    born_host = _host(msg.born_host)
+    store_ts = _field(msg.store_timestamp, True)
+    store_host = _host(msg.store_host)
+    reconsume = _field(msg.reconsume_times, False)
+    prepared = _field(msg.prepared_transaction_offset, True)
+    PyObject_GetBuffer(body, &view, PyBUF_SIMPLE)
+    try:
+        bl = view.len
+        if not crc:
+            crc = crc32(body) & 0x7FFFFFFF
+        total = C_FIXED + bl + tl + pl
+        if total > 0x7FFFFFFF:
+            raise _struct_error("argument out of range")
+        buf = bytearray(total)
+        o = <uint8_t*>(<char*>buf)
+        wr32(o, total)
+        wr32(o + 4, C_MAGIC)
+        wr32(o + 8, crc)
+        wr32(o + 12, queue_id)
+        wr32(o + 16, flag)
+        wr64(o + 20, queue_offset)
+        wr64(o + 28, cl_offset)
+        wr32(o + 36, sys_flag)
+        wr64(o + 40, born_ts)
+        memcpy(o + 48, PyBytes_AS_STRING(born_host), min(len(born_host), 8))
+        wr64(o + 56, store_ts)
+        memcpy(o + 64, PyBytes_AS_STRING(store_host), min(len(store_host), 8))
+        wr32(o + 72, reconsume)
+        wr64(o + 76, prepared)
+        wr32(o + 84, bl)
+        memcpy(o + C_BODY, view.buf, bl)
+        p = C_BODY + bl
+        o[p] = <uint8_t>tl
+        memcpy(o + p + 1, tp, tl)
+        p += 1 + tl
+        o[p] = (pl >> 8) & 0xFF
+        o[p + 1] = pl & 0xFF
+        memcpy(o + p + 2, PyBytes_AS_STRING(props_b), pl)
+        return buf
     finally:
         PyBuffer_Release(&view)

@@ -34,9 +34,10 @@ from chronomq.message import (
     transaction_type,
     validate_topic,
 )
-from chronomq.remoting.codec import RemotingCommand, decode_batch_body
+from chronomq.remoting.codec import RemotingCommand, batch_items
 from chronomq.remoting.codes import PERM_WRITE, SEND_V2_FIELDS, RequestCode, ResponseCode
 from chronomq.remoting.server import DEFERRED, Connection
+from chronomq.store.speedups import native
 from chronomq.store.types import PutResult, PutStatus
 
 from ..topics import TopicError
@@ -82,6 +83,9 @@ def _with_v1_fields(req: RemotingCommand) -> RemotingCommand:
         version=req.version,
         serialize_type=req.serialize_type,
     )
+
+# the compiled split when it is built (chronomq.store.speedups); codec.batch_items is its reference
+_batch_items = native.batch_items if native is not None else batch_items
 
 
 class _SendTarget(NamedTuple):
@@ -247,13 +251,14 @@ class SendProcessor(ProcessorBase):
                 return req.response(ResponseCode.MESSAGE_ILLEGAL, remark=f"bad compressed batch: {e}")
             sys_flag &= ~SYSFLAG_COMPRESSED
         try:
-            items = decode_batch_body(body)
+            items = _batch_items(body)
         except MessageFormatError as e:
             return req.response(ResponseCode.MESSAGE_ILLEGAL, remark=f"bad batch body: {e}")
         if not items:
             return req.response(ResponseCode.MESSAGE_ILLEGAL, remark="empty batch")
         host = self.services.store_host
-        return [target.message(conn, host, it.properties, it.body, it.flag, sys_flag) for it in items]
+        return [target.message(conn, host, props, item_body, flag, sys_flag)
+                for item_body, props, flag in items]
 
     def _max_reconsume(self, req: RemotingCommand, props: dict[str, str]) -> int:
         v = req.ext_str("maxReconsumeTimes")

@@ -23,6 +23,7 @@ from chronomq.message import (
     validate_topic,
 )
 from chronomq.store.atomicfile import write_atomic
+from chronomq.store.speedups import native
 
 from .records import (
     _I32,
@@ -38,6 +39,9 @@ from .records import (
 )
 from .state import TimerState
 from .types import ScheduleResult, TimerError, TimerRefused
+
+# the compiled encoder when it is built (chronomq.store.speedups); message.encode_record is its reference
+_encode_record = native.encode_record if native is not None else encode_record
 
 
 class AppendPath(TimerState):
@@ -73,18 +77,21 @@ class AppendPath(TimerState):
         items = list(items)
         now = self.clock.now_ms()
         encoded: list[tuple[MessageExt, int, bytearray]] = []
+        valid_topic = None
         for msg, deliver_ms in items:
             if not isinstance(deliver_ms, int) or deliver_ms < 0:
                 raise TimerError(f"deliver time {deliver_ms!r} is not a non-negative integer (epoch ms)")
             self.check_deliver_ms(deliver_ms, now)
-            reason = validate_topic(msg.topic)
-            if reason:
-                raise TimerError(reason)
+            if msg.topic is not valid_topic:  # a batch has one topic: checked once
+                reason = validate_topic(msg.topic)
+                if reason:
+                    raise TimerError(reason)
+                valid_topic = msg.topic
             if not msg.properties.get(PROPERTY_UNIQ_KEY):
                 msg.properties[PROPERTY_UNIQ_KEY] = uuid.uuid4().hex.upper()
             msg.properties[PROPERTY_TIMER_DELIVER_MS] = str(deliver_ms)
             try:
-                rec = encode_record(msg)
+                rec = _encode_record(msg)
             except MessageFormatError as e:
                 raise TimerError(f"message cannot be stored: {e}") from e
             if DATA_HDR_SIZE + len(rec) > self.data_seg:

@@ -6,6 +6,7 @@ it; a checkpoint never overwrites a newer one (``_ckpt_lock``).
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import os
 from typing import Any
@@ -16,6 +17,16 @@ from .records import OFF_STATE
 from .state import TimerState
 
 
+def _fsync(fd: int) -> None:
+    try:
+        os.fsync(fd)
+    except OSError:  # closed meanwhile (retention deleted the file): nothing left to sync
+        pass
+
+
+_FSYNC_POOL = concurrent.futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="timer-fsync")
+
+
 class FlushPath(TimerState):
     def _fds_to_sync(self) -> list[int]:
         return (self.data.take_dirty_fds() + self.index.take_dirty_fds() + self.hash.all_fds()
@@ -23,11 +34,10 @@ class FlushPath(TimerState):
 
     @staticmethod
     def _fsync_all(fds: list[int]) -> None:
-        for fd in fds:
-            try:
-                os.fsync(fd)
-            except OSError:  # closed meanwhile (retention deleted the file): nothing left to sync
-                pass
+        if len(fds) > 1:
+            list(_FSYNC_POOL.map(_fsync, fds))
+        elif fds:
+            _fsync(fds[0])
 
     def sync_files(self) -> None:
         """fsync the logs (what SYNC_FLUSH needs before acknowledging a schedule). The fsyncs run

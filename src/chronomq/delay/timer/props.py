@@ -48,7 +48,7 @@ def _absolute(value: int) -> int:
 
 
 def has_timer_property(props: Mapping[str, str]) -> bool:
-    return any(p in props for p in TIMER_PROPERTIES)
+    return not props.keys().isdisjoint(TIMER_PROPERTIES)
 
 
 def deliver_ms_from_properties(props: Mapping[str, str], now_ms: int) -> int | None:
