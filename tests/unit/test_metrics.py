@@ -53,12 +53,23 @@ async def test_metrics_after_known_traffic(tmp_path: Path) -> None:
         await async_wait_for(lambda: b.timer.stats()["delivered"] == 2, 10, message="the two soon ones")
         async with SimpleConsumer("CG_m", ns.address) as c:
             got = 0
+            pulled = []
             for q in await c.queues("MetT"):
                 res = await c.pull(q, 0, 2)
                 got += len(res.messages)
+                pulled += res.messages
                 if res.messages:
                     await c.commit_offset(q, res.next_offset)
         assert got > 0
+        timed_in_partial = sum(1 for msg in pulled if "TIMER_DELIVER_MS" in msg.properties)
+        async with SimpleConsumer("CG_all", ns.address) as c:  # reads everything, commits nothing
+            everything = [msg for q in await c.queues("MetT") for msg in (await c.pull(q, 0, 32)).messages]
+        assert len(everything) == 12
+
+        def flushed() -> bool:  # the commit log's periodic flush has run since the sends
+            return scrape(mport).get(("chronomq_commitlog_flush_ms_count", ()), 0) >= 1
+
+        await async_wait_for(lambda: asyncio.to_thread(flushed), 10, message="a commit-log flush")
         m = await asyncio.to_thread(scrape, mport)  # the endpoint reads the broker on its loop
         stored = m[("rocketmq_producer_offset", (("topic", "MetT"),))]
         assert stored == 12  # 10 plain + 2 delivered by the timer (the parked ones are elsewhere)
@@ -74,6 +85,26 @@ async def test_metrics_after_known_traffic(tmp_path: Path) -> None:
         assert m[("chronomq_timer_lateness_ms_bucket", (("le", "60000"),))] == 2
         assert m[("chronomq_put_messages_total", ())] >= 10
         assert m[("chronomq_broker_role", (("role", "ASYNC_MASTER"),))] == 1
+        # traffic: in by message type (bodies' bytes), out by group (records' bytes)
+        assert m[("rocketmq_messages_in_total", (("message_type", "Normal"), ("topic", "MetT")))] == 10
+        assert m[("rocketmq_throughput_in_total", (("message_type", "Normal"), ("topic", "MetT")))] == 20
+        assert m[("rocketmq_messages_in_total", (("message_type", "Delay"), ("topic", "MetT")))] == 6
+        assert m[("rocketmq_throughput_in_total", (("message_type", "Delay"), ("topic", "MetT")))] == \
+            len(b"parked") + 3 * len(b"much later") + 2 * len(b"soon")
+        assert m[("rocketmq_messages_out_total", (("group", "CG_m"), ("topic", "MetT")))] == got
+        assert m[("rocketmq_messages_out_total", (("group", "CG_all"), ("topic", "MetT")))] == 12
+        assert m[("rocketmq_throughput_out_total", (("group", "CG_all"), ("topic", "MetT")))] == \
+            sum(msg.store_size for msg in everything)
+        # the two timed messages at the pulls that handed them out: CG_all's, and CG_m's if it got one
+        assert m[("chronomq_pull_lateness_ms_count", ())] == 2 + timed_in_partial
+        assert m[("chronomq_pull_lateness_ms_bucket", (("le", "60000"),))] == 2 + timed_in_partial
+        # storage
+        assert 0 < m[("rocketmq_brokeruntime_commitlog_disk_ratio", ())] < 1
+        assert m[("chronomq_commitlog_flush_ms_count", ())] >= 1
+        flushes = m[("chronomq_commitlog_flush_ms_count", ())]
+        assert m[("chronomq_commitlog_flush_ms_bucket", (("le", "+Inf"),))] == flushes
+        assert m[("rocketmq_storage_dispatch_behind_bytes", ())] == 0
+        assert m[("rocketmq_storage_flush_behind_bytes", ())] >= 0
     finally:
         await b.shutdown()
         await ns.stop()
@@ -121,6 +152,10 @@ def test_the_grafana_dashboard_uses_only_exported_metrics() -> None:
             "commitlog": {"max": 1, "min": 0}, "delay_levels": {1: 0},
             "timer": {"pending": {}, "delivered": 0, "cancelled": 0, "rescheduled": 0, "early": 0,
                       "lateness": {"buckets": [(1, 0)], "count": 0, "sum": 0}},
+            "traffic": {"in": [("T", "Normal", 1, 1)], "out": [("T", "G", 1, 1)],
+                        "pull_lateness": {"buckets": [(1, 0)], "count": 0, "sum": 0}},
+            "storage": {"disk_ratio": 0.5, "flush": {"buckets": [(1, 0)], "count": 0, "sum": 0},
+                        "flush_behind": 0, "dispatch_behind": 0},
             "replication": {"lag_bytes": 0, "lag_ms": 0}}
     names = set()
     for fam in [*families(snap), *namesrv_families({"brokers": [], "topics": 0, "requests": 0})]:

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from chronomq import __version__
 from chronomq.acl import AclConfigError, AclValidator
 from chronomq.clock import Clock, SystemClock
 from chronomq.config import ASYNC_MASTER, SYNC_MASTER, BrokerConfig, ConfigError
@@ -563,6 +564,9 @@ class BrokerController:
         t = self.timer.timer
         stats = self.timer.stats()
         lat = Histogram.merged(t.hist.values())
+        traffic = self.services.traffic
+        pull_lat = traffic.pull_lateness
+        flush = store.flush_times
         rep = None
         if self.ha is not None and self.ha.links:
             lag_bytes, lag_ms = self.ha.lag()
@@ -577,6 +581,14 @@ class BrokerController:
                       "early": stats["early_deliveries"],
                       "lateness": {"buckets": lat.cumulative(LATENESS_BUCKETS_MS), "count": lat.count,
                                    "sum": lat.total}},
+            "traffic": {"in": [(t, k, v[0], v[1]) for (t, k), v in list(traffic.produced.items())],
+                        "out": [(t, g, v[0], v[1]) for (t, g), v in list(traffic.consumed.items())],
+                        "pull_lateness": {"buckets": pull_lat.cumulative(LATENESS_BUCKETS_MS),
+                                          "count": pull_lat.count, "sum": pull_lat.total}},
+            "storage": {"disk_ratio": store.disk_usage_ratio(),
+                        "flush": {"buckets": flush.cumulative(), "count": flush.count, "sum": flush.total_ms},
+                        "flush_behind": max(0, store.max_phy_offset - store.flushed_offset),
+                        "dispatch_behind": max(0, store.max_phy_offset - store.dispatched_offset)},
             "replication": rep,
         }
 
@@ -629,5 +641,7 @@ class BrokerController:
             "topics": len(self.topics.table),
             "consumerGroups": len(self.consumers.groups),
             "flushDiskType": self.config.flushDiskType,
+            "brokerVersionDesc": f"chronomq {__version__}",
+            "commitLogDiskRatio": round(self.store.disk_usage_ratio(), 4),
             "uptimeSeconds": (self.clock.now_ms() - self.started_at) // 1000,
         }

@@ -19,6 +19,7 @@ from typing import Any
 from chronomq.clock import Clock
 from chronomq.config import BrokerConfig
 from chronomq.delay import DelayService
+from chronomq.delay.histogram import Histogram
 from chronomq.delay.timer import TimerService
 from chronomq.ha import HAService
 from chronomq.store import MessageStore
@@ -49,6 +50,36 @@ class PutStats:
             self.failures += 1
 
 
+MAX_TRAFFIC_KEYS = 100_000  # (topic, type) and (topic, group) pairs counted; beyond it new ones are not
+
+
+class TrafficStats:
+    """Messages and bytes in (per topic and message type: Normal, Delay, Transaction) and out (per topic
+    and consumer group), and the lateness of timed messages at the pull that hands them to a consumer:
+    counters for /metrics, bounded in the pairs they keep."""
+
+    def __init__(self) -> None:
+        self.produced: dict[tuple[str, str], list[int]] = {}
+        self.consumed: dict[tuple[str, str], list[int]] = {}
+        self.pull_lateness = Histogram()
+
+    @staticmethod
+    def _add(table: dict[tuple[str, str], list[int]], key: tuple[str, str], msgs: int, size: int) -> None:
+        row = table.get(key)
+        if row is None:
+            if len(table) >= MAX_TRAFFIC_KEYS:
+                return
+            row = table[key] = [0, 0]
+        row[0] += msgs
+        row[1] += size
+
+    def produce(self, topic: str, kind: str, msgs: int, size: int) -> None:
+        self._add(self.produced, (topic, kind), msgs, size)
+
+    def consume(self, topic: str, group: str, msgs: int, size: int) -> None:
+        self._add(self.consumed, (topic, group), msgs, size)
+
+
 @dataclass(eq=False)
 class BrokerServices:
     config: BrokerConfig
@@ -66,6 +97,7 @@ class BrokerServices:
     notify_consumer_ids_changed: Callable[[str], None]
     runtime_info: Callable[[], dict[str, Any]]
     put_stats: PutStats = field(default_factory=PutStats)
+    traffic: TrafficStats = field(default_factory=TrafficStats)
     ha: HAService | None = None  # on a master: the slaves' link and the SYNC_MASTER wait
     promote: Callable[[str], Awaitable[None]] | None = None  # a slave's promotion (the controller's)
     transactions: TransactionService | None = None  # half messages, END_TRANSACTION and the check

@@ -30,9 +30,11 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from chronomq.config import SYNC_MASTER
+from chronomq.delay.histogram import Histogram
 from chronomq.delay.timer import ScheduleResult, TimerError, TimerService
 from chronomq.ha.service import SlaveWait
 from chronomq.message import MessageExt
+from chronomq.metrics import LATENESS_BUCKETS_MS
 from chronomq.remoting.codec import HeaderError, RemotingCommand
 from chronomq.remoting.codes import RequestCode, ResponseCode
 from chronomq.remoting.server import DEFERRED
@@ -200,6 +202,7 @@ class TimerProcessor:
     def _scheduled(self, req: RemotingCommand, msgs: list[MessageExt], results: list[ScheduleResult]
                    ) -> RemotingCommand:
         self.scheduled += len(results)
+        self.services.traffic.produce(msgs[0].topic, "Delay", len(msgs), sum(len(msg.body) for msg in msgs))
         return req.response(ext_fields={
             "msgId": ",".join(r.offset_msg_id for r in results),
             "queueId": str(msgs[0].queue_id),
@@ -247,6 +250,8 @@ class TimerProcessor:
         stats = dict(self.delay.stats())
         try:
             stats["timer"] = self.timer.stats()
+            lateness = Histogram.merged(self.timer.timer.hist.values())
+            stats["timer"]["lateness_buckets_ms"] = lateness.cumulative(LATENESS_BUCKETS_MS)
         except TimerError as e:  # not open (shutting down)
             stats["timer"] = {"error": str(e)}
         return req.response(body=_json(stats))

@@ -1,11 +1,14 @@
 """Prometheus metrics of a broker or a name server (prometheus-client), fed by them: ``MetricsServer(
 snapshot, host, port)`` starts the HTTP endpoint, and at each scrape ``snapshot()`` returns the figures as
 a plain dict (see ``families`` and ``namesrv_families`` for the keys), which become metric families.
-Nothing is counted on the hot path.
+The hot path only adds to the broker's traffic counters (a dict entry per request); the rest is read at
+scrape time.
 
-Names follow rocketmq-exporter where the thing is the same (``rocketmq_producer_offset``,
-``rocketmq_consumer_offset``, ``rocketmq_group_diff``, labels ``cluster``, ``broker``, ``topic``,
-``group``); what only chronomq has is ``chronomq_*`` (delay levels, the timer, lateness, replication).
+Names follow rocketmq-exporter and RocketMQ 5's own metrics where the thing is the same
+(``rocketmq_producer_offset``, ``rocketmq_consumer_offset``, ``rocketmq_group_diff``,
+``rocketmq_messages_in_total``, ``rocketmq_throughput_out_total``, ...; labels ``cluster``, ``broker``,
+``topic``, ``group``, ``level``); what only chronomq has is ``chronomq_*`` (delay levels, the timer,
+lateness, replication).
 """
 
 from __future__ import annotations
@@ -32,7 +35,8 @@ def families(s: dict[str, Any]) -> Iterator[Metric]:
     ``put_failures``, ``topics`` {topic: messages}, ``groups`` [{group, topic, offset, diff}],
     ``commitlog`` {max, min}, ``delay_levels`` {level: pending}, ``timer`` {pending {topic: n},
     delivered, cancelled, rescheduled, early, lateness {buckets [(bound, cumulative)], count, sum}},
-    ``replication`` {lag_bytes, lag_ms} or None."""
+    ``traffic`` (``_traffic_families``), ``storage`` (``_storage_families``), ``replication`` {lag_bytes,
+    lag_ms} or None."""
     base = [s["cluster"], s["broker"]]
     g = GaugeMetricFamily("rocketmq_producer_offset", "messages stored in a topic on this broker (queues' "
                           "max offsets)", labels=["cluster", "broker", "topic"])
@@ -87,12 +91,10 @@ def families(s: dict[str, Any]) -> Iterator[Metric]:
         c = CounterMetricFamily(name, text, labels=["cluster", "broker"])
         c.add_metric(base, t[key])
         yield c
-    lat = t["lateness"]
-    h = HistogramMetricFamily("chronomq_timer_lateness_ms", "from a timed message's due time to its put into "
-                              "the store, ms", labels=["cluster", "broker"])
-    buckets = [(str(b), n) for b, n in lat["buckets"]] + [("+Inf", lat["count"])]
-    h.add_metric(base, buckets, lat["sum"])
-    yield h
+    yield _histogram("chronomq_timer_lateness_ms",
+                     "from a timed message's due time to its put into the store, ms", base, t["lateness"])
+    yield from _traffic_families(base, s["traffic"])
+    yield from _storage_families(base, s["storage"])
     rep = s.get("replication")
     if rep is not None:
         for name, key, text in (("chronomq_replication_lag_bytes", "lag_bytes", "bytes the best slave lacks"),
@@ -101,6 +103,51 @@ def families(s: dict[str, Any]) -> Iterator[Metric]:
             m = GaugeMetricFamily(name, text, labels=["cluster", "broker"])
             m.add_metric(base, rep[key])
             yield m
+
+
+def _histogram(name: str, text: str, base: list[str], h: dict[str, Any]) -> HistogramMetricFamily:
+    """h: {buckets [(bound, cumulative count)], count, sum}."""
+    fam = HistogramMetricFamily(name, text, labels=["cluster", "broker"])
+    fam.add_metric(base, [(str(b), n) for b, n in h["buckets"]] + [("+Inf", h["count"])], h["sum"])
+    return fam
+
+
+def _traffic_families(base: list[str], t: dict[str, Any]) -> Iterator[Metric]:
+    """t: in [(topic, message type, messages, body bytes)], out [(topic, group, messages, record bytes)],
+    pull_lateness {buckets, count, sum}."""
+    for direction, label, rows, msgs_text, bytes_text in (
+            ("in", "message_type", t["in"], "messages received from producers",
+             "bytes of message bodies received from producers"),
+            ("out", "group", t["out"], "messages handed to consumers by pulls",
+             "bytes of stored messages handed to consumers")):
+        labels = ["cluster", "broker", "topic", label]
+        msgs_fam = CounterMetricFamily(f"rocketmq_messages_{direction}", msgs_text, labels=labels)
+        bytes_fam = CounterMetricFamily(f"rocketmq_throughput_{direction}", bytes_text, labels=labels)
+        for topic, key, msgs, size in sorted(rows):
+            msgs_fam.add_metric([*base, topic, key], msgs)
+            bytes_fam.add_metric([*base, topic, key], size)
+        yield from (msgs_fam, bytes_fam)
+    yield _histogram("chronomq_pull_lateness_ms",
+                     "from a timed message's due time to a pull that hands it to a consumer (each group's "
+                     "pulls counted), ms", base, t["pull_lateness"])
+
+
+def _storage_families(base: list[str], st: dict[str, Any]) -> Iterator[Metric]:
+    """st: disk_ratio (0..1), flush {buckets, count, sum} (ms), flush_behind, dispatch_behind (bytes)."""
+    d = GaugeMetricFamily("rocketmq_brokeruntime_commitlog_disk_ratio",
+                          "used share of the store's disk, 0..1", labels=["cluster", "broker"])
+    d.add_metric(base, st["disk_ratio"])
+    yield d
+    yield _histogram("chronomq_commitlog_flush_ms", "time a commit-log flush (msync) took, ms", base,
+                     st["flush"])
+    for name, key, text in (
+            ("rocketmq_storage_flush_behind_bytes", "flush_behind",
+             "commit-log bytes written but not yet flushed to disk"),
+            ("rocketmq_storage_dispatch_behind_bytes", "dispatch_behind",
+             "commit-log bytes not yet in their consume queues")):
+        g = GaugeMetricFamily(name, text, labels=["cluster", "broker"])
+        g.add_metric(base, st[key])
+        yield g
 
 
 def namesrv_families(s: dict[str, Any]) -> Iterator[Metric]:

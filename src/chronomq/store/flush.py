@@ -23,6 +23,33 @@ if TYPE_CHECKING:
 log = logging.getLogger("chronomq.store")
 
 
+FLUSH_BUCKETS_MS = (0.5, 1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 5000)
+
+
+class FlushTimes:
+    """How long the commit log's flushes take: counts per bucket (ms, FLUSH_BUCKETS_MS), total and sum."""
+
+    def __init__(self) -> None:
+        self.counts = [0] * (len(FLUSH_BUCKETS_MS) + 1)
+        self.count = 0
+        self.total_ms = 0.0
+
+    def observe(self, ms: float) -> None:
+        i = 0
+        while i < len(FLUSH_BUCKETS_MS) and ms > FLUSH_BUCKETS_MS[i]:
+            i += 1
+        self.counts[i] += 1
+        self.count += 1
+        self.total_ms += ms
+
+    def cumulative(self) -> list[tuple[float, int]]:
+        out, running = [], 0
+        for bound, n in zip(FLUSH_BUCKETS_MS, self.counts, strict=False):
+            running += n
+            out.append((bound, running))
+        return out
+
+
 class FlushCommitLogService:
     """ASYNC_FLUSH: a periodic fdatasync of the commit log. ``flushed`` is the commit-log offset known
     durable. Puts never wait on it (``request`` is GroupCommitService's)."""
@@ -30,10 +57,14 @@ class FlushCommitLogService:
     def __init__(self, store: MessageStore) -> None:
         self._store = store
         self.flushed = 0
+        self.times = FlushTimes()
 
     def do_flush(self) -> int:
+        clock = self._store.clock
+        t0 = clock.monotonic()
         flushed = self._store._cl.flush()
         if flushed > self.flushed:
+            self.times.observe((clock.monotonic() - t0) * 1000)  # only flushes that wrote something
             self.flushed = flushed
         return self.flushed
 

@@ -15,6 +15,7 @@ from chronomq.store.types import CQUnit, GetResult, GetStatus
 if TYPE_CHECKING:
     from chronomq.store.commitlog import CommitLog
     from chronomq.store.consumequeue import ConsumeQueue
+    from chronomq.store.flush import FlushCommitLogService, FlushTimes
     from chronomq.store.index import IndexService
     from chronomq.store.reput import ReputMessageService
 
@@ -26,6 +27,7 @@ class ReadPath:
     _queues: dict[tuple[str, int], ConsumeQueue]
     _index: IndexService
     _reput: ReputMessageService
+    _flusher: FlushCommitLogService
 
     def get_message(self, topic: str, queue_id: int, offset: int, max_msgs: int,
                     max_bytes: int = DEFAULT_MAX_BYTES, tag_filter: Callable[[int], bool] | None = None
@@ -171,6 +173,15 @@ class ReadPath:
     @property
     def dispatched_offset(self) -> int:
         return self._reput.dispatched
+
+    @property
+    def flushed_offset(self) -> int:
+        """The commit-log offset known durable (fsynced)."""
+        return self._flusher.flushed
+
+    @property
+    def flush_times(self) -> FlushTimes:
+        return self._flusher.times
 
     def topics(self) -> list[str]:
         return sorted({t for t, _ in list(self._queues)})

@@ -12,7 +12,14 @@ import os
 import struct
 from collections.abc import Callable
 
-from chronomq.message import POS_PHYSICALOFFSET, java_string_hash
+from chronomq.message import (
+    NAME_VALUE_SEPARATOR,
+    POS_BODY,
+    POS_PHYSICALOFFSET,
+    PROPERTY_TIMER_DELIVER_MS,
+    RECORD_FIXED_SIZE,
+    java_string_hash,
+)
 from chronomq.remoting.codec import RemotingCommand
 from chronomq.remoting.codes import (
     PERM_READ,
@@ -33,6 +40,28 @@ MAX_SUSPEND_MS = 60_000
 
 
 _I64 = struct.Struct(">q")
+_I32 = struct.Struct(">i")
+_DUE_MARK = (PROPERTY_TIMER_DELIVER_MS + NAME_VALUE_SEPARATOR).encode()
+
+
+def due_ms_of(rec: bytes) -> int | None:
+    """The TIMER_DELIVER_MS property of a stored V1 record (what the timer delivered), or None: looked
+    up in the record's properties only, never in its body."""
+    if len(rec) < RECORD_FIXED_SIZE:
+        return None
+    (body_len,) = _I32.unpack_from(rec, POS_BODY - 4)
+    p = POS_BODY + body_len
+    if body_len < 0 or p + 3 > len(rec):
+        return None
+    p += 1 + rec[p]  # the topic
+    props = p + 2
+    i = rec.find(_DUE_MARK, props)
+    if i < 0 or (i > props and rec[i - 1] != 2):  # not a whole property name
+        return None
+    start = i + len(_DUE_MARK)
+    end = rec.find(b"\x02", start)
+    raw = rec[start:end if end >= 0 else len(rec)]
+    return int(raw) if raw.isdigit() else None
 
 
 def _physical_ram() -> int:
@@ -124,6 +153,14 @@ class PullProcessor(ProcessorBase):
         if st is GetStatus.FOUND and r.messages:
             code, remark = ResponseCode.SUCCESS, "FOUND"
             body = b"".join(r.messages)
+            traffic = self.services.traffic
+            traffic.consume(topic, group, len(r.messages), len(body))
+            if _DUE_MARK in body:  # timed messages among them: how late they reach a consumer
+                now = self.clock.now_ms()
+                for rec in r.messages:
+                    due = due_ms_of(rec)
+                    if due is not None:
+                        traffic.pull_lateness.record(max(0, now - due))
         elif st in (GetStatus.FOUND, GetStatus.NO_MATCHED_MESSAGE, GetStatus.MESSAGE_WAS_REMOVING):
             code, remark = ResponseCode.PULL_RETRY_IMMEDIATELY, st.value
         elif st in (GetStatus.OFFSET_OVERFLOW_ONE, GetStatus.OFFSET_FOUND_NULL):

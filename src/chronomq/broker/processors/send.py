@@ -147,6 +147,8 @@ class SendProcessor(ProcessorBase):
                                           target.sys_flag))
             result = self.store.put_message(half)
             self.services.put_stats.record(result)
+            if result.ok:
+                self.services.traffic.produce(target.topic, "Transaction", 1, len(req.body))
             return self._put_response(req, conn, result, True, target.queue_id)
         if batch:
             msgs = self._batch_messages(req, conn, target)
@@ -167,6 +169,10 @@ class SendProcessor(ProcessorBase):
             result = self.store.put_message(admitted.put[0])
             wait = props.get(PROPERTY_WAIT_STORE_MSG_OK, "true") != "false"
         self.services.put_stats.record(result)
+        if result.ok:
+            put = admitted.put
+            kind = "Delay" if put[0].topic == SCHEDULE_TOPIC else "Normal"
+            self.services.traffic.produce(target.topic, kind, len(put), sum(len(msg.body) for msg in put))
         return self._put_response(req, conn, result, wait, target.queue_id)
 
     def _send_target(self, req: RemotingCommand, batch: bool) -> _SendTarget | RemotingCommand:
