@@ -10,7 +10,7 @@ STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 $(STAMP): pyproject.toml setup.py src/chronomq/store/_speedups.pyx
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[dev,fast,spark,bench]'
+	$(BIN)/python -m pip install -q -e '.[dev,fast,spark,bench,web]'
 	@rm -f $(VENV)/.installed-*
 	@touch $(STAMP)
 
@@ -20,12 +20,12 @@ run: $(STAMP)
 	$(BIN)/chronomq start
 
 lint: $(STAMP)
-	$(BIN)/ruff check src tests bench
+	$(BIN)/ruff check src tests bench scripts
 
 # The unit tests run once more on the pure-Python kernels (chronomq/store/speedups.py), then the whole suite
 # on the compiled ones.
 test: $(STAMP)
-	$(BIN)/ruff check src tests bench
+	$(BIN)/ruff check src tests bench scripts
 	CHRONOMQ_PURE_PYTHON=1 $(BIN)/python -m pytest -q tests/unit
 	$(BIN)/python -m pytest
 

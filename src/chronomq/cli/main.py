@@ -2,52 +2,31 @@
 
 - ``chronomq start``: name server + broker in one process (the README's run command);
 - ``chronomq namesrv`` and ``chronomq broker -n HOST:PORT`` for separate processes;
+- ``chronomq dashboard``: the web console (``chronomq start --dashboard`` embeds it);
 - ``chronomq admin <verb>``: delay-stats, cluster, topics, route, update-topic, broker-status,
   consumer-progress, and for the timer store cancel, reschedule, pending (cli/admin_timer.py).
 
 The event loop is uvloop when installed (the ``fast`` extra) unless CHRONOMQ_LOOP=asyncio; see
-``choose_loop`` for the measurement behind that default.
+``run.choose_loop`` for the measurement behind that default.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import logging
 import os
-import signal
 import sys
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 from chronomq.config import BrokerConfig, ConfigError, parse_properties
 
+from .dashboard import add_console_args
+from .dashboard import add_parser as add_dashboard_parser
+from .run import choose_loop, run_until_signal
+
 log = logging.getLogger("chronomq")
-
-
-def choose_loop() -> str:
-    """Install uvloop's event loop policy when available (CHRONOMQ_LOOP=asyncio turns it off; a missing
-    uvloop falls back to asyncio).
-
-    Measured 2026-11-22 on the 2-core box (which was heavily loaded by other jobs, load average 11-13,
-    so figures are noisy; best of 3 alternating runs):
-    - the bare remoting server (echo handler, client in another process): 1 connection ping-pong
-      asyncio 2,016 vs uvloop 4,788 req/s; 8 connections ping-pong 1,738 vs 3,887 req/s; 8 connections
-      pipelined x32 7,338 vs 6,267 req/s;
-    - the whole broker (SEND_MESSAGE 1 KiB, ASYNC_FLUSH, 8 connections): broker CPU per message is the
-      same within noise (window 1: 144-165 us asyncio vs 146-155 us uvloop; window 16: 61-98 vs
-      61-105 us), because the per-message Python work (codec, processor, store) dominates, not the loop.
-    So uvloop pays on the transport and costs nothing elsewhere: it is the default."""
-    if os.environ.get("CHRONOMQ_LOOP", "").lower() == "asyncio":
-        return "asyncio"
-    try:
-        import uvloop
-    except ImportError:
-        return "asyncio"
-    asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
-    return "uvloop"
 
 
 def _parse_sets(items: list[str] | None) -> dict[str, str]:
@@ -89,6 +68,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--host", help="address to listen on and to advertise (default 127.0.0.1)")
     p.add_argument("--namesrv-port", type=int, help="name server port (default 9876)")
     p.add_argument("--broker-port", type=int, help="broker port (default 10911, or listenPort from -c)")
+    p.add_argument("--dashboard", action="store_true", help="also serve the web console (see `dashboard`)")
+    add_console_args(p, "dashboard-")
+    p.add_argument("--access-key", help="ACL access key of the console (or CHRONOMQ_ACCESS_KEY)")
+    p.add_argument("--secret-key", help="ACL secret key of the console (better: CHRONOMQ_SECRET_KEY)")
     _add_config_args(p)
 
     p = sub.add_parser("namesrv", help="a stand-alone name server")
@@ -105,6 +88,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--host", help="address to listen on and to advertise (brokerIP1)")
     p.add_argument("--broker-port", type=int, help="broker port (listenPort)")
     _add_config_args(p)
+
+    add_dashboard_parser(sub)
 
     p = sub.add_parser("admin", help="administration commands")
     from .admin import add_admin_parsers
@@ -151,27 +136,6 @@ def load_config(args: argparse.Namespace, namesrv_addr: str | None = None) -> Br
     return config
 
 
-async def _run_until_signal(
-    start: Callable[[], Awaitable[None]], stop: Callable[[], Awaitable[None]], ready_line: Callable[[], str]
-) -> None:
-    loop = asyncio.get_running_loop()
-    stop_event = asyncio.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        with contextlib.suppress(NotImplementedError, RuntimeError):
-            loop.add_signal_handler(sig, stop_event.set)
-    try:
-        await start()
-    except BaseException:
-        with contextlib.suppress(Exception):
-            await stop()
-        raise
-    sys.stdout.write(ready_line() + "\n")
-    sys.stdout.flush()
-    await stop_event.wait()
-    log.info("shutting down")
-    await stop()
-
-
 def _namesrv_metrics(ns: Any, host: str, port: int, ns_port: int) -> None:
     """The name server's /metrics on ``port`` (0: its own port + 2, -1: none); a port that cannot be bound
     is logged, not fatal."""
@@ -192,6 +156,11 @@ def cmd_start(args: argparse.Namespace) -> int:
     if host in WILDCARDS:
         config.namesrvAddr = f"{config.brokerIP1}:{ns_port}"
     loop_name = choose_loop()
+    console = None
+    if args.dashboard:
+        from .dashboard import console_config, make_console
+
+        console = make_console(console_config(args, config.namesrvAddr))
 
     from chronomq.broker.controller import BrokerController
     from chronomq.clock import SystemClock
@@ -211,16 +180,21 @@ def cmd_start(args: argparse.Namespace) -> int:
         async def start() -> None:
             await ns.start()
             await broker.start()
+            if console is not None:
+                await console.start()
 
         async def stop() -> None:
+            if console is not None:
+                await console.stop()
             await broker.shutdown()
             await ns.stop()
 
+        def ready() -> str:  # the advertised addresses (= the listening ones unless --host is a wildcard)
+            line = f"chronomq ready namesrv={config.namesrvAddr} broker={broker.broker_addr}"
+            return line + (f" console={console.url}" if console is not None else "")
+
         log.info("event loop: %s", loop_name)
-        await _run_until_signal(
-            # the advertised addresses (= the listening ones unless --host is a wildcard)
-            start, stop, lambda: f"chronomq ready namesrv={config.namesrvAddr} broker={broker.broker_addr}"
-        )
+        await run_until_signal(start, stop, ready)
 
     asyncio.run(main())
     return 0
@@ -247,7 +221,7 @@ def cmd_namesrv(args: argparse.Namespace) -> int:
             from chronomq.acl import refusal
 
             ns.request_check = lambda req, addr: refusal(acl, req, addr)
-        await _run_until_signal(ns.start, ns.stop, lambda: f"chronomq namesrv ready {ns.address}")
+        await run_until_signal(ns.start, ns.stop, lambda: f"chronomq namesrv ready {ns.address}")
 
     asyncio.run(main())
     return 0
@@ -260,7 +234,7 @@ def cmd_broker(args: argparse.Namespace) -> int:
 
     async def main() -> None:
         broker = BrokerController(config, bind_host=args.host or config.brokerIP1)
-        await _run_until_signal(
+        await run_until_signal(
             broker.start,
             broker.shutdown,
             lambda: f"chronomq broker ready {broker.server.address} namesrv={config.namesrvAddr}",
@@ -294,6 +268,10 @@ def main(argv: list[str] | None = None) -> int:
             from .admin import run_admin
 
             return run_admin(args)
+        if args.command == "dashboard":
+            from .dashboard import cmd_dashboard
+
+            return cmd_dashboard(args)
     except ConfigError as e:
         print(f"chronomq: configuration error: {e}", file=sys.stderr)
         return 2

@@ -191,6 +191,10 @@ def _json_body(body: bytes, what: str, addr: str) -> dict[str, Any]:
     return data
 
 
+BROWSE_GROUP = "CHRONOMQ_BROWSE"  # the consumer group named by read-only pulls (it never commits)
+MAX_BROWSE = 1_000
+
+
 class Admin(SyncContextMixin):
     def __init__(self, namesrv: str | Sequence[str] = "127.0.0.1:9876", *, request_timeout: float = 5.0,
                  instance_name: str | None = None, clock: Clock | None = None,
@@ -199,6 +203,11 @@ class Admin(SyncContextMixin):
         self._instance = ClientInstance(namesrv, credentials=credentials, instance_name=instance_name,
                                         request_timeout=request_timeout, clock=self._clock)
         self._closed = False
+
+    @property
+    def clock(self) -> Clock:
+        """The clock this client reads the time from (given, or the system's)."""
+        return self._clock
 
     async def start(self) -> None:
         if self._closed:
@@ -516,6 +525,86 @@ class Admin(SyncContextMixin):
         props["DLQ_REDRIVE_FROM"] = msg.offset_msg_id
         return Message(target, msg.body, keys=msg.keys or None, tags=msg.tags, properties=props,
                        flag=msg.flag)
+
+    # --- browsing: read-only views (nothing is committed) -------------------------------------------------
+    async def consumer_groups(self) -> dict[str, list[str]]:
+        """group -> the topics on which it has committed offsets (its retry topic among them), over every
+        master broker's offset table, sorted."""
+        out: dict[str, set[str]] = {}
+        for _name, addr in await self.masters():
+            what = f"consumer offsets on {addr}"
+            resp = await self._instance.invoke_ok(
+                addr, self._instance.request(RequestCode.GET_ALL_CONSUMER_OFFSET), what=what)
+            for key in (_json_body(resp.body, what, addr).get("offsetTable") or {}):
+                topic, _, group = str(key).rpartition("@")
+                if topic and group:
+                    out.setdefault(group, set()).add(topic)
+        return {g: sorted(t) for g, t in sorted(out.items())}
+
+    async def topic_offsets(self, topic: str) -> list[tuple[MessageQueue, int, int]]:
+        """(queue, min offset, max offset) of every read queue of ``topic``."""
+        qs = await self.queues(topic)
+
+        async def one(mq: MessageQueue) -> tuple[MessageQueue, int, int]:
+            lo, hi = await asyncio.gather(ops.min_offset(self._instance, mq),
+                                          ops.max_offset(self._instance, mq))
+            return mq, lo, hi
+
+        return list(await asyncio.gather(*(one(q) for q in qs)))
+
+    async def browse(self, topic: str, *, begin_ms: int | None = None, end_ms: int | None = None,
+                     limit: int = 50, group: str = BROWSE_GROUP) -> list[ReceivedMessage]:
+        """Messages of ``topic`` in store-time order, read without committing anything: with ``begin_ms``
+        the first ``limit`` stored at or after it (and at or before ``end_ms`` when given), otherwise the
+        newest ``limit`` (stored at or before ``end_ms`` when given)."""
+        if not 1 <= limit <= MAX_BROWSE:
+            raise ValueError(f"limit must be within 1..{MAX_BROWSE}, got {limit}")
+        found: list[ReceivedMessage] = []
+        for mq, lo, hi in await self.topic_offsets(topic):
+            stop = hi
+            if begin_ms is not None:
+                offset = max(lo, await ops.offset_for_timestamp(self._instance, mq, begin_ms))
+            else:
+                if end_ms is not None:  # the newest at or before end_ms: count back from there
+                    stop = min(hi, await ops.offset_for_timestamp(self._instance, mq, end_ms + 1) + 1)
+                offset = max(lo, stop - limit)
+            got = 0
+            while offset < stop and got < limit:
+                res = await ops.pull(self._instance, mq, offset, min(32, limit - got), group=group)
+                if res.status == ops.PullStatus.OFFSET_ILLEGAL and res.next_offset > offset:
+                    offset = res.next_offset
+                    continue
+                if res.status != ops.PullStatus.FOUND or not res.messages:
+                    break
+                for msg in res.messages:
+                    if begin_ms is not None and msg.store_timestamp < begin_ms:
+                        continue
+                    if end_ms is not None and msg.store_timestamp > end_ms:
+                        if begin_ms is not None:
+                            got = limit  # past the window: this queue is done
+                        continue
+                    found.append(msg)
+                    got += 1
+                offset = max(offset + 1, res.next_offset)
+        found.sort(key=lambda x: (x.store_timestamp, x.commit_log_offset))
+        return found[:limit] if begin_ms is not None else found[-limit:]
+
+    async def resend_dead_letter(self, offset_msg_id: str, *, producer_group: str = "CHRONOMQ_DLQ_REDRIVE"
+                                 ) -> str:
+        """Send a copy of one dead-letter message (named by its offset message id) back to its original
+        topic; returns the new message's id. The dead letter itself stays where it is."""
+        from .producer import Producer
+
+        msg = await self.get_message(offset_msg_id)
+        if not msg.raw_topic.startswith(m.DLQ_GROUP_TOPIC_PREFIX):
+            raise ClientError(f"message {offset_msg_id} is in {msg.raw_topic!r}, not a dead-letter topic")
+        copy = self._redrive_message(msg)
+        producer = Producer(producer_group, self._instance.namesrv_addrs)
+        await producer.start()
+        try:
+            return (await producer.send(copy)).msg_id
+        finally:
+            await producer.close()
 
     # --- chronomq extensions ---------------------------------------------------------------------------
     async def delay_stats(self, *, broker_addr: str | None = None) -> dict[str, dict[str, Any]]:

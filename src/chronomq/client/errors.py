@@ -43,6 +43,14 @@ class BrokerError(ClientError):
         self.remark = remark
         self.addr = addr
 
+    @property
+    def code_name(self) -> str:
+        """The response code's RocketMQ name (MESSAGE_ILLEGAL, QUERY_NOT_FOUND, ...), or its number."""
+        try:
+            return ResponseCode(self.code).name
+        except ValueError:
+            return str(self.code)
+
 
 class BrokerBusy(BrokerError):
     """SYSTEM_BUSY / SERVICE_NOT_AVAILABLE: back-pressure, worth retrying later."""
