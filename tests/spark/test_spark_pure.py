@@ -384,3 +384,52 @@ def test_acl_credentials_reach_every_client_the_source_builds() -> None:
     from chronomq.spark.io import ReadSettings
 
     assert ReadSettings.of(read(subscribe="t", **creds), [1000]).credentials == ("RocketMQ", "12345678")
+
+
+# --- the workers' interpreter -------------------------------------------------------------------------------
+class _Conf:
+    def __init__(self, values: dict[str, str]) -> None:
+        self.values = values
+
+    def get(self, key: str, default: str | None = None) -> str | None:
+        return self.values.get(key, default)
+
+
+class _Context:
+    def __init__(self, master: str, conf: dict[str, str] | None = None, exec_: str = "python3") -> None:
+        self.master = master
+        self.pythonExec = exec_
+        self._conf = _Conf(conf or {})
+
+    def getConf(self) -> _Conf:
+        return self._conf
+
+
+@dataclass
+class _Session:
+    sparkContext: _Context
+
+
+@pytest.mark.parametrize("master,conf,env,want", [
+    ("local[*]", {}, None, "SYS"),                                   # nothing set, local: this interpreter
+    ("local-cluster[2,1,1024]", {}, None, "SYS"),
+    ("spark://h:7077", {}, None, "python3"),                         # a cluster: Spark's, and a warning
+    ("spark://h:7077", {"spark.pyspark.python": "/opt/py"}, None, "/opt/py"),  # the setting is honoured
+    ("local[2]", {"spark.pyspark.python": "/opt/py"}, None, "/opt/py"),
+    ("local[2]", {}, "/usr/bin/python3.11", "python3"),              # PYSPARK_PYTHON: Spark already used it
+])
+def test_worker_python_rules(monkeypatch, caplog, master, conf, env, want):
+    import sys
+
+    from chronomq.spark import worker_python
+
+    if env is None:
+        monkeypatch.delenv("PYSPARK_PYTHON", raising=False)
+    else:
+        monkeypatch.setenv("PYSPARK_PYTHON", env)
+    session = _Session(_Context(master, conf))
+    expected = sys.executable if want == "SYS" else want
+    assert worker_python(session) == expected
+    assert session.sparkContext.pythonExec == expected
+    warned = any("PYSPARK_PYTHON" in r.getMessage() for r in caplog.records)
+    assert warned == (master.startswith("spark://") and not conf)
