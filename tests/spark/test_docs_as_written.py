@@ -11,6 +11,7 @@ import re
 import subprocess
 import sys
 import textwrap
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,18 @@ import pytest
 pytestmark = pytest.mark.spark
 REPO = Path(__file__).resolve().parents[2]
 USER_ENV_DROPS = ("PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON", "PYTHONPATH")
+
+
+@pytest.fixture(scope="module")
+def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
+    """A broker of this module's own, with the default delay levels, as a user's `chronomq start`: the
+    documents' topics (orders, order_checks) are not shared with the suite's other tests."""
+    from tests.compat.harness import ChronomqProcess
+
+    p = ChronomqProcess(tmp_path_factory.mktemp("as_written") / "data")
+    p.start(timeout=60)
+    yield p
+    p.stop(timeout=30)
 
 
 def user_env() -> dict[str, str]:
