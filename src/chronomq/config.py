@@ -87,6 +87,10 @@ class BrokerConfig:
     timerFlushIntervalMs: int = 1000
     timerDataSegmentSize: int = 64 * 1024 * 1024
     timerRetentionIntervalMs: int = 60_000
+    # de-duplication of sends that ask for it (property CHRONOMQ_DEDUP=true, the Spark sink's default) by
+    # (topic, UNIQ_KEY): a replay within the window is answered as the original and stored once; 0 = off
+    dedupWindowSec: int = 86_400
+    dedupRecentMax: int = 100_000  # keys kept in memory for the moments before the index has them
     # consumers
     flushConsumerOffsetInterval: int = 5000
     longPollingEnable: bool = True
@@ -184,6 +188,11 @@ class BrokerConfig:
                 raise ConfigError(f"{name}: must be positive, got {getattr(self, name)}")
         if self.mappedFileSizeConsumeQueue % 20:
             raise ConfigError("mappedFileSizeConsumeQueue: must be a multiple of 20 (the unit size)")
+        if not 0 <= self.dedupWindowSec <= 30 * 86_400:
+            raise ConfigError(f"dedupWindowSec: {self.dedupWindowSec} must be within 0 (off) and 2592000 "
+                              "(30 days)")
+        if self.dedupRecentMax < 1_000:
+            raise ConfigError(f"dedupRecentMax: {self.dedupRecentMax} must be at least 1000")
         if not 10 <= self.diskMaxUsedSpaceRatio <= 95:
             raise ConfigError(f"diskMaxUsedSpaceRatio: {self.diskMaxUsedSpaceRatio} must be within 10..95")
         if not 0 < self.listenPort < 65536:

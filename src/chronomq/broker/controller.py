@@ -30,6 +30,7 @@ from chronomq.store import MessageStore
 from chronomq.store.atomicfile import write_atomic
 
 from .clients import ConsumerManager, ProducerManager, QueueLockManager
+from .dedup import SendDedup
 from .longpoll import PullHoldService
 from .nsclient import NamesrvClient
 from .offsets import ConsumerOffsetManager
@@ -111,6 +112,8 @@ class BrokerController:
         self.transactions = TransactionService(config, self.clock, self.store, self.delay, self.timer,
                                                self.offsets, self.producers, self.store_host)
         self.services.transactions = self.transactions
+        if config.dedupWindowSec > 0:
+            self.services.dedup = SendDedup(self.store, self.timer, config, self.clock, self.store_host)
         self.timers = TimerProcessor(self.services)
         self.processor = BrokerProcessor(self.services, self.timers)
         if config.aclEnable:
@@ -575,6 +578,7 @@ class BrokerController:
             "cluster": self.config.brokerClusterName, "broker": self.config.brokerName,
             "role": self.config.brokerRole, "put_messages": self.services.put_stats.count,
             "put_failures": self.services.put_stats.failures, "topics": topics, "groups": groups,
+            "dedup_replays": self.services.dedup.replays if self.services.dedup is not None else 0,
             "commitlog": {"max": store.max_phy_offset, "min": store.min_phy_offset}, "delay_levels": levels,
             "timer": {"pending": dict(stats.get("pending_by_topic") or {}), "delivered": stats["delivered"],
                       "cancelled": stats["cancelled"], "rescheduled": stats["rescheduled"],

@@ -26,6 +26,7 @@ from chronomq.store import MessageStore
 from chronomq.store.types import PutResult
 
 from .clients import ConsumerManager, ProducerManager, QueueLockManager
+from .dedup import SendDedup
 from .longpoll import PullHoldService
 from .offsets import ConsumerOffsetManager
 from .topics import TopicConfigManager
@@ -98,6 +99,7 @@ class BrokerServices:
     runtime_info: Callable[[], dict[str, Any]]
     put_stats: PutStats = field(default_factory=PutStats)
     traffic: TrafficStats = field(default_factory=TrafficStats)
+    dedup: SendDedup | None = None  # sends asking for it stored once per (topic, UNIQ_KEY); None: off
     ha: HAService | None = None  # on a master: the slaves' link and the SYNC_MASTER wait
     promote: Callable[[str], Awaitable[None]] | None = None  # a slave's promotion (the controller's)
     transactions: TransactionService | None = None  # half messages, END_TRANSACTION and the check

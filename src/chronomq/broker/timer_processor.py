@@ -39,6 +39,8 @@ from chronomq.remoting.codec import HeaderError, RemotingCommand
 from chronomq.remoting.codes import RequestCode, ResponseCode
 from chronomq.remoting.server import DEFERRED
 
+from .dedup import Original
+
 if TYPE_CHECKING:
     import asyncio
 
@@ -114,6 +116,12 @@ def parse_query(req: RemotingCommand) -> dict[str, Any]:
     return q
 
 
+def _replies(keys: list[tuple[str, str] | None], answers: list[Original]) -> list[ScheduleResult]:
+    """A timed send's per-message answers (de-duplication's Originals) as ScheduleResults."""
+    return [ScheduleResult(o.uniq_key or (key[1] if key else ""), o.offset_msg_id, o.deliver_ms or 0, -1)
+            for key, o in zip(keys, answers, strict=True)]
+
+
 class TimerProcessor:
     """Codes 9001-9004 and the parking of timed sends, answered from the broker's services
     (``services.timer`` is the TimerService)."""
@@ -136,8 +144,29 @@ class TimerProcessor:
     # --- send path ---------------------------------------------------------------------------------------
     def schedule(self, req: RemotingCommand, conn: Connection, timed: list[tuple[MessageExt, int]]
                  ) -> RemotingCommand:
-        """Park what ``DelayService.admit`` / ``admit_batch`` found timed, and answer for it."""
+        """Park what ``DelayService.admit`` / ``admit_batch`` found timed, and answer for it. A message that
+        asks for de-duplication and was parked before is answered as it was then, and not parked again."""
+        queue_id = timed[0][0].queue_id
+        dedup = self.services.dedup
+        keys: list[tuple[str, str] | None] = []
+        plan: list[Original | int | None] | None = None
+        if dedup is not None:
+            keys = [dedup.key_of(m, m.topic) for m, _ in timed]
+            if any(keys):
+                plan = dedup.split(keys)
+                timed = [t for t, o in zip(timed, plan, strict=True) if o is None]
+                if not timed:
+                    return self._answer(req, queue_id, _replies(keys, dedup.settle(keys, plan, [])))
         msgs = [m for m, _ in timed]
+
+        def answer(results: list[ScheduleResult]) -> RemotingCommand:
+            self.scheduled += len(results)
+            self.services.traffic.produce(msgs[0].topic, "Delay", len(msgs), sum(len(m.body) for m in msgs))
+            if dedup is not None and plan is not None:
+                stored = [Original(r.offset_msg_id, queue_id, 0, r.deliver_ms, r.msg_id) for r in results]
+                results = _replies(keys, dedup.settle(keys, plan, stored))
+            return self._answer(req, queue_id, results)
+
         loop = self.services.loop
         journal = self.timer.journal
         failures = journal.failures if journal is not None else 0
@@ -146,7 +175,7 @@ class TimerProcessor:
                 results = self.timer.schedule_batch(timed)
             except TimerError as e:
                 return req.response(ResponseCode.MESSAGE_ILLEGAL, remark=str(e))
-            resp = self._scheduled(req, msgs, results)
+            resp = answer(results)
             if not self._waits_for_slave():
                 return resp
 
@@ -160,7 +189,7 @@ class TimerProcessor:
         # order, so records are written in the order the requests arrived)
         async def run() -> None:
             try:
-                resp = self._scheduled(req, msgs, await self.timer.schedule_batch_async(timed))
+                resp = answer(await self.timer.schedule_batch_async(timed))
                 if self._waits_for_slave():
                     resp = await self._slave_holds(resp, failures)
             except TimerError as e:
@@ -199,13 +228,11 @@ class TimerProcessor:
             resp.code = ResponseCode.SLAVE_NOT_AVAILABLE
         return resp
 
-    def _scheduled(self, req: RemotingCommand, msgs: list[MessageExt], results: list[ScheduleResult]
-                   ) -> RemotingCommand:
-        self.scheduled += len(results)
-        self.services.traffic.produce(msgs[0].topic, "Delay", len(msgs), sum(len(msg.body) for msg in msgs))
+    @staticmethod
+    def _answer(req: RemotingCommand, queue_id: int, results: list[ScheduleResult]) -> RemotingCommand:
         return req.response(ext_fields={
             "msgId": ",".join(r.offset_msg_id for r in results),
-            "queueId": str(msgs[0].queue_id),
+            "queueId": str(queue_id),
             "queueOffset": "0",
             "uniqKey": ",".join(r.msg_id for r in results),
             "deliverMs": ",".join(str(r.deliver_ms) for r in results),

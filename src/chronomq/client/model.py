@@ -47,6 +47,9 @@ class Message:
     RocketMQ 5.x timer property, which chronomq's timer store reads). Not together with delay_level.
     ``uniq_key``: the message id (UNIQ_KEY) to use instead of a generated one (non-empty, at most 128
     chars, no \\x01/\\x02), e.g. a deterministic id so a retried writer re-sends the same ids.
+    ``dedup``: ask a chronomq broker to store this UNIQ_KEY once per topic (within its dedupWindowSec):
+    a resend is answered as the original and not stored again. Give a deterministic ``uniq_key`` with
+    it; other RocketMQ brokers ignore it.
     """
 
     topic: str
@@ -59,6 +62,7 @@ class Message:
     delay: timedelta | float | None = None
     flag: int = 0
     uniq_key: str | None = None
+    dedup: bool = False
 
     def body_bytes(self) -> bytes:
         if isinstance(self.body, str):
@@ -110,6 +114,8 @@ class Message:
             props[m.PROPERTY_TAGS] = self.tags
         if self.delay_level:
             props[m.PROPERTY_DELAY_TIME_LEVEL] = str(self.delay_level)
+        if self.dedup:
+            props[m.PROPERTY_DEDUP] = "true"
         props.update(self._deliver_time_properties(now_ms))
         return props
 

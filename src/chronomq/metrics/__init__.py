@@ -60,9 +60,11 @@ def families(s: dict[str, Any]) -> Iterator[Metric]:
         diff.add_metric([*base, row["topic"], row["group"]], row["diff"])
     yield from (co, diff)
     for name, key, text in (("chronomq_put_messages", "put_messages", "sends stored"),
-                            ("chronomq_put_failures", "put_failures", "sends the store refused")):
+                            ("chronomq_put_failures", "put_failures", "sends the store refused"),
+                            ("chronomq_dedup_replays", "dedup_replays", "sends that repeated a UNIQ_KEY "
+                             "already stored and were answered as the original (de-duplication)")):
         c = CounterMetricFamily(name, text, labels=["cluster", "broker"])
-        c.add_metric(base, s[key])
+        c.add_metric(base, s.get(key, 0))
         yield c
     role = GaugeMetricFamily("chronomq_broker_role", "1 for this broker's role", labels=["cluster", "broker",
                                                                                              "role"])

@@ -449,6 +449,7 @@ def write_rows(opts: WriteOptions, batches: Iterator[pa.RecordBatch], query_id: 
             per_topic: dict[str, list[Message]] = {}
             for msg, delayed in items:
                 msg.uniq_key = row_uniq_key(query_id, batch_id, partition_id, row)
+                msg.dedup = opts.dedup
                 row += 1
                 stats.topics[msg.topic] = stats.topics.get(msg.topic, 0) + 1
                 # (the producer validates each message; an invalid one fails the task with its reason)

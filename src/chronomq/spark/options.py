@@ -30,7 +30,9 @@ default 1000) besides ``namesrv`` and ``requestTimeoutMs``. The queue options ab
 
 Write options: ``namesrv``, ``topic`` (overrides a ``topic`` column, like Kafka), ``producerGroup``,
 ``batchSize`` (messages per batched send, default 64), ``maxInFlight`` (concurrent batched sends per task,
-default 8), ``writeId`` (a stable id for batch writes, part of each row's UNIQ_KEY), ``requestTimeoutMs``.
+default 8), ``writeId`` (a stable id for batch writes, part of each row's UNIQ_KEY), ``requestTimeoutMs``,
+``dedup`` (``true`` by default: ask the broker to store each row's UNIQ_KEY once, so a retried task's
+rows are not stored twice).
 
 Keys are case-insensitive (Spark lower-cases them). Unknown keys are refused with the list of known ones
 so that a typo (``startingOffset``) fails loudly instead of silently reading from the wrong place.
@@ -80,7 +82,7 @@ _SPELLING = {
     "accesskey": "accessKey", "secretkey": "secretKey",
 }
 WRITE_KEYS = {"namesrv", "nameserver", "topic", "producergroup", "batchsize", "maxinflight", "writeid",
-              "requesttimeoutms", "accesskey", "secretkey"}
+              "requesttimeoutms", "accesskey", "secretkey", "dedup"}
 
 # Offsets per queue: {topic: {broker_name: {queue_id: offset}}} (queue ids as ints inside Python).
 QueueOffsets = dict[str, dict[str, dict[int, int]]]
@@ -141,6 +143,7 @@ class WriteOptions:
     write_id: str | None
     request_timeout_s: float
     credentials: tuple[str, str] | None = None
+    dedup: bool = True
 
 
 def _lower(options: Mapping[str, str]) -> dict[str, str]:
@@ -513,4 +516,5 @@ def parse_write_options(options: Mapping[str, str]) -> WriteOptions:
         write_id=write_id,
         request_timeout_s=(_int(opts, "requesttimeoutms", "requestTimeoutMs", minimum=100) or 10_000) / 1000,
         credentials=_credentials(opts),
+        dedup=_bool(opts, "dedup", "dedup", True),
     )

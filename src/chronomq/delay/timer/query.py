@@ -73,6 +73,14 @@ class QueryPath(TimerState):
             out.append((pos, h, msg))
         return out
 
+    def records_of(self, uniq_key: str) -> list[PendingInfo]:
+        """Every record of this store whose UNIQ_KEY is ``uniq_key``, whatever its state (pending,
+        delivered, cancelled), oldest first."""
+        with self.lock:
+            self._require_open()
+            return [self._info(pos, h, m) for pos, h, m in self._find(uniq_key, False)
+                    if m.uniq_key == uniq_key]
+
     def _info(self, pos: int, h: tuple[int, ...], m: MessageExt) -> PendingInfo:
         return PendingInfo(msg_id=m.uniq_key or "", offset_msg_id=self.offset_msg_id(pos), topic=m.topic,
                            queue_id=m.queue_id, tags=m.tags, keys=m.keys, deliver_ms=h[4], created_ms=h[6],

@@ -18,7 +18,7 @@ from chronomq.store.types import records_put_of
 from .journal import TimerJournal
 from .props import timed_deliver_ms
 from .store import TimerStore
-from .types import OpResult, QueryPage, ScheduleResult, TimerConfig
+from .types import OpResult, PendingInfo, QueryPage, ScheduleResult, TimerConfig
 
 log = logging.getLogger(__name__)
 _NEVER = 1 << 62
@@ -199,6 +199,9 @@ class TimerService:
     def count(self, topic: str | None = None, key: str | None = None, tag: str | None = None,
               start_ms: int | None = None, end_ms: int | None = None) -> int:
         return self.timer.count(topic, key, tag, start_ms, end_ms)
+
+    def records_of(self, uniq_key: str) -> list[PendingInfo]:
+        return self.timer.records_of(uniq_key)
 
     def stats(self) -> dict[str, Any]:
         return self.timer.stats()

@@ -1,0 +1,131 @@
+"""De-duplication of sends by (topic, UNIQ_KEY), for producers that ask for it with the property
+CHRONOMQ_DEDUP=true (the Spark sink does, so a retried task's rows are stored once).
+
+Rules: a send that asks, whose UNIQ_KEY this topic already stored within ``dedupWindowSec`` (put now,
+parked under a delay level, or parked in the timer), is answered with the original's ids and not stored
+again. What was stored is found in memory for the moments after the put (``dedupRecentMax`` keys), then
+in the store's index (put now or under a level) and in the timer's key index (timed): both are on disk,
+so the window survives a restart, as far back as the commit log and the timer keep the originals.
+Plain RocketMQ traffic never carries the property and is never looked up.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from chronomq.delay.timer import TimerError
+from chronomq.message import (
+    PROPERTY_DEDUP,
+    PROPERTY_REAL_TOPIC,
+    PROPERTY_UNIQ_KEY,
+    SCHEDULE_TOPIC,
+    MessageExt,
+    create_offset_msg_id,
+)
+
+if TYPE_CHECKING:
+    from chronomq.clock import Clock
+    from chronomq.config import BrokerConfig
+    from chronomq.delay.timer import TimerService
+    from chronomq.store import MessageStore
+
+
+@dataclass(slots=True)
+class Original:
+    """How the first send of a key was answered: its offset message id (a timer handle for a timed
+    one), queue and queue offset, and for a timed one its deliver time."""
+
+    offset_msg_id: str
+    queue_id: int
+    queue_offset: int
+    deliver_ms: int | None = None
+    uniq_key: str = ""
+
+
+class SendDedup:
+    def __init__(self, store: MessageStore, timer: TimerService, config: BrokerConfig, clock: Clock,
+                 store_host: tuple[str, int]) -> None:
+        self.store = store
+        self.timer = timer
+        self.window_ms = config.dedupWindowSec * 1000
+        self.recent_max = config.dedupRecentMax
+        self.clock = clock
+        self.store_host = store_host
+        self._recent: OrderedDict[tuple[str, str], tuple[int, Original]] = OrderedDict()
+        self.replays = 0  # sends answered as their original
+
+    def key_of(self, msg: MessageExt, topic: str) -> tuple[str, str] | None:
+        """(topic, UNIQ_KEY) when ``msg`` asks to be stored once and de-duplication is on."""
+        if not self.window_ms or msg.properties.get(PROPERTY_DEDUP) != "true":
+            return None
+        uniq = msg.properties.get(PROPERTY_UNIQ_KEY)
+        return (topic, uniq) if uniq else None
+
+    def find(self, key: tuple[str, str], timed: bool = False) -> Original | None:
+        """The original send of ``key`` within the window, or None. ``timed``: the send asks for a deliver
+        time, so the timer's records are looked at too."""
+        now = self.clock.now_ms()
+        hit = self._recent.get(key)
+        if hit is not None:
+            if now - hit[0] <= self.window_ms:
+                return hit[1]
+            del self._recent[key]
+        topic, uniq = key
+        begin = now - self.window_ms
+        for m in self.store.query_message(topic, uniq, 4, begin, now + 60_000):
+            if m.uniq_key == uniq:
+                return Original(create_offset_msg_id(self.store_host, m.commit_log_offset), m.queue_id,
+                                m.queue_offset)
+        for m in self.store.query_message(SCHEDULE_TOPIC, uniq, 4, begin, now + 60_000):
+            if m.uniq_key == uniq and m.properties.get(PROPERTY_REAL_TOPIC) == topic:
+                return Original(create_offset_msg_id(self.store_host, m.commit_log_offset), m.queue_id,
+                                m.queue_offset)
+        try:
+            parked = self.timer.records_of(uniq)
+        except TimerError:  # the timer is closing: nothing more to find there
+            parked = []
+        for info in parked:
+            if info.topic == topic and info.created_ms >= begin:
+                return Original(info.offset_msg_id, info.queue_id, 0, info.deliver_ms, uniq)
+        return None
+
+    def split(self, keys: list[tuple[str, str] | None]) -> list[Original | int | None]:
+        """For each message of one request (its key, or None when it does not ask): the Original it
+        repeats, None to store it, or the index of an earlier message of the same request with the same
+        key (stored once: this one repeats it)."""
+        out: list[Original | int | None] = []
+        first: dict[tuple[str, str], int] = {}
+        for i, key in enumerate(keys):
+            if key is None:
+                out.append(None)
+            elif key in first:
+                out.append(first[key])
+            else:
+                first[key] = i
+                out.append(self.find(key))
+        return out
+
+    def settle(self, keys: list[tuple[str, str] | None], plan: list[Original | int | None],
+               stored: list[Original]) -> list[Original]:
+        """Every message's answer, in request order, once the ones to store (``plan[i] is None``) were
+        stored as ``stored`` (in order); remembers the new keys and counts the replays."""
+        it = iter(stored)
+        out: list[Original] = []
+        for key, o in zip(keys, plan, strict=True):
+            if o is None:
+                new = next(it)
+                if key is not None:
+                    self.remember(key, new)
+                out.append(new)
+            else:
+                out.append(out[o] if isinstance(o, int) else o)
+                self.replays += 1
+        return out
+
+    def remember(self, key: tuple[str, str], original: Original) -> None:
+        self._recent[key] = (self.clock.now_ms(), original)
+        self._recent.move_to_end(key)
+        while len(self._recent) > self.recent_max:
+            self._recent.popitem(last=False)
