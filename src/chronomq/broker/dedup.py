@@ -32,6 +32,9 @@ if TYPE_CHECKING:
     from chronomq.store import MessageStore
 
 
+NOW, LEVEL, TIMED = "now", "level", "timed"  # how a send is kept until delivered (SendDedup.find)
+
+
 @dataclass(slots=True)
 class Original:
     """How the first send of a key was answered: its offset message id (a timer handle for a timed
@@ -63,9 +66,11 @@ class SendDedup:
         uniq = msg.properties.get(PROPERTY_UNIQ_KEY)
         return (topic, uniq) if uniq else None
 
-    def find(self, key: tuple[str, str], timed: bool = False) -> Original | None:
-        """The original send of ``key`` within the window, or None. ``timed``: the send asks for a deliver
-        time, so the timer's records are looked at too."""
+    def find(self, key: tuple[str, str], kind: str = NOW) -> Original | None:
+        """The original send of ``key`` within the window, or None. ``kind`` says where a first send like
+        this one was kept (a replay repeats the original's way in): NOW in the topic's queues, LEVEL
+        parked under SCHEDULE_TOPIC until its level is due, TIMED in the timer; both of the latter end in
+        the topic's queues once delivered."""
         now = self.clock.now_ms()
         hit = self._recent.get(key)
         if hit is not None:
@@ -74,24 +79,26 @@ class SendDedup:
             del self._recent[key]
         topic, uniq = key
         begin = now - self.window_ms
+        if kind == TIMED:
+            try:
+                parked = self.timer.records_of(uniq)
+            except TimerError:  # the timer is closing: nothing more to find there
+                parked = []
+            for info in parked:
+                if info.topic == topic and info.created_ms >= begin:
+                    return Original(info.offset_msg_id, info.queue_id, 0, info.deliver_ms, uniq)
+        elif kind == LEVEL:
+            for m in self.store.query_message(SCHEDULE_TOPIC, uniq, 4, begin, now + 60_000):
+                if m.uniq_key == uniq and m.properties.get(PROPERTY_REAL_TOPIC) == topic:
+                    return Original(create_offset_msg_id(self.store_host, m.commit_log_offset), m.queue_id,
+                                    m.queue_offset)
         for m in self.store.query_message(topic, uniq, 4, begin, now + 60_000):
             if m.uniq_key == uniq:
                 return Original(create_offset_msg_id(self.store_host, m.commit_log_offset), m.queue_id,
                                 m.queue_offset)
-        for m in self.store.query_message(SCHEDULE_TOPIC, uniq, 4, begin, now + 60_000):
-            if m.uniq_key == uniq and m.properties.get(PROPERTY_REAL_TOPIC) == topic:
-                return Original(create_offset_msg_id(self.store_host, m.commit_log_offset), m.queue_id,
-                                m.queue_offset)
-        try:
-            parked = self.timer.records_of(uniq)
-        except TimerError:  # the timer is closing: nothing more to find there
-            parked = []
-        for info in parked:
-            if info.topic == topic and info.created_ms >= begin:
-                return Original(info.offset_msg_id, info.queue_id, 0, info.deliver_ms, uniq)
         return None
 
-    def split(self, keys: list[tuple[str, str] | None]) -> list[Original | int | None]:
+    def split(self, keys: list[tuple[str, str] | None], kind: str = NOW) -> list[Original | int | None]:
         """For each message of one request (its key, or None when it does not ask): the Original it
         repeats, None to store it, or the index of an earlier message of the same request with the same
         key (stored once: this one repeats it)."""
@@ -104,7 +111,7 @@ class SendDedup:
                 out.append(first[key])
             else:
                 first[key] = i
-                out.append(self.find(key))
+                out.append(self.find(key, kind))
         return out
 
     def settle(self, keys: list[tuple[str, str] | None], plan: list[Original | int | None],
@@ -113,19 +120,22 @@ class SendDedup:
         stored as ``stored`` (in order); remembers the new keys and counts the replays."""
         it = iter(stored)
         out: list[Original] = []
+        now = self.clock.now_ms()
         for key, o in zip(keys, plan, strict=True):
             if o is None:
                 new = next(it)
                 if key is not None:
-                    self.remember(key, new)
+                    self.remember(key, new, now)
                 out.append(new)
             else:
                 out.append(out[o] if isinstance(o, int) else o)
                 self.replays += 1
         return out
 
-    def remember(self, key: tuple[str, str], original: Original) -> None:
-        self._recent[key] = (self.clock.now_ms(), original)
-        self._recent.move_to_end(key)
-        while len(self._recent) > self.recent_max:
-            self._recent.popitem(last=False)
+    def remember(self, key: tuple[str, str], original: Original, now: int | None = None) -> None:
+        recent = self._recent
+        if key in recent:
+            recent.move_to_end(key)
+        recent[key] = (self.clock.now_ms() if now is None else now, original)
+        if len(recent) > self.recent_max:
+            recent.popitem(last=False)

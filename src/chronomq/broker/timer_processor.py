@@ -39,7 +39,7 @@ from chronomq.remoting.codec import HeaderError, RemotingCommand
 from chronomq.remoting.codes import RequestCode, ResponseCode
 from chronomq.remoting.server import DEFERRED
 
-from .dedup import Original
+from .dedup import TIMED, Original
 
 if TYPE_CHECKING:
     import asyncio
@@ -153,7 +153,7 @@ class TimerProcessor:
         if dedup is not None:
             keys = [dedup.key_of(m, m.topic) for m, _ in timed]
             if any(keys):
-                plan = dedup.split(keys)
+                plan = dedup.split(keys, TIMED)
                 timed = [t for t, o in zip(timed, plan, strict=True) if o is None]
                 if not timed:
                     return self._answer(req, queue_id, _replies(keys, dedup.settle(keys, plan, [])))

@@ -40,7 +40,7 @@ from chronomq.remoting.server import DEFERRED, Connection
 from chronomq.store.speedups import native
 from chronomq.store.types import PutResult, PutStatus
 
-from ..dedup import Original
+from ..dedup import LEVEL, NOW, Original
 from ..topics import TopicError
 from ..transaction import is_transactional
 from .base import Handler, ProcessorBase
@@ -170,7 +170,7 @@ class SendProcessor(ProcessorBase):
         if dedup is not None:
             keys = [dedup.key_of(msg, target.topic) for msg in put]
             if any(keys):
-                plan = dedup.split(keys)
+                plan = dedup.split(keys, LEVEL if put[0].topic == SCHEDULE_TOPIC else NOW)
                 put = [msg for msg, o in zip(put, plan, strict=True) if o is None]
                 if not put:  # every one was stored before: answered as the first time
                     return self._replayed(req, dedup.settle(keys, plan, []))
