@@ -120,3 +120,15 @@ def test_batch_body_round_trip_and_errors() -> None:
         codec.decode_batch_body(raw[:-1])
     with pytest.raises(MessageFormatError):
         codec.decode_batch_body(b"\x00\x00\x00\x05" + b"\x00" * 20)
+
+
+def test_text_that_is_not_unicode_still_makes_a_readable_header() -> None:
+    # found by tests/integration/test_protocol_fuzz.py: a lone surrogate in a header field was written as
+    # bytes that are not UTF-8, and the reader had to close the connection instead of answering
+    ext = {"properties": "a\ud800b", "名": "値"}
+    cmd = RemotingCommand(code=10, opaque=77, ext_fields=ext, remark="\udfff")
+    frame = codec.encode(cmd)
+    frame[8:].decode("ascii")  # header (and this empty body): plain ASCII
+    got = FrameDecoder().feed(frame)[0]
+    assert isinstance(got, RemotingCommand)
+    assert got.opaque == 77 and got.ext_fields == ext and got.remark == "\udfff"
