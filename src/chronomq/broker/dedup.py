@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from chronomq.delay.timer import TimerError
 from chronomq.message import (
@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from chronomq.store import MessageStore
 
 
+T = TypeVar("T")
 NOW, LEVEL, TIMED = "now", "level", "timed"  # how a send is kept until delivered (SendDedup.find)
 
 
@@ -45,6 +46,22 @@ class Original:
     queue_offset: int
     deliver_ms: int | None = None
     uniq_key: str = ""
+
+
+@dataclass(slots=True)
+class Plan:
+    """One request's messages: their keys and what each repeats (SendDedup.split)."""
+
+    dedup: SendDedup
+    keys: list[tuple[str, str] | None]
+    repeats: list[Original | int | None]
+
+    def keep(self, items: list[T]) -> list[T]:
+        """The items (one per message, in order) of the messages to store."""
+        return [x for x, o in zip(items, self.repeats, strict=True) if o is None]
+
+    def settle(self, stored: list[Original]) -> list[Original]:
+        return self.dedup.settle(self.keys, self.repeats, stored)
 
 
 class SendDedup:
@@ -97,6 +114,12 @@ class SendDedup:
                 return Original(create_offset_msg_id(self.store_host, m.commit_log_offset), m.queue_id,
                                 m.queue_offset)
         return None
+
+    def plan(self, msgs: list[MessageExt], topic: str, kind: str) -> Plan | None:
+        """What to do with the messages of one send request to ``topic``: None when none asks for
+        de-duplication, else the Plan (``keep`` the ones to store, then ``settle`` with what was stored)."""
+        keys = [self.key_of(m, topic) for m in msgs]
+        return Plan(self, keys, self.split(keys, kind)) if any(keys) else None
 
     def split(self, keys: list[tuple[str, str] | None], kind: str = NOW) -> list[Original | int | None]:
         """For each message of one request (its key, or None when it does not ask): the Original it

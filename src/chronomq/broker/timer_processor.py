@@ -40,6 +40,7 @@ from chronomq.remoting.codes import RequestCode, ResponseCode
 from chronomq.remoting.server import DEFERRED
 
 from .dedup import TIMED, Original
+from .processors.base import send_result_fields
 
 if TYPE_CHECKING:
     import asyncio
@@ -148,23 +149,19 @@ class TimerProcessor:
         asks for de-duplication and was parked before is answered as it was then, and not parked again."""
         queue_id = timed[0][0].queue_id
         dedup = self.services.dedup
-        keys: list[tuple[str, str] | None] = []
-        plan: list[Original | int | None] | None = None
-        if dedup is not None:
-            keys = [dedup.key_of(m, m.topic) for m, _ in timed]
-            if any(keys):
-                plan = dedup.split(keys, TIMED)
-                timed = [t for t, o in zip(timed, plan, strict=True) if o is None]
-                if not timed:
-                    return self._answer(req, queue_id, _replies(keys, dedup.settle(keys, plan, [])))
+        plan = None if dedup is None else dedup.plan([m for m, _ in timed], timed[0][0].topic, TIMED)
+        if plan is not None:
+            timed = plan.keep(timed)
+            if not timed:
+                return self._answer(req, queue_id, _replies(plan.keys, plan.settle([])))
         msgs = [m for m, _ in timed]
 
         def answer(results: list[ScheduleResult]) -> RemotingCommand:
             self.scheduled += len(results)
             self.services.traffic.produce(msgs[0].topic, "Delay", len(msgs), sum(len(m.body) for m in msgs))
-            if dedup is not None and plan is not None:
+            if plan is not None:
                 stored = [Original(r.offset_msg_id, queue_id, 0, r.deliver_ms, r.msg_id) for r in results]
-                results = _replies(keys, dedup.settle(keys, plan, stored))
+                results = _replies(plan.keys, plan.settle(stored))
             return self._answer(req, queue_id, results)
 
         loop = self.services.loop
@@ -230,15 +227,10 @@ class TimerProcessor:
 
     @staticmethod
     def _answer(req: RemotingCommand, queue_id: int, results: list[ScheduleResult]) -> RemotingCommand:
-        return req.response(ext_fields={
-            "msgId": ",".join(r.offset_msg_id for r in results),
-            "queueId": str(queue_id),
-            "queueOffset": "0",
-            "uniqKey": ",".join(r.msg_id for r in results),
-            "deliverMs": ",".join(str(r.deliver_ms) for r in results),
-            "MSG_REGION": "DefaultRegion",
-            "TRACE_ON": "true",
-        })
+        return req.response(ext_fields=send_result_fields(
+            ",".join(r.offset_msg_id for r in results), queue_id, 0,
+            uniqKey=",".join(r.msg_id for r in results),
+            deliverMs=",".join(str(r.deliver_ms) for r in results)))
 
     # --- 9002 / 9003 / 9004 ---------------------------------------------------------------------------------
     def cancel(self, req: RemotingCommand, conn: Connection) -> RemotingCommand:

@@ -39,6 +39,13 @@ class ProcessorBase:
     timers: TimerProcessor
 
 
+def send_result_fields(msg_id: str, queue_id: int, queue_offset: int, **extra: str) -> dict[str, str]:
+    """The header fields of a SEND's answer (SendMessageResponseHeader, plus what RocketMQ's broker
+    always adds)."""
+    return {"msgId": msg_id, "queueId": str(queue_id), "queueOffset": str(queue_offset), **extra,
+            "MSG_REGION": "DefaultRegion", "TRACE_ON": "true"}
+
+
 def dump_json(obj: Any) -> bytes:
     return json.dumps(obj, separators=(",", ":")).encode()
 

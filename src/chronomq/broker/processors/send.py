@@ -43,7 +43,7 @@ from chronomq.store.types import PutResult, PutStatus
 from ..dedup import LEVEL, NOW, Original
 from ..topics import TopicError
 from ..transaction import is_transactional
-from .base import Handler, ProcessorBase
+from .base import Handler, ProcessorBase, send_result_fields
 
 log = logging.getLogger("chronomq.broker")
 
@@ -165,15 +165,15 @@ class SendProcessor(ProcessorBase):
             return self.timers.schedule(req, conn, admitted.timed)
         put = admitted.put
         dedup = self.services.dedup
-        keys: list[tuple[str, str] | None] = []
-        plan: list[Original | int | None] | None = None
-        if dedup is not None:
-            keys = [dedup.key_of(msg, target.topic) for msg in put]
-            if any(keys):
-                plan = dedup.split(keys, LEVEL if put[0].topic == SCHEDULE_TOPIC else NOW)
-                put = [msg for msg, o in zip(put, plan, strict=True) if o is None]
-                if not put:  # every one was stored before: answered as the first time
-                    return self._replayed(req, dedup.settle(keys, plan, []))
+        plan = None if dedup is None else \
+            dedup.plan(put, target.topic, LEVEL if put[0].topic == SCHEDULE_TOPIC else NOW)
+        if plan is not None:
+            put = plan.keep(put)
+            if not put:  # every one was stored before: answered as the first time
+                originals = plan.settle([])
+                return req.response(ext_fields=send_result_fields(
+                    ",".join(o.offset_msg_id for o in originals), originals[0].queue_id,
+                    originals[0].queue_offset))
         if batch:
             result = self.store.put_messages(put)
             wait = True
@@ -181,25 +181,15 @@ class SendProcessor(ProcessorBase):
             result = self.store.put_message(put[0])
             wait = props.get(PROPERTY_WAIT_STORE_MSG_OK, "true") != "false"
         self.services.put_stats.record(result)
-        if dedup is not None and plan is not None and result.ok and result.append is not None:
+        if plan is not None and result.ok and result.append is not None:
             a = result.append
             stored = [Original(mid, put[0].queue_id, a.queue_offset + i)
                       for i, mid in enumerate(a.msg_id.split(","))]
-            a.msg_id = ",".join(o.offset_msg_id for o in dedup.settle(keys, plan, stored))
+            a.msg_id = ",".join(o.offset_msg_id for o in plan.settle(stored))
         if result.ok:
             kind = "Delay" if put[0].topic == SCHEDULE_TOPIC else "Normal"
             self.services.traffic.produce(target.topic, kind, len(put), sum(len(msg.body) for msg in put))
         return self._put_response(req, conn, result, wait, target.queue_id)
-
-    def _replayed(self, req: RemotingCommand, originals: list[Original]) -> RemotingCommand:
-        """The answer to a send whose every message was stored before: the originals' ids."""
-        return req.response(ext_fields={
-            "msgId": ",".join(o.offset_msg_id for o in originals),
-            "queueId": str(originals[0].queue_id),
-            "queueOffset": str(originals[0].queue_offset),
-            "MSG_REGION": "DefaultRegion",
-            "TRACE_ON": "true",
-        })
 
     def _send_target(self, req: RemotingCommand, batch: bool) -> _SendTarget | RemotingCommand:
         """The topic and queue a SEND goes to (a retry topic resent too often: its DLQ) and the
@@ -311,13 +301,7 @@ class SendProcessor(ProcessorBase):
                 remark=result.error or result.status.value,
             )
         a = result.append
-        ext = {
-            "msgId": a.msg_id,
-            "queueId": str(queue_id),
-            "queueOffset": str(a.queue_offset),
-            "MSG_REGION": "DefaultRegion",
-            "TRACE_ON": "true",
-        }
+        ext = send_result_fields(a.msg_id, queue_id, a.queue_offset)
         fut = result.flushed
         ha = self.services.ha
         if ha is not None and wait and self.config.brokerRole == SYNC_MASTER:
