@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from tests.conftest import free_port
+from tests.conftest import async_wait_for, free_port
 
 from chronomq.broker.controller import BrokerController
 from chronomq.broker.dedup import Original, SendDedup
@@ -29,7 +29,10 @@ def _config(tmp_path: Path, ns: str, **extra: str) -> BrokerConfig:
     return config
 
 
-def _stored(b: BrokerController, topic: str) -> int:
+async def _stored(b: BrokerController, topic: str) -> int:
+    """Messages in the topic's queues, once the dispatcher has caught up with the commit log."""
+    await async_wait_for(lambda: b.store.dispatched_offset >= b.store.max_phy_offset, 10,
+                         message="the consume queues to catch up")
     return sum(b.store.get_max_offset_in_queue(topic, q) for q in b.store.queue_ids(topic))
 
 
@@ -53,16 +56,16 @@ async def test_replays_are_answered_as_the_original_and_stored_once(tmp_path: Pa
                                     Message("Dd", b"four", uniq_key="K4", dedup=True)])
             ids = r.offset_msg_id.split(",")
             assert len(ids) == 3 and ids[1] == ids[2] and ids[0] != ids[1]
-            assert _stored(b, "Dd") == 4  # K1..K4, once each
+            assert await _stored(b, "Dd") == 4  # K1..K4, once each
             # plain traffic (no dedup asked): stored every time, even with the same UNIQ_KEY
             await p.send(Message("Dd", b"plain", uniq_key="P1"))
             await p.send(Message("Dd", b"plain", uniq_key="P1"))
-            assert _stored(b, "Dd") == 6
+            assert await _stored(b, "Dd") == 6
             # a delay level: parked once
             lv1 = await p.send(Message("Dd", b"level", uniq_key="L1", delay_level=1, dedup=True))
             lv2 = await p.send(Message("Dd", b"level", uniq_key="L1", delay_level=1, dedup=True))
             assert lv1.offset_msg_id == lv2.offset_msg_id
-            assert _stored(b, SCHEDULE_TOPIC) == 1
+            assert await _stored(b, SCHEDULE_TOPIC) == 1
             # timed: parked once, the replay answered with the first's handle and deliver time
             t1 = await p.send(Message("Dd", b"timed", uniq_key="T1", deliver_at=later, dedup=True))
             t2 = await p.send(Message("Dd", b"timed", uniq_key="T1", deliver_at=later + 5_000, dedup=True))
@@ -70,7 +73,7 @@ async def test_replays_are_answered_as_the_original_and_stored_once(tmp_path: Pa
             assert b.timer.stats()["pending"] == 1
             # the same key on another topic is another message
             await p.send(Message("Dd2", b"one", uniq_key="K1", dedup=True))
-            assert _stored(b, "Dd2") == 1
+            assert await _stored(b, "Dd2") == 1
         assert b.services.dedup is not None and b.services.dedup.replays == 5  # K1, K3, K4's copy, L1, T1
         assert b.metrics_snapshot()["dedup_replays"] == 5
     finally:
@@ -89,8 +92,8 @@ async def test_replays_are_answered_as_the_original_and_stored_once(tmp_path: Pa
             assert t3.offset_msg_id == t1.offset_msg_id
             lv3 = await p.send(Message("Dd", b"level", uniq_key="L1", delay_level=1, dedup=True))
             assert lv3.offset_msg_id == lv1.offset_msg_id
-        assert _stored(b, "Dd") == 7  # only K5 is new
-        assert _stored(b, SCHEDULE_TOPIC) == 1 and b.timer.stats()["pending"] == 1
+        assert await _stored(b, "Dd") == 7  # only K5 is new
+        assert await _stored(b, SCHEDULE_TOPIC) == 1 and b.timer.stats()["pending"] == 1
     finally:
         await b.shutdown()
         await ns.stop()
@@ -106,7 +109,7 @@ async def test_a_window_of_zero_turns_it_off(tmp_path: Path) -> None:
         async with Producer("PG_dedup0", ns.address) as p:
             for _ in range(2):
                 await p.send(Message("D0", b"x", uniq_key="K", dedup=True))
-        assert _stored(b, "D0") == 2
+        assert await _stored(b, "D0") == 2
     finally:
         await b.shutdown()
         await ns.stop()
