@@ -1,0 +1,284 @@
+"""A mixed load with a ledger, shared by the soak (bench/soak.py) and the kill loop (bench/chaos.py).
+
+Every body names itself (``<source>:<seq>:<kind>:<not_before_ms>:`` then bytes derived from that head), so
+a receiver can tell an intact message from a corrupt one without the sender's memory. The ledger keeps
+what was acknowledged (by our client, or by the official client's driver through its JSONL file), what
+a cancel answered CANCELLED, and every receipt; ``Ledger.verdict`` turns them into the invariants:
+nothing acknowledged lost, nothing corrupt, nothing early, nothing cancelled delivered, and duplicates
+split into re-reads of one stored copy (same queue and offset) and copies stored twice (same id).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from chronomq.client import Admin, Message, Producer
+
+KINDS = ("now", "level", "timed", "batch")
+LEVEL_MS = {1: 1_000, 2: 5_000}  # the default delay levels 1 and 2
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def make_body(source: str, seq: int, kind: str, not_before_ms: int, size: int) -> bytes:
+    head = f"{source}:{seq}:{kind}:{not_before_ms}:".encode()
+    fill = hashlib.sha256(head).hexdigest().encode()
+    need = max(0, size - len(head))
+    return head + (fill * (need // len(fill) + 1))[:need]
+
+
+def parse_body(body: bytes) -> tuple[str, int, str, int] | None:
+    """(source, seq, kind, not_before_ms) of an intact body; None when the body is not one we made."""
+    try:
+        source, seq, kind, nb, _ = body.split(b":", 4)
+        parsed = (source.decode(), int(seq), kind.decode(), int(nb))
+    except (ValueError, UnicodeDecodeError):
+        return None
+    return parsed if make_body(*parsed, len(body)) == body else None
+
+
+@dataclass(slots=True)
+class Receipt:
+    msg_id: str
+    where: tuple[str, int, int]  # topic, queue id, queue offset
+    at_ms: int
+    due_ms: int  # when it could be delivered at the earliest (0: at once)
+
+
+@dataclass
+class Verdict:
+    acknowledged: int = 0
+    received: int = 0
+    lost: int = 0
+    corrupt: int = 0
+    early: int = 0
+    cancelled: int = 0
+    cancelled_delivered: int = 0
+    rereads: int = 0
+    restored: int = 0
+    examples: dict[str, list[str]] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return not (self.lost or self.corrupt or self.early or self.cancelled_delivered)
+
+    def line(self) -> str:
+        return (f"acknowledged={self.acknowledged} received={self.received} lost={self.lost} "
+                f"corrupt={self.corrupt} early={self.early} cancelled={self.cancelled} "
+                f"cancelled_delivered={self.cancelled_delivered} duplicates={self.rereads + self.restored} "
+                f"(re-reads {self.rereads}, stored twice {self.restored})")
+
+
+class Ledger:
+    """What was acknowledged and what arrived. Single-threaded: feed it from the event loop."""
+
+    def __init__(self) -> None:
+        self.acked: dict[str, tuple[str, int]] = {}  # msg id -> (topic, not_before_ms)
+        self.cancelled: set[str] = set()
+        self.receipts: list[Receipt] = []
+        self.corrupt: list[str] = []
+        self.outstanding: dict[str, int] = {}  # acknowledged, not received yet: msg id -> not_before_ms
+        self._seen: set[str] = set()
+
+    def ack(self, msg_id: str, topic: str, not_before_ms: int) -> None:
+        self.acked[msg_id] = (topic, not_before_ms)
+        if msg_id not in self._seen:
+            self.outstanding[msg_id] = not_before_ms
+
+    def cancel(self, msg_id: str) -> None:
+        self.cancelled.add(msg_id)
+        self.outstanding.pop(msg_id, None)
+
+    def receive(self, msg_id: str, topic: str, queue_id: int, offset: int, body: bytes,
+                at_ms: int) -> Receipt:
+        parsed = parse_body(body)
+        if parsed is None:
+            self.corrupt.append(f"{msg_id}@{topic}/{queue_id}/{offset}")
+            due = 0
+        else:
+            due = parsed[3]
+        r = Receipt(msg_id, (topic, queue_id, offset), at_ms, due)
+        self.receipts.append(r)
+        self._seen.add(msg_id)
+        self.outstanding.pop(msg_id, None)
+        return r
+
+    def lag(self, at_ms: int) -> int:
+        """Acknowledged messages already due and not received yet (cancelled ones excluded)."""
+        return sum(1 for nb in self.outstanding.values() if nb <= at_ms)
+
+    def verdict(self) -> Verdict:
+        v = Verdict(acknowledged=len(self.acked), cancelled=len(self.cancelled), corrupt=len(self.corrupt))
+        where_by_id: dict[str, set[tuple[str, int, int]]] = {}
+        reads = 0
+        early: list[str] = []
+        for r in self.receipts:
+            where_by_id.setdefault(r.msg_id, set()).add(r.where)
+            reads += 1
+            if r.due_ms and r.at_ms < r.due_ms:
+                early.append(f"{r.msg_id} {r.due_ms - r.at_ms} ms early")
+        v.received = len(where_by_id)
+        copies = sum(len(w) for w in where_by_id.values())
+        v.rereads = reads - copies
+        v.restored = copies - len(where_by_id)
+        v.early = len(early)
+        lost = [m for m in self.acked if m not in where_by_id and m not in self.cancelled]
+        v.lost = len(lost)
+        bad_cancel = [m for m in self.cancelled if m in where_by_id]
+        v.cancelled_delivered = len(bad_cancel)
+        v.examples = {k: xs[:5] for k, xs in (("lost", lost), ("early", early), ("corrupt", self.corrupt),
+                                               ("cancelled_delivered", bad_cancel)) if xs}
+        return v
+
+
+def read_official_acks(path: Path, ledger: Ledger, topic: str, not_before: Callable[[int], int]) -> int:
+    """Feed the acknowledged sends of the official client's driver (its ``out`` JSONL) into the ledger."""
+    n = 0
+    if not path.exists():
+        return 0
+    for line in path.read_text().splitlines():
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue  # the driver was stopped mid-line
+        if rec.get("status") == "SEND_OK" and rec.get("msg_id"):
+            ledger.ack(rec["msg_id"], topic, not_before(int(rec["index"])))
+            n += 1
+    return n
+
+
+@dataclass
+class MixStats:
+    attempts: int = 0
+    acked: int = 0
+    failed: int = 0
+    cancel_asked: int = 0
+    errors: dict[str, int] = field(default_factory=dict)
+
+    def error(self, e: BaseException) -> None:
+        name = type(e).__name__
+        self.errors[name] = self.errors.get(name, 0) + 1
+        self.failed += 1
+
+
+class Mix:
+    """Our client's share of the load: sends at a fixed rate, one kind after another (immediate, delay
+    level 1 or 2, a deliver time 0.2..``max_delay_s`` ahead, a batch of ``batch`` immediate messages),
+    and a cancel of every ``cancel_every``-th timed message while it is pending."""
+
+    def __init__(self, ledger: Ledger, namesrv: str, topic: str, *, source: str = "ours", size: int = 256,
+                 batch: int = 8, max_delay_s: float = 8.0, cancel_every: int = 10, seed: int = 1,
+                 send_timeout: float = 3.0) -> None:
+        self.ledger, self.namesrv, self.topic, self.source = ledger, namesrv, topic, source
+        self.size, self.batch, self.max_delay_s, self.cancel_every = size, batch, max_delay_s, cancel_every
+        self.send_timeout = send_timeout
+        self.rng = random.Random(seed)
+        self.seq = 0
+        self.timed = 0
+        self.stats = MixStats()
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def _next(self, kind: str, not_before: int) -> tuple[int, bytes]:
+        self.seq += 1
+        return self.seq, make_body(self.source, self.seq, kind, not_before, self.size)
+
+    async def one(self, producer: Producer, admin: Admin, kind: str) -> None:
+        t0 = now_ms()
+        try:
+            if kind == "batch":
+                msgs = [Message(self.topic, self._next("batch", 0)[1]) for _ in range(self.batch)]
+                self.stats.attempts += len(msgs)
+                res = await producer.send_batch(msgs)
+                for mid in res.msg_id.split(","):
+                    self.ledger.ack(mid, self.topic, 0)
+                self.stats.acked += len(msgs)
+                return
+            self.stats.attempts += 1
+            if kind == "level":
+                level = self.rng.choice((1, 2))
+                nb = t0 + LEVEL_MS[level]
+                res = await producer.send(Message(self.topic, self._next(kind, nb)[1], delay_level=level))
+            elif kind == "timed":
+                nb = t0 + 200 + int(self.rng.random() * (self.max_delay_s * 1000 - 200))
+                res = await producer.send(Message(self.topic, self._next(kind, nb)[1], deliver_at=nb))
+            else:
+                nb = 0
+                res = await producer.send(Message(self.topic, self._next(kind, 0)[1]))
+        except Exception as e:  # a refused or failed send is simply not acknowledged
+            self.stats.error(e)
+            return
+        if res.status != "SEND_OK":
+            self.stats.errors[str(res.status)] = self.stats.errors.get(str(res.status), 0) + 1
+            self.stats.failed += 1
+            return
+        self.ledger.ack(res.msg_id, self.topic, nb)
+        self.stats.acked += 1
+        if kind == "timed":
+            self.timed += 1
+            if self.cancel_every and self.timed % self.cancel_every == 0 and nb - now_ms() > 500:
+                await self._cancel(admin, res.msg_id)
+
+    async def _cancel(self, admin: Admin, msg_id: str) -> None:
+        self.stats.cancel_asked += 1
+        try:
+            results = await admin.cancel(msg_id)
+        except Exception as e:
+            self.stats.error(e)
+            return
+        if any(str(r.outcome) == "CANCELLED" for r in results):
+            self.ledger.cancel(msg_id)
+
+    async def run(self, producer: Producer, admin: Admin, rate: float, seconds: float,
+                  stop: asyncio.Event | None = None, max_inflight: int = 256) -> None:
+        """Send at ``rate`` messages/s (a batch counts as its messages) for ``seconds`` or until ``stop``."""
+        start = time.monotonic()
+        sent = 0
+        kinds = ("now", "level", "timed", "timed", "now", "batch")
+        i = 0
+        while time.monotonic() - start < seconds and not (stop and stop.is_set()):
+            kind = kinds[i % len(kinds)]
+            i += 1
+            if len(self._tasks) < max_inflight:
+                t = asyncio.create_task(self.one(producer, admin, kind))
+                self._tasks.add(t)
+                t.add_done_callback(self._tasks.discard)
+            sent += self.batch if kind == "batch" else 1
+            ahead = sent / rate - (time.monotonic() - start)
+            if ahead > 0:
+                await asyncio.sleep(ahead)  # pacing, not waiting for a condition
+        if self._tasks:
+            await asyncio.wait(list(self._tasks), timeout=self.send_timeout * 3)
+
+
+def receipt_of(ledger: Ledger, message: Any) -> Receipt:
+    """Record a message a consumer of ours was handed."""
+    return ledger.receive(message.id, message.topic, message.queue.queue_id, message.queue_offset,
+                          message.body, now_ms())
+
+
+def proc_sample(pid: int) -> dict[str, float]:
+    """RSS and heap (MiB), open files, threads and CPU seconds of a process, from /proc."""
+    out: dict[str, float] = {}
+    status = Path(f"/proc/{pid}/status").read_text()
+    for line in status.splitlines():
+        k, _, v = line.partition(":")
+        if k in ("VmRSS", "RssAnon"):
+            out[k] = int(v.split()[0]) / 1024
+        elif k == "Threads":
+            out["threads"] = int(v)
+    out["fds"] = len(list(Path(f"/proc/{pid}/fd").iterdir()))
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    import os
+
+    out["cpu_s"] = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return out
