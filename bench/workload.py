@@ -1,11 +1,11 @@
 """A mixed load with a ledger, shared by the soak (bench/soak.py) and the kill loop (bench/chaos.py).
 
-Every body names itself (``<source>:<seq>:<kind>:<not_before_ms>:`` then bytes derived from that head), so
-a receiver can tell an intact message from a corrupt one without the sender's memory. The ledger keeps
-what was acknowledged (by our client, or by the official client's driver through its JSONL file), what
-a cancel answered CANCELLED, and every receipt; ``Ledger.verdict`` turns them into the invariants:
-nothing acknowledged lost, nothing corrupt, nothing early, nothing cancelled delivered, and duplicates
-split into re-reads of one stored copy (same queue and offset) and copies stored twice (same id).
+Every body names itself (``<source>:<seq>:<kind>:<not_before_ms>:<size>:`` then bytes derived from
+that head), so a receiver tells an intact message from a corrupt one without the sender's memory. The
+ledger keeps what was acknowledged (by our client, or by the official client's driver through its JSONL
+file), what a cancel answered CANCELLED, and every receipt. ``Ledger.verdict`` turns them into the
+invariants: nothing acknowledged lost, nothing corrupt, nothing early, nothing cancelled delivered; and
+it splits duplicates into re-reads of one stored copy (same queue and offset) and copies stored twice.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ def now_ms() -> int:
 
 
 def make_body(source: str, seq: int, kind: str, not_before_ms: int, size: int) -> bytes:
-    head = f"{source}:{seq}:{kind}:{not_before_ms}:".encode()
+    head = f"{source}:{seq}:{kind}:{not_before_ms}:{size}:".encode()
     fill = hashlib.sha256(head).hexdigest().encode()
     need = max(0, size - len(head))
     return head + (fill * (need // len(fill) + 1))[:need]
@@ -40,11 +40,11 @@ def make_body(source: str, seq: int, kind: str, not_before_ms: int, size: int) -
 def parse_body(body: bytes) -> tuple[str, int, str, int] | None:
     """(source, seq, kind, not_before_ms) of an intact body; None when the body is not one we made."""
     try:
-        source, seq, kind, nb, _ = body.split(b":", 4)
+        source, seq, kind, nb, size, _ = body.split(b":", 5)
         parsed = (source.decode(), int(seq), kind.decode(), int(nb))
+        return parsed if make_body(*parsed, int(size)) == body else None
     except (ValueError, UnicodeDecodeError):
         return None
-    return parsed if make_body(*parsed, len(body)) == body else None
 
 
 @dataclass(slots=True)
@@ -53,6 +53,7 @@ class Receipt:
     where: tuple[str, int, int]  # topic, queue id, queue offset
     at_ms: int
     due_ms: int  # when it could be delivered at the earliest (0: at once)
+    kind: str  # as the body says ("?" when it is corrupt)
 
 
 @dataclass
@@ -66,6 +67,7 @@ class Verdict:
     cancelled_delivered: int = 0
     rereads: int = 0
     restored: int = 0
+    restored_by_kind: dict[str, int] = field(default_factory=dict)
     examples: dict[str, list[str]] = field(default_factory=dict)
 
     @property
@@ -76,7 +78,8 @@ class Verdict:
         return (f"acknowledged={self.acknowledged} received={self.received} lost={self.lost} "
                 f"corrupt={self.corrupt} early={self.early} cancelled={self.cancelled} "
                 f"cancelled_delivered={self.cancelled_delivered} duplicates={self.rereads + self.restored} "
-                f"(re-reads {self.rereads}, stored twice {self.restored})")
+                f"(re-reads {self.rereads}, stored twice {self.restored}"
+                + (f": {self.restored_by_kind}" if self.restored_by_kind else "") + ")")
 
 
 class Ledger:
@@ -86,7 +89,7 @@ class Ledger:
         self.acked: dict[str, tuple[str, int]] = {}  # msg id -> (topic, not_before_ms)
         self.cancelled: set[str] = set()
         self.receipts: list[Receipt] = []
-        self.corrupt: list[str] = []
+        self.corrupt: list[tuple[str, str]] = []  # (msg id, where)
         self.outstanding: dict[str, int] = {}  # acknowledged, not received yet: msg id -> not_before_ms
         self._seen: set[str] = set()
 
@@ -103,11 +106,11 @@ class Ledger:
                 at_ms: int) -> Receipt:
         parsed = parse_body(body)
         if parsed is None:
-            self.corrupt.append(f"{msg_id}@{topic}/{queue_id}/{offset}")
-            due = 0
+            self.corrupt.append((msg_id, f"{topic}/{queue_id}/{offset}"))
+            due, kind = 0, "?"
         else:
-            due = parsed[3]
-        r = Receipt(msg_id, (topic, queue_id, offset), at_ms, due)
+            due, kind = parsed[3], parsed[2]
+        r = Receipt(msg_id, (topic, queue_id, offset), at_ms, due, kind)
         self.receipts.append(r)
         self._seen.add(msg_id)
         self.outstanding.pop(msg_id, None)
@@ -117,13 +120,21 @@ class Ledger:
         """Acknowledged messages already due and not received yet (cancelled ones excluded)."""
         return sum(1 for nb in self.outstanding.values() if nb <= at_ms)
 
-    def verdict(self) -> Verdict:
-        v = Verdict(acknowledged=len(self.acked), cancelled=len(self.cancelled), corrupt=len(self.corrupt))
+    def verdict(self, only: set[str] | None = None) -> Verdict:
+        """The invariants over everything, or over the messages ``only`` names."""
+        acked = self.acked if only is None else {m: a for m, a in self.acked.items() if m in only}
+        v = Verdict(acknowledged=len(acked), cancelled=len(self.cancelled if only is None
+                                                            else self.cancelled & only),
+                    corrupt=sum(1 for m, _ in self.corrupt if only is None or m in only))
         where_by_id: dict[str, set[tuple[str, int, int]]] = {}
+        kind_of: dict[str, str] = {}
         reads = 0
         early: list[str] = []
         for r in self.receipts:
+            if only is not None and r.msg_id not in only:
+                continue
             where_by_id.setdefault(r.msg_id, set()).add(r.where)
+            kind_of[r.msg_id] = r.kind
             reads += 1
             if r.due_ms and r.at_ms < r.due_ms:
                 early.append(f"{r.msg_id} {r.due_ms - r.at_ms} ms early")
@@ -131,12 +142,16 @@ class Ledger:
         copies = sum(len(w) for w in where_by_id.values())
         v.rereads = reads - copies
         v.restored = copies - len(where_by_id)
+        for m, w in where_by_id.items():
+            if len(w) > 1:
+                v.restored_by_kind[kind_of[m]] = v.restored_by_kind.get(kind_of[m], 0) + len(w) - 1
         v.early = len(early)
-        lost = [m for m in self.acked if m not in where_by_id and m not in self.cancelled]
+        lost = [m for m in acked if m not in where_by_id and m not in self.cancelled]
         v.lost = len(lost)
-        bad_cancel = [m for m in self.cancelled if m in where_by_id]
+        bad_cancel = [m for m in self.cancelled if m in where_by_id and (only is None or m in only)]
         v.cancelled_delivered = len(bad_cancel)
-        v.examples = {k: xs[:5] for k, xs in (("lost", lost), ("early", early), ("corrupt", self.corrupt),
+        v.examples = {k: xs[:5] for k, xs in (("lost", lost), ("early", early),
+                                               ("corrupt", [f"{m}@{w}" for m, w in self.corrupt]),
                                                ("cancelled_delivered", bad_cancel)) if xs}
         return v
 
@@ -151,7 +166,7 @@ def read_official_acks(path: Path, ledger: Ledger, topic: str, not_before: Calla
             rec = json.loads(line)
         except ValueError:
             continue  # the driver was stopped mid-line
-        if rec.get("status") == "SEND_OK" and rec.get("msg_id"):
+        if rec.get("status") in (0, "SEND_OK") and rec.get("msg_id"):
             ledger.ack(rec["msg_id"], topic, not_before(int(rec["index"])))
             n += 1
     return n
@@ -260,10 +275,18 @@ class Mix:
             await asyncio.wait(list(self._tasks), timeout=self.send_timeout * 3)
 
 
+DELAY_SOURCE = "__CHRONOMQ_DELAY_SRC"  # "<level>:..." on a message the level service delivered
+
+
 def receipt_of(ledger: Ledger, message: Any) -> Receipt:
-    """Record a message a consumer of ours was handed."""
-    return ledger.receive(message.id, message.topic, message.queue.queue_id, message.queue_offset,
-                          message.body, now_ms())
+    """Record a message a consumer of ours was handed. A delay-level message is due no earlier than its
+    born time plus its level's delay, whichever client sent it."""
+    r = ledger.receive(message.id, message.topic, message.queue.queue_id, message.queue_offset,
+                       message.body, now_ms())
+    level = message.properties.get(DELAY_SOURCE, "").partition(":")[0]
+    if level.isdigit() and int(level) in LEVEL_MS:
+        r.due_ms = max(r.due_ms, message.born_timestamp + LEVEL_MS[int(level)])
+    return r
 
 
 def proc_sample(pid: int) -> dict[str, float]:

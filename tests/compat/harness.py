@@ -74,6 +74,7 @@ class ChronomqProcess:
         self.data_dir = Path(data_dir)
         # no /metrics unless asked: its default ports (+ 2) are not ones free_port reserved
         self.overrides = {"metricsPort": "-1", **(overrides or {})}
+        self.env: dict[str, str] = {}  # extra environment of the next start (e.g. CHRONOMQ_FAULTS)
         self.host = "127.0.0.1"
         self.namesrv_port = free_port()
         self.broker_port = free_port()
@@ -120,6 +121,7 @@ class ChronomqProcess:
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO / "src"), env.get("PYTHONPATH")]))
         env["PYTHONUNBUFFERED"] = "1"
+        env.update(self.env)
         self.starts += 1
         log = open(self.log_path, "a", encoding="utf-8")  # noqa: SIM115 (the child owns it)
         log.write(f"--- start #{self.starts}: {' '.join(self.command())}\n")

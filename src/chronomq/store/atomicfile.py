@@ -12,6 +12,8 @@ import os
 import threading
 from pathlib import Path
 
+from . import faults
+
 _locks: dict[str, threading.Lock] = {}
 _locks_guard = threading.Lock()
 
@@ -40,6 +42,7 @@ def write_atomic(path: str | os.PathLike[str], data: bytes, *, backup: bool = Fa
             os.fsync(fd)
         finally:
             os.close(fd)
+        faults.point("atomic." + p.name)
         if backup and p.exists():
             try:
                 os.replace(p, p.with_name(p.name + ".bak"))

@@ -28,6 +28,7 @@ from chronomq.message import (
     tags_code,
     validate_topic,
 )
+from chronomq.store import faults
 from chronomq.store.allocate import ALLOCATE_AHEAD
 from chronomq.store.commitlog import BLANK_HEAD, I64, PATCH, CommitLog, encode, splice
 from chronomq.store.mapped import MappedFile
@@ -436,6 +437,7 @@ class PutPath:
             start = seg.end
         existing = cl.segment_for(start)
         new = existing if existing is not None else cl.new_segment(start)
+        faults.point("commitlog.roll")
         cl.wrote = start
         self._cur_seg = new
         return new

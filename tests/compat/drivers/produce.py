@@ -4,6 +4,7 @@ args:
   namesrv (str, required), group (str, default "PG_compat"),
   mode: "sync" | "async" | "oneway" | "orderly" | "batch"   (default "sync")
   messages: [ {topic, body | body_b64, keys, tags, props{}, delay_level, arg (orderly)} ... ]
+    or messages_file: a JSONL file of such specs (one per line, for more than fits on a command line)
     or generate: {topic, count, body_size, prefix, keys (bool), tags}  (messages built from the index)
   batch_size (batch mode, default 16), timeout_ms (send timeout, default 3000),
   deadline_s (overall bound, default 60), out (optional JSONL path: one line per acknowledged send),
@@ -20,6 +21,7 @@ result: {"mode", "sent": attempted, "acked": n, "results": [{index, status, msg_
 
 from __future__ import annotations
 
+import json
 import sys
 import threading
 import time
@@ -41,6 +43,9 @@ MODES = ("sync", "async", "oneway", "orderly", "batch")
 
 
 def build_specs(args: dict[str, Any]) -> list[dict[str, Any]]:
+    if "messages_file" in args:
+        with open(str(args["messages_file"]), encoding="utf-8") as f:
+            return [json.loads(line) for line in f if line.strip()]
     if "messages" in args:
         specs = args["messages"]
         if not isinstance(specs, list):

@@ -6,6 +6,8 @@ ever to keep a segment longer than needed); the deletions run under ``self.lock`
 
 from __future__ import annotations
 
+from chronomq.store import faults
+
 from .records import DATA_HDR, DATA_HDR_SIZE, DATA_MAGIC, IDX_SIZE, PENDING
 from .state import TimerState
 
@@ -32,6 +34,7 @@ class Retention(TimerState):
             before = self.wheel.files
             self.wheel.delete_through(wm)
             deleted["wheel_files"] = before - self.wheel.files
+            faults.point("timer.retention")
             active = self.data.seg_start(self.data_end)
             todo = [start for start in self.data.starts
                     if start < active and self.data_recheck.get(start, 0) <= now]
