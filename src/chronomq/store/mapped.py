@@ -72,8 +72,16 @@ class MappedFile:
             if zero_at > start:
                 os.posix_fallocate(self.fd, start, zero_at - start)
             off = zero_at
-            while off < end:
-                off += os.pwrite(self.fd, _ZEROS[: min(len(_ZEROS), end - off)], off)
+            try:
+                while off < end:
+                    off += os.pwrite(self.fd, _ZEROS[: min(len(_ZEROS), end - off)], off)
+            except OSError:
+                # a nearly full disk: keep what was written (the chunk is larger than what is asked
+                # for), so a put that fits the space there is still succeeds
+                self.allocated = max(self.allocated, off)
+                if upto > off:
+                    raise
+                return
             self.allocated = end
 
     def mark_blank_from(self, pos: int) -> None:

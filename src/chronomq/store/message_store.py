@@ -7,6 +7,7 @@ reads.py (base classes sharing this object's state); each service keeps a refere
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 from collections.abc import Callable
@@ -26,6 +27,8 @@ from chronomq.store.reads import ReadPath
 from chronomq.store.recovery import StoreRecovery
 from chronomq.store.replica import ReplicaAppend
 from chronomq.store.reput import ArrivalListener, ReputMessageService
+
+log = logging.getLogger("chronomq.store")
 
 
 class MessageStore(PutPath, ReadPath):
@@ -116,13 +119,23 @@ class MessageStore(PutPath, ReadPath):
         self._stop_threads()
         with self._dispatch_lock:
             self._reput.dispatch_pending()  # anything left after the dispatcher stopped
-        self._flusher.do_flush()
-        with self._clean_lock:
-            self._cq_flusher.flush_queues_and_checkpoint()
-        self._flusher.fail_requests()
-        end = self._cl.wrote
-        Checkpoint(self._flusher.flushed, self._reput.dispatched, end, self.clock.now_ms()).save(
-            self._checkpoint_path)
+        try:
+            self._flusher.do_flush()
+            with self._clean_lock:
+                self._cq_flusher.flush_queues_and_checkpoint()
+            self._flusher.fail_requests()
+            end = self._cl.wrote
+            Checkpoint(self._flusher.flushed, self._reput.dispatched, end, self.clock.now_ms()).save(
+                self._checkpoint_path)
+        except OSError as e:  # a full disk: the abort file stays, the next start verifies as after a crash
+            log.error("store shutdown: cannot flush or write the checkpoint (%s); the next start recovers "
+                      "as after a crash", e)
+            try:
+                self._flusher.fail_requests()
+            except OSError:
+                pass
+            self._close_files()
+            return
         self._close_files()
         try:
             os.unlink(self._abort_path)

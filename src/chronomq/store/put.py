@@ -431,6 +431,8 @@ class PutPath:
         else:
             rest = self._seg_size - r
             if rest >= 8:
+                if r + 8 > seg.allocated:
+                    seg.allocate(r + 8)  # a store into an unallocated page of a full disk is a SIGBUS
                 BLANK_HEAD.pack_into(seg.mm, r, rest, BLANK_MAGIC)
             seg.written = self._seg_size
             start = seg.end
