@@ -83,6 +83,8 @@ class MessageStore(PutPath, ReadPath):
         self._threads: list[threading.Thread] = []
         self._clean_lock = threading.Lock()
         self.disk_usage_ratio: Callable[[], float] = self._cleaner.disk_usage_ratio
+        # why sends are refused for want of disk (the clean service sets and clears it), or None
+        self.disk_full: str | None = None
         self.recovered_abnormally = False
 
     # ================================================================================= lifecycle
@@ -244,10 +246,17 @@ class MessageStore(PutPath, ReadPath):
     def set_min_offset_guard(self, fn: Callable[[], int | None]) -> None:
         self._cleaner.guard = fn
 
+    def check_disk(self) -> str | None:
+        """Read the disk use now and update ``disk_full`` (as the clean service does every
+        cleanResourceInterval); returns it."""
+        self._cleaner.check_disk(self.disk_usage_ratio())
+        return self.disk_full
+
     def run_clean_once(self, force: bool = False) -> int:
         """Delete expired commit-log segments (older than fileReservedTime) when the hour is one of
-        deleteWhen or ``force``; when disk use passes diskMaxUsedSpaceRatio delete the oldest segments
-        regardless of age. Never the segment being written, never one holding data at or beyond the
-        min-offset guard. Then drop consume-queue and index files wholly below the oldest commit-log
-        offset. Returns the number of commit-log segments deleted."""
+        deleteWhen, disk use is past diskMaxUsedSpaceRatio, or ``force``; past diskSpaceCleanForciblyRatio
+        (with cleanFileForciblyEnable) delete the oldest segments regardless of age. Never the segment
+        being written, never one holding data at or beyond the min-offset guard. Then drop consume-queue
+        and index files wholly below the oldest commit-log offset. Returns the number of commit-log
+        segments deleted."""
         return self._cleaner.run_once(force)
