@@ -70,7 +70,15 @@ class BrokerConfig:
     syncFlushTimeout: int = 5000
     fileReservedTime: int = 72  # hours
     deleteWhen: str = "04"
-    diskMaxUsedSpaceRatio: int = 75
+    diskMaxUsedSpaceRatio: int = 75  # % of the store's file system: past it, expired segments go now
+    # past diskSpaceCleanForciblyRatio % the oldest segments go regardless of age (cleanFileForciblyEnable);
+    # past diskSpaceWarningLevelRatio % the store is "disk full": sends are refused (SERVICE_NOT_AVAILABLE)
+    # until use is back under diskSpaceCleanForciblyRatio (RocketMQ's system properties, 85 and 90)
+    diskSpaceCleanForciblyRatio: int = 85
+    diskSpaceWarningLevelRatio: int = 90
+    cleanFileForciblyEnable: bool = True
+    # a file holding a disk use in percent, read instead of the file system's (drills and tests)
+    diskUsageProbeFile: str = ""
     cleanResourceInterval: int = 10_000
     maxMessageSize: int = 4 * 1024 * 1024
     maxHashSlotNum: int = 5_000_000
@@ -195,6 +203,12 @@ class BrokerConfig:
             raise ConfigError(f"dedupRecentMax: {self.dedupRecentMax} must be at least 1000")
         if not 10 <= self.diskMaxUsedSpaceRatio <= 95:
             raise ConfigError(f"diskMaxUsedSpaceRatio: {self.diskMaxUsedSpaceRatio} must be within 10..95")
+        if not 10 <= self.diskSpaceCleanForciblyRatio <= self.diskSpaceWarningLevelRatio <= 100:
+            raise ConfigError(f"diskSpaceCleanForciblyRatio ({self.diskSpaceCleanForciblyRatio}) and "
+                              f"diskSpaceWarningLevelRatio ({self.diskSpaceWarningLevelRatio}) must satisfy "
+                              "10 <= diskSpaceCleanForciblyRatio <= diskSpaceWarningLevelRatio <= 100")
+        if self.cleanResourceInterval <= 0:
+            raise ConfigError(f"cleanResourceInterval: must be positive, got {self.cleanResourceInterval}")
         if not 0 < self.listenPort < 65536:
             raise ConfigError(f"listenPort: {self.listenPort} is not a TCP port")
         if self.maxReconsumeTimes < 0:

@@ -14,7 +14,8 @@ from chronomq.store import GetStatus, MessageStore
 def test_puts_pulls_and_clean_concurrently(tmp_path):
     clock = VirtualClock()
     cfg = BrokerConfig(storePathRootDir=str(tmp_path), mappedFileSizeCommitLog=32 * 1024,
-                       mappedFileSizeConsumeQueue=20 * 64, maxHashSlotNum=64, maxIndexNum=256)
+                       mappedFileSizeConsumeQueue=20 * 64, maxHashSlotNum=64, maxIndexNum=256,
+                       diskSpaceWarningLevelRatio=100)  # a nearly full disk that still takes writes
     s = MessageStore(cfg, clock)
     s.start()
     s.disk_usage_ratio = lambda: 0.99  # the cleaner deletes every segment but the current one

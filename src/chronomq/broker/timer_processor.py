@@ -7,9 +7,11 @@ The answer is SUCCESS with ext ``msgId`` = the timer offset msg id, ``queueId``,
 ``uniqKey`` = the UNIQ_KEY (the handle for cancel/reschedule) and ``deliverMs`` = the deliver time (epoch
 ms); for a batch (all-or-nothing) the ext values are comma-separated, one per item, in item order. A
 time beyond timerMaxDelaySec (TimerRefused) or a message the timer store cannot hold -> MESSAGE_ILLEGAL
-with the reason as remark. Under SYNC_FLUSH the answer is sent once the timer files are fsynced (in a
-worker thread: the event loop never waits on the disk); on a SYNC_MASTER that journals its timer, once a
-slave holds the park too (else FLUSH_SLAVE_TIMEOUT / SLAVE_NOT_AVAILABLE, as for a send).
+with the reason as remark; a full disk (the store's disk_full, or a write that failed) ->
+SERVICE_NOT_AVAILABLE with RocketMQ's remark, as for a send. Under SYNC_FLUSH the answer is sent once
+the timer files are fsynced (in a worker thread: the event loop never waits on the disk); on a
+SYNC_MASTER that journals its timer, once a slave holds the park too (else FLUSH_SLAVE_TIMEOUT /
+SLAVE_NOT_AVAILABLE, as for a send).
 
 Request codes (every ext value a string, bodies UTF-8 JSON):
 - 9002 CHRONOMQ_CANCEL_SCHEDULED ext {id, byKey "true"|"false"} -> {"results": [OpResult...]}
@@ -31,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 from chronomq.config import SYNC_MASTER
 from chronomq.delay.histogram import Histogram
-from chronomq.delay.timer import ScheduleResult, TimerError, TimerService
+from chronomq.delay.timer import ScheduleResult, TimerError, TimerService, TimerUnavailable
 from chronomq.ha.service import SlaveWait
 from chronomq.message import MessageExt
 from chronomq.metrics import LATENESS_BUCKETS_MS
@@ -40,7 +42,7 @@ from chronomq.remoting.codes import RequestCode, ResponseCode
 from chronomq.remoting.server import DEFERRED
 
 from .dedup import TIMED, Original
-from .processors.base import send_result_fields
+from .processors.base import not_available_remark, send_result_fields
 
 if TYPE_CHECKING:
     import asyncio
@@ -148,6 +150,9 @@ class TimerProcessor:
         """Park what ``DelayService.admit`` / ``admit_batch`` found timed, and answer for it. A message that
         asks for de-duplication and was parked before is answered as it was then, and not parked again."""
         queue_id = timed[0][0].queue_id
+        full = getattr(self.services.store, "disk_full", None)
+        if full is not None:  # the timer's files are on the store's disk: refused as a send is
+            return self._unavailable(req, full)
         dedup = self.services.dedup
         plan = None if dedup is None else dedup.plan([m for m, _ in timed], timed[0][0].topic, TIMED)
         if plan is not None:
@@ -170,6 +175,8 @@ class TimerProcessor:
         if not self.timer.sync_flush or loop is None:
             try:
                 results = self.timer.schedule_batch(timed)
+            except TimerUnavailable as e:
+                return self._unavailable(req, str(e))
             except TimerError as e:
                 return req.response(ResponseCode.MESSAGE_ILLEGAL, remark=str(e))
             resp = answer(results)
@@ -189,6 +196,8 @@ class TimerProcessor:
                 resp = answer(await self.timer.schedule_batch_async(timed))
                 if self._waits_for_slave():
                     resp = await self._slave_holds(resp, failures)
+            except TimerUnavailable as e:
+                resp = self._unavailable(req, str(e))
             except TimerError as e:
                 resp = req.response(ResponseCode.MESSAGE_ILLEGAL, remark=str(e))
             except Exception as e:  # an fsync failure: not acknowledged
@@ -199,6 +208,10 @@ class TimerProcessor:
 
         self._spawn(loop, run())
         return DEFERRED
+
+    def _unavailable(self, req: RemotingCommand, cause: str) -> RemotingCommand:
+        return req.response(ResponseCode.SERVICE_NOT_AVAILABLE,
+                            remark=not_available_remark(self.services.store, cause))
 
     def _spawn(self, loop: asyncio.AbstractEventLoop, coro: Any) -> None:
         task = loop.create_task(coro)

@@ -3,7 +3,7 @@
 Write a temp file, fsync it, rename it over the target, fsync the directory: a reader (or a restart after
 a crash) sees the old content or the new, never a mix. Writers of one path inside a process are
 serialised, so two threads saving the same file (a periodic persist and a shutdown persist) cannot race
-on the shared temp file.
+on the shared temp file. A failed write (ENOSPC) removes the temp file and raises; the target is kept.
 """
 
 from __future__ import annotations
@@ -40,8 +40,14 @@ def write_atomic(path: str | os.PathLike[str], data: bytes, *, backup: bool = Fa
             while view:
                 view = view[os.write(fd, view):]
             os.fsync(fd)
-        finally:
+        except BaseException:
             os.close(fd)
+            fd = -1
+            tmp.unlink(missing_ok=True)  # a full disk: give its blocks back; the old file is untouched
+            raise
+        finally:
+            if fd >= 0:
+                os.close(fd)
         faults.point("atomic." + p.name)
         if backup and p.exists():
             try:

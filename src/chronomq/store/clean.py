@@ -1,7 +1,8 @@
-"""CleanCommitLogService: deletes expired commit-log segments (or the oldest ones when the disk is
-full), then consume-queue and index files wholly below the oldest commit-log offset. Rules: never the
-segment being written, never one whose queue entries are not built yet, never one holding data at or
-beyond the min-offset guard; runs under the store's ``_clean_lock`` (against the checkpoint writer).
+"""CleanCommitLogService: watches the disk and deletes expired commit-log segments (or the oldest ones
+when the disk is nearly full), then consume-queue and index files wholly below the oldest commit-log
+offset. Rules: never the segment being written, never one whose queue entries are not built yet, never
+one holding data at or beyond the min-offset guard; runs under the store's ``_clean_lock`` (against the
+checkpoint writer). The disk ladder is RocketMQ's (see docs/store.md "Full disk").
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import logging
 import os
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from chronomq.store.periodic import run_every
@@ -27,7 +29,14 @@ class CleanCommitLogService:
         self.guard: Callable[[], int | None] | None = None
 
     def disk_usage_ratio(self) -> float:
-        """Like df's Use%: used / (used + available to unprivileged users)."""
+        """Like df's Use%: used / (used + available to unprivileged users); the percentage in
+        diskUsageProbeFile instead when that is set and readable."""
+        probe = self._store.config.diskUsageProbeFile
+        if probe:
+            try:
+                return float(Path(probe).read_text().strip()) / 100
+            except (OSError, ValueError) as e:
+                log.warning("diskUsageProbeFile %s unreadable (%s); using the file system's use", probe, e)
         st = os.statvfs(self._store.root)
         used = (st.f_blocks - st.f_bfree) * st.f_frsize
         usable = used + st.f_bavail * st.f_frsize
@@ -36,6 +45,25 @@ class CleanCommitLogService:
     def run(self) -> None:
         """Thread chronomq-store-clean: a pass every cleanResourceInterval ms of clock time."""
         run_every(self._store, self._store.config.cleanResourceInterval, self.run_once, "clean")
+
+    def check_disk(self, ratio: float) -> bool:
+        """Set or clear the store's disk-full state from a disk use ``ratio`` (0..1): full past
+        diskSpaceWarningLevelRatio, writable again at or under diskSpaceCleanForciblyRatio (unchanged in
+        between). Returns whether the oldest segments may go regardless of age now."""
+        store = self._store
+        config = store.config
+        pct = ratio * 100
+        if pct > config.diskSpaceWarningLevelRatio:
+            if store.disk_full is None:
+                log.error("disk use %.1f%% is over diskSpaceWarningLevelRatio=%d%%: refusing sends until it "
+                          "is back at %d%% (diskSpaceCleanForciblyRatio)", pct,
+                          config.diskSpaceWarningLevelRatio, config.diskSpaceCleanForciblyRatio)
+            store.disk_full = (f"the disk is full: {pct:.1f}% used, over diskSpaceWarningLevelRatio="
+                               f"{config.diskSpaceWarningLevelRatio}%")
+        elif pct <= config.diskSpaceCleanForciblyRatio and store.disk_full is not None:
+            log.warning("disk use %.1f%%: writable again", pct)
+            store.disk_full = None
+        return config.cleanFileForciblyEnable and pct > config.diskSpaceCleanForciblyRatio
 
     def run_once(self, force: bool = False) -> int:
         """See MessageStore.run_clean_once."""
@@ -47,10 +75,11 @@ class CleanCommitLogService:
             hours = {int(h) for h in config.deleteWhen.split(";") if h.strip().isdigit()}
             try:
                 ratio = store.disk_usage_ratio()
-            except OSError:
-                ratio = 0.0
-            disk_full = ratio * 100 >= config.diskMaxUsedSpaceRatio
-            if not (force or disk_full or hour in hours):
+                forcibly = self.check_disk(ratio)  # the oldest segments go regardless of age
+            except OSError as e:
+                log.warning("cannot read the disk use: %s", e)
+                ratio, forcibly = 0.0, False
+            if not (force or forcibly or ratio * 100 > config.diskMaxUsedSpaceRatio or hour in hours):
                 return 0
             reserved_ms = config.fileReservedTime * 3_600_000
             guard = None
@@ -71,7 +100,7 @@ class CleanCommitLogService:
                     break  # seg is the one being written
                 if seg.end > store._reput.dispatched:
                     break  # its queue entries are not built yet: they would point into a deleted file
-                if not disk_full:
+                if not forcibly:
                     newest = cl.store_time_at(nxt.start)  # >= every store time inside seg
                     if newest is None or newest + reserved_ms > now:
                         break
@@ -84,7 +113,7 @@ class CleanCommitLogService:
                 seg.destroy()
                 deleted += 1
                 log.info("clean: deleted commit-log segment %020d (%s)", seg.start,
-                         "disk use %.0f%%" % (ratio * 100) if disk_full else "expired")
+                         "disk use %.0f%%" % (ratio * 100) if forcibly else "expired")
             min_phys = cl.min_offset
             with store._queues_lock:
                 queues = list(store._queues.values())

@@ -17,9 +17,11 @@ microseconds, and a full disk shows up as ENOSPC from the pwrite instead of a SI
 
 from __future__ import annotations
 
+import errno
 import mmap
 import os
 import threading
+from collections.abc import Iterable
 
 ALLOC_CHUNK = 4 * 1024 * 1024
 _ZEROS = memoryview(bytes(1024 * 1024))
@@ -72,8 +74,16 @@ class MappedFile:
             if zero_at > start:
                 os.posix_fallocate(self.fd, start, zero_at - start)
             off = zero_at
-            while off < end:
-                off += os.pwrite(self.fd, _ZEROS[: min(len(_ZEROS), end - off)], off)
+            try:
+                while off < end:
+                    off += os.pwrite(self.fd, _ZEROS[: min(len(_ZEROS), end - off)], off)
+            except OSError:
+                # a nearly full disk: keep what was written (the chunk is larger than what is asked
+                # for), so a put that fits the space there is still succeeds
+                self.allocated = max(self.allocated, off)
+                if upto > off:
+                    raise
+                return
             self.allocated = end
 
     def mark_blank_from(self, pos: int) -> None:
@@ -125,6 +135,53 @@ class MappedFile:
             os.unlink(self.path)
         except FileNotFoundError:
             pass
+
+
+class BackedPages:
+    """The pages of a file with holes (one extended with ftruncate) that have disk blocks, for 8-byte
+    fields read and written through a shared mapping. A store into a hole must allocate the block inside
+    the page fault, and on tmpfs even a load does; on a full disk that fault is a SIGBUS, which kills the
+    process. So: ``ensure`` fallocates a page (content kept) before its first store, raising OSError
+    (ENOSPC) instead, and a field in a page that is not ``backed`` is a hole, zero without being read.
+    The backed pages of an existing file are found with SEEK_DATA at open."""
+
+    __slots__ = ("backed", "fd")
+    PAGE = 4096
+
+    def __init__(self, fd: int, size: int) -> None:
+        self.fd = fd
+        self.backed: set[int] = data_pages(fd, size, self.PAGE)
+
+    def has(self, off: int) -> bool:
+        """Whether the byte at ``off`` is in a page with a disk block (else it reads as zero)."""
+        return off // self.PAGE in self.backed
+
+    def ensure(self, offsets: Iterable[int]) -> None:
+        """Make sure the pages holding the 8-byte fields at ``offsets`` have disk blocks; raises
+        OSError (ENOSPC) before any of them is written."""
+        backed = self.backed
+        for off in offsets:
+            page = off // self.PAGE
+            if page not in backed:
+                os.posix_fallocate(self.fd, page * self.PAGE, self.PAGE)
+                backed.add(page)
+
+
+def data_pages(fd: int, size: int, page: int) -> set[int]:
+    """The pages of the first ``size`` bytes of ``fd`` that hold data (SEEK_DATA / SEEK_HOLE); all of
+    them where the file system cannot tell."""
+    out: set[int] = set()
+    off = 0
+    try:
+        while off < size:
+            start = os.lseek(fd, off, os.SEEK_DATA)
+            end = min(os.lseek(fd, start, os.SEEK_HOLE), size)
+            out.update(range(start // page, -(-end // page)))
+            off = end
+    except OSError as e:
+        if e.errno != errno.ENXIO:  # ENXIO: no data from ``off`` on
+            return set(range(-(-size // page)))
+    return out
 
 
 def segment_files(directory: str, file_size: int, what: str, key: str) -> list[tuple[str, int]]:

@@ -7,6 +7,7 @@ reads.py (base classes sharing this object's state); each service keeps a refere
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 from collections.abc import Callable
@@ -26,6 +27,8 @@ from chronomq.store.reads import ReadPath
 from chronomq.store.recovery import StoreRecovery
 from chronomq.store.replica import ReplicaAppend
 from chronomq.store.reput import ArrivalListener, ReputMessageService
+
+log = logging.getLogger("chronomq.store")
 
 
 class MessageStore(PutPath, ReadPath):
@@ -80,6 +83,8 @@ class MessageStore(PutPath, ReadPath):
         self._threads: list[threading.Thread] = []
         self._clean_lock = threading.Lock()
         self.disk_usage_ratio: Callable[[], float] = self._cleaner.disk_usage_ratio
+        # why sends are refused for want of disk (the clean service sets and clears it), or None
+        self.disk_full: str | None = None
         self.recovered_abnormally = False
 
     # ================================================================================= lifecycle
@@ -116,13 +121,23 @@ class MessageStore(PutPath, ReadPath):
         self._stop_threads()
         with self._dispatch_lock:
             self._reput.dispatch_pending()  # anything left after the dispatcher stopped
-        self._flusher.do_flush()
-        with self._clean_lock:
-            self._cq_flusher.flush_queues_and_checkpoint()
-        self._flusher.fail_requests()
-        end = self._cl.wrote
-        Checkpoint(self._flusher.flushed, self._reput.dispatched, end, self.clock.now_ms()).save(
-            self._checkpoint_path)
+        try:
+            self._flusher.do_flush()
+            with self._clean_lock:
+                self._cq_flusher.flush_queues_and_checkpoint()
+            self._flusher.fail_requests()
+            end = self._cl.wrote
+            Checkpoint(self._flusher.flushed, self._reput.dispatched, end, self.clock.now_ms()).save(
+                self._checkpoint_path)
+        except OSError as e:  # a full disk: the abort file stays, the next start verifies as after a crash
+            log.error("store shutdown: cannot flush or write the checkpoint (%s); the next start recovers "
+                      "as after a crash", e)
+            try:
+                self._flusher.fail_requests()
+            except OSError:
+                pass
+            self._close_files()
+            return
         self._close_files()
         try:
             os.unlink(self._abort_path)
@@ -231,10 +246,17 @@ class MessageStore(PutPath, ReadPath):
     def set_min_offset_guard(self, fn: Callable[[], int | None]) -> None:
         self._cleaner.guard = fn
 
+    def check_disk(self) -> str | None:
+        """Read the disk use now and update ``disk_full`` (as the clean service does every
+        cleanResourceInterval); returns it."""
+        self._cleaner.check_disk(self.disk_usage_ratio())
+        return self.disk_full
+
     def run_clean_once(self, force: bool = False) -> int:
         """Delete expired commit-log segments (older than fileReservedTime) when the hour is one of
-        deleteWhen or ``force``; when disk use passes diskMaxUsedSpaceRatio delete the oldest segments
-        regardless of age. Never the segment being written, never one holding data at or beyond the
-        min-offset guard. Then drop consume-queue and index files wholly below the oldest commit-log
-        offset. Returns the number of commit-log segments deleted."""
+        deleteWhen, disk use is past diskMaxUsedSpaceRatio, or ``force``; past diskSpaceCleanForciblyRatio
+        (with cleanFileForciblyEnable) delete the oldest segments regardless of age. Never the segment
+        being written, never one holding data at or beyond the min-offset guard. Then drop consume-queue
+        and index files wholly below the oldest commit-log offset. Returns the number of commit-log
+        segments deleted."""
         return self._cleaner.run_once(force)

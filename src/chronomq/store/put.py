@@ -81,6 +81,7 @@ class PutPath:
     _store_host_b: bytes
     _msg_id_prefix: str
     _running: bool
+    disk_full: str | None
     _queue_table: dict[tuple[str, int], int]
     _pending: list[tuple]
     _cur_seg: MappedFile | None
@@ -176,12 +177,15 @@ class PutPath:
         except (TypeError, ValueError, AttributeError, OverflowError, struct.error) as e:
             return self._fail(PutStatus.MESSAGE_ILLEGAL, f"malformed message: {e}")
 
-    def _reserve(self, size: int) -> tuple[MappedFile, int, int] | PutResult:
+    def _reserve(self, size: int, delivery: bool = False) -> tuple[MappedFile, int, int] | PutResult:
         """Under the commit-log lock: the segment, commit-log offset and in-segment position where
         ``size`` bytes go (rolling to a new segment and allocating disk as needed), or a failed
-        PutResult. A record never spans two segments."""
+        PutResult. A record never spans two segments. While the disk is full (``disk_full``) only a
+        ``delivery`` (a parked delayed message coming due) may go on, as far as space allows."""
         if not self._running:
             return self._fail(PutStatus.SERVICE_NOT_AVAILABLE, "the message store is not running")
+        if self.disk_full is not None and not delivery:
+            return self._fail(PutStatus.SERVICE_NOT_AVAILABLE, self.disk_full)
         seg = self._cur_seg
         wrote = self._cl.wrote
         r = wrote - seg.start if seg is not None else 0
@@ -290,11 +294,12 @@ class PutPath:
             off += size
         return self._batch_result(first_phys, first_q, ts, [len(p[0]) for p in preps], total)
 
-    def _append_run(self, topic: str, qid: int, entries: list[tuple], total: int
+    def _append_run(self, topic: str, qid: int, entries: list[tuple], total: int, delivery: bool = False
                     ) -> tuple[int, int, int] | PutResult:
         """Append encoded records (rec, tagsCode, delay or None, KEYS words, UNIQ_KEY) of one queue
         contiguously in one segment, with consecutive queue offsets, and queue their dispatch requests.
-        Returns (first physical offset, first queue offset, store time) or a refusal."""
+        Returns (first physical offset, first queue offset, store time) or a refusal. ``delivery``: see
+        _reserve."""
         if total > self._seg_size - 8:
             return self._fail(PutStatus.MESSAGE_ILLEGAL,
                               f"the batch ({total} bytes) does not fit a commit-log segment")
@@ -302,7 +307,7 @@ class PutPath:
         cl = self._cl
         with cl.lock:
             pending = self._pending  # only under the lock: the dispatcher swaps the list
-            reserved = self._reserve(total)
+            reserved = self._reserve(total, delivery)
             if reserved.__class__ is PutResult:
                 return reserved  # type: ignore[return-value]
             seg, wrote, r = reserved  # type: ignore[misc]
@@ -352,7 +357,7 @@ class PutPath:
         decoded message with those fields. Same checks, guarantees and result as put_messages
         (contiguous queue offsets, one segment, tagsCode / delay, index keys, SYNC_FLUSH future); the
         entries' properties dicts are not modified. A malformed record refuses the batch with
-        MESSAGE_ILLEGAL."""
+        MESSAGE_ILLEGAL. Being the delivery path's put, it is not refused for ``disk_full`` (_reserve)."""
         if not records:
             return self._fail(PutStatus.MESSAGE_ILLEGAL, "an empty batch")
         topic_b = self._topic_cache.get(topic)
@@ -402,7 +407,7 @@ class PutPath:
                     tc = 0
             total += len(rec)
             preps.append((rec, tc, delay, keys_l, uniq))
-        placed = self._append_run(topic, queue_id, preps, total)
+        placed = self._append_run(topic, queue_id, preps, total, True)
         if placed.__class__ is PutResult:
             return placed  # type: ignore[return-value]
         first_phys, first_q, ts = placed  # type: ignore[misc]
@@ -432,6 +437,8 @@ class PutPath:
         else:
             rest = self._seg_size - r
             if rest >= 8:
+                if r + 8 > seg.allocated:
+                    seg.allocate(r + 8)  # a store into an unallocated page of a full disk is a SIGBUS
                 BLANK_HEAD.pack_into(seg.mm, r, rest, BLANK_MAGIC)
             seg.written = self._seg_size
             start = seg.end

@@ -46,6 +46,19 @@ def send_result_fields(msg_id: str, queue_id: int, queue_offset: int, **extra: s
             "MSG_REGION": "DefaultRegion", "TRACE_ON": "true"}
 
 
+def not_available_remark(store: Any, cause: str | None) -> str:
+    """The remark of a put the store refused with SERVICE_NOT_AVAILABLE: RocketMQ's words (its
+    SendMessageProcessor; the disk use of the commit log, consume queues and index, which share one file
+    system here), then the store's own reason."""
+    try:
+        ratio = f"{store.disk_usage_ratio():5.2f}"
+    except (OSError, AttributeError):
+        ratio = "  ?  "
+    return ("service not available now. It may be caused by one of the following reasons: the broker's disk "
+            f"is full [CL: {ratio} CQ: {ratio} INDEX: {ratio}], messages are put to the slave, message store "
+            f"has been shut down, etc. ({cause or 'the store refused the message'})")
+
+
 def dump_json(obj: Any) -> bytes:
     return json.dumps(obj, separators=(",", ":")).encode()
 

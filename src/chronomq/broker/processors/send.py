@@ -43,7 +43,7 @@ from chronomq.store.types import PutResult, PutStatus
 from ..dedup import LEVEL, NOW, Original
 from ..topics import TopicError
 from ..transaction import is_transactional
-from .base import Handler, ProcessorBase, send_result_fields
+from .base import Handler, ProcessorBase, not_available_remark, send_result_fields
 
 log = logging.getLogger("chronomq.broker")
 
@@ -296,6 +296,8 @@ class SendProcessor(ProcessorBase):
     ) -> RemotingCommand:
         code = _PUT_CODES.get(result.status, ResponseCode.SYSTEM_ERROR)
         if result.append is None or code not in (ResponseCode.SUCCESS, ResponseCode.FLUSH_DISK_TIMEOUT):
+            if code == ResponseCode.SERVICE_NOT_AVAILABLE:
+                return req.response(code, remark=not_available_remark(self.store, result.error))
             return req.response(
                 code if code != ResponseCode.SUCCESS else ResponseCode.SYSTEM_ERROR,
                 remark=result.error or result.status.value,

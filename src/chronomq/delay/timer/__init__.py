@@ -33,6 +33,7 @@ from .types import (
     TimerError,
     TimerPropertyError,
     TimerRefused,
+    TimerUnavailable,
 )
 
 __all__ = [
@@ -48,6 +49,7 @@ __all__ = [
     "TimerRefused",
     "TimerService",
     "TimerStore",
+    "TimerUnavailable",
     "deliver_ms_from_properties",
     "has_timer_property",
 ]

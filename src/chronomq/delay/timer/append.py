@@ -2,7 +2,7 @@
 outside the lock, then under ``self.lock`` write the message bytes, the key hash entries, the index
 entries and the wheel heads, in that order (recovery relies on it), and hand entries for slots already
 in memory to the window. Rules: validation is all-or-nothing before anything is written; a failed
-write marks what it wrote FAILED and raises TimerError.
+write marks what it wrote FAILED and raises TimerUnavailable.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from .records import (
     Item,
 )
 from .state import TimerState
-from .types import ScheduleResult, TimerError, TimerRefused
+from .types import ScheduleResult, TimerError, TimerRefused, TimerUnavailable
 
 # the compiled encoder when it is built (chronomq.store.speedups); message.encode_record is its reference
 _encode_record = native.encode_record if native is not None else encode_record
@@ -49,9 +49,10 @@ class AppendPath(TimerState):
         tid = self.topics.get(topic)
         if tid is None:
             tid = len(self.topics) + 1
+            # on disk before any record names it: a failed write (disk full) leaves no id in use
+            write_atomic(self.root / "topics.json", json.dumps({**self.topics, topic: tid}).encode())
             self.topics[topic] = tid
             self.topic_names[tid] = topic
-            write_atomic(self.root / "topics.json", json.dumps(self.topics).encode())
         return tid
 
     def topic_name(self, tid: int) -> str:
@@ -104,7 +105,7 @@ class AppendPath(TimerState):
                 return self._append(encoded, now, origin)
             except OSError as e:  # disk full, I/O error: nothing was acknowledged
                 self._abandon_records(start_pos)
-                raise TimerError(f"the timer store could not write: {e.strerror or e}") from e
+                raise TimerUnavailable(f"the timer store could not write: {e.strerror or e}") from e
 
     def _abandon_records(self, start_pos: int) -> None:
         """After a failed append: mark records written from ``start_pos`` on that no index entry
@@ -211,6 +212,7 @@ class AppendPath(TimerState):
             if min_deliver is None or deliver < min_deliver:
                 min_deliver = deliver
             idx += 1
+        self.wheel.reserve(heads)  # a full disk fails here, before the index entries are written
         # write, split at index segment boundaries
         off = 0
         i = start_idx

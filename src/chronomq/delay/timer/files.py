@@ -11,8 +11,10 @@ import mmap
 import os
 import struct
 import zlib
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
+
+from chronomq.store.mapped import BackedPages
 
 _Q = struct.Struct("<q")
 _ZERO_CHUNK = bytes(4096)
@@ -232,6 +234,7 @@ class Wheel:
         self.file_bytes = self.per_file * 8
         self._maps: dict[int, mmap.mmap] = {}
         self._fds: dict[int, int] = {}
+        self._backing: dict[int, BackedPages] = {}
         for p in self.dir.iterdir():
             if p.name.isdigit():
                 self._open(int(p.name), create=False)
@@ -249,29 +252,48 @@ class Wheel:
         mm = mmap.mmap(fd, self.file_bytes)
         self._maps[fno] = mm
         self._fds[fno] = fd
+        self._backing[fno] = BackedPages(fd, self.file_bytes)
         return mm
 
+    def reserve(self, slots: Iterable[int]) -> None:
+        """Give disk blocks to the wheel pages of ``slots`` before they are set (a full disk raises
+        OSError here, never a SIGBUS in ``set``)."""
+        per = self.per_file
+        for slot in slots:
+            fno = slot // per
+            if self._open(fno, create=True) is not None:
+                self._backing[fno].ensure(((slot % per) * 8,))
+
     def get(self, slot: int) -> int:
-        mm = self._maps.get(slot // self.per_file)  # every existing file is mapped at open
-        if mm is None:
-            return 0
-        return _Q.unpack_from(mm, (slot % self.per_file) * 8)[0]
+        fno = slot // self.per_file
+        mm = self._maps.get(fno)  # every existing file is mapped at open
+        off = (slot % self.per_file) * 8
+        if mm is None or not self._backing[fno].has(off):
+            return 0  # a hole: read through the mapping it could be a SIGBUS on a full tmpfs
+        return _Q.unpack_from(mm, off)[0]
 
     def set(self, slot: int, value: int) -> None:
-        mm = self._maps.get(slot // self.per_file) or self._open(slot // self.per_file, create=True)
+        fno = slot // self.per_file
+        mm = self._maps.get(fno) or self._open(fno, create=True)
         assert mm is not None
-        _Q.pack_into(mm, (slot % self.per_file) * 8, value)
+        off = (slot % self.per_file) * 8
+        self._backing[fno].ensure((off,))
+        _Q.pack_into(mm, off, value)
 
     def next_nonempty(self, from_slot: int) -> int | None:
         """The first slot >= from_slot with a chain, or None."""
         first_file = from_slot // self.per_file
         for fno in sorted(f for f in self._maps if f >= first_file):
             mm = self._maps[fno]
+            backed = self._backing[fno].backed
             off = max(0, from_slot - fno * self.per_file) * 8
             end = self.file_bytes
             while off < end:
-                # Aligned 4 KiB chunks compared against zeros run at C speed.
+                # Aligned 4 KiB chunks (pages) compared against zeros run at C speed; holes are zeros.
                 chunk_end = min(end, (off // 4096 + 1) * 4096)
+                if off // 4096 not in backed:
+                    off = chunk_end
+                    continue
                 chunk = mm[off:chunk_end]
                 if chunk != _ZERO_CHUNK[: len(chunk)]:
                     stripped = chunk.lstrip(b"\0")
@@ -284,23 +306,23 @@ class Wheel:
         """Delete files whose every slot is <= ``slot``."""
         for fno in [f for f in self._maps if (f + 1) * self.per_file - 1 <= slot]:
             self._maps.pop(fno).close()
+            self._backing.pop(fno, None)
             os.close(self._fds.pop(fno))
             (self.dir / f"{fno:08d}").unlink(missing_ok=True)
 
     def max_value(self) -> int:
         best = 0
-        for mm in self._maps.values():
-            view = memoryview(mm).cast("q")
-            try:
-                m = max(view)
-            finally:
-                view.release()
-            best = max(best, m)
+        page = BackedPages.PAGE
+        for fno, mm in self._maps.items():
+            for p in self._backing[fno].backed:  # holes are zeros
+                n = min(page, self.file_bytes - p * page) // 8
+                best = max(best, *struct.unpack_from(f"<{n}q", mm, p * page))
         return best
 
     def clear(self) -> None:
         for fno in list(self._maps):
             self._maps.pop(fno).close()
+            self._backing.pop(fno, None)
             os.close(self._fds.pop(fno))
             (self.dir / f"{fno:08d}").unlink(missing_ok=True)
 
@@ -321,6 +343,7 @@ class Wheel:
     def close(self) -> None:
         for fno in list(self._maps):
             self._maps.pop(fno).close()
+            self._backing.pop(fno, None)
             os.close(self._fds.pop(fno))
 
 
@@ -344,6 +367,7 @@ class _HashGeneration:
         if os.fstat(self._bfd).st_size != buckets * 8:
             os.ftruncate(self._bfd, buckets * 8)
         self.bmap = mmap.mmap(self._bfd, buckets * 8)
+        self._backing = BackedPages(self._bfd, buckets * 8)
         self.efd = os.open(self.entry_path, os.O_RDWR | os.O_CREAT, 0o644)
         size = os.fstat(self.efd).st_size
         if size % HASH_ENTRY_SIZE:  # a torn tail entry after a crash
@@ -365,19 +389,24 @@ class _HashGeneration:
             b = (h % self.buckets) * 8
             prev = heads.get(b)
             if prev is None:
-                prev = _Q.unpack_from(self.bmap, b)[0]
+                prev = self._head(b)
             buf += HASH_ENTRY.pack(h, pos, prev)
             n += 1
             heads[b] = n
             self.max_pos = max(self.max_pos, pos)
+        self._backing.ensure(heads)  # a full disk fails here, before anything is written
         os.pwrite(self.efd, buf, self.count * HASH_ENTRY_SIZE)
         self.count = n
         for b, head in heads.items():
             _Q.pack_into(self.bmap, b, head)
 
+    def _head(self, b: int) -> int:
+        """The bucket head at byte ``b`` (0 in a hole, which is not read: see BackedPages)."""
+        return _Q.unpack_from(self.bmap, b)[0] if self._backing.has(b) else 0
+
     def lookup(self, h: int) -> list[int]:
         out = []
-        cur = _Q.unpack_from(self.bmap, (h % self.buckets) * 8)[0]
+        cur = self._head((h % self.buckets) * 8)
         steps = 0
         while cur and steps < self.count + 1:
             steps += 1

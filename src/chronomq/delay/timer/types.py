@@ -17,6 +17,10 @@ class TimerRefused(TimerError):
     """The deliver time is beyond the configured maximum delay (or otherwise not acceptable)."""
 
 
+class TimerUnavailable(TimerError):
+    """The timer store could not write (disk full, I/O error): nothing was parked; worth retrying later."""
+
+
 class TimerPropertyError(TimerError):
     """A TIMER_* / __STARTDELIVERTIME property that is not a usable number."""
 
