@@ -133,3 +133,21 @@ def test_hundred_thousand_over_forty_days_with_restarts_and_crashes(tmp_path: Pa
     s = t.stats()
     assert s["early_deliveries"] == 0 and s["pending"] == 0
     t.close()
+
+
+def test_a_crash_right_after_a_delivery_does_not_deliver_it_again(tmp_path: Path) -> None:
+    # The timer goes to sleep after its last batch; a process killed then (before any later poll or
+    # flush) must find that batch's delivery marks on disk.
+    clock = VirtualClock(1_700_000_000_000)
+    store = FakeStore(clock)
+    t = _reopen(tmp_path, clock)
+    t.schedule(msg("once"), clock.now_ms() + 1_000)
+    t.schedule(msg("later"), clock.now_ms() + 3_600_000)
+    clock.advance_sync(1_000)
+    items, _ = t.poll(clock.now_ms())
+    assert [o for o in t.deliver_many(items, store.put_message)] == ["delivered"]
+    t.abandon()  # a process crash: no poll, no flush, no checkpoint after the delivery
+    t = _reopen(tmp_path, clock)
+    drive(t, clock, store, until=clock.now_ms() + 60_000)
+    assert [uid for uid, _, _ in store.puts] == ["once"]
+    assert t.count() == 1

@@ -286,6 +286,9 @@ class WindowPath(TimerState):
                         heapq.heappush(cur.late, items[k])
                 if cur is not None:
                     cur.inflight -= n
+                # The marks reach done.log now, not at the next poll: the timer may sleep long after
+                # its last batch, and a process killed meanwhile would deliver that batch again.
+                self._commit_marks()
         return out
 
     def _read_batch(self, items: list[Item]) -> list[tuple[bytes, int]]:
