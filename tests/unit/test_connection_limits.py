@@ -13,13 +13,16 @@ import struct
 import sys
 import tracemalloc
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
-from tests.conftest import async_wait_for
-from tests.integration.rawclient import AsyncRawClient
+from tests.conftest import async_wait_for, free_port
+from tests.integration.rawclient import AsyncRawClient, pull_ext
 
-from chronomq.clock import VirtualClock
+from chronomq.clock import SystemClock, VirtualClock
+from chronomq.config import BrokerConfig
 from chronomq.remoting.codec import FrameDecoder, RemotingCommand, encode
+from chronomq.remoting.codes import RequestCode, ResponseCode
 from chronomq.remoting.server import Connection, ConnectionLimits, RemotingServer, UnsupportedCode
 
 pytestmark = pytest.mark.timeout(60)
@@ -294,3 +297,29 @@ async def test_a_peer_that_does_not_read_cannot_pile_up_inline_answers(clock: Vi
     assert conn.transport.get_write_buffer_size() < 1 << 20
     sock.close()
 
+
+# --- the broker, limits from its configuration ------------------------------------------------------------
+async def test_a_broker_keeps_a_held_pull_longer_than_its_idle_limit(tmp_path: Path) -> None:
+    from chronomq.broker.controller import BrokerController
+    from chronomq.namesrv.routeinfo import RouteInfoManager
+
+    config, _ = BrokerConfig.load(None, {
+        "storePathRootDir": str(tmp_path), "listenPort": str(free_port()), "metricsPort": "-1",
+        "serverChannelMaxIdleTimeSeconds": "1", "serverMaxConnectionsPerIp": "64"})
+    broker = BrokerController(config, SystemClock(), local_register=RouteInfoManager().register_broker)
+    await broker.start()
+    try:
+        lim = broker.server.limits
+        assert (lim.max_idle, lim.max_connections_per_ip, lim.frame_read_timeout) == (1, 64, 30.0)
+        c = await AsyncRawClient.connect(broker.server.address)
+        assert (await c.send_message("HeldT", b"one")).code == ResponseCode.SUCCESS
+        # a long poll at the queue's end, held 2.5 s: more than the 1 s idle limit, and not cut
+        pull = pull_ext("G", "HeldT", 0, 1, suspend_ms=2500)
+        resp = await c.request(RequestCode.PULL_MESSAGE, pull, timeout=20)
+        assert resp.code == ResponseCode.PULL_NOT_FOUND and not c.closed.is_set()
+        # then silent: closed once idle
+        await asyncio.wait_for(c.closed.wait(), 15)
+        assert broker.server.closed_overdue == 1
+        await c.close()
+    finally:
+        await broker.shutdown()
