@@ -213,6 +213,20 @@ async def test_a_flood_beyond_the_server_limit_is_refused(clock: VirtualClock, s
     assert srv._per_ip == {"127.0.0.1": 50, "127.0.0.3": 30} and len(flood) == 200
 
 
+async def test_refusals_are_logged_once_then_summed_every_ten_seconds(
+    clock: VirtualClock, stopper: list, caplog: pytest.LogCaptureFixture
+) -> None:
+    srv = await _server(ConnectionLimits(max_connections_per_ip=5), clock)
+    stopper.append(srv)
+    with caplog.at_level(logging.WARNING, logger="chronomq.remoting"):
+        flood = await _flood(srv, 30)
+        await async_wait_for(lambda: srv.refused == 25, message="25 refused")
+        await clock.advance(10_000)  # no refusal since: the sweep still reports the 24 not logged yet
+    lines = [r.getMessage() for r in caplog.records if "refused" in r.getMessage()]
+    assert len(lines) == 2, lines
+    assert "refused 1 connection" in lines[0] and "refused 24 connection(s) in 10 s" in lines[1]
+    assert len(flood) == 30
+
 # --- frames too large, and too many unfinished bytes ----------------------------------------------------
 def test_the_decoder_holds_what_arrived_not_what_was_announced() -> None:
     dec = FrameDecoder(1 << 30)
@@ -323,3 +337,4 @@ async def test_a_broker_keeps_a_held_pull_longer_than_its_idle_limit(tmp_path: P
         await c.close()
     finally:
         await broker.shutdown()
+

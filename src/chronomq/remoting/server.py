@@ -483,6 +483,7 @@ class RemotingServer:
         self.closed_shed = 0
         self._refused_unlogged = 0
         self._refusal_logged_at: float | None = None
+        self._last_refusal = ""
 
     # --- the limits -------------------------------------------------------------------------------------
     def _admit(self, conn: Connection) -> bool:
@@ -518,17 +519,20 @@ class RemotingServer:
             self._per_ip.pop(ip, None)
 
     def _note_refusal(self, conn: Connection, why: str) -> None:
-        """Count a refused connection; one WARNING at the first and then at most one every 10 s."""
         self.refused += 1
         self._refused_unlogged += 1
-        now = self.clock.monotonic()
+        self._last_refusal = f"the last from {conn.remote_addr}: {why}"
+        self._log_refusals(self.clock.monotonic())
+
+    def _log_refusals(self, now: float) -> None:
+        """One WARNING at the first refusal, then at most one every 10 s with the count since."""
         last = self._refusal_logged_at
-        if last is None or now - last >= 10.0:
-            log.warning("%s: refused %d connection(s)%s, the last from %s: %s", self.name,
-                        self._refused_unlogged, "" if last is None else f" in {now - last:.0f} s",
-                        conn.remote_addr, why)
-            self._refused_unlogged = 0
-            self._refusal_logged_at = now
+        if not self._refused_unlogged or (last is not None and now - last < 10.0):
+            return
+        log.warning("%s: refused %d connection(s)%s, %s", self.name, self._refused_unlogged,
+                    "" if last is None else f" in {now - last:.0f} s", self._last_refusal)
+        self._refused_unlogged = 0
+        self._refusal_logged_at = now
 
     def _shed(self) -> None:
         """Unfinished frames hold more bytes than ``max_buffered_frame_bytes``: close the connections
@@ -550,10 +554,14 @@ class RemotingServer:
         for c in list(self._connections.values()):
             why = c._overdue(now)
             if why is not None:
-                log.info("%s: closing connection from %s: %s", self.name, c.remote_addr, why)
+                if n < 5:
+                    log.info("%s: closing connection from %s: %s", self.name, c.remote_addr, why)
                 c.close()
                 n += 1
+        if n > 5:
+            log.info("%s: closed %d more connections past a time limit", self.name, n - 5)
         self.closed_overdue += n
+        self._log_refusals(now)
         return n
 
     async def _sweep_loop(self) -> None:
