@@ -104,6 +104,16 @@ class BrokerConfig:
     longPollingEnable: bool = True
     clientChannelMaxIdleTimeSeconds: int = 120
     registerNameServerPeriod: int = 30_000
+    # what a connection may hold, for the broker's port and the embedded name server's (RocketMQ's
+    # NettyServerConfig names where it has the key; 0 turns a limit off)
+    frameMaxLength: int = 16 * 1024 * 1024  # a longer length prefix closes the connection at once
+    serverFrameReadTimeoutMillis: int = 30_000  # a started frame, or a new connection's first, must be whole
+    serverChannelMaxIdleTimeSeconds: int = 120  # no byte either way and no request held: closed
+    serverMaxConnections: int = 10_000  # beyond it, accepted and closed at once
+    serverMaxConnectionsPerIp: int = 1_000
+    serverMaxBufferedFrameBytes: int = 512 * 1024 * 1024  # unfinished frames over all connections
+    writeBufferHighWaterMark: int = 64 * 1024  # unsent bytes above which a connection's reading pauses
+    writeBufferLowWaterMark: int = 32 * 1024  # and below which it resumes
     # the Prometheus endpoint (/metrics): 0 = listenPort + 2, -1 = off
     metricsPort: int = 0
     # ACL 1.0: every request signed by an account of aclFile ("": <storePathRootDir>/conf/plain_acl.yml)
@@ -209,6 +219,7 @@ class BrokerConfig:
                               "10 <= diskSpaceCleanForciblyRatio <= diskSpaceWarningLevelRatio <= 100")
         if self.cleanResourceInterval <= 0:
             raise ConfigError(f"cleanResourceInterval: must be positive, got {self.cleanResourceInterval}")
+        self._validate_connection_limits()
         if not 0 < self.listenPort < 65536:
             raise ConfigError(f"listenPort: {self.listenPort} is not a TCP port")
         if self.maxReconsumeTimes < 0:
@@ -217,6 +228,24 @@ class BrokerConfig:
         if not hours or not all(h.isdigit() and 0 <= int(h) <= 23 for h in hours):
             raise ConfigError(f"deleteWhen: {self.deleteWhen!r} must be hours 00..23 separated by ';'")
         parse_delay_levels(self.messageDelayLevel)
+
+    def _validate_connection_limits(self) -> None:
+        least = self.maxMessageSize + 64 * 1024  # a message of the largest size and its header
+        if not least <= self.frameMaxLength <= 1 << 30:
+            raise ConfigError(f"frameMaxLength: {self.frameMaxLength} must be within {least} "
+                              "(maxMessageSize and 64 KiB of header) and 1073741824 (1 GiB)")
+        for name in ("serverFrameReadTimeoutMillis", "serverChannelMaxIdleTimeSeconds",
+                     "serverMaxConnections", "serverMaxConnectionsPerIp"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"{name}: {getattr(self, name)} must be 0 (no limit) or positive")
+        buffered = self.serverMaxBufferedFrameBytes
+        if buffered and buffered < self.frameMaxLength:
+            raise ConfigError(f"serverMaxBufferedFrameBytes: {buffered} must be 0 (no limit) or at least "
+                              f"frameMaxLength ({self.frameMaxLength})")
+        low, high = self.writeBufferLowWaterMark, self.writeBufferHighWaterMark
+        if not 0 <= low < high:
+            raise ConfigError(f"writeBufferLowWaterMark {low}, writeBufferHighWaterMark {high}: "
+                              "need 0 <= low < high")
 
     # --- loading ------------------------------------------------------------------------------------
     def apply(self, values: dict[str, str]) -> list[str]:

@@ -7,6 +7,7 @@ bench/fuzz_frames.py (the million-frame run)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -117,9 +118,12 @@ def _drain(sock: socket.socket, decoder: FrameDecoder, deadline: float, idle: fl
     return n, False
 
 
-def probe(addr: tuple[str, int], code: int, ext: dict[str, str] | None = None, timeout: float = 10.0) -> int:
-    """A well-formed request on a fresh connection: the response code (raises when none comes)."""
-    with socket.create_connection(addr, timeout=timeout) as s:
+def probe(addr: tuple[str, int], code: int, ext: dict[str, str] | None = None, timeout: float = 10.0,
+          source: str | None = None) -> int:
+    """A well-formed request on a fresh connection (from the address ``source``, default any): the
+    response code (raises when none comes)."""
+    with socket.create_connection(addr, timeout=timeout,
+                                  source_address=(source, 0) if source else None) as s:
         s.sendall(encode(RemotingCommand(code=code, opaque=424242, ext_fields=ext or {})))
         decoder = FrameDecoder()
         deadline = time.monotonic() + timeout
@@ -198,6 +202,102 @@ def flood(addr: tuple[str, int], frames: int, connections: int, seed: int,
     stats.tracebacks = list(_TRACEBACKS)
     _TRACEBACKS.clear()
     return stats
+
+
+@dataclass
+class ConnectionFloodStats:
+    opened: int = 0  # connections the flood opened (all of them accepted by the kernel)
+    kept: int = 0  # of those, left open by the server
+    probes_during: list[int | str] = field(default_factory=list)  # answer codes (or errors) in the flood
+    probe_after: int | str = ""
+    slow_closed: int = 0  # slow-loris connections the server closed
+    slow: int = 0
+    fds: tuple[int, int, int] = (0, 0, 0)  # the server's open files before, during, after
+    rss: tuple[int, int, int] = (0, 0, 0)
+    seconds: float = 0.0
+
+
+def _closed(sock: socket.socket) -> bool:
+    """Whether the peer has closed ``sock`` (without consuming what it sent)."""
+    timeout = sock.gettimeout()
+    sock.settimeout(0)  # with a timeout, recv would first wait for data to read
+    try:
+        return sock.recv(1, socket.MSG_PEEK) == b""
+    except (BlockingIOError, InterruptedError):
+        return False
+    except OSError:
+        return True
+    finally:
+        sock.settimeout(timeout)
+
+
+def open_files(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def connection_flood(addr: tuple[str, int], pid: int, connections: int, keep: int, probe_code: int,
+                     slow: int = 0, slow_interval: float = 0.2, max_seconds: float = 120.0
+                     ) -> ConnectionFloodStats:
+    """``connections`` connections from 127.0.0.1 that send one well-formed request and then nothing (so
+    that no frame timeout, only a connection limit, closes them), of which the server should keep
+    ``keep`` (its serverMaxConnectionsPerIp); meanwhile well-formed requests from 127.0.0.2, and ``slow``
+    slow-loris connections (a frame a byte every ``slow_interval`` s) that the server must close
+    (serverFrameReadTimeoutMillis). Then the flood is closed and a request from 127.0.0.1 must be
+    answered again. Counts the server's open files and RSS before, during and after."""
+    st = ConnectionFloodStats()
+    start = time.monotonic()
+    deadline = start + max_seconds
+    st.fds, st.rss = (open_files(pid), 0, 0), (rss_bytes(pid), 0, 0)
+    socks: list[socket.socket] = []
+    request = encode(RemotingCommand(code=probe_code, opaque=1))
+    try:
+        for _ in range(connections):
+            s = socket.create_connection(addr, timeout=10, source_address=("127.0.0.1", 0))
+            socks.append(s)
+            with contextlib.suppress(OSError):  # refused already
+                s.sendall(request)
+        st.opened = len(socks)
+        while time.monotonic() < deadline:  # until the server has closed all it will not keep
+            st.kept = sum(not _closed(s) for s in socks)
+            if st.kept <= keep:
+                break
+            time.sleep(0.05)
+        while time.monotonic() < deadline and open_files(pid) < st.fds[0] + st.kept:  # all accepted
+            time.sleep(0.05)
+        st.fds = (st.fds[0], open_files(pid), 0)
+        st.rss = (st.rss[0], rss_bytes(pid), 0)
+        slow_socks = [socket.create_connection(addr, timeout=10, source_address=("127.0.0.2", 0))
+                      for _ in range(slow)]
+        sent = 0
+        while time.monotonic() < deadline:
+            for s in slow_socks:
+                with contextlib.suppress(OSError):
+                    s.send(request[sent % len(request) : sent % len(request) + 1])
+            sent += 1
+            try:
+                st.probes_during.append(probe(addr, probe_code, source="127.0.0.2"))
+            except (OSError, TimeoutError, ConnectionError) as e:
+                st.probes_during.append(f"{type(e).__name__}: {e}")
+            st.slow_closed = sum(_closed(s) for s in slow_socks)
+            if st.slow_closed == slow and len(st.probes_during) >= 3:
+                break
+            time.sleep(slow_interval)
+        st.slow = slow
+        for s in slow_socks:
+            s.close()
+    finally:
+        for s in socks:
+            s.close()
+    while time.monotonic() < deadline and open_files(pid) > st.fds[0] + 8:  # the server let them go
+        time.sleep(0.05)
+    try:
+        st.probe_after = probe(addr, probe_code, source="127.0.0.1")
+    except (OSError, TimeoutError, ConnectionError) as e:
+        st.probe_after = f"{type(e).__name__}: {e}"
+    st.fds = (st.fds[0], st.fds[1], open_files(pid))
+    st.rss = (st.rss[0], st.rss[1], rss_bytes(pid))
+    st.seconds = time.monotonic() - start
+    return st
 
 
 def rss_bytes(pid: int, kind: str = "VmRSS") -> int:

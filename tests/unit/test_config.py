@@ -55,3 +55,18 @@ def test_timer_keys_are_known_and_typed() -> None:
     assert warnings == []
     with pytest.raises(ConfigError, match="timerFlushIntervalMs"):
         BrokerConfig().apply({"timerFlushIntervalMs": "soon"})
+
+
+def test_connection_limit_keys_have_rocketmq_defaults_and_are_checked() -> None:
+    cfg = BrokerConfig()
+    assert (cfg.serverChannelMaxIdleTimeSeconds, cfg.frameMaxLength) == (120, 16 * 1024 * 1024)
+    assert BrokerConfig().apply({"serverMaxConnections": "0", "serverFrameReadTimeoutMillis": "0"}) == []
+    for key, value, match in [
+        ("frameMaxLength", "1048576", "maxMessageSize"),
+        ("serverChannelMaxIdleTimeSeconds", "-1", "0 \\(no limit\\) or positive"),
+        ("serverMaxConnectionsPerIp", "-5", "serverMaxConnectionsPerIp"),
+        ("serverMaxBufferedFrameBytes", "1024", "at least frameMaxLength"),
+        ("writeBufferLowWaterMark", "65536", "low < high"),
+    ]:
+        with pytest.raises(ConfigError, match=match):
+            BrokerConfig().apply({key: value})

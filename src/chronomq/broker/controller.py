@@ -25,7 +25,7 @@ from chronomq.metrics import LATENESS_BUCKETS_MS, MetricsServer
 from chronomq.remoting.client import RemotingClient
 from chronomq.remoting.codec import RemotingCommand
 from chronomq.remoting.codes import RequestCode
-from chronomq.remoting.server import Connection, RemotingServer
+from chronomq.remoting.server import Connection, ConnectionLimits, RemotingServer
 from chronomq.store import MessageStore
 from chronomq.store.atomicfile import write_atomic
 
@@ -50,6 +50,20 @@ RegisterFn = Callable[..., dict[str, str]]
 
 
 ROLE_FILE = "role.json"
+
+
+def connection_limits(config: BrokerConfig) -> ConnectionLimits:
+    """The limits of the configuration's connection keys, for the broker's port and a name server's."""
+    return ConnectionLimits(
+        frame_max_length=config.frameMaxLength,
+        frame_read_timeout=config.serverFrameReadTimeoutMillis / 1000,
+        max_idle=config.serverChannelMaxIdleTimeSeconds,
+        max_connections=config.serverMaxConnections,
+        max_connections_per_ip=config.serverMaxConnectionsPerIp,
+        max_buffered_frame_bytes=config.serverMaxBufferedFrameBytes,
+        write_high=config.writeBufferHighWaterMark,
+        write_low=config.writeBufferLowWaterMark,
+    )
 
 
 class BrokerController:
@@ -128,6 +142,7 @@ class BrokerController:
             config.listenPort,
             name="broker",
             sync_handler=self.processor.handle_sync,
+            limits=connection_limits(config),  # on the real clock: peers live in real time
         )
         self.server.close_callbacks.append(self._on_connection_closed)
         self.local_register = local_register

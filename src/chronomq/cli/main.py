@@ -81,6 +81,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="Prometheus /metrics of this name server (0: --port + 2, -1: off)")
     p.add_argument("--acl-file", metavar="PATH",
                    help="check every request against these plain_acl.yml accounts (like aclEnable)")
+    p.add_argument("-c", "--config", metavar="FILE",
+                   help="properties file; a name server reads only its connection keys (frameMaxLength, "
+                        "serverChannelMaxIdleTimeSeconds, serverMaxConnections, ...)")
+    p.add_argument("--set", action="append", metavar="KEY=VALUE", default=[],
+                   help="override a connection key (repeatable)")
 
     p = sub.add_parser("broker", help="a stand-alone broker registering with name server(s)")
     p.add_argument("-n", "--namesrv", metavar="HOST:PORT[;HOST:PORT]", help="name server address(es)")
@@ -162,13 +167,16 @@ def cmd_start(args: argparse.Namespace) -> int:
 
         console = make_console(console_config(args, config.namesrvAddr))
 
-    from chronomq.broker.controller import BrokerController
+    from chronomq.broker.controller import BrokerController, connection_limits
     from chronomq.clock import SystemClock
     from chronomq.namesrv import NameServer
+    from chronomq.remoting.server import raise_open_file_limit
+
+    raise_open_file_limit()
 
     async def main() -> None:
         clock = SystemClock()
-        ns = NameServer(host, ns_port, clock)
+        ns = NameServer(host, ns_port, clock, limits=connection_limits(config))
         _namesrv_metrics(ns, host, 0 if config.metricsPort >= 0 else -1, ns_port)  # -1: neither has one
         broker = BrokerController(config, clock, bind_host=host, local_register=ns.routes.register_broker)
         if broker.processor.acl is not None:  # the embedded name server checks the same accounts
@@ -201,8 +209,15 @@ def cmd_start(args: argparse.Namespace) -> int:
 
 
 def cmd_namesrv(args: argparse.Namespace) -> int:
+    config, warnings = BrokerConfig.load(args.config, _parse_sets(args.set))
+    for w in warnings:
+        log.warning("%s", w)
     choose_loop()
+    from chronomq.broker.controller import connection_limits
     from chronomq.namesrv import NameServer
+    from chronomq.remoting.server import raise_open_file_limit
+
+    raise_open_file_limit()
 
     acl = None
     if args.acl_file:
@@ -215,7 +230,7 @@ def cmd_namesrv(args: argparse.Namespace) -> int:
             raise ConfigError(f"--acl-file: {e}") from None
 
     async def main() -> None:
-        ns = NameServer(args.host, args.port)
+        ns = NameServer(args.host, args.port, limits=connection_limits(config))
         _namesrv_metrics(ns, args.host, args.metrics_port, args.port)
         if acl is not None:
             from chronomq.acl import refusal
@@ -231,6 +246,9 @@ def cmd_broker(args: argparse.Namespace) -> int:
     config = load_config(args, args.namesrv)
     choose_loop()
     from chronomq.broker.controller import BrokerController
+    from chronomq.remoting.server import raise_open_file_limit
+
+    raise_open_file_limit()
 
     async def main() -> None:
         broker = BrokerController(config, bind_host=args.host or config.brokerIP1)

@@ -13,7 +13,7 @@ from typing import Any
 from chronomq.clock import Clock, SystemClock
 from chronomq.remoting.codec import HeaderError, RemotingCommand
 from chronomq.remoting.codes import RequestCode, ResponseCode
-from chronomq.remoting.server import Connection, RemotingServer, UnsupportedCode
+from chronomq.remoting.server import Connection, ConnectionLimits, RemotingServer, UnsupportedCode
 
 from .routeinfo import BROKER_EXPIRE_MS, RouteInfoManager
 
@@ -61,10 +61,12 @@ class NameServer:
         port: int = 9876,
         clock: Clock | None = None,
         expire_ms: int = BROKER_EXPIRE_MS,
+        limits: ConnectionLimits | None = None,
     ) -> None:
         self.clock = clock or SystemClock()
         self.routes = RouteInfoManager(expire_ms)
-        self.server = RemotingServer(self.handle, host, port, name="namesrv", sync_handler=self.handle_sync)
+        self.server = RemotingServer(self.handle, host, port, name="namesrv", sync_handler=self.handle_sync,
+                                     limits=limits)
         self.server.close_callbacks.append(self._on_close)
         self.kv: dict[str, dict[str, str]] = {}
         self._scan_task: asyncio.Task[None] | None = None

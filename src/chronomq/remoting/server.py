@@ -4,14 +4,19 @@
   PULL never blocks later requests on the same connection (protocol.md 8.4);
 - each response is encoded completely and written with one ``transport.write`` call, so writes from
   concurrent tasks never interleave (and a partial frame is never written);
-- a broken length prefix or an oversized frame (> 16 MiB) closes the connection with one log line;
+- a broken length prefix or an oversized frame (> ``ConnectionLimits.frame_max_length``) closes the
+  connection with one log line, before any of that frame is buffered;
   a readable frame with a bad header is answered with SYSTEM_ERROR when its opaque is known, else the
   connection is closed; unknown request codes get REQUEST_CODE_NOT_SUPPORTED; a missing or ill-typed
   header field (HeaderError) and any handler exception get SYSTEM_ERROR with a one-line remark, never a
   traceback;
 - responses from clients (flag bit 0) to server-initiated requests complete ``Connection.invoke``
   futures; oneway requests (flag bit 1) are not answered;
-- close callbacks let the broker drop the clients registered through a connection.
+- close callbacks let the broker drop the clients registered through a connection;
+- ``ConnectionLimits`` bound what a hostile peer can hold: connections (per server, per address, and
+  what the process's open-file limit allows), a frame's time to arrive, idle time, partial-frame
+  bytes over all connections, and the write buffer (reading pauses above its high-water mark). Its
+  times are read from the server's clock (the real one unless a test gives another).
 """
 
 from __future__ import annotations
@@ -20,8 +25,12 @@ import asyncio
 import contextlib
 import itertools
 import logging
+from collections import deque
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
+
+from chronomq.clock import Clock, SystemClock
 
 from .codec import MAX_FRAME_SIZE, FrameDecoder, FrameError, HeaderError, RemotingCommand, encode
 from .codes import ResponseCode
@@ -41,6 +50,58 @@ class UnsupportedCode(Exception):
     """Raised by a dispatcher for a request code it does not serve."""
 
 
+@dataclass(frozen=True, slots=True)
+class ConnectionLimits:
+    """What a server grants its peers; 0 turns a limit off. The configuration keys are in parentheses."""
+
+    frame_max_length: int = MAX_FRAME_SIZE  # a longer length prefix closes the connection (frameMaxLength)
+    # seconds a started frame, or a new connection's first frame, has to arrive whole
+    # (serverFrameReadTimeoutMillis / 1000)
+    frame_read_timeout: float = 30.0
+    # seconds without a byte either way and with no request in progress (serverChannelMaxIdleTimeSeconds)
+    max_idle: float = 120.0
+    max_connections: int = 10_000  # per server (serverMaxConnections)
+    max_connections_per_ip: int = 1_000  # per remote address (serverMaxConnectionsPerIp)
+    # bytes of unfinished frames over all connections; above it the largest holders are closed
+    # (serverMaxBufferedFrameBytes)
+    max_buffered_frame_bytes: int = 512 * 1024 * 1024
+    write_high: int = 64 * 1024  # reading pauses above this many unsent bytes (writeBufferHighWaterMark)
+    write_low: int = 32 * 1024  # and resumes below this many (writeBufferLowWaterMark)
+
+
+# connections open in this process, over every server: what the open-file limit leaves room for
+_live_connections = 0
+
+
+def connection_budget() -> int | None:
+    """How many connections this process may hold at once so that its open-file limit (RLIMIT_NOFILE)
+    keeps room for the store's files: the soft limit less a quarter of it (at least 256); None where
+    there is no such limit."""
+    try:
+        import resource
+    except ImportError:  # not on Unix
+        return None
+    soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return None
+    return max(16, soft - max(256, soft // 4))
+
+
+def raise_open_file_limit() -> int | None:
+    """Raise this process's soft open-file limit to its hard limit (as the JVM does for RocketMQ's
+    servers); returns the soft limit now in force (None where there is none)."""
+    try:
+        import resource
+    except ImportError:
+        return None
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            soft = hard
+    return None if soft == resource.RLIM_INFINITY else soft
+
+
 class Connection(asyncio.Protocol):
     """One client connection. Created by ``RemotingServer``; handlers receive it with each request."""
 
@@ -51,7 +112,7 @@ class Connection(asyncio.Protocol):
         self.remote: tuple[str, int] = ("0.0.0.0", 0)
         self.closed = False
         self.attrs: dict[str, Any] = {}  # free slot for users (e.g. client ids seen on it)
-        self._decoder = FrameDecoder(server.max_frame_size)
+        self._decoder = FrameDecoder(server.limits.frame_max_length)
         self._tasks: set[asyncio.Task[None]] = set()
         self._pending: dict[int, asyncio.Future[RemotingCommand]] = {}
         self._paused = False
@@ -59,6 +120,17 @@ class Connection(asyncio.Protocol):
         # responses produced while one read is being processed are written with one syscall
         self._batching = False
         self._out: list[bytes] = []
+        self._out_bytes = 0
+        # decoded requests not handled yet because the peer is not reading its answers
+        self._backlog: deque[RemotingCommand | FrameError] = deque()
+        self._refused = False  # accepted and closed at once: over a connection limit
+        self._registered = False
+        # for the limits: when bytes last came in and last went out, since when a frame is unfinished
+        # (None: none is), the unfinished bytes counted in the server's total, the unsent bytes last seen
+        self._last_in = self._last_out = 0.0
+        self._frame_since: float | None = None
+        self._buffered = 0
+        self._unsent_seen = 0
 
     # --- asyncio.Protocol ---------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -67,11 +139,21 @@ class Connection(asyncio.Protocol):
         peer = transport.get_extra_info("peername")
         if isinstance(peer, tuple) and len(peer) >= 2:
             self.remote = (str(peer[0]), int(peer[1]))
-        self.server._connections[self.id] = self
+        if not self.server._admit(self):
+            self._refused = self.closed = True
+            transport.close()
+            return
+        self._registered = True
+        lim = self.server.limits
+        with contextlib.suppress(AttributeError, NotImplementedError):
+            self.transport.set_write_buffer_limits(high=lim.write_high, low=lim.write_low)
+        # a new connection's first frame is on the clock from the moment it is accepted
+        self._last_in = self._last_out = self._frame_since = self.server.clock.monotonic()
 
     def data_received(self, data: bytes) -> None:
         if self.closed:
             return
+        self._last_in = self.server.clock.monotonic()
         if self._batching:  # a flush is already scheduled: it writes these answers too
             self._process(data)
             return
@@ -86,8 +168,12 @@ class Connection(asyncio.Protocol):
         if not self._out:
             return
         out, self._out = self._out, []
-        if self.transport is not None and not self.transport.is_closing():
-            self.transport.write(out[0] if len(out) == 1 else b"".join(out))
+        self._out_bytes = 0
+        t = self.transport
+        if t is not None and not t.is_closing():
+            if not t.get_write_buffer_size():  # everything written before has left: the peer reads
+                self._last_out = self.server.clock.monotonic()
+            t.write(out[0] if len(out) == 1 else b"".join(out))
 
     def _process(self, data: bytes) -> None:
         try:
@@ -96,34 +182,69 @@ class Connection(asyncio.Protocol):
             log.warning("closing connection from %s:%d: %s", *self.remote, e)
             self.close()
             return
-        for item in items:
-            if isinstance(item, FrameError):
-                self._bad_frame(item)
-                if self.closed:
-                    return
-                continue
-            if item.is_response:
-                fut = self._pending.pop(item.opaque, None)
-                if fut is not None and not fut.done():
-                    fut.set_result(item)
-                continue
-            self.server.requests += 1
-            sync = self.server.sync_handler
-            if sync is not None:
-                # Fast path: a handler that can answer without waiting does so inline.
-                try:
-                    resp = sync(item, self)
-                except Exception as e:
-                    self._send_response(item, self.server.error_response(item, e))
-                    continue
-                if resp is DEFERRED:
-                    continue
-                if resp is not None:
-                    self._send_response(item, resp)
-                    continue
-            task = asyncio.ensure_future(self._handle(item))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+        self._count_unfinished(bool(items))
+        if self.closed:
+            return
+        if self._backlog:  # the backlog goes first, in order
+            self._backlog.extend(items)
+            return
+        self._dispatch(items)
+
+    def _count_unfinished(self, frame_done: bool) -> None:
+        """Track the unfinished frame after a read: since when (for the read timeout), and its bytes in
+        the server's total (which may close the largest holders, this connection among them)."""
+        n = self._decoder.buffered
+        if not n:
+            self._frame_since = None
+        elif frame_done or self._frame_since is None:
+            self._frame_since = self._last_in
+        if n != self._buffered:
+            srv = self.server
+            srv._buffered_total += n - self._buffered
+            self._buffered = n
+            cap = srv.limits.max_buffered_frame_bytes
+            if cap and n and srv._buffered_total > cap:
+                srv._shed()
+
+    def _dispatch(self, items: list[RemotingCommand | FrameError] | deque[RemotingCommand | FrameError]
+                  ) -> None:
+        high = self.server.limits.write_high
+        for i, item in enumerate(items):
+            if self._out_bytes > high:
+                self._flush()  # may pause us (pause_writing)
+            if self._paused:  # the peer is not reading: the rest waits for resume_writing
+                self._backlog.extend(itertools.islice(items, i, None))
+                return
+            if self.closed:
+                return
+            self._handle_item(item)
+
+    def _handle_item(self, item: RemotingCommand | FrameError) -> None:
+        if isinstance(item, FrameError):
+            self._bad_frame(item)
+            return
+        if item.is_response:
+            fut = self._pending.pop(item.opaque, None)
+            if fut is not None and not fut.done():
+                fut.set_result(item)
+            return
+        self.server.requests += 1
+        sync = self.server.sync_handler
+        if sync is not None:
+            # Fast path: a handler that can answer without waiting does so inline.
+            try:
+                resp = sync(item, self)
+            except Exception as e:
+                self._send_response(item, self.server.error_response(item, e))
+                return
+            if resp is DEFERRED:
+                return
+            if resp is not None:
+                self._send_response(item, resp)
+                return
+        task = asyncio.ensure_future(self._handle(item))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     def _bad_frame(self, err: FrameError) -> None:
         if err.opaque is None:
@@ -142,7 +263,9 @@ class Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
-        self.server._connections.pop(self.id, None)
+        if self._refused:
+            return
+        self._release()
         for fut in self._pending.values():
             if not fut.done():
                 fut.set_exception(ConnectionError("connection closed"))
@@ -158,21 +281,68 @@ class Connection(asyncio.Protocol):
             except Exception:
                 log.exception("connection close callback failed")
 
+    def _release(self) -> None:
+        """Give back what this connection counts against the server's limits (once)."""
+        if self._registered:
+            self._registered = False
+            self.server._forget(self)
+        self.server._buffered_total -= self._buffered
+        self._buffered = 0
+        self._backlog.clear()
+
     def pause_writing(self) -> None:
-        # a client that does not read its responses: stop reading its requests until it catches up,
-        # so the transport buffer (and our memory) stays bounded
+        # a client that does not read its responses: stop reading its requests (and handling the ones
+        # already read) until it catches up, so the transport buffer (and our memory) stays bounded
         self._paused = True
         if self.transport is not None and not self.transport.is_closing():
             self.transport.pause_reading()
 
     def resume_writing(self) -> None:
         self._paused = False
-        if self.transport is not None and not self.transport.is_closing():
-            self.transport.resume_reading()
         for w in self._drain_waiters:
             if not w.done():
                 w.set_result(None)
         self._drain_waiters.clear()
+        self._loop.call_soon(self._resume)
+
+    def _resume(self) -> None:
+        if self._paused or self.closed:
+            return
+        if self._backlog:
+            backlog, self._backlog = self._backlog, deque()
+            batching, self._batching = self._batching, True
+            try:
+                self._dispatch(backlog)
+            finally:
+                self._batching = batching
+                if not batching:
+                    self._flush()
+            if self._paused or self.closed:
+                return
+        if self._frame_since is not None:  # the time reading was paused is ours, not the peer's
+            self._frame_since = self.server.clock.monotonic()
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.resume_reading()
+
+    def _overdue(self, now: float) -> str | None:
+        """Why this connection must be closed now (a limit of time it has passed), or None."""
+        t = self.transport
+        if t is None or self.closed:
+            return None
+        lim = self.server.limits
+        unsent = t.get_write_buffer_size()
+        if unsent < self._unsent_seen:  # the peer took some since the last look
+            self._last_out = now
+        self._unsent_seen = unsent
+        if (lim.frame_read_timeout and self._frame_since is not None and not self._paused
+                and now - self._frame_since > lim.frame_read_timeout):
+            what = "a frame" if self._decoder.buffered else "its first frame"
+            return (f"{what} not received whole within {lim.frame_read_timeout:g} s "
+                    f"({self._decoder.buffered} bytes of it so far)")
+        if lim.max_idle and not self._tasks and now - max(self._last_in, self._last_out) > lim.max_idle:
+            unread = f" with {unsent} bytes unread" if unsent else ""
+            return f"idle for more than {lim.max_idle:g} s{unread}"
+        return None
 
     # --- request handling -----------------------------------------------------------------------------
     async def _handle(self, req: RemotingCommand) -> None:
@@ -219,6 +389,7 @@ class Connection(asyncio.Protocol):
                 )
             )
         self._out.append(data)
+        self._out_bytes += len(data)
         if not self._batching:
             # answers produced by tasks/callbacks in the same loop iteration share one syscall
             self._batching = True
@@ -257,6 +428,8 @@ class Connection(asyncio.Protocol):
             self._flush()  # whole frames answered before the close still go out
             self.transport.close()
         self.closed = True
+        if not self._refused:
+            self._release()
 
     def abort_tasks(self) -> None:
         for t in list(self._tasks):
@@ -275,6 +448,7 @@ class RemotingServer:
 
     ``sync_handler`` (optional) is tried first, inline in ``data_received``: it returns a response for
     requests it can answer at once, or None to hand the request to the async ``handler`` in its own task.
+    ``limits`` bound what each peer can hold; their times are read from ``clock``.
     """
 
     def __init__(
@@ -284,19 +458,125 @@ class RemotingServer:
         port: int = 0,
         *,
         name: str = "remoting",
-        max_frame_size: int = MAX_FRAME_SIZE,
         sync_handler: SyncHandler | None = None,
+        limits: ConnectionLimits | None = None,
+        clock: Clock | None = None,
     ) -> None:
         self.handler = handler
         self.sync_handler = sync_handler
         self.host = host
         self.port = port
         self.name = name
-        self.max_frame_size = max_frame_size
+        self.limits = limits or ConnectionLimits()
+        self.clock: Clock = clock or SystemClock()
         self.close_callbacks: list[Callable[[Connection], None]] = []
         self._connections: dict[int, Connection] = {}
+        self._per_ip: dict[str, int] = {}
         self._server: asyncio.Server | None = None
+        self._sweeper: asyncio.Task[None] | None = None
+        self._budget = connection_budget()
+        self._buffered_total = 0  # bytes of unfinished frames over all connections
         self.requests = 0
+        # what the limits did: connections refused, and closed by the sweep or the byte budget
+        self.refused = 0
+        self.closed_overdue = 0
+        self.closed_shed = 0
+        self._refused_unlogged = 0
+        self._refusal_logged_at: float | None = None
+        self._last_refusal = ""
+
+    # --- the limits -------------------------------------------------------------------------------------
+    def _admit(self, conn: Connection) -> bool:
+        global _live_connections
+        lim = self.limits
+        ip = conn.remote[0]
+        why = None
+        if lim.max_connections and len(self._connections) >= lim.max_connections:
+            why = f"{len(self._connections)} connections open (serverMaxConnections={lim.max_connections})"
+        elif lim.max_connections_per_ip and self._per_ip.get(ip, 0) >= lim.max_connections_per_ip:
+            why = (f"{self._per_ip[ip]} connections open from {ip} "
+                   f"(serverMaxConnectionsPerIp={lim.max_connections_per_ip})")
+        elif self._budget is not None and _live_connections >= self._budget:
+            why = f"{_live_connections} connections open in this process: all its open-file limit allows"
+        if why is not None:
+            self._note_refusal(conn, why)
+            return False
+        self._connections[conn.id] = conn
+        self._per_ip[ip] = self._per_ip.get(ip, 0) + 1
+        _live_connections += 1
+        return True
+
+    def _forget(self, conn: Connection) -> None:
+        global _live_connections
+        if self._connections.pop(conn.id, None) is None:
+            return
+        _live_connections -= 1
+        ip = conn.remote[0]
+        left = self._per_ip.get(ip, 0) - 1
+        if left > 0:
+            self._per_ip[ip] = left
+        else:
+            self._per_ip.pop(ip, None)
+
+    def _note_refusal(self, conn: Connection, why: str) -> None:
+        self.refused += 1
+        self._refused_unlogged += 1
+        self._last_refusal = f"the last from {conn.remote_addr}: {why}"
+        self._log_refusals(self.clock.monotonic())
+
+    def _log_refusals(self, now: float) -> None:
+        """One WARNING at the first refusal, then at most one every 10 s with the count since."""
+        last = self._refusal_logged_at
+        if not self._refused_unlogged or (last is not None and now - last < 10.0):
+            return
+        log.warning("%s: refused %d connection(s)%s, %s", self.name, self._refused_unlogged,
+                    "" if last is None else f" in {now - last:.0f} s", self._last_refusal)
+        self._refused_unlogged = 0
+        self._refusal_logged_at = now
+
+    def _shed(self) -> None:
+        """Unfinished frames hold more bytes than ``max_buffered_frame_bytes``: close the connections
+        holding the most until the total is within the limit."""
+        cap = self.limits.max_buffered_frame_bytes
+        for c in sorted(self._connections.values(), key=lambda c: c._buffered, reverse=True):
+            if self._buffered_total <= cap or not c._buffered:
+                break
+            log.warning("%s: closing connection from %s: %d bytes of an unfinished frame while unfinished "
+                        "frames hold %d bytes (serverMaxBufferedFrameBytes=%d)", self.name, c.remote_addr,
+                        c._buffered, self._buffered_total, cap)
+            self.closed_shed += 1
+            c.close()
+
+    def sweep(self) -> int:
+        """Close the connections past a time limit (idle, a frame too slow); returns how many."""
+        now = self.clock.monotonic()
+        n = 0
+        for c in list(self._connections.values()):
+            why = c._overdue(now)
+            if why is not None:
+                if n < 5:
+                    log.info("%s: closing connection from %s: %s", self.name, c.remote_addr, why)
+                c.close()
+                n += 1
+        if n > 5:
+            log.info("%s: closed %d more connections past a time limit", self.name, n - 5)
+        self.closed_overdue += n
+        self._log_refusals(now)
+        return n
+
+    async def _sweep_loop(self) -> None:
+        lim = self.limits
+        periods = [t for t in (lim.frame_read_timeout, lim.max_idle) if t > 0]
+        if not periods:
+            return
+        # a quarter of the shorter limit, at most 1 s: a limit is enforced at most that much late
+        interval = min(1.0, max(0.01, min(periods) / 4))
+        while True:
+            await self.clock.sleep(interval)
+            try:
+                self.sweep()
+            except Exception:  # never let a bug here end the limits for good
+                log.exception("%s: connection sweep failed", self.name)
 
     def error_response(self, req: RemotingCommand, e: Exception) -> RemotingCommand:
         if isinstance(e, HeaderError):
@@ -325,6 +605,11 @@ class RemotingServer:
         sock = self._server.sockets[0]
         self.port = sock.getsockname()[1]
         log.info("%s listening on %s:%d", self.name, self.host, self.port)
+        if self._budget is not None and self._budget < (self.limits.max_connections or 1 << 62):
+            log.warning("%s: the open-file limit leaves room for %d connections in this process, fewer than "
+                        "serverMaxConnections=%d (raise `ulimit -n`)", self.name, self._budget,
+                        self.limits.max_connections)
+        self._sweeper = asyncio.create_task(self._sweep_loop(), name=f"{self.name}-sweep")
 
     @property
     def address(self) -> str:
@@ -334,6 +619,11 @@ class RemotingServer:
         return list(self._connections.values())
 
     async def stop(self) -> None:
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._sweeper
+            self._sweeper = None
         if self._server is not None:
             self._server.close()
         for c in list(self._connections.values()):
