@@ -51,7 +51,7 @@ class AppendPath(TimerState):
             tid = len(self.topics) + 1
             self.topics[topic] = tid
             self.topic_names[tid] = topic
-            write_atomic(self.root / "topics.json", json.dumps(self.topics).encode())
+            write_atomic(self.root / "topics.json", json.dumps(self.topics).encode(), backup=True)
         return tid
 
     def topic_name(self, tid: int) -> str:
