@@ -135,9 +135,10 @@ class ConsumeQueue:
             offset += chunk // UNIT_SIZE
         self.max_offset = offset
 
-    def first_at_or_after(self, phys: int) -> int:
-        """The first logical offset whose unit's commit-log offset is >= ``phys`` (max offset if none)."""
-        lo, hi = self.min_offset, self.max_offset
+    def first_at_or_after(self, phys: int, lo: int | None = None) -> int:
+        """The first logical offset (from ``lo``, default the min offset) whose unit's commit-log offset
+        is >= ``phys`` (max offset if none)."""
+        lo, hi = self.min_offset if lo is None else lo, self.max_offset
         while lo < hi:
             mid = (lo + hi) // 2
             u = self._unit(mid)
@@ -241,15 +242,7 @@ class ConsumeQueue:
                     break
             if self.files:
                 first = self.files[0].start // UNIT_SIZE
-                lo, hi = max(first, self.min_offset), self.max_offset
-                while lo < hi:
-                    mid = (lo + hi) // 2
-                    u = self._unit(mid)
-                    if u is not None and u[0] < min_phys:
-                        lo = mid + 1
-                    else:
-                        hi = mid
-                self.min_offset = lo
+                self.min_offset = self.first_at_or_after(min_phys, max(first, self.min_offset))
         return deleted
 
     def close(self) -> None:
