@@ -259,7 +259,8 @@ def test_offset_file_atomic_round_trip(tmp_path):
     assert snap is not None and snap.offsets == {1: 5, 3: 9}
     f.path.write_text('{"offsetTable": {"1": -4}}')
     f.path.with_suffix(".json.bak").write_text("garbage")
-    assert f.load() is None
+    with pytest.raises(ConfigError, match=r"delayOffset\.json\.bak"):  # both damaged: refuse, as RocketMQ
+        f.load()
 
 
 # --- the system clock the schedule service sleeps on ---

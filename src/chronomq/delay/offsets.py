@@ -13,7 +13,7 @@ import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from chronomq.store.atomicfile import write_atomic
+from chronomq.store.atomicfile import read_with_backup, write_atomic
 
 log = logging.getLogger(__name__)
 
@@ -55,16 +55,11 @@ class OffsetFile:
         self.path = Path(store_root) / "config" / FILE_NAME
 
     def load(self) -> OffsetSnapshot | None:
-        """The last persisted snapshot, or None when there is none. A corrupt file falls back to the
-        ``.bak`` copy of the previous snapshot; if both are unusable, None (and a warning)."""
-        for p in (self.path, self.path.with_suffix(".json.bak")):
-            try:
-                return OffsetSnapshot.from_json(p.read_text(encoding="utf-8"))
-            except FileNotFoundError:
-                continue
-            except (OSError, ValueError, TypeError) as e:
-                log.warning("ignoring unreadable delay offset file %s: %s", p, e)
-        return None
+        """The last persisted snapshot, or None when there is none. A damaged file falls back to the
+        ``.bak`` copy of the previous snapshot (older, so never ahead of the truth); with both damaged
+        the broker refuses to start (store/atomicfile.read_with_backup)."""
+        got = read_with_backup(self.path, lambda raw: OffsetSnapshot.from_json(raw.decode()))
+        return None if got is None else got[0]
 
     def save(self, snap: OffsetSnapshot) -> None:
         # the previous good snapshot stays as .bak: it is older, so never ahead of the truth

@@ -125,13 +125,30 @@ def check_record(mm, r: int, seg_start: int, seg_size: int, check_crc: bool) -> 
     try:
         if validate_topic(mm[tp : tp + tlen].decode()) is not None:
             return -2
-        if plen and b"\x00" in mm[tp + tlen + 2 : r + total]:
-            return -2  # a torn write leaves zeros where the properties text should be
     except UnicodeDecodeError:
         return -2
+    if plen and not properties_well_formed(mm[tp + tlen + 2 : r + total]):
+        return -2  # a torn write leaves zeros or garbage where the properties text should be
     if check_crc and (zlib.crc32(mm[r + POS_BODY : r + POS_BODY + body_len]) & 0x7FFFFFFF) != crc:
         return -2
     return total
+
+
+def properties_well_formed(raw: bytes) -> bool:
+    """``raw`` is a properties text as the put path stores it (put.property_fields): UTF-8, pairs
+    ``name\x01value`` each closed by ``\x02``, no empty name, no separator inside a name or value. The
+    body CRC does not cover the properties; this is what tells a torn or overwritten tail from them."""
+    if raw[-1:] != b"\x02":
+        return False
+    for item in raw[:-1].split(b"\x02"):
+        i = item.find(b"\x01")
+        if i <= 0 or item.find(b"\x01", i + 1) >= 0:
+            return False
+    try:
+        raw.decode()
+    except UnicodeDecodeError:
+        return False
+    return True
 
 
 class CommitLog:

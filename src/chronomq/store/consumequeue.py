@@ -5,6 +5,7 @@ their first unit (RocketMQ's layout). Logical queue offset = unit index. A unit 
 
 from __future__ import annotations
 
+import logging
 import os
 import struct
 import threading
@@ -12,6 +13,8 @@ from collections.abc import Callable
 
 from chronomq.store.mapped import MappedFile, segment_files
 from chronomq.store.types import CQUnit
+
+log = logging.getLogger("chronomq.store")
 
 UNIT = struct.Struct(">qiq")
 UNIT_SIZE = 20
@@ -41,6 +44,10 @@ class ConsumeQueue:
             if self.files and start != self.files[-1].end:
                 break
             self.files.append(MappedFile(path, start, self.file_size))
+            if self.files[-1].was_short:
+                log.warning("consume queue %s/%d: file %s is shorter than mappedFileSizeConsumeQueue (cut); "
+                            "its missing entries are rebuilt from the commit log", self.topic, self.queue_id,
+                            path)
         if not self.files:
             return
         # The first used unit: normally the first of the file; a queue rebuilt from the middle of the log
@@ -63,6 +70,10 @@ class ConsumeQueue:
                 lo = mid + 1
             else:
                 hi = mid
+        if lo < self.units_per_file and last.mm[lo * UNIT_SIZE : (lo + 1) * UNIT_SIZE] != bytes(UNIT_SIZE):
+            log.warning("consume queue %s/%d: file %s holds torn bytes after its last entry (position %d); "
+                        "zeroed", self.topic, self.queue_id, last.path, lo * UNIT_SIZE)
+            last.zero_tail(lo * UNIT_SIZE)
         last.written = last.flushed = lo * UNIT_SIZE
         for f in self.files[:-1]:
             f.written = f.flushed = f.file_size
@@ -124,33 +135,42 @@ class ConsumeQueue:
             offset += chunk // UNIT_SIZE
         self.max_offset = offset
 
+    def first_at_or_after(self, phys: int, lo: int | None = None) -> int:
+        """The first logical offset (from ``lo``, default the min offset) whose unit's commit-log offset
+        is >= ``phys`` (max offset if none)."""
+        lo, hi = self.min_offset if lo is None else lo, self.max_offset
+        while lo < hi:
+            mid = (lo + hi) // 2
+            u = self._unit(mid)
+            if u is not None and u[0] < phys:
+                lo = mid + 1
+            else:
+                hi = mid
+        return lo
+
     def truncate_from_phys(self, phys: int) -> None:
         """Drop every unit whose commit-log offset is >= ``phys`` (recovery)."""
         with self.lock:
-            lo, hi = self.min_offset, self.max_offset
-            while lo < hi:
-                mid = (lo + hi) // 2
-                u = self._unit(mid)
-                if u is not None and u[0] < phys:
-                    lo = mid + 1
-                else:
-                    hi = mid
-            if lo >= self.max_offset:
-                return
-            # zero [lo, max): whole files after the one holding lo go away
-            keep = []
-            for f in self.files:
-                first = f.start // UNIT_SIZE
-                if first >= lo and first > self.min_offset:
-                    f.destroy()
-                    continue
-                keep.append(f)
-                if first <= lo < first + self.units_per_file:
-                    f.zero_tail((lo - first) * UNIT_SIZE)
-            self.files = keep
-            self.max_offset = lo
-            if not self.files:
-                self.min_offset = lo
+            self.truncate_from(self.first_at_or_after(phys))
+
+    def truncate_from(self, lo: int) -> None:
+        """Drop every unit from logical offset ``lo`` on (recovery; the caller holds the lock)."""
+        if lo >= self.max_offset:
+            return
+        # zero [lo, max): whole files after the one holding lo go away
+        keep = []
+        for f in self.files:
+            first = f.start // UNIT_SIZE
+            if first >= lo and first > self.min_offset:
+                f.destroy()
+                continue
+            keep.append(f)
+            if first <= lo < first + self.units_per_file:
+                f.zero_tail((lo - first) * UNIT_SIZE)
+        self.files = keep
+        self.max_offset = lo
+        if not self.files:
+            self.min_offset = lo
 
     def flush(self) -> None:
         if not self.dirty:
@@ -222,15 +242,7 @@ class ConsumeQueue:
                     break
             if self.files:
                 first = self.files[0].start // UNIT_SIZE
-                lo, hi = max(first, self.min_offset), self.max_offset
-                while lo < hi:
-                    mid = (lo + hi) // 2
-                    u = self._unit(mid)
-                    if u is not None and u[0] < min_phys:
-                        lo = mid + 1
-                    else:
-                        hi = mid
-                self.min_offset = lo
+                self.min_offset = self.first_at_or_after(min_phys, max(first, self.min_offset))
         return deleted
 
     def close(self) -> None:

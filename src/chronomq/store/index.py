@@ -60,6 +60,8 @@ class IndexFile:
         self.dirty_pages: set[int] = set()  # SLOT_PAGE-sized pages of ``slots`` not yet written back
         (self.begin_ts, self.end_ts, self.begin_phy, self.end_phy, self.slots_used,
          self.count) = HEADER.unpack_from(self.mm, 0)
+        # a count out of range, or none at all (a file is made for its first entry), is a torn header
+        self.header_intact = 0 < self.count <= index_num
         if self.count <= 0 or self.count > index_num:
             self.count = 1
             self.begin_ts = self.end_ts = 0
@@ -105,6 +107,30 @@ class IndexFile:
         """The caller holds the service's write lock (a batch is never half copied)."""
         slots = self.slots
         return b"" if slots is None else bytes(slots[first * SLOT_PAGE:end * SLOT_PAGE])
+
+    def truncate_entries(self, last: int, last_ts: int) -> None:
+        """Keep entries 1..``last`` only (recovery, before any writer): the chains and the slot table
+        are rebuilt from them, so no chain leads to a dropped entry."""
+        slots = bytearray(self.slot_num * 4)
+        phys = -1
+        for n in range(1, last + 1):
+            epos = self.entries_at + n * ENTRY_SIZE
+            h, phys, tdiff, _ = ENTRY.unpack_from(self.mm, epos)
+            slot = (h % self.slot_num) * 4
+            ENTRY.pack_into(self.mm, epos, h, phys, tdiff, I32.unpack_from(slots, slot)[0])
+            I32.pack_into(slots, slot, n)
+        self.mm[HEADER_SIZE:self.entries_at] = slots
+        self.slots = None
+        self.dirty_pages = set()
+        self.count = last + 1
+        self.slots_used = sum(1 for i in range(0, len(slots), 4) if slots[i:i + 4] != b"\0\0\0\0")
+        if last == 0:
+            self.begin_ts = self.end_ts = 0
+            self.begin_phy = self.end_phy = -1
+        else:
+            self.end_phy, self.end_ts = phys, last_ts
+        self.header_intact = True
+        self.write_header()
 
     def lookup(self, h: int, begin_ts: int, end_ts: int, limit: int, out: list[int]) -> None:
         mm = self.mm

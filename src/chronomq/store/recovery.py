@@ -12,16 +12,21 @@ import os
 import shutil
 from typing import TYPE_CHECKING
 
-from chronomq.message import MessageFormatError, decode_record, validate_topic
+from chronomq.message import MessageExt, MessageFormatError, decode_record, validate_topic
 from chronomq.store.checkpoint import Checkpoint
 from chronomq.store.commitlog import check_record
 from chronomq.store.consumequeue import ConsumeQueue
+from chronomq.store.index import ENTRY, ENTRY_SIZE, key_hash
 from chronomq.store.reput import request_of
 
 if TYPE_CHECKING:
     from chronomq.store.message_store import MessageStore
 
 log = logging.getLogger("chronomq.store")
+
+# After a clean shutdown the last VERIFY_TAIL bytes of the log are re-verified (RocketMQ's normal
+# recovery re-checks its last files): a tail damaged after the shutdown is cut, not served.
+VERIFY_TAIL = 4 << 20
 
 
 class StoreRecovery:
@@ -44,31 +49,61 @@ class StoreRecovery:
             store._cur_seg = None
             self.finish_recovery(0, 0)
             return
-        if any(seg.was_short for seg in cl.segments):
-            log.warning("recovery: a commit-log segment is shorter than mappedFileSizeCommitLog; verifying")
+        short = next((seg for seg in cl.segments if seg.was_short), None)
+        if short is not None:
+            log.warning("recovery: commit-log segment %s is shorter than mappedFileSizeCommitLog; verifying "
+                        "the log from it", short.path)
             abnormal = True
             store.recovered_abnormally = True
-        if ckpt is not None and not abnormal and ckpt.commit_log_end:
-            # clean shutdown: the end is known; confirm nothing valid follows it
-            start = ckpt.commit_log_end
-            check_crc = False
+        check_crc = store.config.checkCRCOnRecover
+        clean_end = ckpt.commit_log_end if ckpt is not None and not abnormal else 0
+        if clean_end:
+            # clean shutdown: the end is known; re-verify the last bytes before it
+            start = self.tail_boundary(clean_end)
         else:
-            start = ckpt.recover_from if ckpt is not None else cl.segments[0].start
-            check_crc = store.config.checkCRCOnRecover
-        start = max(start, cl.segments[0].start)
-        seg = cl.segment_for(start)
-        if seg is None:  # the checkpoint points past the files we have: verify the last one fully
-            seg = cl.segments[-1]
-            start = seg.start
-        if abnormal or ckpt is None or not ckpt.commit_log_end:
-            start = seg.start  # re-verify from the start of the segment holding the checkpoint
+            # re-verify from the start of the segment holding the checkpoint (or the first cut one)
+            ck_from = max(ckpt.recover_from if ckpt is not None else 0, cl.segments[0].start)
+            start = (cl.segment_for(ck_from) or cl.segments[-1]).start
+            if short is not None:
+                start = min(start, short.start)
         end = self.scan_end(start, check_crc)
+        if clean_end and end < clean_end:
+            log.warning("recovery: the commit log ends at %d, before its clean-shutdown end %d: the "
+                        "records in between are damaged and dropped", end, clean_end)
+            store.recovered_abnormally = True
         self.truncate_log(end)
         dispatch_from = min(ckpt.recover_from if ckpt is not None else 0, end)
         dispatch_from = max(dispatch_from, cl.min_offset)
         if not abnormal and ckpt is not None and ckpt.commit_log_end and end == ckpt.commit_log_end:
             dispatch_from = min(max(ckpt.recover_from, cl.min_offset), end)
+        dispatch_from = min(dispatch_from, self.check_queues(end), self.check_index(end))
+        if clean_end:  # a queue whose newest records in the verified tail have no entries was torn
+            dispatch_from = min(dispatch_from, self.queues_behind(start, end))
         self.finish_recovery(dispatch_from, end)
+
+    def queues_behind(self, start: int, end: int) -> int:
+        """The commit-log offset from which to rebuild the queues that lack entries for records in
+        [start, end) (``end`` when none does)."""
+        last: dict[tuple[str, int], int] = {}
+        for _, data in self._store._cl.iter_records(start):
+            try:
+                m = decode_record(data, read_body=False)
+            except MessageFormatError:
+                break
+            if m.commit_log_offset >= end:
+                break
+            last[(m.topic, m.queue_id)] = m.queue_offset
+        rebuild = end
+        for key, qo in last.items():
+            cq = self._store._queues.get(key)
+            if cq is not None and cq.max_offset <= qo:
+                u = cq._unit(cq.max_offset - 1) if cq.max_offset > cq.min_offset else None
+                frm = u[0] + u[1] if u is not None else self._store._cl.min_offset
+                log.warning("recovery: queue %s/%d ends at queue offset %d but the commit log holds its "
+                            "offset %d (torn queue file); it is rebuilt from commit-log offset %d", key[0],
+                            key[1], cq.max_offset, qo, frm)
+                rebuild = min(rebuild, frm)
+        return rebuild
 
     def scan_end(self, start: int, check_crc: bool) -> int:
         """Walk valid records from ``start`` (a record boundary); return the offset where they stop."""
@@ -90,13 +125,37 @@ class StoreRecovery:
                                 "truncated there", off)
                 return off
 
+    def tail_boundary(self, end: int) -> int:
+        """A record boundary at most VERIFY_TAIL bytes before ``end`` (a clean-shutdown end): the first
+        segment's start when the log is shorter, else the nearest queue entry at or after
+        ``end - VERIFY_TAIL`` that points at a whole record of its queue, else the start of the
+        segment holding ``end - VERIFY_TAIL``."""
+        cl = self._store._cl
+        floor = max(end - VERIFY_TAIL, cl.segments[0].start)
+        seg = cl.segment_for(floor)
+        if seg is None:  # the files end before it: verify the last one
+            return cl.segments[-1].start
+        if floor == seg.start:
+            return floor
+        best = end
+        for cq in self._store._queues.values():
+            lo = cq.first_at_or_after(floor)
+            u = cq._unit(lo) if lo < cq.max_offset else None
+            if u is None or not floor <= u[0] < best:
+                continue
+            m = self.record_of(u[0], end)
+            if m is not None and (m.topic, m.queue_id, m.queue_offset) == (cq.topic, cq.queue_id, lo):
+                best = u[0]
+        return best if best < end else seg.start
+
     def truncate_log(self, end: int) -> None:
         store = self._store
         cl = store._cl
         keep = []
         for seg in cl.segments:
             if seg.start > end or (seg.start == end and seg is not cl.segments[0]):
-                log.warning("recovery: removing commit-log segment %020d past the recovered end", seg.start)
+                log.warning("recovery: removing commit-log segment %s past the recovered end %d (%d bytes "
+                            "of data dropped)", seg.path, end, _data_extent(seg.mm, 0))
                 seg.destroy()
                 continue
             keep.append(seg)
@@ -108,11 +167,107 @@ class StoreRecovery:
             last = keep[-1]
             r = end - last.start
             if r < last.file_size:
+                dropped = _data_extent(last.mm, r)
+                if dropped:
+                    log.warning("recovery: commit log cut at offset %d (segment %s, position %d): %d bytes "
+                                "of torn or invalid data after it dropped", end, last.path, r, dropped)
                 last.zero_tail(r)
                 last.written = last.flushed = r
             store._cur_seg = last
         else:
             store._cur_seg = None
+
+    def record_of(self, phys: int, end: int) -> MessageExt | None:
+        """The whole, well-formed record starting at ``phys`` below ``end`` (body CRC not checked), or
+        None."""
+        cl = self._store._cl
+        seg = cl.segment_for(phys) if 0 <= phys < end else None
+        if seg is None:
+            return None
+        r = phys - seg.start
+        n = check_record(seg.mm, r, seg.start, seg.file_size, False)
+        if n <= 0 or phys + n > end:
+            return None
+        try:
+            return decode_record(seg.mm[r : r + n])
+        except MessageFormatError:
+            return None
+
+    def check_queues(self, end: int) -> int:
+        """Cut the entries at each queue's end that do not point at their own record below ``end``: a torn
+        queue file, or records lost with the log's tail. Returns the commit-log offset from which the
+        queues must be rebuilt (``end`` when no queue lost an entry whose record is still there)."""
+        rebuild = end
+        levels = self._store._delay_levels
+        for (topic, qid), cq in sorted(self._store._queues.items()):
+            k = cq.max_offset
+            good = None
+            units = []
+            while k > cq.min_offset:
+                u = cq._unit(k - 1)
+                if u is None:
+                    break
+                m = self.record_of(u[0], end) if u[1] > 0 else None
+                if m is not None and request_of(u[0], m, levels)[1:6] == (u[1], topic, qid, k - 1, u[2]):
+                    good = u
+                    break
+                units.append(u)
+                k -= 1
+            if not units:
+                continue
+            with cq.lock:
+                cq.truncate_from(k)
+            units.reverse()
+            good_end = good[0] + good[1] if good is not None else self._store._cl.min_offset
+            if _lost_past(units, good_end, end):
+                log.warning("recovery: queue %s/%d had %d entries (queue offsets %d..%d) at or past the "
+                            "recovered end %d of the commit log: their records are lost; dropped", topic, qid,
+                            len(units), k, k + len(units) - 1, end)
+                continue
+            log.warning("recovery: queue %s/%d (%s): %d entries from queue offset %d on do not point at "
+                        "their records (torn queue file); dropped, the queue is rebuilt from commit-log "
+                        "offset %d",
+                        topic, qid, cq.dir, len(units), k, good_end)
+            rebuild = min(rebuild, good_end)
+        return rebuild
+
+    def check_index(self, end: int) -> int:
+        """Cut the entries at the end of the newest index file that do not name a key of a record below
+        ``end`` (torn file), rebuild its slot table from the entries kept. Returns the commit-log offset
+        from which the index must be filled again (``end`` when nothing was cut)."""
+        index = self._store._index
+        if not index.files:
+            return end
+        f = index.files[-1]
+        n = f.count if f.header_intact else 1
+        k = n - 1
+        m = None
+        while k >= 1:
+            h, phys, tdiff, prev = ENTRY.unpack_from(f.mm, f.entries_at + k * ENTRY_SIZE)
+            m = self.record_of(phys, end) if 0 <= prev < k else None
+            if m is not None and tdiff == min(max((m.store_timestamp - f.begin_ts) // 1000, 0), 0x7FFFFFFF) \
+                    and h in {key_hash(f"{m.topic}#{w}") for w in (m.uniq_key, *m.keys) if w}:
+                break
+            k -= 1
+        if f.header_intact and k == n - 1:
+            return end
+        if k >= 1 and m is not None:
+            frm = m.commit_log_offset
+        elif f.header_intact and f.begin_phy >= 0:
+            frm = f.begin_phy
+        else:
+            frm = index.files[-2].end_phy if len(index.files) > 1 else self._store._cl.min_offset
+        frm = max(min(frm, end), self._store._cl.min_offset)
+        if f.header_intact:
+            log.warning("recovery: index file %s: %d entries at its end are torn or name no record; "
+                        "dropped, the index is filled again from commit-log offset %d", f.mf.path,
+                        f.count - 1 - k, frm)
+        else:
+            log.warning("recovery: index file %s: its header is torn (or it never took an entry); its "
+                        "entries are dropped, the index is filled again from commit-log offset %d", f.mf.path,
+                        frm)
+        f.truncate_entries(k, m.store_timestamp if m is not None else 0)
+        return frm
 
     def load_queues(self) -> None:
         store = self._store
@@ -168,6 +323,16 @@ class StoreRecovery:
                     self.finish_recovery(cl.min_offset, end)
                     return
                 expect = m.queue_offset  # the queue starts here (its older data was cleaned)
+            if m.queue_offset > expect and (cq := queues.get(key)) is not None:
+                u = cq._unit(cq.max_offset - 1) if cq.max_offset > cq.min_offset else None
+                frm = max(u[0] + u[1] if u is not None else cl.min_offset, cl.min_offset)
+                if frm < dispatch_from:
+                    # the queue lost entries below where the rebuild started (a torn queue file)
+                    log.warning("recovery: queue %s/%d ends at queue offset %d but the record at %d has "
+                                "offset %d (torn queue file); rebuilding the queues from commit-log offset "
+                                "%d", m.topic, m.queue_id, expect, off, m.queue_offset, frm)
+                    self.finish_recovery(frm, end)
+                    return
             if m.queue_offset != expect:
                 log.warning("recovery: record at %d has queue offset %d, expected %d; the log is truncated "
                             "there", off, m.queue_offset, expect)
@@ -222,3 +387,30 @@ class StoreRecovery:
                     if t is not None:
                         best = max(best, t)
         return best
+
+
+def _data_extent(mm, pos: int, chunk: int = 1 << 20) -> int:
+    """How many bytes from ``pos`` on hold data: up to the last non-zero byte before the first chunk
+    that is all zeros (a segment's unwritten end)."""
+    end = pos
+    off = pos
+    size = len(mm)
+    while off < size:
+        block = mm[off : min(size, off + chunk)]
+        data = len(block.rstrip(b"\0"))
+        if data == 0:
+            break
+        end = off + data
+        off += len(block)
+    return end - pos
+
+
+def _lost_past(units: list[tuple[int, int, int]], after: int, end: int) -> bool:
+    """The cut ``units`` are entries of records written after ``after`` and lost with the log's tail past
+    ``end`` (in order, not overlapping, plausible sizes), not garbage from a torn queue file."""
+    prev = after
+    for phys, size, _ in units:
+        if phys < max(prev, end) or not 0 < size <= 1 << 26:
+            return False
+        prev = phys + size
+    return True

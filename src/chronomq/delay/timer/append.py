@@ -50,7 +50,8 @@ class AppendPath(TimerState):
         if tid is None:
             tid = len(self.topics) + 1
             # on disk before any record names it: a failed write (disk full) leaves no id in use
-            write_atomic(self.root / "topics.json", json.dumps({**self.topics, topic: tid}).encode())
+            write_atomic(self.root / "topics.json", json.dumps({**self.topics, topic: tid}).encode(),
+                         backup=True)
             self.topics[topic] = tid
             self.topic_names[tid] = topic
         return tid

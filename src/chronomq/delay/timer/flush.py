@@ -99,6 +99,6 @@ class FlushPath(TimerState):
         with self._ckpt_lock:
             if snap["seq"] <= self._ckpt_written:
                 return  # a newer snapshot is already on disk
-            write_atomic(self.root / "checkpoint.json", json.dumps(snap).encode())
+            write_atomic(self.root / "checkpoint.json", json.dumps(snap).encode(), backup=True)
             self._ckpt_written = snap["seq"]
             self.persisted_watermark = max(self.persisted_watermark, snap["watermark"])

@@ -12,6 +12,8 @@ import os
 from collections import Counter
 from typing import Any
 
+from chronomq.store.atomicfile import read_with_backup
+
 from ..histogram import Histogram
 from .files import HashIndex, SegmentedFile, Wheel
 from .records import (
@@ -26,7 +28,6 @@ from .records import (
     _unpack_index,
 )
 from .state import TimerState
-from .types import TimerError
 from .window import _Slot
 
 log = logging.getLogger("chronomq.delay.timer.store")
@@ -43,14 +44,12 @@ class Recovery(TimerState):
         self.slot_ms = cfg.slot_ms
         ckpt_path = self.root / "checkpoint.json"
         abort_path = self.root / "abort"
-        ckpt: dict[str, Any] | None = None
-        if ckpt_path.exists():
-            try:
-                ckpt = json.loads(ckpt_path.read_text())
-            except (OSError, ValueError) as e:
-                raise TimerError(f"timer checkpoint {ckpt_path} is unreadable: {e}") from e
+        # A damaged checkpoint falls back to the previous one (.bak), read as after a crash; with no
+        # readable copy the store refuses to open: starting fresh would cut the index to nothing.
+        got = read_with_backup(ckpt_path, _checkpoint_of, strict=True)
+        ckpt: dict[str, Any] | None = None if got is None else got[0]
         fresh = ckpt is None
-        clean = ckpt is not None and not abort_path.exists()
+        clean = ckpt is not None and not abort_path.exists() and not got[1]
         if ckpt is None:
             ckpt = {"watermark": self.clock.now_ms() // cfg.slot_ms - 1, "index_end": 0, "data_end": 0,
                     "done_seq": 0, "pending": {}, "idx_seg_max": {}, "slot_ms": cfg.slot_ms,
@@ -62,9 +61,9 @@ class Recovery(TimerState):
         old_slot_ms = int(ckpt.get("slot_ms", cfg.slot_ms))
 
         self.topics: dict[str, int] = {}
-        tpath = self.root / "topics.json"
-        if tpath.exists():
-            self.topics = json.loads(tpath.read_text())
+        got_topics = read_with_backup(self.root / "topics.json", _topics_of, strict=True)
+        if got_topics is not None:
+            self.topics = got_topics[0]
         self.topic_names = {v: k for k, v in self.topics.items()}
         self.data = SegmentedFile(self.root / "data", self.data_seg)
         self.index = SegmentedFile(self.root / "index", self.idx_seg_entries * IDX_SIZE)
@@ -240,3 +239,19 @@ class Recovery(TimerState):
         with self.lock:
             self._close_files()
             self._opened = False
+
+
+def _checkpoint_of(raw: bytes) -> dict[str, Any]:
+    ckpt = json.loads(raw)
+    if not isinstance(ckpt, dict):
+        raise ValueError("not a timer checkpoint")
+    for key in ("watermark", "index_end", "data_end"):
+        int(ckpt[key])  # a missing or non-numeric field is a damaged file
+    return ckpt
+
+
+def _topics_of(raw: bytes) -> dict[str, int]:
+    topics = json.loads(raw)
+    if not isinstance(topics, dict) or not all(isinstance(v, int) for v in topics.values()):
+        raise ValueError("not a topic id table")
+    return topics
