@@ -349,8 +349,7 @@ class _AnyStore:
 # Found by these tears and not fixed yet (docs/reliability.md, "Torn writes"): the timer delivers a data
 # record whose properties were torn (no check covers them), a torn done log makes delivered messages
 # due again, and a torn wheel file is not noticed (its slots' messages are never delivered).
-TIMER_OPEN = {("data", "crashed"): "a torn data record is delivered",
-              ("done", "crashed"): "a torn done log makes delivered messages due again",
+TIMER_OPEN = {("done", "crashed"): "a torn done log makes delivered messages due again",
               ("wheel", "crashed"): "a torn wheel file loses its slots' messages",
               ("wheel", "clean"): "a torn wheel file loses its slots' messages"}
 

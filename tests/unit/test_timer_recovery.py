@@ -151,3 +151,41 @@ def test_a_crash_right_after_a_delivery_does_not_deliver_it_again(tmp_path: Path
     drive(t, clock, store, until=clock.now_ms() + 60_000)
     assert [uid for uid, _, _ in store.puts] == ["once"]
     assert t.count() == 1
+
+
+def test_a_record_damaged_on_disk_is_never_handed_out(tmp_path: Path) -> None:
+    clock = VirtualClock(1_700_000_000_000)
+    store = FakeStore(clock)
+    t = _reopen(tmp_path, clock)
+    bad = t.schedule(msg("bad", size=200), clock.now_ms() + 1_000)
+    t.schedule(msg("good", size=200), clock.now_ms() + 2_000)
+    t.flush()
+    seg = sorted(p for p in (tmp_path / "data").iterdir() if p.name.isdigit())[0]
+    with open(seg, "r+b") as f:  # a few bytes of the first message's body overwritten
+        f.seek(bad.timer_pos - int(seg.name) + 64 + 120)
+        f.write(b"\xff\x00\xff")
+    drive(t, clock, store)
+    assert [uid for uid, _, _ in store.puts] == ["good"]
+    assert t.failed == 1 and t.count() == 0
+
+
+def test_garbage_at_the_end_of_a_done_log_rewrites_no_record(tmp_path: Path, caplog) -> None:
+    from chronomq.delay.timer.records import _DONE_ENTRY
+
+    clock = VirtualClock(1_700_000_000_000)
+    store = FakeStore(clock)
+    t = _reopen(tmp_path, clock)
+    t.schedule(msg("first"), clock.now_ms() + 1_000)
+    second = t.schedule(msg("second"), clock.now_ms() + 5_000)
+    clock.advance_sync(1_000)
+    items, _ = t.poll(clock.now_ms())
+    assert t.deliver_many(items, store.put_message) == ["delivered"]
+    t.abandon()
+    # a torn tail: an entry that names the second record with bytes that are not its mark
+    with open(tmp_path / "done.0.log", "ab") as f:
+        f.write(_DONE_ENTRY.pack(second.timer_pos, os.urandom(48)))
+    t = _reopen(tmp_path, clock)
+    assert "done.0.log is torn" in caplog.text
+    drive(t, clock, store)
+    assert [uid for uid, _, _ in store.puts] == ["first", "second"]
+    assert store.puts[1][1] == 1_700_000_005_000

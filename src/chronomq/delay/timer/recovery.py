@@ -19,9 +19,11 @@ from .files import HashIndex, SegmentedFile, Wheel
 from .records import (
     _DONE_ENTRY,
     _SEQ_JUMP,
+    _STATE_BLOCK,
     DATA_HDR,
     DATA_HDR_SIZE,
     DATA_MAGIC,
+    DELIVERED,
     IDX_SIZE,
     OFF_STATE,
     _pack_index,
@@ -199,12 +201,18 @@ class Recovery(TimerState):
         record never changes again), then empty the logs."""
         n = 0
         sizes = [os.fstat(fd).st_size for fd in self._done_fds]
-        for fd, size in zip(self._done_fds, sizes, strict=True):
+        for k, (fd, size) in enumerate(zip(self._done_fds, sizes, strict=True)):
             raw = os.pread(fd, size, 0) if size else b""
-            for off in range(0, len(raw) - len(raw) % _DONE_ENTRY.size, _DONE_ENTRY.size):
+            whole = len(raw) - len(raw) % _DONE_ENTRY.size
+            for off in range(0, whole, _DONE_ENTRY.size):
                 pos, block = _DONE_ENTRY.unpack_from(raw, off)
-                if self.data.min_pos <= pos < self.data_end and \
-                        self.data.write_existing(pos + OFF_STATE, block):
+                if not self.data.min_pos <= pos < self.data_end:
+                    continue  # its record was deleted by retention: nothing to mark
+                if not self._mark_fits(pos, block):
+                    log.warning("timer: done.%d.log is torn at byte %d: %d of its marks dropped (their "
+                                "messages may be delivered again)", k, off, (whole - off) // _DONE_ENTRY.size)
+                    break
+                if self.data.write_existing(pos + OFF_STATE, block):
                     n += 1
         if any(sizes):
             self.data.sync()
@@ -213,6 +221,17 @@ class Recovery(TimerState):
                 os.fsync(fd)
             log.info("timer: applied %d delivery marks from the done logs", n)
         self._done_end = 0
+
+    def _mark_fits(self, pos: int, block: bytes) -> bool:
+        """A done-log mark names a data record that exists and is the one it was written for (same
+        generation, deliver and creation time): a torn or overwritten log never rewrites a header."""
+        hdr = self.data.read(pos, DATA_HDR_SIZE)
+        if len(hdr) < DATA_HDR_SIZE:
+            return False
+        h = DATA_HDR.unpack(hdr)
+        state, gen, deliver, _done, created, _origin, _seq = _STATE_BLOCK.unpack(block)
+        return (h[0] == DATA_MAGIC and state == DELIVERED and gen == h[3] and deliver == h[4]
+                and created == h[6])
 
     def close(self) -> None:
         """Flush everything and write a clean checkpoint."""

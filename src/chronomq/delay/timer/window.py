@@ -12,6 +12,7 @@ import bisect
 import heapq
 import logging
 import os
+import zlib
 from array import array
 from collections import Counter
 from collections.abc import Callable
@@ -345,6 +346,7 @@ class WindowPath(TimerState):
         strip = (*TIMER_PROPERTIES, PROPERTY_DELAY_TIME_LEVEL)
         decode = decode_to_put
         parse = record_to_put
+        crc32 = zlib.crc32
         raw_mode = as_records
         for k in range(n):
             item = items[k]
@@ -376,6 +378,15 @@ class WindowPath(TimerState):
                     self.dirty = True
                 self.stale_skipped += 1
                 out[k] = "skipped"
+                continue
+            if crc32(memoryview(raw)[off + DATA_HDR_SIZE:off + size]) - (1 << 31) != h[9]:
+                # the bytes changed after they were written (a torn write, a damaged sector): never
+                # hand them out
+                log.error("timer record at %d is damaged (payload CRC mismatch); marked failed", pos)
+                self._write_done(pos, h, FAILED, now)
+                self.pending[tid] -= 1
+                self.failed += 1
+                out[k] = "failed"
                 continue
             try:
                 if raw_mode:
