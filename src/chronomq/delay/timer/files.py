@@ -235,6 +235,7 @@ class Wheel:
         self._maps: dict[int, mmap.mmap] = {}
         self._fds: dict[int, int] = {}
         self._backing: dict[int, BackedPages] = {}
+        self.cut: list[str] = []  # files found shorter or longer than a day of slots (torn)
         for p in self.dir.iterdir():
             if p.name.isdigit():
                 self._open(int(p.name), create=False)
@@ -248,6 +249,8 @@ class Wheel:
             return None
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         if os.fstat(fd).st_size != self.file_bytes:
+            if not create:
+                self.cut.append(path.name)
             os.ftruncate(fd, self.file_bytes)
         mm = mmap.mmap(fd, self.file_bytes)
         self._maps[fno] = mm

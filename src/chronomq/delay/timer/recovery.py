@@ -100,7 +100,11 @@ class Recovery(TimerState):
                 clean = False  # files longer than the checkpoint says: treat as a crash
         if not clean:
             self._recover_tail(min(ck_index_end, file_idx_end), ck_data_end)
-        if old_slot_ms != cfg.slot_ms or (not clean and self.wheel.max_value() > self.index_end):
+        if self.wheel.cut:
+            log.warning("timer: wheel files %s are not a day of slots long (torn)", ", ".join(self.wheel.cut))
+        elif self.wheel.max_value() > self.index_end:
+            log.warning("timer: the wheel names index entries beyond the index's end (%d)", self.index_end)
+        if old_slot_ms != cfg.slot_ms or self.wheel.cut or self.wheel.max_value() > self.index_end:
             self._rebuild_wheel()
 
         self._init_window_state()
