@@ -74,3 +74,40 @@ async def test_real_store_delivery_never_early(tmp_path: Path) -> None:
     finally:
         await svc.shutdown()
         store.shutdown()
+
+
+async def test_copies_in_the_store_stand_for_delivery_marks_lost_in_a_crash(tmp_path: Path, caplog) -> None:
+    # A crash that loses the done logs' tail (power loss: written, never fsynced): the deliveries made
+    # since the last checkpoint are found by their copies in the commit log, and not made twice.
+    cfg, _ = BrokerConfig.load(None, {"storePathRootDir": str(tmp_path),
+                                      "mappedFileSizeCommitLog": str(8 << 20)})
+    clock = SystemClock()
+    store = MessageStore(cfg, clock)
+    store.start()
+    svc = TimerService(store, cfg, clock)
+    svc.open()
+    try:
+        svc.timer.flush()  # the checkpoint records the store's end before any delivery
+        now = clock.now_ms()
+        for i in range(30):
+            m = MessageExt(topic=TOPIC, body=b"x", queue_id=i % 4, properties={"UNIQ_KEY": f"C{i:02d}"})
+            svc.schedule(m, now + (1 if i < 20 else 3_600_000))
+        await svc.start()
+        await async_wait_for(lambda: _store_count(store) >= 20, timeout=30, message="20 deliveries")
+        svc._stopping = True  # stop the loop without the clean close
+        if svc._event is not None:
+            svc._event.set()
+        if svc._task is not None:
+            await svc._task
+        svc.timer.abandon()
+        for k in (0, 1):  # the marks never reached the disk
+            (tmp_path / "timer" / f"done.{k}.log").write_bytes(b"")
+        svc = TimerService(store, cfg, clock)
+        await svc.start()
+        assert "20 messages were delivered before the crash" in caplog.text
+        assert svc.stats()["pending"] == 10
+        assert svc.timer.scan_from is None
+        assert _store_count(store) == 20 and len({m.uniq_key for m in _delivered(store)}) == 20
+    finally:
+        await svc.shutdown()
+        store.shutdown()

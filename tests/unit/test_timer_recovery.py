@@ -189,3 +189,20 @@ def test_garbage_at_the_end_of_a_done_log_rewrites_no_record(tmp_path: Path, cap
     drive(t, clock, store)
     assert [uid for uid, _, _ in store.puts] == ["first", "second"]
     assert store.puts[1][1] == 1_700_000_005_000
+
+
+def test_a_damaged_key_index_answers_lookups_without_an_error(tmp_path: Path) -> None:
+    import struct
+
+    clock = VirtualClock(1_700_000_000_000)
+    t = _reopen(tmp_path, clock)
+    t.schedule(msg("k1"), clock.now_ms() + 1_000)
+    g = t.hash.gens[-1]
+    damaged = 0
+    for b in range(0, t.hash.buckets * 8, 8):  # every bucket head in use now names a negative entry
+        if g._head(b):
+            struct.pack_into("<q", g.bmap, b, -(1 << 62))
+            damaged += 1
+    assert damaged
+    assert [r.outcome for r in t.cancel("k1")] == [Outcome.UNKNOWN]
+    t.close()

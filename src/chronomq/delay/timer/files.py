@@ -414,7 +414,7 @@ class _HashGeneration:
         while cur and steps < self.count + 1:
             steps += 1
             idx = cur - 1
-            if idx >= self.count:
+            if not 0 <= idx < self.count:  # a damaged head or link names no entry
                 break
             eh, pos, prev = HASH_ENTRY.unpack(os.pread(self.efd, HASH_ENTRY_SIZE, idx * HASH_ENTRY_SIZE))
             if eh == h:

@@ -93,7 +93,16 @@ class FlushPath(TimerState):
             "data_segment_bytes": self.data_seg,
             "index_segment_entries": self.idx_seg_entries,
             "written_ms": self.clock.now_ms(),
+            # every delivery after this snapshot puts its copy at or past this offset (puts and marks
+            # happen under the lock); while a crash's copies are not recovered yet, theirs is kept
+            "store_end": self._store_end_mark(),
         }
+
+    def _store_end_mark(self) -> int | None:
+        end = self.store_end() if self.store_end is not None else None
+        if self.scan_from is not None:
+            return self.scan_from if end is None else min(end, self.scan_from)
+        return end
 
     def _store_checkpoint(self, snap: dict[str, Any]) -> None:
         with self._ckpt_lock:

@@ -10,6 +10,7 @@ import json
 import logging
 import os
 from collections import Counter
+from collections.abc import Iterable
 from typing import Any
 
 from chronomq.store.atomicfile import read_with_backup
@@ -26,6 +27,7 @@ from .records import (
     DELIVERED,
     IDX_SIZE,
     OFF_STATE,
+    PENDING,
     _pack_index,
     _unpack_index,
 )
@@ -89,6 +91,8 @@ class Recovery(TimerState):
             frontier = (self.clock.now_ms() + cfg.preload_ms) // cfg.slot_ms + 1
             self.open_ranges.append([recovered_seq, self.done_seq, frontier])
         self.recovered_clean = clean or fresh
+        end = ckpt.get("store_end")
+        self.scan_from = None if self.recovered_clean or end is None else int(end)
 
         ck_index_end = int(ckpt["index_end"])
         ck_data_end = int(ckpt["data_end"])
@@ -225,6 +229,28 @@ class Recovery(TimerState):
                 os.fsync(fd)
             log.info("timer: applied %d delivery marks from the done logs", n)
         self._done_end = 0
+
+    def recover_delivered(self, copies: Iterable[tuple[str, int]]) -> int:
+        """After a crash: ``copies`` are (UNIQ_KEY, TIMER_DELIVER_MS) of the messages the message store
+        holds from ``scan_from`` on. A pending record one of them matches was delivered before the crash
+        and its mark was lost (a torn done log): it is marked delivered, not delivered again. Returns how
+        many; ``scan_from`` is cleared."""
+        n = 0
+        with self.lock:
+            self._require_open()
+            now = self.clock.now_ms()
+            for uniq, deliver_ms in copies:
+                for pos, h, msg in self._find(uniq, False):
+                    if h[2] == PENDING and h[4] == deliver_ms and msg.uniq_key == uniq:
+                        self._write_done(pos, h, DELIVERED, now)
+                        self.pending[h[10]] -= 1
+                        n += 1
+            self.scan_from = None
+            self.dirty = True
+        if n:
+            log.warning("timer: %d messages were delivered before the crash without their mark on disk; "
+                        "marked delivered from their copies in the store", n)
+        return n
 
     def _mark_fits(self, pos: int, block: bytes) -> bool:
         """A done-log mark names a data record that exists and is the one it was written for (same

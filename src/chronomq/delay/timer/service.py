@@ -10,9 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from chronomq.clock import Clock, SystemClock
-from chronomq.message import (
-    MessageExt,
-)
+from chronomq.message import PROPERTY_TIMER_DELIVER_MS, PROPERTY_UNIQ_KEY, MessageExt
 from chronomq.store.types import records_put_of
 
 from .journal import TimerJournal
@@ -80,9 +78,25 @@ class TimerService:
     def open(self) -> None:
         """Recover the timer files (also done by start); schedule/cancel/query work once open."""
         if not self._opened:
+            if hasattr(self.store, "max_phy_offset"):
+                self.timer.store_end = lambda: self.store.max_phy_offset
             self.timer.open()
+            self._recover_delivered()
             self.timer.wakeup = self._on_wakeup
             self._opened = True
+
+    def _recover_delivered(self) -> None:
+        """After a crash, find the copies delivered since the last checkpoint in the message store, so
+        that a delivery whose mark did not reach the disk is not made twice."""
+        start = self.timer.scan_from
+        if start is None or not hasattr(self.store, "iter_messages"):
+            return
+        start = max(start, self.store.min_phy_offset)
+        copies = ((m.properties[PROPERTY_UNIQ_KEY], int(m.properties[PROPERTY_TIMER_DELIVER_MS]))
+                  for m in self.store.iter_messages(start)
+                  if PROPERTY_TIMER_DELIVER_MS in m.properties and PROPERTY_UNIQ_KEY in m.properties
+                  and m.properties[PROPERTY_TIMER_DELIVER_MS].isdigit())
+        self.timer.recover_delivered(copies)
 
     async def start(self) -> None:
         self.open()

@@ -61,6 +61,10 @@ class TimerStore(Recovery, FlushPath, AppendPath, CancelPath, QueryPath, WindowP
         self._ckpt_written = 0
         self.on_done: Callable[[list[str]], None] | None = None  # completions, for a journal
         self.wakeup: Callable[[int], None] | None = None  # called with a deliver time that may be earlier
+        # the message store's end (commit-log offset): a checkpoint records it, so that after a crash the
+        # copies delivered since can be found there (recover_delivered)
+        self.store_end: Callable[[], int] | None = None
+        self.scan_from: int | None = None  # after a crash: where those copies start, until recovered
         self._opened = False
         self._id_prefix: str | None = None
         self.scan_chunk = 4 << 20  # bytes per read when retention scans a data segment
