@@ -89,6 +89,7 @@ def test_full_disk_refuses_sends_keeps_reads_and_resumes(tmp_path: Path) -> None
         overrides["diskUsageProbeFile"] = str(probe)
         data = tmp_path / "data"
     server = ChronomqProcess(data, overrides)
+    server.env = {"PYTHONFAULTHANDLER": "1"}  # a SIGBUS shows where, in the log the failure quotes
     filler = data / "filler"
     acked: dict[tuple[int, int], str] = {}
     try:
@@ -142,6 +143,14 @@ def test_full_disk_refuses_sends_keeps_reads_and_resumes(tmp_path: Path) -> None
             if real:  # no room for their re-puts: they wait, they are not lost
                 assert _delivered(b, "FullDelayT") == [] and _delivered(b, "FullTimerT") == []
             assert server.running
+
+        if real:  # a crash while the disk is full: it starts again on the full disk and serves reads
+            server.stop(kill=True)
+            server.start()
+        with RawClient(server.broker_addr) as b:
+            _assert_intact(b, acked)
+            r = _send(b, acked, b"s" * 2000, 1)
+            assert r.code == C.SERVICE_NOT_AVAILABLE and r.remark.startswith(REMARK), r.remark
 
             # space returns: sends resume without a restart, the delayed messages are delivered once
             if real:

@@ -52,10 +52,12 @@ class ConsumeQueue:
             return
         # The first used unit: normally the first of the file; a queue rebuilt from the middle of the log
         # (cleaned prefix, lost queue files) starts later, after zero units.
+        # Read with pread, not through the mapping: on a full tmpfs, touching a hole of a mapped file
+        # needs a new page and faults (SIGBUS); pread returns zeros for it.
         first = self.files[0]
         lead = 0
-        if UNIT.unpack_from(first.mm, 0)[1] == 0:
-            head = first.mm[:]
+        if UNIT.unpack(os.pread(first.fd, UNIT_SIZE, 0))[1] == 0:
+            head = os.pread(first.fd, first.file_size, 0)
             lead = (len(head) - len(head.lstrip(b"\0"))) // UNIT_SIZE
             if lead >= self.units_per_file:
                 lead = 0  # no unit at all: an empty queue
@@ -66,11 +68,11 @@ class ConsumeQueue:
         hi = self.units_per_file
         while lo < hi:
             mid = (lo + hi) // 2
-            if UNIT.unpack_from(last.mm, mid * UNIT_SIZE)[1] > 0:
+            if UNIT.unpack(os.pread(last.fd, UNIT_SIZE, mid * UNIT_SIZE))[1] > 0:
                 lo = mid + 1
             else:
                 hi = mid
-        if lo < self.units_per_file and last.mm[lo * UNIT_SIZE : (lo + 1) * UNIT_SIZE] != bytes(UNIT_SIZE):
+        if lo < self.units_per_file and os.pread(last.fd, UNIT_SIZE, lo * UNIT_SIZE) != bytes(UNIT_SIZE):
             log.warning("consume queue %s/%d: file %s holds torn bytes after its last entry (position %d); "
                         "zeroed", self.topic, self.queue_id, last.path, lo * UNIT_SIZE)
             last.zero_tail(lo * UNIT_SIZE)

@@ -14,12 +14,13 @@ from typing import TYPE_CHECKING
 
 from chronomq.message import MessageExt, MessageFormatError, decode_record, validate_topic
 from chronomq.store.checkpoint import Checkpoint
-from chronomq.store.commitlog import check_record
+from chronomq.store.commitlog import BLANK_HEAD, BLANK_MAGIC, check_record
 from chronomq.store.consumequeue import ConsumeQueue
 from chronomq.store.index import ENTRY, ENTRY_SIZE, key_hash
 from chronomq.store.reput import request_of
 
 if TYPE_CHECKING:
+    from chronomq.store.mapped import MappedFile
     from chronomq.store.message_store import MessageStore
 
 log = logging.getLogger("chronomq.store")
@@ -109,11 +110,23 @@ class StoreRecovery:
         """Walk valid records from ``start`` (a record boundary); return the offset where they stop."""
         cl = self._store._cl
         off = start
+        holes: dict[int, int] = {}
         while True:
             seg = cl.segment_for(off)
             if seg is None:
                 return off
             r = off - seg.start
+            hole = holes.get(seg.start)
+            if hole is None:
+                hole = holes[seg.start] = first_hole(seg.fd, seg.file_size)
+            if hole < seg.file_size:  # never read a hole through the mapping (a full tmpfs: SIGBUS)
+                if r + 8 > hole:
+                    return off  # nothing was ever written here
+                total, magic = BLANK_HEAD.unpack_from(seg.mm, r)
+                if magic != BLANK_MAGIC and total > hole - r:
+                    log.warning("recovery: torn record at commit-log offset %d (size %d, the file's data "
+                                "ends %d bytes on); the log is truncated there", off, total, hole - r)
+                    return off
             n = check_record(seg.mm, r, seg.start, seg.file_size, check_crc)
             if n > 0:
                 off += n
@@ -155,7 +168,7 @@ class StoreRecovery:
         for seg in cl.segments:
             if seg.start > end or (seg.start == end and seg is not cl.segments[0]):
                 log.warning("recovery: removing commit-log segment %s past the recovered end %d (%d bytes "
-                            "of data dropped)", seg.path, end, _data_extent(seg.mm, 0))
+                            "of data dropped)", seg.path, end, _data_extent(seg, 0))
                 seg.destroy()
                 continue
             keep.append(seg)
@@ -167,7 +180,7 @@ class StoreRecovery:
             last = keep[-1]
             r = end - last.start
             if r < last.file_size:
-                dropped = _data_extent(last.mm, r)
+                dropped = _data_extent(last, r)
                 if dropped:
                     log.warning("recovery: commit log cut at offset %d (segment %s, position %d): %d bytes "
                                 "of torn or invalid data after it dropped", end, last.path, r, dropped)
@@ -374,7 +387,11 @@ class StoreRecovery:
                 cq.dirty = True
                 cq.flush()
         store._index.flush()
-        Checkpoint(cl.wrote, cl.wrote, 0, store.clock.now_ms()).save(store._checkpoint_path)
+        try:
+            Checkpoint(cl.wrote, cl.wrote, 0, store.clock.now_ms()).save(store._checkpoint_path)
+        except OSError as e:  # a full disk: start anyway; the abort file stays, so the next start verifies
+            log.warning("recovery: cannot write the checkpoint (%s); the next start verifies the log as "
+                        "after a crash", e)
 
     def last_store_time(self) -> int:
         store = self._store
@@ -389,14 +406,24 @@ class StoreRecovery:
         return best
 
 
-def _data_extent(mm, pos: int, chunk: int = 1 << 20) -> int:
+def first_hole(fd: int, size: int) -> int:
+    """The offset of the first hole (a range never written or allocated) in a file of ``size``, or
+    ``size`` when it has none."""
+    try:
+        return min(size, os.lseek(fd, 0, os.SEEK_HOLE))
+    except OSError:  # a file system without SEEK_HOLE: no hole is known
+        return size
+
+
+def _data_extent(seg: MappedFile, pos: int, chunk: int = 1 << 20) -> int:
     """How many bytes from ``pos`` on hold data: up to the last non-zero byte before the first chunk
-    that is all zeros (a segment's unwritten end)."""
+    that is all zeros (a segment's unwritten end). Read with pread: a hole read through the mapping
+    faults on a full tmpfs."""
     end = pos
     off = pos
-    size = len(mm)
+    size = seg.file_size
     while off < size:
-        block = mm[off : min(size, off + chunk)]
+        block = os.pread(seg.fd, min(size, off + chunk) - off, off)
         data = len(block.rstrip(b"\0"))
         if data == 0:
             break

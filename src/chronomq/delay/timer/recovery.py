@@ -119,7 +119,10 @@ class Recovery(TimerState):
         self.dirty = True
         abort_path.write_bytes(b"")
         self._opened = True
-        self._write_checkpoint(clean=False)
+        try:
+            self._write_checkpoint(clean=False)
+        except OSError as e:  # a full disk: open anyway; the periodic flush writes it once there is room
+            log.warning("timer: cannot write the checkpoint at open (%s); the flush tries again", e)
 
     def _init_window_state(self) -> None:
         """The in-memory state that starts empty at every open: the window, the counters, the marks."""
