@@ -29,12 +29,17 @@ def _delivered(store: MessageStore) -> list[MessageExt]:
     return out
 
 
-async def test_real_store_delivery_never_early(tmp_path: Path) -> None:
+def _started_store(tmp_path: Path) -> tuple[BrokerConfig, SystemClock, MessageStore]:
     cfg, _ = BrokerConfig.load(None, {"storePathRootDir": str(tmp_path),
                                       "mappedFileSizeCommitLog": str(8 << 20)})
     clock = SystemClock()
     store = MessageStore(cfg, clock)
     store.start()
+    return cfg, clock, store
+
+
+async def test_real_store_delivery_never_early(tmp_path: Path) -> None:
+    cfg, clock, store = _started_store(tmp_path)
     svc = TimerService(store, cfg, clock)
     await svc.start()
     try:
@@ -79,11 +84,7 @@ async def test_real_store_delivery_never_early(tmp_path: Path) -> None:
 async def test_copies_in_the_store_stand_for_delivery_marks_lost_in_a_crash(tmp_path: Path, caplog) -> None:
     # A crash that loses the done logs' tail (power loss: written, never fsynced): the deliveries made
     # since the last checkpoint are found by their copies in the commit log, and not made twice.
-    cfg, _ = BrokerConfig.load(None, {"storePathRootDir": str(tmp_path),
-                                      "mappedFileSizeCommitLog": str(8 << 20)})
-    clock = SystemClock()
-    store = MessageStore(cfg, clock)
-    store.start()
+    cfg, clock, store = _started_store(tmp_path)
     svc = TimerService(store, cfg, clock)
     svc.open()
     try:
