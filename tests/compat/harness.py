@@ -72,8 +72,9 @@ class ChronomqProcess:
 
     def __init__(self, data_dir: Path, overrides: dict[str, str] | None = None) -> None:
         self.data_dir = Path(data_dir)
-        # no /metrics unless asked: its default ports (+ 2) are not ones free_port reserved
-        self.overrides = {"metricsPort": "-1", **(overrides or {})}
+        # no /metrics and no gRPC endpoint unless asked: their default ports (+ 2, 8081) are not ones
+        # free_port reserved
+        self.overrides = {"metricsPort": "-1", "grpcListenPort": "-1", **(overrides or {})}
         self.env: dict[str, str] = {}  # extra environment of the next start (e.g. CHRONOMQ_FAULTS)
         self.host = "127.0.0.1"
         self.namesrv_port = free_port()
