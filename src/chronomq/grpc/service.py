@@ -377,6 +377,8 @@ class MessagingService:
     async def _receive(
         self, req: pb.ReceiveMessageRequest, ctx: grpc.aio.ServicerContext
     ) -> list[pb.Message]:
+        if self.config.is_slave:  # pops move the group's offsets: only the master keeps them
+            raise Refused(pb.FORBIDDEN, "this broker is a slave: receive from its master")
         group = self._group(req.group)
         tc = self._topic(req.message_queue.topic.name)
         if not tc.perm & PERM_READ:
