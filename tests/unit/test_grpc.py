@@ -138,6 +138,21 @@ def test_grpc_listen_port_is_checked() -> None:
     assert BrokerConfig().grpcListenPort == -1  # embedded brokers: off unless asked
 
 
+def test_the_commands_default_grpc_to_8081_unless_configured(tmp_path: Path) -> None:
+    from argparse import Namespace
+
+    from chronomq.cli.main import load_config
+
+    base = {"set": None, "data_dir": str(tmp_path), "host": "127.0.0.1", "config": None, "broker_port": None}
+    assert load_config(Namespace(**base)).grpcListenPort == 8081
+    assert load_config(Namespace(**{**base, "set": ["grpcListenPort=-1"]})).grpcListenPort == -1
+    conf = tmp_path / "broker.conf"
+    conf.write_text("grpcListenPort=9000\n")
+    assert load_config(Namespace(**{**base, "config": str(conf)})).grpcListenPort == 9000
+    with pytest.raises(ConfigError, match=r"missing\.conf"):  # the file's error, not the default's
+        load_config(Namespace(**{**base, "config": str(tmp_path / "missing.conf")}))
+
+
 # --- the endpoint, in process ----------------------------------------------------------------------------
 class Env:
     def __init__(self, tmp_path: Path, **overrides: str) -> None:
