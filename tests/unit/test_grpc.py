@@ -375,13 +375,15 @@ async def test_in_flight_messages_survive_a_restart_neither_lost_nor_early(tmp_p
         await env.ack("TP", msgs[0])
     finally:
         await env.close()
+    (tmp_path / "store" / "config" / "consumerOffset.json").unlink(missing_ok=True)  # as after a crash
     env = await Env(tmp_path, grpcListenPort=str(port)).start()
     try:
+        q = msgs[1].system_properties.queue_id
+        assert env.broker.offsets.query("G", "TP", q) == msgs[1].system_properties.queue_offset
         _, again = await env.receive("TP", invisible_ms=60_000)
         assert [m.body for m in again] == [b"p2"]  # p1 stays invisible, p0 stays acked
         ok = await env.ack("TP", msgs[1])  # the handle from before the restart still acks it
         assert ok.status.code == pb.OK
-        q = msgs[1].system_properties.queue_id
         assert env.broker.offsets.query("G", "TP", q) == again[0].system_properties.queue_offset
     finally:
         await env.close()

@@ -98,6 +98,8 @@ class MessagingService:
         self.clock = services.clock
         self.config = services.config
         self.pop = PopTable(services.offsets.path.parent)  # beside consumerOffset.json
+        for (group, topic, q), st in self.pop.queues.items():  # consumerOffset.json may be older
+            services.offsets.commit(group, topic, q, st.committed)
         self.clients: dict[str, ClientRecord] = {}
         self._filters: dict[str, TagFilter] = {}
         self._rr = itertools.count()
