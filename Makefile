@@ -10,7 +10,7 @@ STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 $(STAMP): pyproject.toml setup.py src/chronomq/store/_speedups.pyx
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[dev,fast,spark,bench,web]'
+	$(BIN)/python -m pip install -q -e '.[dev,fast,spark,bench,web,grpc]'
 	@rm -f $(VENV)/.installed-*
 	@touch $(STAMP)
 

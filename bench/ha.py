@@ -65,7 +65,8 @@ class Cluster:
         ns_port, m_port, ha_port = free_port(), free_port(), free_port()
         self.ns = f"127.0.0.1:{ns_port}"
         self.master_addr = f"127.0.0.1:{m_port}"
-        common = ["-n", self.ns, "--set", "brokerName=bench-ha", "--set", "metricsPort=-1"]
+        common = ["-n", self.ns, "--set", "brokerName=bench-ha", "--set", "metricsPort=-1",
+                  "--set", "grpcListenPort=-1"]
         self.procs = [CliProcess(work / "ns.log", "namesrv", "--port", str(ns_port), "--metrics-port", "-1"),
                       CliProcess(work / "master.log", "broker", *common, "--data-dir", str(work / "m"),
                                  "--broker-port", str(m_port), "--set", f"haListenPort={ha_port}",

@@ -84,7 +84,7 @@ def main() -> int:
         [sys.executable, "-m", "chronomq.cli.main", "start", "--data-dir", str(data),
          "--namesrv-port", str(ns_port),
          "--broker-port", str(broker_port), "--dashboard", "--dashboard-port", str(console_port),
-         "--set", "metricsPort=-1", "--set", "haListenPort=" + str(free_port()),
+         "--set", "metricsPort=-1", "--set", "grpcListenPort=-1", "--set", "haListenPort=" + str(free_port()),
          "--set", "messageDelayLevel=1s 5s 10s 30s 1m 2m", "--set", "maxReconsumeTimes=1"],
         stdout=subprocess.PIPE, text=True)
     try:

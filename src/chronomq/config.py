@@ -116,6 +116,9 @@ class BrokerConfig:
     writeBufferLowWaterMark: int = 32 * 1024  # and below which it resumes
     # the Prometheus endpoint (/metrics): 0 = listenPort + 2, -1 = off
     metricsPort: int = 0
+    # the RocketMQ 5.x gRPC endpoint (docs/grpc.md): -1 = off, 0 = any free port; `chronomq start` and
+    # `chronomq broker` default it to 8081, the port of RocketMQ's proxy
+    grpcListenPort: int = -1
     # ACL 1.0: every request signed by an account of aclFile ("": <storePathRootDir>/conf/plain_acl.yml)
     aclEnable: bool = False
     aclFile: str = ""
@@ -184,6 +187,9 @@ class BrokerConfig:
         if (self.brokerRole == SLAVE) != (self.brokerId > 0):
             raise ConfigError(f"brokerId: {self.brokerId} with brokerRole {self.brokerRole}: a master has "
                               "brokerId 0, a slave a brokerId of 1 or more")
+        if not -1 <= self.grpcListenPort < 65536 or self.grpcListenPort in (self.listenPort, self.ha_port):
+            raise ConfigError(f"grpcListenPort: {self.grpcListenPort} must be -1 (off), 0 (any free port) "
+                              "or a TCP port other than listenPort and the HA port")
         if not 0 <= self.haListenPort < 65536 or self.ha_port == self.listenPort or self.ha_port > 65535:
             raise ConfigError(f"haListenPort: {self.haListenPort} must be a TCP port other than listenPort")
         for name in ("haSendHeartbeatInterval", "haHousekeepingInterval", "haTransferBatchSize",

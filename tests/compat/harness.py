@@ -8,6 +8,8 @@
   lock so concurrent pytest processes share it. If it cannot be built or its bundled ``librocketmq.so``
   does not load here, tests are *skipped with the exact reason* (never silently passed); outside pytest
   ``CompatUnavailable`` is raised.
+- ``grpc5_python()``: the same for the official 5.x Python client (PyPI rocketmq-python-client, gRPC), in
+  ``<repo>/.venv-grpc5``: drivers named ``v5_*`` run there.
 - ``run_driver(name, args)``: runs ``tests/compat/drivers/<name>.py`` in that venv with ``args`` as JSON
   on argv[1] and returns the JSON object the driver prints as its last stdout line.
 - ``start_driver(name, args)``: the same as a background process (long-running consumers/producers).
@@ -72,8 +74,9 @@ class ChronomqProcess:
 
     def __init__(self, data_dir: Path, overrides: dict[str, str] | None = None) -> None:
         self.data_dir = Path(data_dir)
-        # no /metrics unless asked: its default ports (+ 2) are not ones free_port reserved
-        self.overrides = {"metricsPort": "-1", **(overrides or {})}
+        # no /metrics and no gRPC endpoint unless asked: their default ports (+ 2, 8081) are not ones
+        # free_port reserved
+        self.overrides = {"metricsPort": "-1", "grpcListenPort": "-1", **(overrides or {})}
         self.env: dict[str, str] = {}  # extra environment of the next start (e.g. CHRONOMQ_FAULTS)
         self.host = "127.0.0.1"
         self.namesrv_port = free_port()
@@ -248,75 +251,102 @@ class CliProcess:
     def tail(self) -> str:
         return _tail(self.log)
 
-# --- the official client's venv ------------------------------------------------------------------------
-_official_lock = threading.Lock()
-_official_result: str | CompatUnavailable | None = None
+# --- the official clients' venvs -----------------------------------------------------------------------
+GRPC5_VENV = REPO / ".venv-grpc5"
+GRPC5_PACKAGE = "rocketmq-python-client==5.1.2"  # the official 5.x Python client (import name: rocketmq)
 
 
-def _unavailable(reason: str) -> CompatUnavailable:
-    return CompatUnavailable(f"official RocketMQ client {OFFICIAL_PACKAGE} unavailable: {reason}")
+def _unavailable(reason: str, package: str = OFFICIAL_PACKAGE) -> CompatUnavailable:
+    return CompatUnavailable(f"official RocketMQ client {package} unavailable: {reason}")
 
 
-def _build_venv() -> str:
-    py = COMPAT_VENV / "bin" / "python"
-    stamp = COMPAT_VENV / ".compat-ready"
-    if stamp.exists() and py.exists():
-        return str(py)
-    if COMPAT_VENV.exists():
-        subprocess.run(["rm", "-rf", str(COMPAT_VENV)], check=False)
-    r = subprocess.run([sys.executable, "-m", "venv", str(COMPAT_VENV)], capture_output=True, text=True,
-                       timeout=300)
-    if r.returncode != 0:
-        raise _unavailable(f"python -m venv failed: {r.stderr.strip()[-2000:]}")
-    r = subprocess.run([str(py), "-m", "pip", "install", "-q", "--disable-pip-version-check",
-                        OFFICIAL_PACKAGE], capture_output=True, text=True, timeout=600)
-    if r.returncode != 0:
-        raise _unavailable(f"pip install {OFFICIAL_PACKAGE} failed: {r.stderr.strip()[-2000:]}")
+def _check_4x(py: str) -> None:
     # The wheel bundles librocketmq.so; importing the wrapper loads it (ctypes.cdll.LoadLibrary).
-    r = subprocess.run([str(py), "-c", "import rocketmq.client"], capture_output=True, text=True, timeout=120)
+    r = subprocess.run([py, "-c", "import rocketmq.client"], capture_output=True, text=True, timeout=120)
     if r.returncode != 0:
         lib = f"{COMPAT_VENV}/lib/python*/site-packages/rocketmq/librocketmq.so"
         ldd = subprocess.run(["sh", "-c", f"ldd {lib} | grep 'not found'"], capture_output=True, text=True)
         raise _unavailable(f"the bundled librocketmq.so does not load: {r.stderr.strip()[-1500:]}"
                            f" {ldd.stdout.strip()}")
-    stamp.write_text(OFFICIAL_PACKAGE + "\n")
+
+
+def _check_5x(py: str) -> None:
+    r = subprocess.run([py, "-c", "from rocketmq import Producer, SimpleConsumer"], capture_output=True,
+                       text=True, timeout=120)
+    if r.returncode != 0:
+        raise _unavailable(f"it does not import: {r.stderr.strip()[-1500:]}", GRPC5_PACKAGE)
+
+
+def _build_venv(venv: Path = COMPAT_VENV, package: str = OFFICIAL_PACKAGE, check: Any = _check_4x) -> str:
+    py = venv / "bin" / "python"
+    stamp = venv / ".compat-ready"
+    if stamp.exists() and py.exists():
+        return str(py)
+    if venv.exists():
+        subprocess.run(["rm", "-rf", str(venv)], check=False)
+    r = subprocess.run([sys.executable, "-m", "venv", str(venv)], capture_output=True, text=True,
+                       timeout=300)
+    if r.returncode != 0:
+        raise _unavailable(f"python -m venv failed: {r.stderr.strip()[-2000:]}", package)
+    r = subprocess.run([str(py), "-m", "pip", "install", "-q", "--disable-pip-version-check",
+                        package], capture_output=True, text=True, timeout=600)
+    if r.returncode != 0:
+        raise _unavailable(f"pip install {package} failed: {r.stderr.strip()[-2000:]}", package)
+    check(str(py))
+    stamp.write_text(package + "\n")
     return str(py)
 
 
-def _official_python() -> str:
-    global _official_result
-    with _official_lock:
-        if _official_result is None:
-            COMPAT_VENV.parent.mkdir(parents=True, exist_ok=True)
-            digest = hashlib.sha1(str(COMPAT_VENV).encode()).hexdigest()[:12]
-            lock_path = Path(tempfile.gettempdir()) / f"chronomq-venv-compat-{digest}.lock"
+_venv_lock = threading.Lock()
+_venv_results: dict[Path, str | CompatUnavailable] = {}
+
+
+def _venv_python(venv: Path, package: str, check: Any) -> str:
+    """The python of a private venv holding ``package``, built once (a file lock makes concurrent pytest
+    processes share it); CompatUnavailable with the reason when it cannot be built here."""
+    with _venv_lock:
+        result = _venv_results.get(venv)
+        if result is None:
+            venv.parent.mkdir(parents=True, exist_ok=True)
+            digest = hashlib.sha1(str(venv).encode()).hexdigest()[:12]
+            lock_path = Path(tempfile.gettempdir()) / f"chronomq-{venv.name.lstrip('.')}-{digest}.lock"
             with open(lock_path, "w") as lock:
-                fcntl.flock(lock, fcntl.LOCK_EX)  # concurrent pytest processes build it once
+                fcntl.flock(lock, fcntl.LOCK_EX)
                 try:
-                    _official_result = _build_venv()
+                    result = _build_venv(venv, package, check)
                 except CompatUnavailable as e:
-                    _official_result = e
+                    result = e
                 except (OSError, subprocess.SubprocessError) as e:
-                    _official_result = _unavailable(f"{type(e).__name__}: {e}")
+                    result = _unavailable(f"{type(e).__name__}: {e}", package)
                 finally:
                     fcntl.flock(lock, fcntl.LOCK_UN)
-        result = _official_result
+            _venv_results[venv] = result
     if isinstance(result, CompatUnavailable):
         raise result
     return result
 
 
-def official_python() -> str:
-    """Path of the python in the venv with the official 4.x client. Under pytest a missing client skips
-    the test with the exact reason; elsewhere CompatUnavailable is raised."""
+def _skip_or_raise(venv: Path, package: str, check: Any) -> str:
     try:
-        return _official_python()
+        return _venv_python(venv, package, check)
     except CompatUnavailable as e:
         if "pytest" in sys.modules:
             import pytest
 
             pytest.skip(str(e))
         raise
+
+
+def official_python() -> str:
+    """Path of the python in the venv with the official 4.x client. Under pytest a missing client skips
+    the test with the exact reason; elsewhere CompatUnavailable is raised."""
+    return _skip_or_raise(COMPAT_VENV, OFFICIAL_PACKAGE, _check_4x)
+
+
+def grpc5_python() -> str:
+    """Path of the python in ``<repo>/.venv-grpc5`` with the official 5.x Python client (its own venv: it
+    is imported as ``rocketmq`` too). Skips or raises like ``official_python``."""
+    return _skip_or_raise(GRPC5_VENV, GRPC5_PACKAGE, _check_5x)
 
 
 # --- drivers ----------------------------------------------------------------------------------------------
@@ -334,7 +364,9 @@ def _driver_cmd(name: str, args: dict[str, Any]) -> list[str]:
     script = DRIVERS / f"{name}.py"
     if not script.exists():
         raise DriverError(f"no driver named {name!r} ({script})")
-    return [official_python(), str(script), json.dumps(args)]
+    # drivers named v5_* run the 5.x client, the others the 4.x one
+    py = grpc5_python() if name.startswith("v5_") else official_python()
+    return [py, str(script), json.dumps(args)]
 
 
 def _parse_result(name: str, stdout: str, stderr: str, code: int | None) -> dict[str, Any]:

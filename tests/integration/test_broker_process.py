@@ -284,7 +284,7 @@ def test_configuration_errors_are_refused_and_unknown_keys_warned(tmp_path: Path
     conf = tmp_path / "broker.conf"
     conf.write_text("brokerName=broker-z\nnoSuchKey=1\nmessageDelayLevel=1s 2s\n")
     p = ChronomqProcess(tmp_path / "data")
-    p.overrides = {}
+    p.overrides = {"grpcListenPort": "-1"}  # not RocketMQ's 8081: a port this test did not reserve
     cmd = [*p.command(), "-c", str(conf)]
     proc = subprocess.Popen(
         cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(), cwd=REPO

@@ -31,6 +31,7 @@ from chronomq.store.atomicfile import write_atomic
 
 from .clients import ConsumerManager, ProducerManager, QueueLockManager
 from .dedup import SendDedup
+from .inproc import LocalCalls
 from .longpoll import PullHoldService
 from .nsclient import NamesrvClient
 from .offsets import ConsumerOffsetManager
@@ -153,6 +154,7 @@ class BrokerController:
         self.timer_follower: TimerFollower | None = None  # a slave's copy of the master's timer
         self._journal_queued = False
         self.metrics: MetricsServer | None = None
+        self.grpc: Any = None  # the 5.x endpoint (chronomq.grpc.GrpcServer) when grpcListenPort >= 0
         self._sync_client: RemotingClient | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self.started_at = 0
@@ -201,6 +203,7 @@ class BrokerController:
         else:
             await self._start_ha_service()
         self._start_metrics()
+        await self._start_grpc()
         self._register_event = asyncio.Event()
         if self.local_register is None:
             self.ns_client = NamesrvClient([a for a in self.config.namesrvAddr.split(";") if a.strip()])
@@ -244,6 +247,38 @@ class BrokerController:
         except OSError as e:
             log.error("HA: cannot listen on %s:%d (%s); no slave can connect, and SYNC_MASTER sends "
                       "answer SLAVE_NOT_AVAILABLE", self.bind_host, self.config.ha_port, e)
+
+    async def _start_grpc(self) -> None:
+        """The 5.x endpoint on grpcListenPort; off at -1, without the grpc extra, or with aclEnable (it has
+        no authentication yet). A port that cannot be bound is logged, not fatal."""
+        port = self.config.grpcListenPort
+        if port < 0:
+            return
+        if self.config.aclEnable:
+            log.error("gRPC endpoint: off, because aclEnable is on and the 5.x endpoint does not check "
+                      "accounts yet (set grpcListenPort=-1 to silence this)")
+            return
+        try:
+            from chronomq.grpc import GrpcServer, MessagingService
+        except ImportError as e:
+            log.error("gRPC endpoint: off, it needs the grpc extra (pip install 'chronomq[grpc]'): %s", e)
+            return
+        svc = MessagingService(self.services, LocalCalls(self.processor), (self.config.brokerIP1, port))
+        server = GrpcServer(svc, self.bind_host, port)
+        try:
+            await server.start()
+        except OSError as e:
+            log.error("gRPC endpoint: %s; 5.x clients cannot connect (set grpcListenPort to a free port, "
+                      "or -1)", e)
+            return
+        svc.address = (self.config.brokerIP1, server.port)
+        self.grpc = server
+        log.info("gRPC endpoint (RocketMQ 5.x clients) on %s", self.grpc_addr)
+
+    @property
+    def grpc_addr(self) -> str:
+        """The advertised host:port of the 5.x endpoint ("" when it is off)."""
+        return f"{self.config.brokerIP1}:{self.grpc.port}" if self.grpc is not None else ""
 
     def _dispatch_soon(self) -> None:
         """The store's dispatch hook: consume-queue entries of the puts made during this event-loop
@@ -418,6 +453,12 @@ class BrokerController:
         for _ in range(5):
             await asyncio.sleep(0)
         await self.server.stop()
+        if self.grpc is not None:
+            try:
+                await self.grpc.stop()
+            except Exception:
+                log.exception("gRPC endpoint shutdown failed")
+            self.grpc = None
         if self.metrics is not None:
             await asyncio.to_thread(self.metrics.stop)
             self.metrics = None

@@ -118,6 +118,9 @@ def primary_ip() -> str:
         return "127.0.0.1"
 
 
+DEFAULT_GRPC_PORT = 8081  # RocketMQ proxy's gRPC port
+
+
 def load_config(args: argparse.Namespace, namesrv_addr: str | None = None) -> BrokerConfig:
     overrides = _parse_sets(getattr(args, "set", None))
     if getattr(args, "data_dir", None):
@@ -135,6 +138,14 @@ def load_config(args: argparse.Namespace, namesrv_addr: str | None = None) -> Br
         overrides["listenPort"] = str(args.broker_port)
     if namesrv_addr:
         overrides["namesrvAddr"] = namesrv_addr
+    if "grpcListenPort" not in overrides:  # the commands serve 5.x clients on RocketMQ's proxy port
+        try:
+            file_values = parse_properties(Path(args.config).read_text()) if getattr(args, "config", None) \
+                else {}
+        except OSError:
+            file_values = {}  # BrokerConfig.load says what is wrong with the file
+        if "grpcListenPort" not in file_values:
+            overrides["grpcListenPort"] = str(DEFAULT_GRPC_PORT)
     config, warnings = BrokerConfig.load(args.config, overrides)
     for w in warnings:
         log.warning("%s", w)
@@ -199,6 +210,8 @@ def cmd_start(args: argparse.Namespace) -> int:
 
         def ready() -> str:  # the advertised addresses (= the listening ones unless --host is a wildcard)
             line = f"chronomq ready namesrv={config.namesrvAddr} broker={broker.broker_addr}"
+            if broker.grpc is not None:
+                line += f" grpc={broker.grpc_addr}"
             return line + (f" console={console.url}" if console is not None else "")
 
         log.info("event loop: %s", loop_name)

@@ -1,0 +1,107 @@
+"""The official RocketMQ 5.x Python client (rocketmq-python-client, gRPC) against chronomq's gRPC endpoint,
+unchanged: Producer (normal, FIFO, delay, recall) and SimpleConsumer (receive, ack, redelivery after the
+invisible time), and both directions between a 5.x and a 4.x client on the same topic."""
+
+from __future__ import annotations
+
+import base64
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from tests.compat.harness import ChronomqProcess, free_port, grpc5_python, run_driver
+
+pytestmark = pytest.mark.compat
+
+
+def uniq(prefix: str) -> str:
+    return f"{prefix}_{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture
+def grpc_server(chronomq_factory: Callable[..., ChronomqProcess]) -> ChronomqProcess:
+    """A fresh chronomq whose gRPC endpoint is on a free port, with the 5.x client available."""
+    grpc5_python()
+    port = free_port()
+    server = chronomq_factory({"grpcListenPort": str(port)})
+    server.grpc_endpoint = f"127.0.0.1:{port}"  # type: ignore[attr-defined]
+    return server
+
+
+def v5(server: ChronomqProcess, mode: str, timeout: float = 90, **args: Any) -> dict[str, Any]:
+    endpoint = server.grpc_endpoint  # type: ignore[attr-defined]
+    return run_driver("v5_client", {"endpoint": endpoint, "mode": mode, **args}, timeout=timeout)
+
+
+def test_5x_producer_and_simple_consumer(grpc_server: ChronomqProcess) -> None:
+    topic, group = uniq("V5T"), uniq("V5G")
+    sent = v5(grpc_server, "produce", topic=topic, messages=[
+        {"body": "plain", "tag": "a", "keys": ["k1", "k2"], "props": {"color": "red"}},
+        {"body": "fifo-1", "group": "order-7"},
+        {"body": "fifo-2", "group": "order-7"},
+    ])
+    assert sent["errors"] == [] and len(sent["results"]) == 3
+    got = v5(grpc_server, "receive", group=group, topic=topic, expect=3)
+    assert got["errors"] == []
+    by_body = {m["body"]: m for m in got["messages"]}
+    assert set(by_body) == {"plain", "fifo-1", "fifo-2"}
+    plain = by_body["plain"]
+    assert (plain["tag"], plain["keys"], plain["props"], plain["attempt"]) == ("a", ["k1", "k2"],
+                                                                              {"color": "red"}, 1)
+    assert plain["message_id"] == sent["results"][0]["message_id"]
+    assert by_body["fifo-1"]["group"] == "order-7"
+    fifo = [m["body"] for m in got["messages"] if m["group"] == "order-7"]
+    assert fifo == ["fifo-1", "fifo-2"]  # one group, one queue, in order
+
+
+def test_5x_delay_is_not_delivered_early_and_recall_cancels(grpc_server: ChronomqProcess) -> None:
+    topic, group = uniq("V5D"), uniq("V5DG")
+    before = int(time.time() * 1000)
+    sent = v5(grpc_server, "produce", topic=topic, messages=[
+        {"body": "in-3s", "delay_s": 3},
+        {"body": "recalled", "delay_s": 30, "recall": True},
+    ])
+    assert sent["errors"] == []
+    assert sent["results"][1]["recalled"] == sent["results"][1]["message_id"]
+    got = v5(grpc_server, "receive", group=group, topic=topic, expect=1, deadline_s=30)
+    [m] = got["messages"]
+    assert m["body"] == "in-3s"
+    assert m["delivery_ms"] >= before + 1000  # whole seconds: now + 3 s, rounded down
+    assert m["received_ms"] >= m["delivery_ms"]  # never early
+
+
+def test_5x_redelivery_after_invisible_time(grpc_server: ChronomqProcess) -> None:
+    topic, group = uniq("V5R"), uniq("V5RG")
+    assert v5(grpc_server, "produce", topic=topic, messages=[{"body": "again"}])["errors"] == []
+    got = v5(grpc_server, "receive", group=group, topic=topic, expect=1, invisible_s=2, hold_first=True,
+             deadline_s=40)
+    attempts = [(m["body"], m["attempt"], m["acked"]) for m in got["messages"]]
+    assert attempts == [("again", 1, False), ("again", 2, True)]
+
+
+def test_4x_producer_to_5x_simple_consumer(grpc_server: ChronomqProcess) -> None:
+    topic, group = uniq("X45"), uniq("X45G")
+    specs = [{"topic": topic, "body": f"from-4x-{i}", "tags": "t4", "keys": f"key{i}"} for i in range(5)]
+    res = run_driver("produce", {"namesrv": grpc_server.namesrv_addr, "messages": specs}, timeout=60)
+    assert res["acked"] == 5
+    got = v5(grpc_server, "receive", group=group, topic=topic, expect=5)
+    assert sorted(m["body"] for m in got["messages"]) == [f"from-4x-{i}" for i in range(5)]
+    assert {m["tag"] for m in got["messages"]} == {"t4"}
+    assert sorted(k for m in got["messages"] for k in m["keys"]) == [f"key{i}" for i in range(5)]
+
+
+def test_5x_producer_to_4x_push_consumer(grpc_server: ChronomqProcess) -> None:
+    topic, group = uniq("X54"), uniq("X54G")
+    sent = v5(grpc_server, "produce", topic=topic, messages=[
+        {"body": f"from-5x-{i}", "tag": "t5", "keys": [f"k{i}"]} for i in range(5)])
+    assert sent["errors"] == []
+    res = run_driver("push_consume", {"namesrv": grpc_server.namesrv_addr, "group": group, "topic": topic,
+                                      "expect": 5, "deadline_s": 60}, timeout=90)
+    bodies = sorted(base64.b64decode(m["body_b64"]).decode() for m in res["messages"])
+    assert bodies == [f"from-5x-{i}" for i in range(5)]
+    assert {m["tags"] for m in res["messages"]} == {"t5"}
+    ids = {m["properties"].get("UNIQ_KEY") for m in res["messages"]}
+    assert ids == {r["message_id"] for r in sent["results"]}  # the 5.x message id is the 4.x UNIQ_KEY

@@ -1,0 +1,389 @@
+"""The 5.x gRPC endpoint, in process: the translation (convert.py), the in-flight table (pop.py), and a
+BrokerController with its endpoint on a free loopback port driven by a grpc.aio client built on
+chronomq's own generated messages."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import zlib
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+grpc = pytest.importorskip("grpc", reason="the grpc extra (grpcio, protobuf) is not installed")
+
+from tests.conftest import async_wait_for, free_port  # noqa: E402
+
+from chronomq.clock import SystemClock  # noqa: E402
+from chronomq.config import BrokerConfig, ConfigError  # noqa: E402
+from chronomq.grpc import convert  # noqa: E402
+from chronomq.grpc._proto import rocketmq_v2_pb2 as pb  # noqa: E402
+from chronomq.grpc.pop import PopTable  # noqa: E402
+from chronomq.message import MessageExt  # noqa: E402
+from chronomq.namesrv import RouteInfoManager  # noqa: E402
+
+SERVICE = "/apache.rocketmq.v2.MessagingService/"
+
+
+# --- translation --------------------------------------------------------------------------------------------
+def _v2(**sp: Any) -> pb.Message:
+    m = pb.Message(topic=pb.Resource(name="T"), body=b"hi", user_properties={"a": "b"})
+    m.system_properties.message_id = "01AB"
+    m.system_properties.body_encoding = pb.IDENTITY
+    for k, v in sp.items():
+        if k == "delivery_ms":
+            m.system_properties.delivery_timestamp.CopyFrom(convert.timestamp(v))
+        elif k == "keys":
+            m.system_properties.keys.extend(v)
+        else:
+            setattr(m.system_properties, k, v)
+    return m
+
+
+def test_a_sent_message_becomes_the_4x_message_a_4x_client_would_send() -> None:
+    out = convert.from_v2(_v2(tag="t1", keys=["k1", "k2"], message_group="g", message_type=pb.FIFO), 1024)
+    assert out.properties == {"a": "b", "TAGS": "t1", "KEYS": "k1 k2", "UNIQ_KEY": "01AB",
+                              "__SHARDINGKEY": "g"}
+    assert out.group == "g" and out.deliver_ms is None and not out.transactional
+    out = convert.from_v2(_v2(delivery_ms=1_800_000_000_123, message_type=pb.DELAY), 1024)
+    assert out.properties["TIMER_DELIVER_MS"] == "1800000000123"
+
+
+def test_a_delivery_time_in_ms_in_the_seconds_field_is_read_as_ms() -> None:
+    ts = convert.timestamp(0)
+    ts.seconds = 1_800_000_000_123  # the 5.x Python client copies the user's number into seconds
+    assert convert.delivery_ms(ts) == 1_800_000_000_123
+    ts.seconds = 1_800_000_000
+    assert convert.delivery_ms(ts) == 1_800_000_000_000
+
+
+@pytest.mark.parametrize("change,code", [
+    ({"body": b""}, pb.MESSAGE_BODY_EMPTY),
+    ({"body": b"x" * 2000}, pb.MESSAGE_BODY_TOO_LARGE),
+    ({"user_properties": {"TAGS": "x"}}, pb.ILLEGAL_MESSAGE_PROPERTY_KEY),
+    ({"tag": "a|b"}, pb.ILLEGAL_MESSAGE_TAG),
+    ({"message_type": pb.FIFO}, pb.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE),
+    ({"message_type": pb.TRANSACTION, "message_group": "g"}, pb.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE),
+])
+def test_refused_messages_answer_their_v2_code(change: dict[str, Any], code: int) -> None:
+    m = _v2()
+    for k, v in change.items():
+        if k == "body":
+            m.body = v
+        elif k == "user_properties":
+            m.user_properties.update(v)
+        else:
+            setattr(m.system_properties, k, v)
+    with pytest.raises(convert.BadMessage) as e:
+        convert.from_v2(m, 1024)
+    assert e.value.code == code
+
+
+def test_a_stored_message_reads_back_as_5x_with_its_digest_and_handle() -> None:
+    msg = MessageExt(topic="T", body=b"body", properties={"TAGS": "t", "KEYS": "a b", "UNIQ_KEY": "01X",
+                                                         "__SHARDINGKEY": "g", "u": "v", "WAIT": "true"},
+                     queue_id=2, queue_offset=7, born_timestamp=1000, store_timestamp=2000)
+    m = convert.to_v2(msg, "2.7.9", 3, 30_000)
+    sp = m.system_properties
+    assert (sp.tag, list(sp.keys), sp.message_id, sp.message_group) == ("t", ["a", "b"], "01X", "g")
+    assert (sp.receipt_handle, sp.delivery_attempt, sp.queue_id, sp.queue_offset) == ("2.7.9", 3, 2, 7)
+    assert sp.message_type == pb.FIFO and sp.body_encoding == pb.IDENTITY
+    assert sp.body_digest.checksum == f"{zlib.crc32(b'body'):08X}"
+    assert dict(m.user_properties) == {"u": "v"}
+
+
+def test_fifo_queue_is_javas_string_hash_of_the_group() -> None:
+    assert convert.fifo_queue("g1", 4) == abs(convert.java_string_hash("g1")) % 4
+    assert {convert.fifo_queue("order-42", 8) for _ in range(3)} == {convert.fifo_queue("order-42", 8)}
+
+
+def test_receipt_handles_round_trip_and_junk_is_refused() -> None:
+    r = convert.Receipt(3, 1234, 99)
+    assert convert.parse_receipt(r.encode()) == r
+    for junk in ("", "1.2", "a.b.c", "1.2.3.4", "-1.2.3"):
+        assert convert.parse_receipt(junk) is None
+
+
+# --- the in-flight table --------------------------------------------------------------------------------
+async def test_in_flight_table_advances_over_contiguous_done_offsets_and_persists(tmp_path: Path) -> None:
+    t = PopTable(tmp_path)
+    st = t.state("G", "T", 0, 5)
+    e5, e6, e7 = (t.deliver(st, o, 1000) for o in (5, 6, 7))
+    assert st.next == 8 and st.settle() == 5
+    assert t.ack(st, 6, e6.gen) == "ok" and st.settle() == 5  # 5 still in flight
+    assert t.ack(st, 5, e5.gen + 100) == "stale"
+    assert t.ack(st, 5, e5.gen) == "ok" and st.settle() == 7
+    assert t.ack(st, 5, e5.gen) == "ok"  # again: already done
+    assert t.ack(st, 9, 1) == "unknown"
+    gen7 = e7.gen
+    again = t.deliver(st, 7, 2000)  # a redelivery
+    assert (again.attempt, again.gen > gen7) == (2, True)
+    assert t.change(st, 7, gen7, 5000) is None  # the old handle
+    changed = t.change(st, 7, again.gen, 5000)
+    assert changed is not None and changed.until_ms == 5000
+    await t.save()
+    back = PopTable(tmp_path).get("G", "T", 0)
+    assert back is not None
+    assert (back.committed, back.next, back.inflight[7].until_ms, back.inflight[7].attempt) == (7, 8, 5000, 2)
+    assert json.loads((tmp_path / "popInflight.json").read_text())["seq"] == t.seq
+
+
+def test_grpc_listen_port_is_checked() -> None:
+    with pytest.raises(ConfigError):
+        BrokerConfig.load(None, {"listenPort": "10911", "grpcListenPort": "10911"})
+    with pytest.raises(ConfigError):
+        BrokerConfig.load(None, {"grpcListenPort": "-2"})
+    assert BrokerConfig().grpcListenPort == -1  # embedded brokers: off unless asked
+
+
+def test_the_commands_default_grpc_to_8081_unless_configured(tmp_path: Path) -> None:
+    from argparse import Namespace
+
+    from chronomq.cli.main import load_config
+
+    base = {"set": None, "data_dir": str(tmp_path), "host": "127.0.0.1", "config": None, "broker_port": None}
+    assert load_config(Namespace(**base)).grpcListenPort == 8081
+    assert load_config(Namespace(**{**base, "set": ["grpcListenPort=-1"]})).grpcListenPort == -1
+    conf = tmp_path / "broker.conf"
+    conf.write_text("grpcListenPort=9000\n")
+    assert load_config(Namespace(**{**base, "config": str(conf)})).grpcListenPort == 9000
+    with pytest.raises(ConfigError, match=r"missing\.conf"):  # the file's error, not the default's
+        load_config(Namespace(**{**base, "config": str(tmp_path / "missing.conf")}))
+
+
+# --- the endpoint, in process ----------------------------------------------------------------------------
+class Env:
+    def __init__(self, tmp_path: Path, **overrides: str) -> None:
+        from chronomq.broker.controller import BrokerController
+
+        self.routes = RouteInfoManager()
+        values = {"storePathRootDir": str(tmp_path / "store"), "listenPort": str(free_port()),
+                  "haListenPort": str(free_port()), "metricsPort": "-1", "grpcListenPort": "0", **overrides}
+        self.config, _ = BrokerConfig.load(None, values)
+        self.broker = BrokerController(self.config, SystemClock(), local_register=self.routes.register_broker)
+        self.channel: grpc.aio.Channel | None = None
+
+    async def start(self) -> Env:
+        await self.broker.start()
+        assert self.broker.grpc is not None
+        self.channel = grpc.aio.insecure_channel(self.broker.grpc_addr)
+        return self
+
+    async def call(self, method: str, req: Any, resp_type: Any, timeout: float = 10) -> Any:
+        assert self.channel is not None
+        fn = self.channel.unary_unary(SERVICE + method, request_serializer=type(req).SerializeToString,
+                                      response_deserializer=resp_type.FromString)
+        return await fn(req, timeout=timeout)
+
+    async def send(self, topic: str, body: bytes, mid: str, **sp: Any) -> pb.SendMessageResponse:
+        m = pb.Message(topic=pb.Resource(name=topic), body=body)
+        m.system_properties.message_id = mid
+        m.system_properties.body_encoding = pb.IDENTITY
+        m.system_properties.message_type = pb.NORMAL
+        for k, v in sp.items():
+            setattr(m.system_properties, k, v)
+        r = await self.call("SendMessage", pb.SendMessageRequest(messages=[m]), pb.SendMessageResponse)
+        await self.dispatched()
+        return r
+
+    async def dispatched(self) -> None:
+        """The consume-queue entries of every put so far are written (a receive reads those)."""
+        store = self.broker.store
+        assert await asyncio.to_thread(store.wait_dispatched, store.max_phy_offset, 5)
+
+    async def receive(self, topic: str, group: str = "G", *, queue: int = -1, batch: int = 16,
+                      invisible_ms: int = 30_000, poll_ms: int = 0) -> tuple[pb.Status, list[pb.Message]]:
+        assert self.channel is not None
+        req = pb.ReceiveMessageRequest(group=pb.Resource(name=group), batch_size=batch,
+                                       message_queue=pb.MessageQueue(topic=pb.Resource(name=topic), id=queue),
+                                       filter_expression=pb.FilterExpression(type=pb.TAG, expression="*"),
+                                       invisible_duration=convert.duration(invisible_ms),
+                                       long_polling_timeout=convert.duration(poll_ms))
+        fn = self.channel.unary_stream(SERVICE + "ReceiveMessage", request_serializer=req.SerializeToString,
+                                       response_deserializer=pb.ReceiveMessageResponse.FromString)
+        items = [r async for r in fn(req, timeout=poll_ms / 1000 + 10)]
+        statuses = [r.status for r in items if r.WhichOneof("content") == "status"]
+        assert len(statuses) == 1 and items[-1].WhichOneof("content") == "delivery_timestamp"
+        return statuses[0], [r.message for r in items if r.WhichOneof("content") == "message"]
+
+    async def ack(self, topic: str, m: pb.Message, group: str = "G") -> pb.AckMessageResponse:
+        entry = pb.AckMessageEntry(message_id=m.system_properties.message_id,
+                                   receipt_handle=m.system_properties.receipt_handle)
+        req = pb.AckMessageRequest(group=pb.Resource(name=group), topic=pb.Resource(name=topic),
+                                   entries=[entry])
+        return await self.call("AckMessage", req, pb.AckMessageResponse)
+
+    async def close(self) -> None:
+        if self.channel is not None:
+            await self.channel.close()
+        await self.broker.shutdown()
+
+
+@pytest.fixture
+async def env(tmp_path: Path):
+    e = await Env(tmp_path).start()
+    yield e
+    await e.close()
+
+
+async def test_unknown_rpcs_answer_unimplemented_and_refusals_a_v2_status(env: Env) -> None:
+    with pytest.raises(grpc.aio.AioRpcError) as e:
+        await env.call("PullMessage", pb.QueryRouteRequest(), pb.QueryRouteResponse)
+    assert e.value.code() == grpc.StatusCode.UNIMPLEMENTED
+    r = await env.call("QueryRoute", pb.QueryRouteRequest(topic=pb.Resource(name="bad topic!")),
+                       pb.QueryRouteResponse)
+    assert r.status.code == pb.ILLEGAL_TOPIC
+    env.config.autoCreateTopicEnable = False
+    r = await env.call("QueryRoute", pb.QueryRouteRequest(topic=pb.Resource(name="Nope")),
+                       pb.QueryRouteResponse)
+    assert r.status.code == pb.TOPIC_NOT_FOUND
+
+
+async def test_route_points_at_this_endpoint_and_settings_are_completed(env: Env) -> None:
+    r = await env.call("QueryRoute", pb.QueryRouteRequest(topic=pb.Resource(name="TR")),
+                       pb.QueryRouteResponse)
+    assert r.status.code == pb.OK and len(r.message_queues) == env.config.defaultTopicQueueNums
+    q = r.message_queues[0]
+    host, port = env.broker.grpc_addr.rsplit(":", 1)
+    assert (q.broker.id, q.broker.endpoints.addresses[0].host, q.broker.endpoints.addresses[0].port) == \
+        (0, host, int(port))
+    assert q.permission == pb.READ_WRITE and set(q.accept_message_types) == {1, 2, 3, 4}
+    assert env.channel is not None
+    stream = env.channel.stream_stream(SERVICE + "Telemetry",
+                                       request_serializer=pb.TelemetryCommand.SerializeToString,
+                                       response_deserializer=pb.TelemetryCommand.FromString)(timeout=10)
+    await stream.write(pb.TelemetryCommand(settings=pb.Settings(client_type=pb.PRODUCER,
+                                                                publishing=pb.Publishing())))
+    reply = await stream.read()
+    assert reply.status.code == pb.OK
+    assert reply.settings.publishing.max_body_size == env.config.maxMessageSize
+    await stream.write(pb.TelemetryCommand(settings=pb.Settings(client_type=pb.SIMPLE_CONSUMER,
+                                                                subscription=pb.Subscription())))
+    reply = await stream.read()
+    assert reply.settings.subscription.receive_batch_size == 32
+    assert reply.settings.backoff_policy.max_attempts == env.config.maxReconsumeTimes + 1
+    await stream.done_writing()
+    hb = await env.call("Heartbeat", pb.HeartbeatRequest(client_type=pb.PRODUCER), pb.HeartbeatResponse)
+    assert hb.status.code == pb.OK
+
+
+async def test_send_receive_ack_and_redelivery_with_attempt_plus_one(env: Env) -> None:
+    r = await env.send("TS", b"one", "01A1", tag="x")
+    assert r.status.code == pb.OK and r.entries[0].message_id == "01A1"
+    st, msgs = await env.receive("TS", invisible_ms=1000, poll_ms=5000)
+    assert st.code == pb.OK and [m.body for m in msgs] == [b"one"]
+    first = msgs[0]
+    assert first.system_properties.delivery_attempt == 1 and first.system_properties.tag == "x"
+    st, msgs = await env.receive("TS", invisible_ms=1000)  # invisible now
+    assert st.code == pb.MESSAGE_NOT_FOUND and msgs == []
+    st, msgs = await env.receive("TS", invisible_ms=30_000, poll_ms=8000)  # the long poll wakes at expiry
+    assert [m.system_properties.delivery_attempt for m in msgs] == [2]
+    stale = await env.ack("TS", first)
+    assert stale.status.code == pb.INVALID_RECEIPT_HANDLE
+    ok = await env.ack("TS", msgs[0])
+    assert ok.status.code == pb.OK
+    q = msgs[0].system_properties.queue_id
+    assert env.broker.offsets.query("G", "TS", q) == msgs[0].system_properties.queue_offset + 1
+
+
+async def test_long_poll_wakes_on_a_send(env: Env) -> None:
+    await env.send("TL", b"warm", "01B0")
+    _, msgs = await env.receive("TL", poll_ms=0)
+    await env.ack("TL", msgs[0])
+    waiting = asyncio.ensure_future(env.receive("TL", poll_ms=8000))
+    await async_wait_for(lambda: env.broker.hold.held > 0, message="the receive is held")
+    assert not waiting.done()
+    await env.send("TL", b"later", "01B1")
+    _, msgs = await asyncio.wait_for(waiting, 8)
+    assert [m.body for m in msgs] == [b"later"]
+
+
+async def test_change_invisible_duration_gives_a_new_handle(env: Env) -> None:
+    await env.send("TC", b"m", "01C1")
+    _, msgs = await env.receive("TC")
+    m = msgs[0]
+    req = pb.ChangeInvisibleDurationRequest(group=pb.Resource(name="G"), topic=pb.Resource(name="TC"),
+                                            receipt_handle=m.system_properties.receipt_handle,
+                                            invisible_duration=convert.duration(0), message_id="01C1")
+    r = await env.call("ChangeInvisibleDuration", req, pb.ChangeInvisibleDurationResponse)
+    assert r.status.code == pb.OK and r.receipt_handle != m.system_properties.receipt_handle
+    again = await env.call("ChangeInvisibleDuration", req, pb.ChangeInvisibleDurationResponse)
+    assert again.status.code == pb.INVALID_RECEIPT_HANDLE  # the old handle
+    _, msgs = await env.receive("TC")  # visible at once (duration 0)
+    assert [m.system_properties.delivery_attempt for m in msgs] == [2]
+
+
+async def test_fifo_messages_of_one_group_share_one_queue(env: Env) -> None:
+    offsets = set()
+    for i in range(4):
+        r = await env.send("TF", f"f{i}".encode(), f"01F{i}", message_type=pb.FIFO, message_group="order-1")
+        assert r.status.code == pb.OK
+        offsets.add(r.entries[0].offset)
+    _, msgs = await env.receive("TF")
+    assert [m.body for m in msgs] == [b"f0", b"f1", b"f2", b"f3"]
+    assert {m.system_properties.queue_id for m in msgs} == {convert.fifo_queue("order-1", 4)}
+    assert {m.system_properties.message_group for m in msgs} == {"order-1"}
+
+
+async def test_delay_goes_through_the_timer_and_can_be_recalled(env: Env) -> None:
+    now = env.broker.clock.now_ms()
+    r = await env.send("TD", b"later", "01D1", message_type=pb.DELAY)  # no time: refused
+    assert r.status.code == pb.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE
+    m = pb.Message(topic=pb.Resource(name="TD"), body=b"x")
+    m.system_properties.message_id = "01D2"
+    m.system_properties.message_type = pb.DELAY
+    m.system_properties.delivery_timestamp.CopyFrom(convert.timestamp(now + 3600_000))
+    r = await env.call("SendMessage", pb.SendMessageRequest(messages=[m]), pb.SendMessageResponse)
+    assert r.status.code == pb.OK and r.entries[0].recall_handle
+    assert env.broker.timer.stats()["pending"] == 1
+    too_far = convert.timestamp(now + (env.config.timerMaxDelaySec + 60) * 1000)
+    m.system_properties.delivery_timestamp.CopyFrom(too_far)
+    r2 = await env.call("SendMessage", pb.SendMessageRequest(messages=[m]), pb.SendMessageResponse)
+    assert r2.status.code == pb.ILLEGAL_DELIVERY_TIME
+    recall = pb.RecallMessageRequest(topic=pb.Resource(name="TD"), recall_handle=r.entries[0].recall_handle)
+    rr = await env.call("RecallMessage", recall, pb.RecallMessageResponse)
+    assert rr.status.code == pb.OK and rr.message_id == "01D2"
+    rr = await env.call("RecallMessage", recall, pb.RecallMessageResponse)
+    assert rr.status.code == pb.NOT_FOUND  # a definite answer: recalled already
+
+
+async def test_dead_letter_after_max_attempts(tmp_path: Path) -> None:
+    env = await Env(tmp_path, maxReconsumeTimes="2").start()
+    try:
+        await env.send("TX", b"poison", "01E1")
+        attempts = []
+        for _ in range(3):
+            _, msgs = await env.receive("TX", invisible_ms=1000, poll_ms=5000)
+            attempts += [m.system_properties.delivery_attempt for m in msgs]
+        assert attempts == [1, 2]  # the third receive moved it to %DLQ%G instead
+        _, dlq = await env.receive("%DLQ%G", group="D")
+        assert [m.body for m in dlq] == [b"poison"]
+    finally:
+        await env.close()
+
+
+async def test_in_flight_messages_survive_a_restart_neither_lost_nor_early(tmp_path: Path) -> None:
+    env = await Env(tmp_path).start()
+    port = env.broker.grpc.port
+    try:
+        for i in range(3):
+            await env.send("TP", f"p{i}".encode(), f"01P{i}", message_type=pb.FIFO, message_group="one")
+        _, msgs = await env.receive("TP", batch=2, invisible_ms=60_000)
+        assert [m.body for m in msgs] == [b"p0", b"p1"]
+        await env.ack("TP", msgs[0])
+    finally:
+        await env.close()
+    (tmp_path / "store" / "config" / "consumerOffset.json").unlink(missing_ok=True)  # as after a crash
+    env = await Env(tmp_path, grpcListenPort=str(port)).start()
+    try:
+        q = msgs[1].system_properties.queue_id
+        assert env.broker.offsets.query("G", "TP", q) == msgs[1].system_properties.queue_offset
+        _, again = await env.receive("TP", invisible_ms=60_000)
+        assert [m.body for m in again] == [b"p2"]  # p1 stays invisible, p0 stays acked
+        ok = await env.ack("TP", msgs[1])  # the handle from before the restart still acks it
+        assert ok.status.code == pb.OK
+        assert env.broker.offsets.query("G", "TP", q) == again[0].system_properties.queue_offset
+    finally:
+        await env.close()
