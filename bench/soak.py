@@ -89,7 +89,7 @@ async def soak(args: argparse.Namespace) -> int:
     from chronomq.client import Admin, Producer, PushConsumer
 
     data = Path(tempfile.mkdtemp(prefix="chronomq-soak-")) / "data"
-    server = ChronomqProcess(data, {"flushDiskType": args.flush})
+    server = ChronomqProcess(data, {"flushDiskType": args.flush, **dict(kv.split("=", 1) for kv in args.set)})
     server.start()
     pid = server.pid or 0
     ledger = Ledger()
@@ -179,6 +179,8 @@ def main() -> int:
     ap.add_argument("--heap-slack", type=float, default=8.0,
                     help="MiB of heap growth allowed in the second half")
     ap.add_argument("--out", default=str(REPO / "bench" / "results"))
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="a broker configuration key (repeatable)")
     return asyncio.run(soak(ap.parse_args()))
 
 

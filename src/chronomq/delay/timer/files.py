@@ -11,7 +11,7 @@ import mmap
 import os
 import struct
 import zlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from pathlib import Path
 
 from chronomq.store.mapped import BackedPages
@@ -144,23 +144,13 @@ class SegmentedFile:
             return b""
         return os.pread(fd, min(n, self.segment_size - (pos - start)), pos - start)
 
-    def iter_chunks(self, start: int, chunk: int = 4 << 20) -> Iterator[tuple[int, bytes]]:
-        """(position, bytes) chunks of the whole segment at ``start``, read through a descriptor of
-        its own (safe from a thread other than the writer's; nothing if the segment is gone)."""
+    def open_reader(self, start: int) -> int | None:
+        """A read-only descriptor of its own on the segment at ``start`` (safe from a thread other than
+        the writer's), to be closed by the caller; None if the segment is gone."""
         try:
-            fd = os.open(self.dir / _seg_name(start), os.O_RDONLY)
+            return os.open(self.dir / _seg_name(start), os.O_RDONLY)
         except FileNotFoundError:
-            return
-        try:
-            off = 0
-            while off < self.segment_size:
-                buf = os.pread(fd, min(chunk, self.segment_size - off), off)
-                if not buf:
-                    return
-                yield start + off, buf
-                off += len(buf)
-        finally:
-            os.close(fd)
+            return None
 
     def truncate(self, end: int) -> None:
         """Drop everything at or beyond logical position ``end``."""

@@ -37,6 +37,10 @@ class TimerState:
     _opened: bool
     _id_prefix: str | None
     scan_chunk: int
+    _scan_buf: bytearray | None
+    _scan_lock: threading.Lock
+    store_end: Callable[[], int] | None  # the message store's end, for the checkpoint
+    scan_from: int | None  # after a crash: where the store's copies of unmarked deliveries start
     # set by Recovery._open: files and geometry
     slot_ms: int
     data_seg: int

@@ -68,6 +68,8 @@ class TimerStore(Recovery, FlushPath, AppendPath, CancelPath, QueryPath, WindowP
         self._opened = False
         self._id_prefix: str | None = None
         self.scan_chunk = 4 << 20  # bytes per read when retention scans a data segment
+        self._scan_buf: bytearray | None = None  # the scan's buffer, kept (see Retention)
+        self._scan_lock = threading.Lock()
 
     def _require_open(self) -> None:
         if not self._opened:
