@@ -673,3 +673,25 @@ def test_put_records_and_put_messages_store_the_same_bytes(tmp_path: Path, clock
     finally:
         for s in stores:
             s.shutdown()
+
+
+def test_retention_scans_reuse_one_buffer(tmp_path: Path, clock: VirtualClock) -> None:
+    """A scan allocates no buffer of a chunk's size once the store has its own: fresh multi-MiB buffers
+    in worker threads stayed in glibc's per-thread arenas, and the heap grew at every segment scanned."""
+    import tracemalloc
+
+    t = open_store(tmp_path, clock, data_segment_bytes=1 << 20)
+    t.scan_chunk = 256 * 1024
+    now = clock.now_ms()
+    for i in range(900):
+        t.schedule(msg(f"b{i}", size=1500), now + 1000 + i)
+    first = t.data.starts[0]
+    assert t._scan_data_segment(first) is not None  # the buffer is made here
+    tracemalloc.start()
+    try:
+        for _ in range(3):
+            assert t._scan_data_segment(first) is not None
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 64 * 1024, peak
