@@ -60,27 +60,37 @@ def plot(rows: list[dict[str, float]], png: Path, title: str) -> None:
     import matplotlib.pyplot as plt
 
     t = [r["t_s"] / 60 for r in rows]
-    fig, ax = plt.subplots(2, 2, figsize=(11, 7), sharex=True)
-    ax[0][0].plot(t, [r["rss_mib"] for r in rows], label="RSS")
-    ax[0][0].plot(t, [r["heap_mib"] for r in rows], label="heap (RssAnon)")
-    ax[0][0].set_ylabel("MiB")
-    ax[0][0].legend()
-    ax[0][1].plot(t, [r["fds"] for r in rows], label="open files")
-    ax[0][1].plot(t, [r["threads"] for r in rows], label="threads")
-    ax[0][1].legend()
-    ax[1][0].plot(t, [r["late_p50_ms"] for r in rows], label="p50")
-    ax[1][0].plot(t, [r["late_p99_ms"] for r in rows], label="p99")
-    ax[1][0].set_ylabel("timed-message lateness, ms")
-    ax[1][0].legend()
-    ax[1][1].plot(t, [r["lag"] for r in rows], label="lag (due, not received)")
-    ax[1][1].plot(t, [r["cpu_pct"] for r in rows], label="broker CPU %")
-    ax[1][1].legend()
-    for a in ax[1]:
+    fig, ax = plt.subplots(3, 2, figsize=(11, 9), sharex=True)
+
+    def panel(a, series: list[tuple[str, str]], ylabel: str = "") -> None:
+        for key, label in series:
+            a.plot(t, [r[key] for r in rows], label=label)
+        if ylabel:
+            a.set_ylabel(ylabel)
+        a.set_ylim(bottom=0)
+        a.legend(loc="upper left")
+
+    panel(ax[0][0], [("heap_mib", "heap (RssAnon)")], "MiB")
+    panel(ax[0][1], [("rss_mib", "RSS (heap + mapped files)"), ("data_mib", "data on disk")], "MiB")
+    panel(ax[1][0], [("fds", "open files"), ("threads", "threads")])
+    panel(ax[1][1], [("late_p50_ms", "p50"), ("late_p99_ms", "p99")], "timed-message lateness, ms")
+    panel(ax[2][0], [("lag", "lag (due, not received)")], "messages")
+    panel(ax[2][1], [("cpu_pct", "broker CPU")], "%")
+    for a in ax[2]:
         a.set_xlabel("minutes")
     fig.suptitle(title)
     fig.tight_layout()
     fig.savefig(png, dpi=90)
     plt.close(fig)
+
+
+def replot(csv_path: Path, title: str) -> Path:
+    """Draw the plot of a CSV written by an earlier run (next to it, same name, .png)."""
+    with csv_path.open() as f:
+        rows = [{k: float(v) for k, v in r.items()} for r in csv.DictReader(f)]
+    png = csv_path.with_suffix(".png")
+    plot(rows, png, title)
+    return png
 
 
 async def soak(args: argparse.Namespace) -> int:
@@ -181,7 +191,12 @@ def main() -> int:
     ap.add_argument("--out", default=str(REPO / "bench" / "results"))
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="a broker configuration key (repeatable)")
-    return asyncio.run(soak(ap.parse_args()))
+    ap.add_argument("--replot", metavar="CSV", help="only redraw the plot of an earlier run's CSV")
+    a = ap.parse_args()
+    if a.replot:
+        print(replot(Path(a.replot), f"chronomq soak: {a.rate} msgs/s mixed, {a.flush}, {a.minutes:g} min"))
+        return 0
+    return asyncio.run(soak(a))
 
 
 if __name__ == "__main__":
