@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import os
 import random
 import time
 from collections.abc import Callable
@@ -289,8 +290,10 @@ def receipt_of(ledger: Ledger, message: Any) -> Receipt:
     return r
 
 
-def proc_sample(pid: int) -> dict[str, float]:
-    """RSS and heap (MiB), open files, threads and CPU seconds of a process, from /proc."""
+def proc_sample(pid: int, data_dir: Path | None = None) -> dict[str, float]:
+    """RSS and heap (MiB), open files, threads and CPU seconds of a process, from /proc. With
+    ``data_dir``: ``data_fds``, how many of the open files are below it (the store's segment files, which
+    grow with the data kept)."""
     out: dict[str, float] = {}
     status = Path(f"/proc/{pid}/status").read_text()
     for line in status.splitlines():
@@ -299,9 +302,17 @@ def proc_sample(pid: int) -> dict[str, float]:
             out[k] = int(v.split()[0]) / 1024
         elif k == "Threads":
             out["threads"] = int(v)
-    out["fds"] = len(list(Path(f"/proc/{pid}/fd").iterdir()))
+    fds = list(Path(f"/proc/{pid}/fd").iterdir())
+    out["fds"] = len(fds)
+    if data_dir is not None:
+        root = str(data_dir.resolve()) + os.sep
+        n = 0
+        for fd in fds:
+            try:
+                n += os.readlink(fd).startswith(root)
+            except OSError:  # closed meanwhile
+                pass
+        out["data_fds"] = n
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    import os
-
     out["cpu_s"] = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
     return out
