@@ -9,6 +9,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql.types import (
     ArrayType,
     BinaryType,
@@ -25,6 +26,7 @@ from pyspark.sql.types import (
 from chronomq.message import (
     PROPERTY_DELAY_TIME_LEVEL,
     PROPERTY_KEYS,
+    PROPERTY_TAGS,
     PROPERTY_TIMER_DELIVER_MS,
     SCHEDULE_TOPIC,
 )
@@ -97,34 +99,56 @@ def deliver_ms(topic: str, props: dict[str, str], store_ms: int, levels_ms: Sequ
 def messages_to_batch(msgs: Sequence[Any], topic: str, broker: str, queue_id: int,
                       levels_ms: Sequence[int], schema: pa.Schema) -> pa.RecordBatch:
     """Received messages (chronomq.client.ReceivedMessage-like: body, properties, queue_offset,
-    store_timestamp, born_timestamp, reconsume_times, id) of one queue -> one Arrow batch."""
-    keys_col: list[bytes | None] = []
-    keys_list: list[list[str]] = []
-    props_col: list[list[tuple[str, str]]] = []
-    deliver: list[int | None] = []
-    for mm in msgs:
-        props = mm.properties
-        ks = [k for k in props.get(PROPERTY_KEYS, "").split(" ") if k]
-        keys_list.append(ks)
-        keys_col.append(ks[0].encode() if ks else None)
-        props_col.append(list(props.items()))
-        deliver.append(deliver_ms(topic, props, mm.store_timestamp, levels_ms))
+    store_timestamp, born_timestamp, reconsume_times, id) of one queue -> one Arrow batch.
+
+    One pass over the messages fills flat Python lists; the nested columns (keys, properties) are built
+    from flat values and offsets, and the constant ones by repetition (no per-row Python objects)."""
     n = len(msgs)
+    props_of = [mm.properties for mm in msgs]
+    key_first: list[bytes | None] = []
+    key_vals: list[str] = []
+    key_offs: list[int] = [0]
+    prop_keys: list[str] = []
+    prop_vals: list[str] = []
+    prop_offs: list[int] = [0]
+    tags: list[str | None] = []
+    deliver: list[int | None] = []
+    scheduled = topic == SCHEDULE_TOPIC
+    for mm, props in zip(msgs, props_of, strict=True):
+        prop_keys.extend(props)
+        prop_vals.extend(props.values())
+        prop_offs.append(len(prop_keys))
+        tags.append(props.get(PROPERTY_TAGS))
+        raw_keys = props.get(PROPERTY_KEYS)
+        if raw_keys:
+            ks = [k for k in raw_keys.split(" ") if k]
+            key_vals.extend(ks)
+            key_first.append(ks[0].encode() if ks else None)
+        else:
+            key_first.append(None)
+        key_offs.append(len(key_vals))
+        if scheduled or PROPERTY_DELIVER_MS in props or PROPERTY_TIMER_DELIVER_MS in props:
+            deliver.append(deliver_ms(topic, props, mm.store_timestamp, levels_ms))
+        else:
+            deliver.append(None)
+    off32 = pa.int32()
     cols = [
-        pa.array(keys_col, type=pa.binary()),
+        pa.array(key_first, type=pa.binary()),
         pa.array([mm.body for mm in msgs], type=pa.binary()),
-        pa.array([topic] * n, type=pa.string()),
-        pa.array([queue_id] * n, type=pa.int32()),
+        _const(topic, pa.string(), n),
+        _const(queue_id, pa.int32(), n),
         pa.array([mm.queue_offset for mm in msgs], type=pa.int64()),
-        _ts([mm.store_timestamp for mm in msgs]),
-        pa.array([broker] * n, type=pa.string()),
+        _ts_ms(pa.array([mm.store_timestamp for mm in msgs], type=pa.int64())),
+        _const(broker, pa.string(), n),
         pa.array([mm.id for mm in msgs], type=pa.string()),
-        pa.array([mm.properties.get("TAGS") for mm in msgs], type=pa.string()),
-        pa.array(keys_list, type=schema.field("keys").type),
-        pa.array(props_col, type=schema.field("properties").type),
-        _ts([mm.born_timestamp for mm in msgs]),
+        pa.array(tags, type=pa.string()),
+        pa.ListArray.from_arrays(pa.array(key_offs, off32), pa.array(key_vals, pa.string()),
+                                 type=schema.field("keys").type),
+        pa.MapArray.from_arrays(pa.array(prop_offs, off32), pa.array(prop_keys, pa.string()),
+                                pa.array(prop_vals, pa.string()), type=schema.field("properties").type),
+        _ts_ms(pa.array([mm.born_timestamp for mm in msgs], type=pa.int64())),
         pa.array([mm.reconsume_times for mm in msgs], type=pa.int32()),
-        _ts(deliver),
+        _ts_ms(pa.array(deliver, type=pa.int64())),
     ]
     return pa.RecordBatch.from_arrays(cols, schema=schema)
 
@@ -146,8 +170,21 @@ def pending_to_batch(items: Sequence[Any], schema: pa.Schema) -> pa.RecordBatch:
     return pa.RecordBatch.from_arrays(cols, schema=schema)
 
 
+_TS = pa.timestamp("us", tz="UTC")
+
+
+def _const(value: Any, typ: pa.DataType, n: int) -> pa.Array:
+    """``n`` times ``value`` (vectorised: pa.repeat builds it element by element)."""
+    return pa.nulls(n, typ).fill_null(value)
+
+
 def _ts(values_ms: Iterable[int | None]) -> pa.Array:
-    return pa.array([None if v is None else v * 1000 for v in values_ms], type=pa.timestamp("us", tz="UTC"))
+    return _ts_ms(pa.array(list(values_ms), type=pa.int64()))
+
+
+def _ts_ms(ms: pa.Array) -> pa.Array:
+    """Epoch-ms int64 -> Spark's timestamp type (microseconds, UTC), vectorised (nulls stay null)."""
+    return pc.multiply(ms, 1000).cast(_TS)
 
 
 # --- writing --------------------------------------------------------------------------------------------
