@@ -34,7 +34,7 @@ from chronomq.message import DEFAULT_TOPIC, SCHEDULE_TOPIC
 
 from .offsets import QueueKey, QueueRange
 from .options import EARLIEST, LATEST, OffsetSpec, PendingOptions, ReadOptions, WriteOptions
-from .schema import DEFAULT_LEVELS_MS, messages_to_batch, pending_to_batch, row_uniq_key, to_epoch_ms
+from .schema import DEFAULT_LEVELS_MS, messages_to_batch, pending_to_batch, row_uniq_keys, to_epoch_ms
 
 log = logging.getLogger("chronomq.spark")
 T = TypeVar("T")
@@ -340,17 +340,22 @@ class WriteStats:
     topics: dict[str, int] = field(default_factory=dict)
 
 
-def _column(batch: pa.RecordBatch, name: str) -> list[Any] | None:
+def _column(batch: pa.RecordBatch, name: str, as_bytes: bool = False) -> list[Any] | None:
+    """A column as a Python list; ``as_bytes``: a string column comes as its UTF-8 bytes (a cast in Arrow,
+    instead of decoding every value to str and encoding it again)."""
     idx = batch.schema.get_field_index(name)
     if idx < 0:
         return None
-    return batch.column(idx).to_pylist()
+    col = batch.column(idx)
+    if as_bytes and pa.types.is_string(col.type):
+        col = col.cast(pa.binary())
+    return col.to_pylist()
 
 
 def batch_to_messages(batch: pa.RecordBatch, topic_option: str | None) -> list[tuple[Message, bool]]:
     """Arrow rows -> (client Message, is_delayed). Raises ValueError with the row's problem."""
     n = batch.num_rows
-    values = _column(batch, "value") or [None] * n
+    values = _column(batch, "value", as_bytes=True) or [None] * n
     topics = _column(batch, "topic")
     key = _column(batch, "key")
     keys = _column(batch, "keys")
@@ -390,8 +395,7 @@ def batch_to_messages(batch: pa.RecordBatch, topic_option: str | None) -> list[t
         if deliver_at is not None and deliver_at[i] is not None:
             kwargs["deliver_at"] = to_epoch_ms(deliver_at[i])
             delayed = True
-        msg = Message(topic, v if isinstance(v, bytes) else (v.encode() if isinstance(v, str) else bytes(v)),
-                      keys=ks or None, tags=tags[i] if tags is not None else None, properties=pmap,
+        msg = Message(topic, v, keys=ks or None, tags=tags[i] if tags is not None else None, properties=pmap,
                       **kwargs)
         out.append((msg, delayed))
     return out
@@ -447,8 +451,9 @@ def write_rows(opts: WriteOptions, batches: Iterator[pa.RecordBatch], query_id: 
             except (ValueError, ClientError) as e:
                 raise ChronomqSparkError(f"chronomq write: {e}") from e
             per_topic: dict[str, list[Message]] = {}
-            for msg, delayed in items:
-                msg.uniq_key = row_uniq_key(query_id, batch_id, partition_id, row)
+            uniq = row_uniq_keys(query_id, batch_id, partition_id, row, len(items))
+            for (msg, delayed), key in zip(items, uniq, strict=True):
+                msg.uniq_key = key
                 msg.dedup = opts.dedup
                 row += 1
                 stats.topics[msg.topic] = stats.topics.get(msg.topic, 0) + 1

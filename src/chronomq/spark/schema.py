@@ -254,8 +254,18 @@ def validate_write_schema(schema: StructType, topic_option: str | None) -> None:
 def row_uniq_key(query_id: str, batch_id: int, partition_id: int, row_index: int) -> str:
     """A deterministic UNIQ_KEY (32 upper-case hex characters, the shape RocketMQ ids have) for the
     row_index-th row of a Spark partition in a batch of a query: a retried task re-sends the same ids."""
-    h = hashlib.blake2b(f"{query_id}\x00{batch_id}\x00{partition_id}\x00{row_index}".encode(), digest_size=16)
-    return h.hexdigest().upper()
+    return row_uniq_keys(query_id, batch_id, partition_id, row_index, 1)[0]
+
+
+def row_uniq_keys(query_id: str, batch_id: int, partition_id: int, first_row: int, n: int) -> list[str]:
+    """``row_uniq_key`` of rows first_row .. first_row + n - 1 (the common prefix is hashed once)."""
+    head = hashlib.blake2b(f"{query_id}\x00{batch_id}\x00{partition_id}\x00".encode(), digest_size=16)
+    out: list[str] = []
+    for row in range(first_row, first_row + n):
+        h = head.copy()
+        h.update(str(row).encode())
+        out.append(h.hexdigest().upper())
+    return out
 
 
 def to_epoch_ms(value: Any) -> int:
