@@ -19,7 +19,8 @@ from chronomq.remoting.codes import PERM_READ, PERM_WRITE
 from .errors import InvalidMessage
 
 # property names a user may not set through ``properties=`` (the client/broker own them)
-_RESERVED = {m.PROPERTY_UNIQ_KEY, m.PROPERTY_REAL_TOPIC, m.PROPERTY_REAL_QUEUE_ID, m.PROPERTY_RETRY_TOPIC}
+RESERVED_PROPERTIES = {m.PROPERTY_UNIQ_KEY, m.PROPERTY_REAL_TOPIC, m.PROPERTY_REAL_QUEUE_ID,
+                       m.PROPERTY_RETRY_TOPIC}
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -79,21 +80,13 @@ class Message:
         return [str(k) for k in self.keys if str(k)]
 
     def validate(self) -> None:
-        reason = m.validate_topic(self.topic) if isinstance(self.topic, str) else "the topic must be a str"
-        if reason:
-            raise InvalidMessage(f"invalid topic: {reason}")
-        if self.topic.startswith(m.RETRY_GROUP_TOPIC_PREFIX) or self.topic == m.SCHEDULE_TOPIC:
-            raise InvalidMessage(f"cannot send to the system topic {self.topic!r}")
+        validate_send_topic(self.topic)
         if not isinstance(self.delay_level, int) or self.delay_level < 0:
             raise InvalidMessage(f"delay_level must be an int >= 0, got {self.delay_level!r}")
         for k, v in (self.properties or {}).items():
-            for s in (k, v):
-                if not isinstance(s, str) or "\x01" in s or "\x02" in s:
-                    raise InvalidMessage(f"property {k!r}={v!r}: names and values must be str without "
-                                         "\\x01/\\x02")
-        if self.tags is not None and (not isinstance(self.tags, str) or "\x01" in self.tags
-                                      or "\x02" in self.tags):
-            raise InvalidMessage(f"invalid tags {self.tags!r}")
+            validate_property(k, v)
+        if self.tags is not None:
+            validate_tags(self.tags)
         if not self.body_bytes():
             raise InvalidMessage("the message body is empty")
         if self.uniq_key is not None:
@@ -104,7 +97,7 @@ class Message:
         counts from ``now_ms`` (the producer's clock), by default the current time."""
         props: dict[str, str] = {}
         for k, v in (self.properties or {}).items():
-            if k in _RESERVED:
+            if k in RESERVED_PROPERTIES:
                 raise InvalidMessage(f"property {k!r} is reserved")
             props[k] = v
         keys = self.keys_list()
@@ -148,6 +141,30 @@ TIMER_PROPERTIES = (m.PROPERTY_TIMER_DELIVER_MS, m.PROPERTY_TIMER_DELAY_SEC, m.P
 # as seconds, so the client refuses it instead of guessing
 MIN_EPOCH_MS = 10**11
 MAX_UNIQ_KEY_LENGTH = 128
+
+
+def validate_send_topic(topic: object) -> str:
+    """A topic a producer may send to: legal (RocketMQ's rules) and not a retry or the schedule topic."""
+    reason = m.validate_topic(topic) if isinstance(topic, str) else "the topic must be a str"
+    if reason:
+        raise InvalidMessage(f"invalid topic: {reason}")
+    assert isinstance(topic, str)
+    if topic.startswith(m.RETRY_GROUP_TOPIC_PREFIX) or topic == m.SCHEDULE_TOPIC:
+        raise InvalidMessage(f"cannot send to the system topic {topic!r}")
+    return topic
+
+
+def validate_property(name: object, value: object) -> None:
+    """A user property: name and value str without the wire separators \\x01/\\x02."""
+    for s in (name, value):
+        if not isinstance(s, str) or "\x01" in s or "\x02" in s:
+            raise InvalidMessage(f"property {name!r}={value!r}: names and values must be str without "
+                                 "\\x01/\\x02")
+
+
+def validate_tags(tags: object) -> None:
+    if not isinstance(tags, str) or "\x01" in tags or "\x02" in tags:
+        raise InvalidMessage(f"invalid tags {tags!r}")
 
 
 def validate_uniq_key(key: object) -> str:
