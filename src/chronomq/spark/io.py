@@ -29,6 +29,7 @@ from chronomq.client import (
     Producer,
     PullStatus,
     SimpleConsumer,
+    encode_rows,
 )
 from chronomq.message import DEFAULT_TOPIC, SCHEDULE_TOPIC
 
@@ -352,52 +353,85 @@ def _column(batch: pa.RecordBatch, name: str, as_bytes: bool = False) -> list[An
     return col.to_pylist()
 
 
-def batch_to_messages(batch: pa.RecordBatch, topic_option: str | None) -> list[tuple[Message, bool]]:
-    """Arrow rows -> (client Message, is_delayed). Raises ValueError with the row's problem."""
+@dataclass
+class RowFields:
+    """The sendable fields of a batch's rows, column by column (row i of each list is row i)."""
+
+    topics: list[str]
+    bodies: list[bytes]
+    keys: list[str | None]  # KEYS as sent: the key and the keys, space separated
+    tags: list[str | None] | None
+    properties: list[list[tuple[str, str | None]] | None] | None
+
+
+def row_fields(batch: pa.RecordBatch, topic_option: str | None) -> RowFields:
+    """Arrow rows -> their message fields. Raises ValueError with the row's problem."""
     n = batch.num_rows
     values = _column(batch, "value", as_bytes=True) or [None] * n
     topics = _column(batch, "topic")
     key = _column(batch, "key")
     keys = _column(batch, "keys")
-    tags = _column(batch, "tags")
-    props = _column(batch, "properties")
+    for i, v in enumerate(values):
+        if v is None:
+            raise ValueError(f"row {i}: 'value' is null (a message needs a body)")
+    if topic_option:
+        row_topics = [topic_option] * n
+    else:
+        row_topics = topics if topics is not None else [None] * n
+        for i, t in enumerate(row_topics):
+            if not t:
+                raise ValueError(f"row {i}: no topic (the 'topic' column is null and no 'topic' option is "
+                                 "set)")
+    keys_text: list[str | None] = [None] * n
+    if key is not None or keys is not None:
+        for i in range(n):
+            ks: list[str] = []
+            if key is not None and key[i] is not None:
+                k = key[i]
+                ks.append(k.decode() if isinstance(k, bytes | bytearray) else str(k))
+            if keys is not None and keys[i] is not None:
+                kv = keys[i]
+                more = kv.split(" ") if isinstance(kv, str) else [str(x) for x in kv if x is not None]
+                ks.extend(x for x in more if x and x not in ks)
+            keys_text[i] = " ".join(x for x in ks if x) or None
+    return RowFields(row_topics, values, keys_text, _column(batch, "tags"),  # type: ignore[arg-type]
+                     _column(batch, "properties"))
+
+
+def row_delays(batch: pa.RecordBatch) -> list[dict[str, Any]] | None:
+    """Each row's deliver-time arguments for Message (delay_level / delay / deliver_at), or None when no
+    row of the batch has one."""
     delay_level = _column(batch, "delay_level")
     delay_ms = _column(batch, "delay_ms")
     deliver_at = _column(batch, "deliver_at")
-    out: list[tuple[Message, bool]] = []
-    for i in range(n):
-        v = values[i]
-        if v is None:
-            raise ValueError(f"row {i}: 'value' is null (a message needs a body)")
-        topic = topic_option or (topics[i] if topics is not None else None)
-        if not topic:
-            raise ValueError(f"row {i}: no topic (the 'topic' column is null and no 'topic' option is set)")
-        ks: list[str] = []
-        if key is not None and key[i] is not None:
-            k = key[i]
-            ks.append(k.decode() if isinstance(k, bytes | bytearray) else str(k))
-        if keys is not None and keys[i] is not None:
-            kv = keys[i]
-            more = kv.split(" ") if isinstance(kv, str) else [str(x) for x in kv if x is not None]
-            ks.extend(x for x in more if x and x not in ks)
-        p = props[i] if props is not None else None
-        pmap = dict(p) if p else None
-        if pmap and any(val is None for val in pmap.values()):
-            pmap = {a: b for a, b in pmap.items() if b is not None}
+    if not ((delay_level is not None and any(delay_level))
+            or any(c is not None and any(v is not None for v in c) for c in (delay_ms, deliver_at))):
+        return None
+    out: list[dict[str, Any]] = []
+    for i in range(batch.num_rows):
         kwargs: dict[str, Any] = {}
-        delayed = False
         if delay_level is not None and delay_level[i]:
             kwargs["delay_level"] = int(delay_level[i])
-            delayed = True
         if delay_ms is not None and delay_ms[i] is not None:
             kwargs["delay"] = int(delay_ms[i]) / 1000.0
-            delayed = True
         if deliver_at is not None and deliver_at[i] is not None:
             kwargs["deliver_at"] = to_epoch_ms(deliver_at[i])
-            delayed = True
-        msg = Message(topic, v, keys=ks or None, tags=tags[i] if tags is not None else None, properties=pmap,
-                      **kwargs)
-        out.append((msg, delayed))
+        out.append(kwargs)
+    return out
+
+
+def batch_to_messages(batch: pa.RecordBatch, topic_option: str | None) -> list[tuple[Message, bool]]:
+    """Arrow rows -> (client Message, is_delayed). Raises ValueError with the row's problem."""
+    f = row_fields(batch, topic_option)
+    delays = row_delays(batch)
+    out: list[tuple[Message, bool]] = []
+    for i, body in enumerate(f.bodies):
+        p = f.properties[i] if f.properties is not None else None
+        pmap = {a: b for a, b in p if b is not None} if p else None
+        kwargs = delays[i] if delays is not None else {}
+        msg = Message(f.topics[i], body, keys=f.keys[i], tags=f.tags[i] if f.tags is not None else None,
+                      properties=pmap or None, **kwargs)
+        out.append((msg, bool(kwargs)))
     return out
 
 
@@ -413,17 +447,17 @@ def write_rows(opts: WriteOptions, batches: Iterator[pa.RecordBatch], query_id: 
     producer = proxy.async_client
     sem_holder: dict[str, asyncio.Semaphore] = {}
 
-    async def send(msgs: list[Message], single: bool) -> None:
+    async def bounded(make: Callable[[], Awaitable[Any]]) -> None:
         sem = sem_holder.get("s")
         if sem is None:
             sem = sem_holder["s"] = asyncio.Semaphore(opts.max_in_flight)
         async with sem:
-            await (producer.send(msgs[0]) if single else producer.send_batch(msgs))
+            await make()
 
     futures: collections.deque[Any] = collections.deque()
 
-    def submit(msgs: list[Message], single: bool) -> None:
-        futures.append(asyncio.run_coroutine_threadsafe(send(msgs, single), proxy.loop))
+    def submit(make: Callable[[], Awaitable[Any]]) -> None:
+        futures.append(asyncio.run_coroutine_threadsafe(bounded(make), proxy.loop))
         while len(futures) > opts.max_in_flight * 4:
             _wait(futures.popleft())
 
@@ -441,34 +475,71 @@ def write_rows(opts: WriteOptions, batches: Iterator[pa.RecordBatch], query_id: 
             raise ChronomqSparkError(f"chronomq write failed (Spark will retry the task; rows already sent "
                                      f"are sent again with the same UNIQ_KEY): {e}") from e
 
+    def send_plain(f: RowFields, uniq: list[str], first_row: int) -> None:
+        """Rows without a deliver time: encoded straight into batch bodies, ``batchSize`` rows a send."""
+        n = len(f.bodies)
+        groups: dict[str, list[int]] = {}
+        if len(set(f.topics)) == 1:
+            groups[f.topics[0]] = list(range(n))
+        else:
+            for i, t in enumerate(f.topics):
+                groups.setdefault(t, []).append(i)
+        for topic, rows in groups.items():
+            stats.topics[topic] = stats.topics.get(topic, 0) + len(rows)
+            for s in range(0, len(rows), opts.batch_size):
+                sel = rows[s:s + opts.batch_size]
+                ids = [uniq[j] for j in sel]
+                try:
+                    data = encode_rows([f.bodies[j] for j in sel], ids,
+                                       keys=[f.keys[j] for j in sel],
+                                       tags=[f.tags[j] for j in sel] if f.tags is not None else None,
+                                       properties=([f.properties[j] for j in sel] if f.properties is not None
+                                                   else None),
+                                       dedup=opts.dedup, row_numbers=[first_row + j for j in sel])
+                except InvalidMessage as e:
+                    raise ChronomqSparkError(f"chronomq write: a row cannot be sent as a message: {e}") from e
+                submit(lambda t=topic, d=data, i=ids: producer.send_encoded_batch(t, d, i))
+
+    def send_messages(items: list[tuple[Message, bool]], uniq: list[str]) -> None:
+        """Rows of a batch that has deliver times: delayed rows one by one, the others batched per topic."""
+        per_topic: dict[str, list[Message]] = {}
+        for (msg, delayed), key in zip(items, uniq, strict=True):
+            msg.uniq_key = key
+            msg.dedup = opts.dedup
+            stats.topics[msg.topic] = stats.topics.get(msg.topic, 0) + 1
+            # (the producer validates each message; an invalid one fails the task with its reason)
+            if delayed:
+                submit(lambda m=msg: producer.send(m))
+                continue
+            ms = per_topic.setdefault(msg.topic, [])
+            ms.append(msg)
+            if len(ms) >= opts.batch_size:
+                submit(lambda b=ms: producer.send_batch(b))
+                per_topic[msg.topic] = []
+        for ms in per_topic.values():
+            if ms:
+                submit(lambda b=ms: producer.send_batch(b))
+
     try:
         row = 0
         for batch in batches:
-            if batch.num_rows == 0:
+            n = batch.num_rows
+            if n == 0:
                 continue
+            uniq = row_uniq_keys(query_id, batch_id, partition_id, row, n)
             try:
-                items = batch_to_messages(batch, opts.topic)
+                if row_delays(batch) is None:
+                    fields, items = row_fields(batch, opts.topic), None
+                else:
+                    fields, items = None, batch_to_messages(batch, opts.topic)
             except (ValueError, ClientError) as e:
                 raise ChronomqSparkError(f"chronomq write: {e}") from e
-            per_topic: dict[str, list[Message]] = {}
-            uniq = row_uniq_keys(query_id, batch_id, partition_id, row, len(items))
-            for (msg, delayed), key in zip(items, uniq, strict=True):
-                msg.uniq_key = key
-                msg.dedup = opts.dedup
-                row += 1
-                stats.topics[msg.topic] = stats.topics.get(msg.topic, 0) + 1
-                # (the producer validates each message; an invalid one fails the task with its reason)
-                if delayed:
-                    submit([msg], True)
-                    continue
-                ms = per_topic.setdefault(msg.topic, [])
-                ms.append(msg)
-                if len(ms) >= opts.batch_size:
-                    submit(ms, False)
-                    per_topic[msg.topic] = []
-            for ms in per_topic.values():
-                if ms:
-                    submit(ms, False)
+            if fields is not None:
+                send_plain(fields, uniq, row)
+            else:
+                assert items is not None
+                send_messages(items, uniq)
+            row += n
         while futures:
             _wait(futures.popleft())
         stats.rows = row
