@@ -4,7 +4,7 @@ the write-schema rules and the Arrow conversion. No JVM, no broker."""
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import pytest
 
@@ -12,6 +12,7 @@ pytest.importorskip("pyspark")
 pytest.importorskip("pyarrow")
 
 import itertools
+import zlib
 
 from pyspark.sql.types import (
     ArrayType,
@@ -25,6 +26,9 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
+from chronomq import message as m
+from chronomq.client.model import RecordColumns, decode_received, record_columns
+from chronomq.spark.io import select_records
 from chronomq.spark.offsets import (
     OffsetFormatError,
     QueueRange,
@@ -50,8 +54,8 @@ from chronomq.spark.schema import (
     WriteSchemaError,
     arrow_schema,
     deliver_ms,
-    messages_to_batch,
     pending_to_batch,
+    records_to_batch,
     row_uniq_key,
     validate_write_schema,
 )
@@ -262,22 +266,29 @@ def test_deliver_time_rules() -> None:
     assert deliver_ms("t", {"DELAY": "2"}, 0, DEFAULT_LEVELS_MS) is None
 
 
-@dataclass
-class FakeMsg:
-    body: bytes
-    queue_offset: int
-    properties: dict[str, str] = field(default_factory=dict)
-    store_timestamp: int = 1_700_000_000_123
-    born_timestamp: int = 1_700_000_000_000
-    reconsume_times: int = 0
-    id: str = "ID"
+def _records(*msgs: m.MessageExt) -> RecordColumns:
+    """Stored records as a pull answer carries them, split by the client."""
+    return record_columns(b"".join(bytes(m.encode_record(x)) for x in msgs))
 
 
-def test_messages_to_batch_matches_spark_schema() -> None:
+def _stored(body: bytes, offset: int, props: dict[str, str], **kw: object) -> m.MessageExt:
+    return m.MessageExt(topic="t", body=body, properties=props, queue_id=3, queue_offset=offset,
+                        commit_log_offset=1000 + offset, store_timestamp=1_700_000_000_123,
+                        born_timestamp=1_700_000_000_000, born_host=("127.0.0.1", 1),
+                        store_host=("127.0.0.1", 10911), **kw)  # type: ignore[arg-type]
+
+
+def test_records_to_batch_matches_spark_schema_and_the_client_decoder() -> None:
     sch = arrow_schema()
-    msgs = [FakeMsg(b"v0", 4, {"KEYS": "k1 k2", "TAGS": "a", "x": "y"}), FakeMsg(b"v1", 5)]
-    batch = messages_to_batch(msgs, "t", "broker-a", 3, DEFAULT_LEVELS_MS, sch)
+    stored = [_stored(b"v0", 4, {"KEYS": "k1 k2", "TAGS": "a", "x": "y", "UNIQ_KEY": "U0"}),
+              _stored(b"v1", 5, {}),
+              _stored(zlib.compress(b"v2" * 100), 6, {"TIMER_DELIVER_MS": "1700000009000", "UNIQ_KEY": "U2"},
+                      sys_flag=m.SYSFLAG_COMPRESSED)]
+    recs = _records(*stored)
+    half = _records(*stored[:1]), _records(*stored[1:])
+    batch = records_to_batch([recs], "t", "broker-a", 3, DEFAULT_LEVELS_MS, sch)
     assert batch.schema.equals(sch)
+    assert records_to_batch(list(half), "t", "broker-a", 3, DEFAULT_LEVELS_MS, sch).equals(batch)
     rows = batch.to_pylist()
     assert rows[0]["key"] == b"k1" and rows[0]["keys"] == ["k1", "k2"] and rows[0]["tags"] == "a"
     assert dict(rows[0]["properties"])["x"] == "y"
@@ -285,9 +296,25 @@ def test_messages_to_batch_matches_spark_schema() -> None:
     assert rows[0]["partition"] == 3 and rows[0]["broker"] == "broker-a" and rows[0]["topic"] == "t"
     assert int(rows[0]["timestamp"].timestamp() * 1000) == 1_700_000_000_123
     assert rows[0]["deliver_time"] is None
+    assert int(rows[2]["deliver_time"].timestamp() * 1000) == 1_700_000_009_000
+    assert rows[2]["value"] == b"v2" * 100  # inflated
+    # the same ids, bodies and properties the client's own decoder gives (no UNIQ_KEY: the offset id)
+    decoded = decode_received(b"".join(bytes(m.encode_record(x)) for x in stored), "broker-a")
+    assert [r["msg_id"] for r in rows] == [x.id for x in decoded]
+    assert rows[1]["msg_id"] == m.create_offset_msg_id(("127.0.0.1", 10911), 1005)
+    assert [dict(r["properties"]) for r in rows] == [x.properties for x in decoded]
     assert [f.name for f in READ_SCHEMA.fields][:6] == ["key", "value", "topic", "partition", "offset",
                                                           "timestamp"]
     assert isinstance(READ_SCHEMA["timestamp"].dataType, TimestampType)
+
+
+def test_select_records_by_range_and_tag() -> None:
+    recs = _records(*(_stored(b"v", i, {"TAGS": "a" if i % 2 else "b"}) for i in range(10, 16)))
+    assert select_records(recs, 0, 100, None) is recs
+    assert select_records(recs, 12, 15, None).queue_offsets == [12, 13, 14]
+    assert select_records(recs, 0, 100, {"a"}).queue_offsets == [11, 13, 15]
+    assert select_records(recs, 12, 100, {"b", "c"}).queue_offsets == [12, 14]
+    assert len(select_records(recs, 0, 100, {"zz"})) == 0
 
 
 # --- mode=pending ---------------------------------------------------------------------------------------

@@ -31,11 +31,12 @@ from chronomq.client import (
     SimpleConsumer,
     encode_rows,
 )
-from chronomq.message import DEFAULT_TOPIC, SCHEDULE_TOPIC
+from chronomq.client.model import RecordColumns, parse_properties, tag_set
+from chronomq.message import DEFAULT_TOPIC, PROPERTY_TAGS, SCHEDULE_TOPIC
 
 from .offsets import QueueKey, QueueRange
 from .options import EARLIEST, LATEST, OffsetSpec, PendingOptions, ReadOptions, WriteOptions
-from .schema import DEFAULT_LEVELS_MS, messages_to_batch, pending_to_batch, row_uniq_keys, to_epoch_ms
+from .schema import DEFAULT_LEVELS_MS, pending_to_batch, records_to_batch, row_uniq_keys, to_epoch_ms
 
 log = logging.getLogger("chronomq.spark")
 T = TypeVar("T")
@@ -238,55 +239,66 @@ def read_range(settings: ReadSettings, qr: QueueRange, schema: pa.Schema) -> Ite
     mq = MessageQueue(qr.topic, qr.broker, qr.queue_id)
     proxy = SimpleConsumer(READER_GROUP, settings.namesrv, request_timeout=settings.request_timeout_s,
                            credentials=settings.credentials).blocking()
+    tags = tag_set(settings.tag_expression)
     try:
         offset = qr.start
-        pending: list[Any] = []
+        pending: list[RecordColumns] = []
         npending = 0
 
         def pull_at(off: int) -> Any:
             n = min(settings.pull_batch_size, qr.end - off)
-            return proxy.submit("pull", mq, off, n, expression=settings.tag_expression)
+            return proxy.submit("pull", mq, off, n, expression=settings.tag_expression, raw=True)
 
         fut = pull_at(offset)
         while True:
             res = fut.result(settings.request_timeout_s + 30)
             fut = None
-            if res.status == PullStatus.FOUND:
-                msgs = [m for m in res.messages if qr.start <= m.queue_offset < qr.end]
+            recs: RecordColumns | None = None
+            if res.status == PullStatus.FOUND and res.records is not None:
+                recs = select_records(res.records, qr.start, qr.end, tags)
+                if not recs and res.next_offset <= offset:
+                    raise ChronomqSparkError(f"reading {mq}: the broker made no progress at offset {offset} "
+                                             f"(next offset {res.next_offset})")
                 nxt = max(res.next_offset, offset + 1)
             elif res.status == PullStatus.NO_MATCHED_MSG:
-                msgs = []
                 nxt = res.next_offset
                 if nxt <= offset:
                     raise ChronomqSparkError(f"reading {mq}: the broker made no progress at offset {offset} "
                                              f"(next offset {nxt})")
             elif res.status == PullStatus.OFFSET_ILLEGAL and offset < res.min_offset:
                 nxt = _lost(settings, mq, offset, min(res.min_offset, qr.end), qr.end)
-                msgs = []
-            else:
+            elif offset < res.min_offset:
                 # NO_NEW_MSG or an offset beyond the end: the planned messages are not there (any more)
-                msgs = []
-                if offset < res.min_offset:
-                    nxt = _lost(settings, mq, offset, min(res.min_offset, qr.end), qr.end)
-                else:
-                    _lost(settings, mq, offset, qr.end, qr.end, beyond=res.max_offset)
-                    nxt = qr.end
+                nxt = _lost(settings, mq, offset, min(res.min_offset, qr.end), qr.end)
+            else:
+                _lost(settings, mq, offset, qr.end, qr.end, beyond=res.max_offset)
+                nxt = qr.end
             offset = nxt
             if offset < qr.end:
                 fut = pull_at(offset)  # in flight while we convert
-            if msgs:
-                pending.extend(msgs)
-                npending += len(msgs)
+            if recs:
+                pending.append(recs)
+                npending += len(recs)
                 if npending >= settings.rows_per_batch:
-                    yield messages_to_batch(pending, qr.topic, qr.broker, qr.queue_id, settings.levels_ms,
-                                            schema)
+                    yield records_to_batch(pending, qr.topic, qr.broker, qr.queue_id, settings.levels_ms,
+                                           schema)
                     pending, npending = [], 0
             if fut is None:
                 break
         if pending:
-            yield messages_to_batch(pending, qr.topic, qr.broker, qr.queue_id, settings.levels_ms, schema)
+            yield records_to_batch(pending, qr.topic, qr.broker, qr.queue_id, settings.levels_ms, schema)
     finally:
         proxy.close()
+
+
+def select_records(recs: RecordColumns, start: int, end: int, tags: set[str] | None) -> RecordColumns:
+    """The pulled records with an offset in [start, end) and, with a tag filter, one of its tags (the
+    broker filters by tag hash code only; the client's own pulls check the tag itself, so does this)."""
+    offsets = recs.queue_offsets
+    if tags is None and (not offsets or (min(offsets) >= start and max(offsets) < end)):
+        return recs
+    return recs.take([i for i, o in enumerate(offsets) if start <= o < end and
+                      (tags is None or parse_properties(recs.properties[i]).get(PROPERTY_TAGS) in tags)])
 
 
 def _lost(settings: ReadSettings, mq: MessageQueue, frm: int, to: int, end: int,

@@ -4,6 +4,7 @@ batches, the write-side column rules, and the deterministic UNIQ_KEY of a writte
 from __future__ import annotations
 
 import hashlib
+import itertools
 from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
 from typing import Any
@@ -23,12 +24,16 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
+from chronomq.client.model import RecordColumns, parse_properties
 from chronomq.message import (
     PROPERTY_DELAY_TIME_LEVEL,
     PROPERTY_KEYS,
     PROPERTY_TAGS,
     PROPERTY_TIMER_DELIVER_MS,
+    PROPERTY_UNIQ_KEY,
     SCHEDULE_TOPIC,
+    create_offset_msg_id,
+    unpack_host_cached,
 )
 
 # The RocketMQ 4.x default level table (protocol.md 5.1), used when the broker cannot tell us its own.
@@ -96,15 +101,20 @@ def deliver_ms(topic: str, props: dict[str, str], store_ms: int, levels_ms: Sequ
     return None
 
 
-def messages_to_batch(msgs: Sequence[Any], topic: str, broker: str, queue_id: int,
-                      levels_ms: Sequence[int], schema: pa.Schema) -> pa.RecordBatch:
-    """Received messages (chronomq.client.ReceivedMessage-like: body, properties, queue_offset,
-    store_timestamp, born_timestamp, reconsume_times, id) of one queue -> one Arrow batch.
+def records_to_batch(parts: Sequence[RecordColumns], topic: str, broker: str, queue_id: int,
+                     levels_ms: Sequence[int], schema: pa.Schema) -> pa.RecordBatch:
+    """Pulled records of one queue (chronomq.client RecordColumns, in offset order) -> one Arrow batch.
 
-    One pass over the messages fills flat Python lists; the nested columns (keys, properties) are built
-    from flat values and offsets, and the constant ones by repetition (no per-row Python objects)."""
-    n = len(msgs)
-    props_of = [mm.properties for mm in msgs]
+    Only the properties are parsed per row (into flat key/value lists with offsets, the nested columns are
+    built from those); the other columns go from the record lists to Arrow as they are."""
+    def chained(name: str) -> list[Any]:
+        if len(parts) == 1:
+            return getattr(parts[0], name)  # type: ignore[no-any-return]
+        return list(itertools.chain.from_iterable(getattr(p, name) for p in parts))
+
+    texts = chained("properties")
+    store_ms = chained("store_timestamps")
+    n = len(texts)
     key_first: list[bytes | None] = []
     key_vals: list[str] = []
     key_offs: list[int] = [0]
@@ -112,13 +122,16 @@ def messages_to_batch(msgs: Sequence[Any], topic: str, broker: str, queue_id: in
     prop_vals: list[str] = []
     prop_offs: list[int] = [0]
     tags: list[str | None] = []
+    ids: list[str | None] = []
     deliver: list[int | None] = []
     scheduled = topic == SCHEDULE_TOPIC
-    for mm, props in zip(msgs, props_of, strict=True):
+    for text, stored in zip(texts, store_ms, strict=True):
+        props = parse_properties(text)
         prop_keys.extend(props)
         prop_vals.extend(props.values())
         prop_offs.append(len(prop_keys))
         tags.append(props.get(PROPERTY_TAGS))
+        ids.append(props.get(PROPERTY_UNIQ_KEY))
         raw_keys = props.get(PROPERTY_KEYS)
         if raw_keys:
             ks = [k for k in raw_keys.split(" ") if k]
@@ -128,26 +141,29 @@ def messages_to_batch(msgs: Sequence[Any], topic: str, broker: str, queue_id: in
             key_first.append(None)
         key_offs.append(len(key_vals))
         if scheduled or PROPERTY_DELIVER_MS in props or PROPERTY_TIMER_DELIVER_MS in props:
-            deliver.append(deliver_ms(topic, props, mm.store_timestamp, levels_ms))
+            deliver.append(deliver_ms(topic, props, stored, levels_ms))
         else:
             deliver.append(None)
+    if not all(ids):  # no UNIQ_KEY: the offset message id (store host + commit-log offset), as the client's
+        hosts, phys = chained("store_hosts"), chained("commit_log_offsets")
+        ids = [i or create_offset_msg_id(unpack_host_cached(hosts[j]), phys[j]) for j, i in enumerate(ids)]
     off32 = pa.int32()
     cols = [
         pa.array(key_first, type=pa.binary()),
-        pa.array([mm.body for mm in msgs], type=pa.binary()),
+        pa.array(chained("bodies"), type=pa.binary()),
         _const(topic, pa.string(), n),
         _const(queue_id, pa.int32(), n),
-        pa.array([mm.queue_offset for mm in msgs], type=pa.int64()),
-        _ts_ms(pa.array([mm.store_timestamp for mm in msgs], type=pa.int64())),
+        pa.array(chained("queue_offsets"), type=pa.int64()),
+        _ts_ms(pa.array(store_ms, type=pa.int64())),
         _const(broker, pa.string(), n),
-        pa.array([mm.id for mm in msgs], type=pa.string()),
+        pa.array(ids, type=pa.string()),
         pa.array(tags, type=pa.string()),
         pa.ListArray.from_arrays(pa.array(key_offs, off32), pa.array(key_vals, pa.string()),
                                  type=schema.field("keys").type),
         pa.MapArray.from_arrays(pa.array(prop_offs, off32), pa.array(prop_keys, pa.string()),
                                 pa.array(prop_vals, pa.string()), type=schema.field("properties").type),
-        _ts_ms(pa.array([mm.born_timestamp for mm in msgs], type=pa.int64())),
-        pa.array([mm.reconsume_times for mm in msgs], type=pa.int32()),
+        _ts_ms(pa.array(chained("born_timestamps"), type=pa.int64())),
+        pa.array(chained("reconsume_times"), type=pa.int32()),
         _ts_ms(pa.array(deliver, type=pa.int64())),
     ]
     return pa.RecordBatch.from_arrays(cols, schema=schema)
