@@ -11,7 +11,7 @@ import asyncio
 import collections
 import logging
 import re
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -233,26 +233,54 @@ class ReadSettings:
 def read_range(settings: ReadSettings, qr: QueueRange, schema: pa.Schema) -> Iterator[pa.RecordBatch]:
     """Every message of ``[qr.start, qr.end)`` (matching the tag expression) as Arrow batches.
 
-    Pulls are pipelined: the next pull is in flight while the previous answer is converted."""
+    The pulls and the conversion run on the client's event-loop thread (``range_batches``); this thread
+    only takes the finished batches, one hand-over per batch instead of one per pull."""
     if qr.end <= qr.start:
         return
-    mq = MessageQueue(qr.topic, qr.broker, qr.queue_id)
     proxy = SimpleConsumer(READER_GROUP, settings.namesrv, request_timeout=settings.request_timeout_s,
                            credentials=settings.credentials).blocking()
-    tags = tag_set(settings.tag_expression)
+    batches = range_batches(proxy.async_client, settings, qr, schema)
     try:
-        offset = qr.start
-        pending: list[RecordColumns] = []
-        npending = 0
-
-        def pull_at(off: int) -> Any:
-            n = min(settings.pull_batch_size, qr.end - off)
-            return proxy.submit("pull", mq, off, n, expression=settings.tag_expression, raw=True)
-
-        fut = pull_at(offset)
         while True:
-            res = fut.result(settings.request_timeout_s + 30)
-            fut = None
+            # each pull has the client's request timeout; a batch is at most this many pulls
+            pulls = -(-settings.rows_per_batch // settings.pull_batch_size) + 1
+            batch = _run(proxy, lambda _c: _next_or_none(batches), (settings.request_timeout_s + 30) * pulls)
+            if batch is None:
+                return
+            yield batch
+    finally:
+        try:
+            _run(proxy, lambda _c: batches.aclose(), settings.request_timeout_s + 30)
+        finally:
+            proxy.close()
+
+
+async def _next_or_none(it: AsyncIterator[T]) -> T | None:
+    try:
+        return await anext(it)
+    except StopAsyncIteration:
+        return None
+
+
+async def range_batches(consumer: Any, settings: ReadSettings, qr: QueueRange,
+                        schema: pa.Schema) -> AsyncIterator[pa.RecordBatch]:
+    """``read_range``'s batches, on the event loop: the next pull is in flight while an answer is
+    converted."""
+    mq = MessageQueue(qr.topic, qr.broker, qr.queue_id)
+    tags = tag_set(settings.tag_expression)
+    offset = qr.start
+    pending: list[RecordColumns] = []
+    npending = 0
+
+    def pull_at(off: int) -> asyncio.Task[Any]:
+        n = min(settings.pull_batch_size, qr.end - off)
+        return asyncio.ensure_future(consumer.pull(mq, off, n, expression=settings.tag_expression, raw=True))
+
+    task: asyncio.Task[Any] | None = pull_at(offset)
+    try:
+        while task is not None:
+            res = await task
+            task = None
             recs: RecordColumns | None = None
             if res.status == PullStatus.FOUND and res.records is not None:
                 recs = select_records(res.records, qr.start, qr.end, tags)
@@ -275,7 +303,8 @@ def read_range(settings: ReadSettings, qr: QueueRange, schema: pa.Schema) -> Ite
                 nxt = qr.end
             offset = nxt
             if offset < qr.end:
-                fut = pull_at(offset)  # in flight while we convert
+                task = pull_at(offset)
+                await asyncio.sleep(0)  # let it send its request before this answer is converted
             if recs:
                 pending.append(recs)
                 npending += len(recs)
@@ -283,12 +312,11 @@ def read_range(settings: ReadSettings, qr: QueueRange, schema: pa.Schema) -> Ite
                     yield records_to_batch(pending, qr.topic, qr.broker, qr.queue_id, settings.levels_ms,
                                            schema)
                     pending, npending = [], 0
-            if fut is None:
-                break
         if pending:
             yield records_to_batch(pending, qr.topic, qr.broker, qr.queue_id, settings.levels_ms, schema)
     finally:
-        proxy.close()
+        if task is not None:
+            task.cancel()
 
 
 def select_records(recs: RecordColumns, start: int, end: int, tags: set[str] | None) -> RecordColumns:
