@@ -27,7 +27,7 @@ from pyspark.sql.types import (
 )
 
 from chronomq import message as m
-from chronomq.client.model import RecordColumns, decode_received, record_columns
+from chronomq.client.model import RecordColumns, decode_received, parse_properties, record_columns
 from chronomq.spark.io import select_records
 from chronomq.spark.offsets import (
     OffsetFormatError,
@@ -306,6 +306,31 @@ def test_records_to_batch_matches_spark_schema_and_the_client_decoder() -> None:
     assert [f.name for f in READ_SCHEMA.fields][:6] == ["key", "value", "topic", "partition", "offset",
                                                           "timestamp"]
     assert isinstance(READ_SCHEMA["timestamp"].dataType, TimestampType)
+
+
+def test_records_to_batch_reads_property_texts_as_the_client_does() -> None:
+    """Odd property texts (no separator, no name, empty values and ids, extra spaces in KEYS) give the
+    map, tags, keys and ids that parse_properties and the client's decoder give."""
+    texts = ["a\x01b\x02noseparator\x02\x01nameless\x02KEYS\x01  k1   k2 \x02TAGS\x01\x02",
+             "", "UNIQ_KEY\x01\x02x\x01\x02", "v\x01with\x01second\x02UNIQ_KEY\x01id-3"]
+    recs = _records(*(_stored(b"v", i, {}) for i in range(len(texts))))
+    recs.properties = texts
+    rows = records_to_batch([recs], "t", "b", 0, DEFAULT_LEVELS_MS, arrow_schema()).to_pylist()
+    parsed = [parse_properties(t) for t in texts]
+    assert [dict(r["properties"]) for r in rows] == parsed
+    assert [r["tags"] for r in rows] == [p.get("TAGS") for p in parsed] == ["", None, None, None]
+    assert rows[0]["keys"] == ["k1", "k2"] and rows[0]["key"] == b"k1" and rows[1]["keys"] == []
+    assert rows[3]["msg_id"] == "id-3" and parsed[3]["v"] == "with\x01second"
+    offset_ids = [m.create_offset_msg_id(("127.0.0.1", 10911), 1000 + i) for i in range(3)]
+    assert [r["msg_id"] for r in rows[:3]] == offset_ids  # no UNIQ_KEY, or an empty one
+
+
+def test_records_to_batch_deliver_time_of_parked_rows() -> None:
+    recs = _records(_stored(b"v", 0, {"DELAY": "2"}), _stored(b"v", 1, {}))
+    batch = records_to_batch([recs], "SCHEDULE_TOPIC_XXXX", "b", 1, DEFAULT_LEVELS_MS, arrow_schema())
+    rows = batch.to_pylist()
+    assert int(rows[0]["deliver_time"].timestamp() * 1000) == 1_700_000_000_123 + 5000
+    assert rows[1]["deliver_time"] is None
 
 
 def test_select_records_by_range_and_tag() -> None:

@@ -26,8 +26,10 @@ from pyspark.sql.types import (
 
 from chronomq.client.model import RecordColumns, parse_properties
 from chronomq.message import (
+    NAME_VALUE_SEPARATOR,
     PROPERTY_DELAY_TIME_LEVEL,
     PROPERTY_KEYS,
+    PROPERTY_SEPARATOR,
     PROPERTY_TAGS,
     PROPERTY_TIMER_DELIVER_MS,
     PROPERTY_UNIQ_KEY,
@@ -105,8 +107,9 @@ def records_to_batch(parts: Sequence[RecordColumns], topic: str, broker: str, qu
                      levels_ms: Sequence[int], schema: pa.Schema) -> pa.RecordBatch:
     """Pulled records of one queue (chronomq.client RecordColumns, in offset order) -> one Arrow batch.
 
-    Only the properties are parsed per row (into flat key/value lists with offsets, the nested columns are
-    built from those); the other columns go from the record lists to Arrow as they are."""
+    The property texts are split by Arrow kernels (``_property_map``), and the tags, keys and ids looked
+    up in the resulting map; Python touches a row only to put its fields in lists, and for the rare row
+    with a deliver time or without a UNIQ_KEY."""
     def chained(name: str) -> list[Any]:
         if len(parts) == 1:
             return getattr(parts[0], name)  # type: ignore[no-any-return]
@@ -115,58 +118,77 @@ def records_to_batch(parts: Sequence[RecordColumns], topic: str, broker: str, qu
     texts = chained("properties")
     store_ms = chained("store_timestamps")
     n = len(texts)
-    key_first: list[bytes | None] = []
-    key_vals: list[str] = []
-    key_offs: list[int] = [0]
-    prop_keys: list[str] = []
-    prop_vals: list[str] = []
-    prop_offs: list[int] = [0]
-    tags: list[str | None] = []
-    ids: list[str | None] = []
-    deliver: list[int | None] = []
-    scheduled = topic == SCHEDULE_TOPIC
-    for text, stored in zip(texts, store_ms, strict=True):
-        props = parse_properties(text)
-        prop_keys.extend(props)
-        prop_vals.extend(props.values())
-        prop_offs.append(len(prop_keys))
-        tags.append(props.get(PROPERTY_TAGS))
-        ids.append(props.get(PROPERTY_UNIQ_KEY))
-        raw_keys = props.get(PROPERTY_KEYS)
-        if raw_keys:
-            ks = [k for k in raw_keys.split(" ") if k]
-            key_vals.extend(ks)
-            key_first.append(ks[0].encode() if ks else None)
-        else:
-            key_first.append(None)
-        key_offs.append(len(key_vals))
-        if scheduled or PROPERTY_DELIVER_MS in props or PROPERTY_TIMER_DELIVER_MS in props:
-            deliver.append(deliver_ms(topic, props, stored, levels_ms))
-        else:
-            deliver.append(None)
-    if not all(ids):  # no UNIQ_KEY: the offset message id (store host + commit-log offset), as the client's
+    props = _property_map(pa.array(texts, pa.string()), schema.field("properties").type)
+    keys = _split_words(pc.fill_null(_lookup(props, PROPERTY_KEYS), ""), schema.field("keys").type)
+    ids = _lookup(props, PROPERTY_UNIQ_KEY)
+    if ids.null_count or not pc.all(pc.not_equal(ids, "")).as_py():
+        # no UNIQ_KEY: the offset message id (store host + commit-log offset), as the client's decoder
         hosts, phys = chained("store_hosts"), chained("commit_log_offsets")
-        ids = [i or create_offset_msg_id(unpack_host_cached(hosts[j]), phys[j]) for j, i in enumerate(ids)]
-    off32 = pa.int32()
+        ids = pa.array([i or create_offset_msg_id(unpack_host_cached(hosts[j]), phys[j])
+                        for j, i in enumerate(ids.to_pylist())], pa.string())
+    timed = pc.or_kleene(pc.is_valid(_lookup(props, PROPERTY_DELIVER_MS)),
+                         pc.is_valid(_lookup(props, PROPERTY_TIMER_DELIVER_MS)))
+    if topic == SCHEDULE_TOPIC or pc.any(timed).as_py():
+        deliver: pa.Array = pa.array([deliver_ms(topic, parse_properties(t), s, levels_ms)
+                                      for t, s in zip(texts, store_ms, strict=True)], pa.int64())
+    else:
+        deliver = pa.nulls(n, pa.int64())
     cols = [
-        pa.array(key_first, type=pa.binary()),
+        _first_word(keys),
         pa.array(chained("bodies"), type=pa.binary()),
         _const(topic, pa.string(), n),
         _const(queue_id, pa.int32(), n),
         pa.array(chained("queue_offsets"), type=pa.int64()),
         _ts_ms(pa.array(store_ms, type=pa.int64())),
         _const(broker, pa.string(), n),
-        pa.array(ids, type=pa.string()),
-        pa.array(tags, type=pa.string()),
-        pa.ListArray.from_arrays(pa.array(key_offs, off32), pa.array(key_vals, pa.string()),
-                                 type=schema.field("keys").type),
-        pa.MapArray.from_arrays(pa.array(prop_offs, off32), pa.array(prop_keys, pa.string()),
-                                pa.array(prop_vals, pa.string()), type=schema.field("properties").type),
+        ids,
+        _lookup(props, PROPERTY_TAGS),
+        keys,
+        props,
         _ts_ms(pa.array(chained("born_timestamps"), type=pa.int64())),
         pa.array(chained("reconsume_times"), type=pa.int32()),
-        _ts_ms(pa.array(deliver, type=pa.int64())),
+        _ts_ms(deliver),
     ]
     return pa.RecordBatch.from_arrays(cols, schema=schema)
+
+
+def _regroup(lists: pa.ListArray, keep: pa.Array) -> pa.Array:
+    """New list offsets for ``lists`` when only its flattened values where ``keep`` is true stay."""
+    kept = pc.cumulative_sum(pc.cast(keep, pa.int32()))
+    return pc.take(pa.concat_arrays([pa.array([0], pa.int32()), kept]), lists.offsets)
+
+
+def _property_map(texts: pa.Array, typ: pa.DataType) -> pa.MapArray:
+    """Stored property texts (``name\\x01value\\x02...``) -> a map per row, as parse_properties reads them:
+    an item without a name or without the separator is skipped (a repeated name, which no producer
+    writes, would be kept twice; lookups take the last, as the dict does)."""
+    items = pc.split_pattern(texts, PROPERTY_SEPARATOR)
+    pairs = pc.split_pattern(pc.list_flatten(items), NAME_VALUE_SEPARATOR, max_splits=1)
+    keep = pc.and_(pc.equal(pc.list_value_length(pairs), 2), pc.not_equal(pc.list_element(pairs, 0), ""))
+    pairs = pc.filter(pairs, keep)
+    return pa.MapArray.from_arrays(_regroup(items, keep), pc.list_element(pairs, 0),
+                                   pc.list_element(pairs, 1), type=typ)
+
+
+def _lookup(props: pa.MapArray, name: str) -> pa.Array:
+    return pc.map_lookup(props, pa.scalar(name, pa.string()), "last")
+
+
+def _split_words(text: pa.Array, typ: pa.DataType) -> pa.ListArray:
+    """Space-separated words -> a list per row, empty words dropped (KEYS)."""
+    words = pc.split_pattern(text, " ")
+    flat = pc.list_flatten(words)
+    keep = pc.not_equal(flat, "")
+    return pa.ListArray.from_arrays(_regroup(words, keep), pc.filter(flat, keep), type=typ)
+
+
+def _first_word(lists: pa.ListArray) -> pa.Array:
+    """The first element of each list (binary), null for an empty list (the ``key`` column)."""
+    has = pc.greater(pc.list_value_length(lists), 0)
+    if not pc.any(has).as_py():
+        return pa.nulls(len(lists), pa.binary())
+    starts = pc.if_else(has, lists.offsets[:-1], 0)
+    return pc.if_else(has, pc.take(lists.values, starts), None).cast(pa.binary())
 
 
 def pending_to_batch(items: Sequence[Any], schema: pa.Schema) -> pa.RecordBatch:
