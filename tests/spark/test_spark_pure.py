@@ -11,6 +11,7 @@ import pytest
 pytest.importorskip("pyspark")
 pytest.importorskip("pyarrow")
 
+import asyncio
 import itertools
 import zlib
 
@@ -27,8 +28,9 @@ from pyspark.sql.types import (
 )
 
 from chronomq import message as m
+from chronomq.client import PullResult, PullStatus
 from chronomq.client.model import RecordColumns, decode_received, parse_properties, record_columns
-from chronomq.spark.io import select_records
+from chronomq.spark.io import DataLossError, select_records
 from chronomq.spark.offsets import (
     OffsetFormatError,
     QueueRange,
@@ -331,6 +333,58 @@ def test_records_to_batch_deliver_time_of_parked_rows() -> None:
     rows = batch.to_pylist()
     assert int(rows[0]["deliver_time"].timestamp() * 1000) == 1_700_000_000_123 + 5000
     assert rows[1]["deliver_time"] is None
+
+
+class CappedBroker:
+    """A consumer whose broker answers at most ``cap`` records a pull, tagged by offset parity, and whose
+    queue holds offsets [lo, hi): to drive range_batches without a broker."""
+
+    def __init__(self, cap: int, lo: int = 0, hi: int = 10_000) -> None:
+        self.cap, self.lo, self.hi = cap, lo, hi
+        self.pulls: list[tuple[int, int]] = []
+
+    async def pull(self, mq: object, offset: int, n: int, *, expression: str, raw: bool) -> PullResult:
+        assert raw
+        self.pulls.append((offset, n))
+        await asyncio.sleep(0)
+        if offset < self.lo:
+            return PullResult(PullStatus.OFFSET_ILLEGAL, self.lo, self.lo, self.hi)
+        upto = min(offset + n, offset + self.cap, self.hi)
+        recs = _records(*(_stored(b"v", i, {"TAGS": "odd" if i % 2 else "even"})
+                          for i in range(offset, upto)))
+        return PullResult(PullStatus.FOUND, upto, self.lo, self.hi, records=recs)
+
+
+def _read_offsets(consumer: CappedBroker, start: int, end: int, tags: str = "*", batch: int = 64,
+                  fail_on_data_loss: bool = True) -> list[int]:
+    from chronomq.spark.io import ReadSettings, range_batches
+
+    settings = ReadSettings("ns", tags, fail_on_data_loss, batch, 5.0, rows_per_batch=100)
+
+    async def run() -> list[int]:
+        out: list[int] = []
+        async for b in range_batches(consumer, settings, QueueRange("t", "b", 0, start, end), arrow_schema()):
+            out += b.column("offset").to_pylist()
+        return out
+
+    return asyncio.run(run())
+
+
+@pytest.mark.parametrize("cap", [1000, 64, 10])
+def test_range_batches_pipelined_pulls_read_each_offset_once(cap: int) -> None:
+    c = CappedBroker(cap)
+    assert _read_offsets(c, 7, 1000) == list(range(7, 1000))
+    if cap < 64:  # the broker answered fewer than asked: later windows shrink to what it answers
+        assert c.pulls[-1][1] <= cap
+    odd = CappedBroker(cap)
+    assert _read_offsets(odd, 7, 300, tags="odd") == list(range(7, 300, 2))
+    assert all(b[0] == a[0] + min(a[1], cap) for a, b in zip(odd.pulls, odd.pulls[1:], strict=False))
+
+
+def test_range_batches_skips_cleaned_offsets_only_when_told() -> None:
+    assert _read_offsets(CappedBroker(64, lo=50), 0, 200, fail_on_data_loss=False) == list(range(50, 200))
+    with pytest.raises(DataLossError, match=r"offsets 0\.\.49 were cleaned away"):
+        _read_offsets(CappedBroker(64, lo=50), 0, 200)
 
 
 def test_select_records_by_range_and_tag() -> None:

@@ -262,32 +262,51 @@ async def _next_or_none(it: AsyncIterator[T]) -> T | None:
         return None
 
 
+PULLS_IN_FLIGHT = 3  # pulls of one queue range outstanding at once (without a tag filter)
+
+
 async def range_batches(consumer: Any, settings: ReadSettings, qr: QueueRange,
                         schema: pa.Schema) -> AsyncIterator[pa.RecordBatch]:
-    """``read_range``'s batches, on the event loop: the next pull is in flight while an answer is
-    converted."""
+    """``read_range``'s batches, on the event loop. Without a tag filter, up to PULLS_IN_FLIGHT pulls of
+    consecutive offset windows are outstanding while an answer is converted; an answer that ends before
+    its window (a broker that returns fewer a pull, a gap) drops the pulls after it and the next ones start
+    where it ended. With a tag filter the broker decides where an answer ends: one pull at a time."""
     mq = MessageQueue(qr.topic, qr.broker, qr.queue_id)
     tags = tag_set(settings.tag_expression)
-    offset = qr.start
+    depth = PULLS_IN_FLIGHT if tags is None else 1
+    window = settings.pull_batch_size
+    inflight: collections.deque[tuple[int, int, asyncio.Task[Any]]] = collections.deque()
+    planned = qr.start
     pending: list[RecordColumns] = []
     npending = 0
 
-    def pull_at(off: int) -> asyncio.Task[Any]:
-        n = min(settings.pull_batch_size, qr.end - off)
-        return asyncio.ensure_future(consumer.pull(mq, off, n, expression=settings.tag_expression, raw=True))
+    def replan(at: int) -> None:
+        nonlocal planned
+        for _, _, t in inflight:
+            t.cancel()
+        inflight.clear()
+        planned = at
 
-    task: asyncio.Task[Any] | None = pull_at(offset)
+    def fill() -> None:
+        nonlocal planned
+        while len(inflight) < depth and planned < qr.end:
+            n = min(window, qr.end - planned)
+            inflight.append((planned, n, asyncio.ensure_future(
+                consumer.pull(mq, planned, n, expression=settings.tag_expression, raw=True))))
+            planned += n
+
     try:
-        while task is not None:
+        fill()
+        while inflight:
+            offset, count, task = inflight.popleft()
             res = await task
-            task = None
             recs: RecordColumns | None = None
             if res.status == PullStatus.FOUND and res.records is not None:
-                recs = select_records(res.records, qr.start, qr.end, tags)
+                nxt = max(res.next_offset, offset + 1)
+                recs = select_records(res.records, max(qr.start, offset), min(qr.end, nxt), tags)
                 if not recs and res.next_offset <= offset:
                     raise ChronomqSparkError(f"reading {mq}: the broker made no progress at offset {offset} "
                                              f"(next offset {res.next_offset})")
-                nxt = max(res.next_offset, offset + 1)
             elif res.status == PullStatus.NO_MATCHED_MSG:
                 nxt = res.next_offset
                 if nxt <= offset:
@@ -301,10 +320,12 @@ async def range_batches(consumer: Any, settings: ReadSettings, qr: QueueRange,
             else:
                 _lost(settings, mq, offset, qr.end, qr.end, beyond=res.max_offset)
                 nxt = qr.end
-            offset = nxt
-            if offset < qr.end:
-                task = pull_at(offset)
-                await asyncio.sleep(0)  # let it send its request before this answer is converted
+            if nxt != offset + count:
+                if res.status == PullStatus.FOUND and offset < nxt < offset + count:
+                    window = nxt - offset  # this broker answers at most that many a pull
+                replan(min(nxt, qr.end))
+            fill()
+            await asyncio.sleep(0)  # let the new pulls send their requests before this answer is converted
             if recs:
                 pending.append(recs)
                 npending += len(recs)
@@ -315,8 +336,7 @@ async def range_batches(consumer: Any, settings: ReadSettings, qr: QueueRange,
         if pending:
             yield records_to_batch(pending, qr.topic, qr.broker, qr.queue_id, settings.levels_ms, schema)
     finally:
-        if task is not None:
-            task.cancel()
+        replan(qr.end)
 
 
 def select_records(recs: RecordColumns, start: int, end: int, tags: set[str] | None) -> RecordColumns:
