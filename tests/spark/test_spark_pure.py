@@ -4,14 +4,16 @@ the write-schema rules and the Arrow conversion. No JVM, no broker."""
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import pytest
 
 pytest.importorskip("pyspark")
 pytest.importorskip("pyarrow")
 
+import asyncio
 import itertools
+import zlib
 
 from pyspark.sql.types import (
     ArrayType,
@@ -25,6 +27,10 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
+from chronomq import message as m
+from chronomq.client import PullResult, PullStatus
+from chronomq.client.model import RecordColumns, decode_received, parse_properties, record_columns
+from chronomq.spark.io import DataLossError, select_records
 from chronomq.spark.offsets import (
     OffsetFormatError,
     QueueRange,
@@ -50,8 +56,8 @@ from chronomq.spark.schema import (
     WriteSchemaError,
     arrow_schema,
     deliver_ms,
-    messages_to_batch,
     pending_to_batch,
+    records_to_batch,
     row_uniq_key,
     validate_write_schema,
 )
@@ -262,22 +268,29 @@ def test_deliver_time_rules() -> None:
     assert deliver_ms("t", {"DELAY": "2"}, 0, DEFAULT_LEVELS_MS) is None
 
 
-@dataclass
-class FakeMsg:
-    body: bytes
-    queue_offset: int
-    properties: dict[str, str] = field(default_factory=dict)
-    store_timestamp: int = 1_700_000_000_123
-    born_timestamp: int = 1_700_000_000_000
-    reconsume_times: int = 0
-    id: str = "ID"
+def _records(*msgs: m.MessageExt) -> RecordColumns:
+    """Stored records as a pull answer carries them, split by the client."""
+    return record_columns(b"".join(bytes(m.encode_record(x)) for x in msgs))
 
 
-def test_messages_to_batch_matches_spark_schema() -> None:
+def _stored(body: bytes, offset: int, props: dict[str, str], **kw: object) -> m.MessageExt:
+    return m.MessageExt(topic="t", body=body, properties=props, queue_id=3, queue_offset=offset,
+                        commit_log_offset=1000 + offset, store_timestamp=1_700_000_000_123,
+                        born_timestamp=1_700_000_000_000, born_host=("127.0.0.1", 1),
+                        store_host=("127.0.0.1", 10911), **kw)  # type: ignore[arg-type]
+
+
+def test_records_to_batch_matches_spark_schema_and_the_client_decoder() -> None:
     sch = arrow_schema()
-    msgs = [FakeMsg(b"v0", 4, {"KEYS": "k1 k2", "TAGS": "a", "x": "y"}), FakeMsg(b"v1", 5)]
-    batch = messages_to_batch(msgs, "t", "broker-a", 3, DEFAULT_LEVELS_MS, sch)
+    stored = [_stored(b"v0", 4, {"KEYS": "k1 k2", "TAGS": "a", "x": "y", "UNIQ_KEY": "U0"}),
+              _stored(b"v1", 5, {}),
+              _stored(zlib.compress(b"v2" * 100), 6, {"TIMER_DELIVER_MS": "1700000009000", "UNIQ_KEY": "U2"},
+                      sys_flag=m.SYSFLAG_COMPRESSED)]
+    recs = _records(*stored)
+    half = _records(*stored[:1]), _records(*stored[1:])
+    batch = records_to_batch([recs], "t", "broker-a", 3, DEFAULT_LEVELS_MS, sch)
     assert batch.schema.equals(sch)
+    assert records_to_batch(list(half), "t", "broker-a", 3, DEFAULT_LEVELS_MS, sch).equals(batch)
     rows = batch.to_pylist()
     assert rows[0]["key"] == b"k1" and rows[0]["keys"] == ["k1", "k2"] and rows[0]["tags"] == "a"
     assert dict(rows[0]["properties"])["x"] == "y"
@@ -285,9 +298,102 @@ def test_messages_to_batch_matches_spark_schema() -> None:
     assert rows[0]["partition"] == 3 and rows[0]["broker"] == "broker-a" and rows[0]["topic"] == "t"
     assert int(rows[0]["timestamp"].timestamp() * 1000) == 1_700_000_000_123
     assert rows[0]["deliver_time"] is None
+    assert int(rows[2]["deliver_time"].timestamp() * 1000) == 1_700_000_009_000
+    assert rows[2]["value"] == b"v2" * 100  # inflated
+    # the same ids, bodies and properties the client's own decoder gives (no UNIQ_KEY: the offset id)
+    decoded = decode_received(b"".join(bytes(m.encode_record(x)) for x in stored), "broker-a")
+    assert [r["msg_id"] for r in rows] == [x.id for x in decoded]
+    assert rows[1]["msg_id"] == m.create_offset_msg_id(("127.0.0.1", 10911), 1005)
+    assert [dict(r["properties"]) for r in rows] == [x.properties for x in decoded]
     assert [f.name for f in READ_SCHEMA.fields][:6] == ["key", "value", "topic", "partition", "offset",
                                                           "timestamp"]
     assert isinstance(READ_SCHEMA["timestamp"].dataType, TimestampType)
+
+
+def test_records_to_batch_reads_property_texts_as_the_client_does() -> None:
+    """Odd property texts (no separator, no name, empty values and ids, extra spaces in KEYS) give the
+    map, tags, keys and ids that parse_properties and the client's decoder give."""
+    texts = ["a\x01b\x02noseparator\x02\x01nameless\x02KEYS\x01  k1   k2 \x02TAGS\x01\x02",
+             "", "UNIQ_KEY\x01\x02x\x01\x02", "v\x01with\x01second\x02UNIQ_KEY\x01id-3"]
+    recs = _records(*(_stored(b"v", i, {}) for i in range(len(texts))))
+    recs.properties = texts
+    rows = records_to_batch([recs], "t", "b", 0, DEFAULT_LEVELS_MS, arrow_schema()).to_pylist()
+    parsed = [parse_properties(t) for t in texts]
+    assert [dict(r["properties"]) for r in rows] == parsed
+    assert [r["tags"] for r in rows] == [p.get("TAGS") for p in parsed] == ["", None, None, None]
+    assert rows[0]["keys"] == ["k1", "k2"] and rows[0]["key"] == b"k1" and rows[1]["keys"] == []
+    assert rows[3]["msg_id"] == "id-3" and parsed[3]["v"] == "with\x01second"
+    offset_ids = [m.create_offset_msg_id(("127.0.0.1", 10911), 1000 + i) for i in range(3)]
+    assert [r["msg_id"] for r in rows[:3]] == offset_ids  # no UNIQ_KEY, or an empty one
+
+
+def test_records_to_batch_deliver_time_of_parked_rows() -> None:
+    recs = _records(_stored(b"v", 0, {"DELAY": "2"}), _stored(b"v", 1, {}))
+    batch = records_to_batch([recs], "SCHEDULE_TOPIC_XXXX", "b", 1, DEFAULT_LEVELS_MS, arrow_schema())
+    rows = batch.to_pylist()
+    assert int(rows[0]["deliver_time"].timestamp() * 1000) == 1_700_000_000_123 + 5000
+    assert rows[1]["deliver_time"] is None
+
+
+class CappedBroker:
+    """A consumer whose broker answers at most ``cap`` records a pull, tagged by offset parity, and whose
+    queue holds offsets [lo, hi): to drive range_batches without a broker."""
+
+    def __init__(self, cap: int, lo: int = 0, hi: int = 10_000) -> None:
+        self.cap, self.lo, self.hi = cap, lo, hi
+        self.pulls: list[tuple[int, int]] = []
+
+    async def pull(self, mq: object, offset: int, n: int, *, expression: str, raw: bool) -> PullResult:
+        assert raw
+        self.pulls.append((offset, n))
+        await asyncio.sleep(0)
+        if offset < self.lo:
+            return PullResult(PullStatus.OFFSET_ILLEGAL, self.lo, self.lo, self.hi)
+        upto = min(offset + n, offset + self.cap, self.hi)
+        recs = _records(*(_stored(b"v", i, {"TAGS": "odd" if i % 2 else "even"})
+                          for i in range(offset, upto)))
+        return PullResult(PullStatus.FOUND, upto, self.lo, self.hi, records=recs)
+
+
+def _read_offsets(consumer: CappedBroker, start: int, end: int, tags: str = "*", batch: int = 64,
+                  fail_on_data_loss: bool = True) -> list[int]:
+    from chronomq.spark.io import ReadSettings, range_batches
+
+    settings = ReadSettings("ns", tags, fail_on_data_loss, batch, 5.0, rows_per_batch=100)
+
+    async def run() -> list[int]:
+        out: list[int] = []
+        async for b in range_batches(consumer, settings, QueueRange("t", "b", 0, start, end), arrow_schema()):
+            out += b.column("offset").to_pylist()
+        return out
+
+    return asyncio.run(run())
+
+
+@pytest.mark.parametrize("cap", [1000, 64, 10])
+def test_range_batches_pipelined_pulls_read_each_offset_once(cap: int) -> None:
+    c = CappedBroker(cap)
+    assert _read_offsets(c, 7, 1000) == list(range(7, 1000))
+    if cap < 64:  # the broker answered fewer than asked: later windows shrink to what it answers
+        assert c.pulls[-1][1] <= cap
+    odd = CappedBroker(cap)
+    assert _read_offsets(odd, 7, 300, tags="odd") == list(range(7, 300, 2))
+    assert all(b[0] == a[0] + min(a[1], cap) for a, b in zip(odd.pulls, odd.pulls[1:], strict=False))
+
+
+def test_range_batches_skips_cleaned_offsets_only_when_told() -> None:
+    assert _read_offsets(CappedBroker(64, lo=50), 0, 200, fail_on_data_loss=False) == list(range(50, 200))
+    with pytest.raises(DataLossError, match=r"offsets 0\.\.49 were cleaned away"):
+        _read_offsets(CappedBroker(64, lo=50), 0, 200)
+
+
+def test_select_records_by_range_and_tag() -> None:
+    recs = _records(*(_stored(b"v", i, {"TAGS": "a" if i % 2 else "b"}) for i in range(10, 16)))
+    assert select_records(recs, 0, 100, None) is recs
+    assert select_records(recs, 12, 15, None).queue_offsets == [12, 13, 14]
+    assert select_records(recs, 0, 100, {"a"}).queue_offsets == [11, 13, 15]
+    assert select_records(recs, 12, 100, {"b", "c"}).queue_offsets == [12, 14]
+    assert len(select_records(recs, 0, 100, {"zz"})) == 0
 
 
 # --- mode=pending ---------------------------------------------------------------------------------------

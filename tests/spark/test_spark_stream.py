@@ -13,11 +13,14 @@ from tests.spark.conftest import process_all
 pytestmark = pytest.mark.spark
 
 
-def produce(ns: str, topic: str, lo: int, hi: int) -> None:
-    """Send messages lo..hi-1 and wait until the broker's queues show them (dispatch is asynchronous)."""
+def produce(ns: str, topic: str, lo: int, hi: int, pad: int = 0) -> None:
+    """Send messages lo..hi-1 (``pad`` bytes of filler after each body's name) and wait until the broker's
+    queues show them (dispatch is asynchronous)."""
+    filler = b"x" * pad
     with Producer("spark_stream_pg", ns) as p:
         for i in range(lo, hi, 25):
-            p.send_batch([Message(topic, f"{topic}-{j}".encode()) for j in range(i, min(hi, i + 25))])
+            p.send_batch([Message(topic, f"{topic}-{j}".encode() + filler)
+                          for j in range(i, min(hi, i + 25))])
     with SimpleConsumer("spark_stream_cg", ns) as c:
         wait_for(lambda: sum(c.max_offset(q) for q in c.queues(topic, refresh=True)) >= hi,
                  message=f"{hi} messages visible in {topic}")

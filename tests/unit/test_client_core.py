@@ -1044,6 +1044,45 @@ async def test_producer_uses_caller_uniq_keys_single_and_batch(broker):
     assert sum(1 for x in broker.messages("T") if x.uniq_key == "job-1/row-0") == 2
 
 
+async def test_encode_rows_is_send_batch_from_columns(broker):
+    """encode_rows + send_encoded_batch: the bytes and the checks of send_batch for the same messages,
+    without a Message per row (the Spark sink's path)."""
+    from chronomq.client import encode_rows
+    from chronomq.remoting.codec import BatchItem, encode_batch_body
+
+    broker.topics["T"] = 1
+    msgs = [Message("T", b"a", uniq_key="u0", dedup=True),
+            Message("T", b"b", keys=["k1", "k2"], tags="tg", properties={"x": "1", "y": "2"}, uniq_key="u1",
+                    dedup=True)]
+    items = []
+    for msg in msgs:
+        props = msg.wire_properties()
+        props[m.PROPERTY_UNIQ_KEY] = msg.uniq_key
+        props[m.PROPERTY_WAIT_STORE_MSG_OK] = "true"
+        items.append(BatchItem(body=msg.body_bytes(), properties=props))
+    data = encode_rows([b"a", b"b"], ["u0", "u1"], keys=[None, "k1 k2"], tags=[None, "tg"],
+                       properties=[None, [("x", "1"), ("y", "2"), ("z", None)]], dedup=True)
+    assert data == encode_batch_body(items)
+    async with Producer("pg", broker.addr) as p:
+        r = await p.send_encoded_batch("T", data, ["u0", "u1"])
+        assert r.msg_ids == ("u0", "u1")
+        got = broker.messages("T")
+        assert [(x.body, x.uniq_key, x.tags, x.keys) for x in got] == [(b"a", "u0", None, []),
+                                                                       (b"b", "u1", "tg", ["k1", "k2"])]
+        with pytest.raises(InvalidMessage, match="system topic"):
+            await p.send_encoded_batch(m.SCHEDULE_TOPIC, data, ["u0", "u1"])
+    for bad, match in (({"bodies": [b""]}, "row 0: the message body is empty"),
+                       ({"tags": ["a\x01b"]}, "row 0: invalid tags"),
+                       ({"properties": [[("UNIQ_KEY", "v")]]}, "row 0: property 'UNIQ_KEY' is reserved"),
+                       ({"properties": [[("k", "a\x02")]]}, "row 0: property"),
+                       ({"uniq_keys": [""]}, "row 0: uniq_key must not be empty")):
+        args = {"bodies": [b"x"], "uniq_keys": ["u"], **bad}
+        with pytest.raises(InvalidMessage, match=match):
+            encode_rows(args.pop("bodies"), args.pop("uniq_keys"), **args)
+    with pytest.raises(MessageTooLarge):
+        encode_rows([b"x"], ["u"], properties=[[("k", "v" * 40_000)]])
+
+
 async def test_producer_deliver_time_send_result(broker):
     broker.topics["T"] = 1
     async with Producer("pg", broker.addr) as p:

@@ -23,7 +23,7 @@ from .errors import (
 )
 from .model import Message, MessageQueue, ReceivedMessage, SendResult, SendStatus, TopicRoute
 from .ops import PullResult, PullStatus
-from .producer import Producer, select_by_key
+from .producer import Producer, encode_rows, select_by_key
 from .simple import SimpleConsumer
 from .transaction import LocalTransactionState, TransactionProducer, TransactionSendResult
 
@@ -65,5 +65,6 @@ __all__ = [
     "TransactionProducer",
     "TransactionSendResult",
     "allocate_average",
+    "encode_rows",
     "select_by_key",
 ]

@@ -19,7 +19,8 @@ from chronomq.remoting.codes import PERM_READ, PERM_WRITE
 from .errors import InvalidMessage
 
 # property names a user may not set through ``properties=`` (the client/broker own them)
-_RESERVED = {m.PROPERTY_UNIQ_KEY, m.PROPERTY_REAL_TOPIC, m.PROPERTY_REAL_QUEUE_ID, m.PROPERTY_RETRY_TOPIC}
+RESERVED_PROPERTIES = {m.PROPERTY_UNIQ_KEY, m.PROPERTY_REAL_TOPIC, m.PROPERTY_REAL_QUEUE_ID,
+                       m.PROPERTY_RETRY_TOPIC}
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -79,21 +80,13 @@ class Message:
         return [str(k) for k in self.keys if str(k)]
 
     def validate(self) -> None:
-        reason = m.validate_topic(self.topic) if isinstance(self.topic, str) else "the topic must be a str"
-        if reason:
-            raise InvalidMessage(f"invalid topic: {reason}")
-        if self.topic.startswith(m.RETRY_GROUP_TOPIC_PREFIX) or self.topic == m.SCHEDULE_TOPIC:
-            raise InvalidMessage(f"cannot send to the system topic {self.topic!r}")
+        validate_send_topic(self.topic)
         if not isinstance(self.delay_level, int) or self.delay_level < 0:
             raise InvalidMessage(f"delay_level must be an int >= 0, got {self.delay_level!r}")
         for k, v in (self.properties or {}).items():
-            for s in (k, v):
-                if not isinstance(s, str) or "\x01" in s or "\x02" in s:
-                    raise InvalidMessage(f"property {k!r}={v!r}: names and values must be str without "
-                                         "\\x01/\\x02")
-        if self.tags is not None and (not isinstance(self.tags, str) or "\x01" in self.tags
-                                      or "\x02" in self.tags):
-            raise InvalidMessage(f"invalid tags {self.tags!r}")
+            validate_property(k, v)
+        if self.tags is not None:
+            validate_tags(self.tags)
         if not self.body_bytes():
             raise InvalidMessage("the message body is empty")
         if self.uniq_key is not None:
@@ -104,7 +97,7 @@ class Message:
         counts from ``now_ms`` (the producer's clock), by default the current time."""
         props: dict[str, str] = {}
         for k, v in (self.properties or {}).items():
-            if k in _RESERVED:
+            if k in RESERVED_PROPERTIES:
                 raise InvalidMessage(f"property {k!r} is reserved")
             props[k] = v
         keys = self.keys_list()
@@ -148,6 +141,30 @@ TIMER_PROPERTIES = (m.PROPERTY_TIMER_DELIVER_MS, m.PROPERTY_TIMER_DELAY_SEC, m.P
 # as seconds, so the client refuses it instead of guessing
 MIN_EPOCH_MS = 10**11
 MAX_UNIQ_KEY_LENGTH = 128
+
+
+def validate_send_topic(topic: object) -> str:
+    """A topic a producer may send to: legal (RocketMQ's rules) and not a retry or the schedule topic."""
+    reason = m.validate_topic(topic) if isinstance(topic, str) else "the topic must be a str"
+    if reason:
+        raise InvalidMessage(f"invalid topic: {reason}")
+    assert isinstance(topic, str)
+    if topic.startswith(m.RETRY_GROUP_TOPIC_PREFIX) or topic == m.SCHEDULE_TOPIC:
+        raise InvalidMessage(f"cannot send to the system topic {topic!r}")
+    return topic
+
+
+def validate_property(name: object, value: object) -> None:
+    """A user property: name and value str without the wire separators \\x01/\\x02."""
+    for s in (name, value):
+        if not isinstance(s, str) or "\x01" in s or "\x02" in s:
+            raise InvalidMessage(f"property {name!r}={value!r}: names and values must be str without "
+                                 "\\x01/\\x02")
+
+
+def validate_tags(tags: object) -> None:
+    if not isinstance(tags, str) or "\x01" in tags or "\x02" in tags:
+        raise InvalidMessage(f"invalid tags {tags!r}")
 
 
 def validate_uniq_key(key: object) -> str:
@@ -328,21 +345,50 @@ _HEAD = m.RECORD_HEAD
 _host = m.unpack_host_cached
 
 
-def decode_received(buf: bytes, broker_name: str) -> list[ReceivedMessage]:
-    """A PULL_MESSAGE body (concatenated stored records) straight to ReceivedMessages: the same result as
-    ``[ReceivedMessage.from_ext(x, broker_name) for x in m.decode_records(buf)]`` and the same
-    MessageFormatError checks, without the intermediate MessageExt, and with one MessageQueue per queue
-    and one host tuple per distinct host shared by the messages of the batch (the consumer's hot path)."""
-    out: list[ReceivedMessage] = []
+@dataclass(slots=True)
+class RecordColumns:
+    """The stored records of a PULL_MESSAGE body field by field: index i of every list is the i-th record.
+    ``bodies`` are inflated, ``sys_flags`` without the compressed bit, ``topics`` as stored (a retried
+    message's is ``%RETRY%group``), ``properties`` the undecoded property text, hosts the 8 raw bytes."""
+
+    queue_ids: list[int] = field(default_factory=list)
+    flags: list[int] = field(default_factory=list)
+    queue_offsets: list[int] = field(default_factory=list)
+    commit_log_offsets: list[int] = field(default_factory=list)
+    sys_flags: list[int] = field(default_factory=list)
+    born_timestamps: list[int] = field(default_factory=list)
+    born_hosts: list[bytes] = field(default_factory=list)
+    store_timestamps: list[int] = field(default_factory=list)
+    store_hosts: list[bytes] = field(default_factory=list)
+    reconsume_times: list[int] = field(default_factory=list)
+    store_sizes: list[int] = field(default_factory=list)
+    bodies: list[bytes] = field(default_factory=list)
+    topics: list[str] = field(default_factory=list)
+    properties: list[str] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.queue_offsets)
+
+    def take(self, rows: Sequence[int]) -> RecordColumns:
+        """The records at these indices, in this order."""
+        return RecordColumns(*([col[i] for i in rows] for col in (getattr(self, f) for f in _RECORD_FIELDS)))
+
+
+_RECORD_FIELDS = tuple(RecordColumns.__dataclass_fields__)
+
+
+def record_columns(buf: bytes) -> RecordColumns:
+    """Split a PULL_MESSAGE body (concatenated stored records) into RecordColumns, with the length, magic
+    and UTF-8 checks of ``m.decode_records`` (MessageFormatError), and no object per record."""
+    cols = RecordColumns()
     unpack = _HEAD.unpack_from
     fixed, pos_body = m.RECORD_FIXED_SIZE, m.POS_BODY
-    magic_v1, compressed, retry_prefix = m.MAGIC_V1, m.SYSFLAG_COMPRESSED, m.RETRY_GROUP_TOPIC_PREFIX
-    uniq, retry_topic = m.PROPERTY_UNIQ_KEY, m.PROPERTY_RETRY_TOPIC
-    psep, nvsep = m.PROPERTY_SEPARATOR, m.NAME_VALUE_SEPARATOR
-    queues: dict[tuple[str, int], MessageQueue] = {}
-    hosts: dict[bytes, tuple[str, int]] = {}
-    last_topic, last_qid, mq = "", -1, None
-    new = ReceivedMessage.__new__
+    magic_v1, compressed = m.MAGIC_V1, m.SYSFLAG_COMPRESSED
+    (queue_ids, flags, queue_offsets, commit_log_offsets, sys_flags, born_timestamps, born_hosts,
+     store_timestamps, store_hosts, reconsume_times, store_sizes, bodies, topics, properties) = (
+        cols.queue_ids, cols.flags, cols.queue_offsets, cols.commit_log_offsets, cols.sys_flags,
+        cols.born_timestamps, cols.born_hosts, cols.store_timestamps, cols.store_hosts, cols.reconsume_times,
+        cols.store_sizes, cols.bodies, cols.topics, cols.properties)
     n = len(buf)
     pos = 0
     while pos < n:
@@ -363,7 +409,7 @@ def decode_received(buf: bytes, broker_name: str) -> list[ReceivedMessage]:
         topic_len = buf[p]
         p += 1
         try:
-            raw_topic = buf[p : p + topic_len].decode()
+            topics.append(buf[p : p + topic_len].decode())
         except UnicodeDecodeError as e:
             raise m.MessageFormatError("topic is not UTF-8") from e
         p += topic_len
@@ -373,18 +419,56 @@ def decode_received(buf: bytes, broker_name: str) -> list[ReceivedMessage]:
         p += 2
         if p + props_len != end:
             raise m.MessageFormatError("record length does not match its fields")
-        props: dict[str, str] = {}
-        if props_len:
-            try:
-                text = buf[p:end].decode()
-            except UnicodeDecodeError as e:
-                raise m.MessageFormatError("properties are not UTF-8") from e
-            for item in text.split(psep):
-                k, sep, v = item.partition(nvsep)
-                if sep and k:
-                    props[k] = v
+        try:
+            properties.append(buf[p:end].decode() if props_len else "")
+        except UnicodeDecodeError as e:
+            raise m.MessageFormatError("properties are not UTF-8") from e
         if sys_flag & compressed:
             body = zlib.decompress(body)
+        bodies.append(body)
+        queue_ids.append(queue_id)
+        flags.append(flag)
+        queue_offsets.append(queue_offset)
+        commit_log_offsets.append(phys)
+        sys_flags.append(sys_flag & ~compressed)
+        born_timestamps.append(born_ts)
+        born_hosts.append(born_host)
+        store_timestamps.append(store_ts)
+        store_hosts.append(store_host)
+        reconsume_times.append(reconsume)
+        store_sizes.append(total)
+        pos = end
+    return cols
+
+
+def parse_properties(text: str) -> dict[str, str]:
+    """Stored property text -> dict (an item without a name or a separator is skipped; the last wins)."""
+    props: dict[str, str] = {}
+    if text:
+        nvsep = m.NAME_VALUE_SEPARATOR
+        for item in text.split(m.PROPERTY_SEPARATOR):
+            k, sep, v = item.partition(nvsep)
+            if sep and k:
+                props[k] = v
+    return props
+
+
+def decode_received(buf: bytes, broker_name: str) -> list[ReceivedMessage]:
+    """A PULL_MESSAGE body (concatenated stored records) straight to ReceivedMessages: the same result as
+    ``[ReceivedMessage.from_ext(x, broker_name) for x in m.decode_records(buf)]`` and the same
+    MessageFormatError checks (record_columns), without the intermediate MessageExt, and with one
+    MessageQueue per queue and one host tuple per distinct host shared by the messages of the batch (the
+    consumer's hot path)."""
+    c = record_columns(buf)
+    out: list[ReceivedMessage] = []
+    retry_prefix, uniq, retry_topic = m.RETRY_GROUP_TOPIC_PREFIX, m.PROPERTY_UNIQ_KEY, m.PROPERTY_RETRY_TOPIC
+    queues: dict[tuple[str, int], MessageQueue] = {}
+    hosts: dict[bytes, tuple[str, int]] = {}
+    last_topic, last_qid, mq = "", -1, None
+    new = ReceivedMessage.__new__
+    for i, raw_topic in enumerate(c.topics):
+        props = parse_properties(c.properties[i])
+        queue_id = c.queue_ids[i]
         topic = raw_topic
         if topic.startswith(retry_prefix):
             topic = props.get(retry_topic, topic)
@@ -393,31 +477,32 @@ def decode_received(buf: bytes, broker_name: str) -> list[ReceivedMessage]:
             if mq is None:
                 mq = queues[(raw_topic, queue_id)] = MessageQueue(raw_topic, broker_name, queue_id)
             last_topic, last_qid = raw_topic, queue_id
+        store_host, born_host = c.store_hosts[i], c.born_hosts[i]
         shost = hosts.get(store_host)
         if shost is None:
             shost = hosts[store_host] = _host(store_host)
         bhost = hosts.get(born_host)
         if bhost is None:
             bhost = hosts[born_host] = _host(born_host)
+        phys = c.commit_log_offsets[i]
         msg = new(ReceivedMessage)
         msg.topic = topic
-        msg.body = body
+        msg.body = c.bodies[i]
         msg.id = props.get(uniq) or m.create_offset_msg_id(shost, phys)
         msg.queue = mq
-        msg.queue_offset = queue_offset
+        msg.queue_offset = c.queue_offsets[i]
         msg.commit_log_offset = phys
         msg.properties = props
-        msg.reconsume_times = reconsume
-        msg.born_timestamp = born_ts
-        msg.store_timestamp = store_ts
+        msg.reconsume_times = c.reconsume_times[i]
+        msg.born_timestamp = c.born_timestamps[i]
+        msg.store_timestamp = c.store_timestamps[i]
         msg.born_host = bhost
         msg.store_host = shost
-        msg.flag = flag
-        msg.sys_flag = sys_flag & ~compressed
-        msg.store_size = total
+        msg.flag = c.flags[i]
+        msg.sys_flag = c.sys_flags[i]
+        msg.store_size = c.store_sizes[i]
         msg.raw_topic = raw_topic
         out.append(msg)
-        pos = end
     return out
 
 

@@ -19,7 +19,7 @@ from chronomq.remoting.codes import (
 
 from .errors import BrokerError, error_for_code
 from .instance import ClientInstance
-from .model import MessageQueue, ReceivedMessage, decode_received, tag_set
+from .model import MessageQueue, ReceivedMessage, RecordColumns, decode_received, record_columns, tag_set
 
 
 class PullStatus(StrEnum):
@@ -37,6 +37,7 @@ class PullResult:
     max_offset: int
     messages: list[ReceivedMessage] = field(default_factory=list)
     suggest_broker_id: int = 0  # where the broker suggests the next pull go (0: the master)
+    records: RecordColumns | None = None  # a raw pull's FOUND answer, column by column (messages is empty)
 
 
 _PULL_CODES = (ResponseCode.SUCCESS, ResponseCode.PULL_NOT_FOUND, ResponseCode.PULL_RETRY_IMMEDIATELY,
@@ -59,9 +60,10 @@ def pull_request(inst: ClientInstance, mq: MessageQueue, offset: int, max_count:
 
 
 def pull_result(resp: RemotingCommand, mq: MessageQueue, offset: int, tags: set[str] | None, what: str,
-                addr: str) -> PullResult:
+                addr: str, raw: bool = False) -> PullResult:
     """A PULL_MESSAGE response as a PullResult: its status, offsets and the messages that match ``tags``
-    (None: all), decoded straight from the stored records."""
+    (None: all), decoded straight from the stored records. ``raw``: a FOUND answer's records as
+    RecordColumns in ``records``, every record the broker sent (the caller checks tags)."""
     code = resp.code
     if code not in _PULL_CODES:
         raise error_for_code(code, resp.remark, what, addr)
@@ -76,6 +78,9 @@ def pull_result(resp: RemotingCommand, mq: MessageQueue, offset: int, tags: set[
     if code == ResponseCode.PULL_OFFSET_MOVED:
         return PullResult(PullStatus.OFFSET_ILLEGAL, nxt, lo, hi, suggest_broker_id=suggest)
     try:
+        if raw:
+            return PullResult(PullStatus.FOUND, nxt, lo, hi, suggest_broker_id=suggest,
+                              records=record_columns(resp.body))
         msgs = decode_received(resp.body, mq.broker_name)
     except m.MessageFormatError as e:
         raise BrokerError(f"{what}: the broker returned an undecodable message body: {e}",
@@ -89,7 +94,7 @@ def pull_result(resp: RemotingCommand, mq: MessageQueue, offset: int, tags: set[
 
 async def pull(inst: ClientInstance, mq: MessageQueue, offset: int, max_count: int, *, group: str,
                expression: str = "*", suspend_ms: int = 0, commit_offset: int | None = None,
-               timeout: float | None = None) -> PullResult:
+               timeout: float | None = None, raw: bool = False) -> PullResult:
     if offset < 0:
         raise ValueError(f"pull offset must be >= 0, got {offset}")
     if max_count < 1:
@@ -101,7 +106,7 @@ async def pull(inst: ClientInstance, mq: MessageQueue, offset: int, max_count: i
     rto = timeout if timeout is not None else (suspend_ms / 1000 + 10 if suspend_ms else inst.request_timeout)
     what = f"pull {mq} at offset {offset}"
     resp = await inst.invoke(addr, req, rto, what)
-    return pull_result(resp, mq, offset, tag_set(expression), what, addr)
+    return pull_result(resp, mq, offset, tag_set(expression), what, addr, raw)
 
 
 async def _offset_call(inst: ClientInstance, code: int, mq: MessageQueue, what: str,

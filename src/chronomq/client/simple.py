@@ -47,11 +47,13 @@ class SimpleConsumer(SyncContextMixin):
         return qs
 
     async def pull(self, queue: MessageQueue, offset: int, max_count: int = 32, *, timeout: float = 0.0,
-                   expression: str = "*") -> PullResult:
+                   expression: str = "*", raw: bool = False) -> PullResult:
         """Messages of ``queue`` from ``offset`` (at most ``max_count``). With ``timeout`` > 0 the broker
-        holds the request up to that many seconds when there is nothing new (long polling)."""
+        holds the request up to that many seconds when there is nothing new (long polling). ``raw``: the
+        records come column by column in ``records`` (RecordColumns), not as messages, and are not checked
+        against the expression's tags (the broker's filter compares tag hash codes only)."""
         return await ops.pull(self._instance, queue, offset, max_count, group=self.group,
-                              expression=expression, suspend_ms=int(timeout * 1000))
+                              expression=expression, suspend_ms=int(timeout * 1000), raw=raw)
 
     async def min_offset(self, queue: MessageQueue) -> int:
         return await ops.min_offset(self._instance, queue)

@@ -349,8 +349,11 @@ def decode_batch_body(data: bytes | bytearray) -> list[BatchItem]:
 def encode_batch_body(items: list[BatchItem]) -> bytes:
     out = bytearray()
     for it in items:
-        props = encode_properties(it.properties).encode()
-        total = _BATCH_HEAD.size + len(it.body) + 2 + len(props)
-        out += _BATCH_HEAD.pack(total, 0, 0, it.flag, len(it.body)) + it.body
-        out += struct.pack(">h", len(props)) + props
+        out += encode_batch_item(it.body, encode_properties(it.properties).encode(), it.flag)
     return bytes(out)
+
+
+def encode_batch_item(body: bytes, properties: bytes, flag: int = 0) -> bytes:
+    """One item of a batch body, its properties already encoded (``encode_properties(...).encode()``)."""
+    return (_BATCH_HEAD.pack(_BATCH_HEAD.size + len(body) + 2 + len(properties), 0, 0, flag, len(body)) + body
+            + _H16S.pack(len(properties)) + properties)

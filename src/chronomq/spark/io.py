@@ -11,7 +11,7 @@ import asyncio
 import collections
 import logging
 import re
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -29,12 +29,14 @@ from chronomq.client import (
     Producer,
     PullStatus,
     SimpleConsumer,
+    encode_rows,
 )
-from chronomq.message import DEFAULT_TOPIC, SCHEDULE_TOPIC
+from chronomq.client.model import RecordColumns, parse_properties, tag_set
+from chronomq.message import DEFAULT_TOPIC, PROPERTY_TAGS, SCHEDULE_TOPIC
 
 from .offsets import QueueKey, QueueRange
 from .options import EARLIEST, LATEST, OffsetSpec, PendingOptions, ReadOptions, WriteOptions
-from .schema import DEFAULT_LEVELS_MS, messages_to_batch, pending_to_batch, row_uniq_key, to_epoch_ms
+from .schema import DEFAULT_LEVELS_MS, pending_to_batch, records_to_batch, row_uniq_keys, to_epoch_ms
 
 log = logging.getLogger("chronomq.spark")
 T = TypeVar("T")
@@ -231,61 +233,120 @@ class ReadSettings:
 def read_range(settings: ReadSettings, qr: QueueRange, schema: pa.Schema) -> Iterator[pa.RecordBatch]:
     """Every message of ``[qr.start, qr.end)`` (matching the tag expression) as Arrow batches.
 
-    Pulls are pipelined: the next pull is in flight while the previous answer is converted."""
+    The pulls and the conversion run on the client's event-loop thread (``range_batches``); this thread
+    only takes the finished batches, one hand-over per batch instead of one per pull."""
     if qr.end <= qr.start:
         return
-    mq = MessageQueue(qr.topic, qr.broker, qr.queue_id)
     proxy = SimpleConsumer(READER_GROUP, settings.namesrv, request_timeout=settings.request_timeout_s,
                            credentials=settings.credentials).blocking()
+    batches = range_batches(proxy.async_client, settings, qr, schema)
     try:
-        offset = qr.start
-        pending: list[Any] = []
-        npending = 0
-
-        def pull_at(off: int) -> Any:
-            n = min(settings.pull_batch_size, qr.end - off)
-            return proxy.submit("pull", mq, off, n, expression=settings.tag_expression)
-
-        fut = pull_at(offset)
         while True:
-            res = fut.result(settings.request_timeout_s + 30)
-            fut = None
-            if res.status == PullStatus.FOUND:
-                msgs = [m for m in res.messages if qr.start <= m.queue_offset < qr.end]
+            # each pull has the client's request timeout; a batch is at most this many pulls
+            pulls = -(-settings.rows_per_batch // settings.pull_batch_size) + 1
+            batch = _run(proxy, lambda _c: _next_or_none(batches), (settings.request_timeout_s + 30) * pulls)
+            if batch is None:
+                return
+            yield batch
+    finally:
+        try:
+            _run(proxy, lambda _c: batches.aclose(), settings.request_timeout_s + 30)
+        finally:
+            proxy.close()
+
+
+async def _next_or_none(it: AsyncIterator[T]) -> T | None:
+    try:
+        return await anext(it)
+    except StopAsyncIteration:
+        return None
+
+
+PULLS_IN_FLIGHT = 3  # pulls of one queue range outstanding at once (without a tag filter)
+
+
+async def range_batches(consumer: Any, settings: ReadSettings, qr: QueueRange,
+                        schema: pa.Schema) -> AsyncIterator[pa.RecordBatch]:
+    """``read_range``'s batches, on the event loop. Without a tag filter, up to PULLS_IN_FLIGHT pulls of
+    consecutive offset windows are outstanding while an answer is converted; an answer that ends before
+    its window (a broker that returns fewer a pull, a gap) drops the pulls after it and the next ones start
+    where it ended. With a tag filter the broker decides where an answer ends: one pull at a time."""
+    mq = MessageQueue(qr.topic, qr.broker, qr.queue_id)
+    tags = tag_set(settings.tag_expression)
+    depth = PULLS_IN_FLIGHT if tags is None else 1
+    window = settings.pull_batch_size
+    inflight: collections.deque[tuple[int, int, asyncio.Task[Any]]] = collections.deque()
+    planned = qr.start
+    pending: list[RecordColumns] = []
+    npending = 0
+
+    def replan(at: int) -> None:
+        nonlocal planned
+        for _, _, t in inflight:
+            t.cancel()
+        inflight.clear()
+        planned = at
+
+    def fill() -> None:
+        nonlocal planned
+        while len(inflight) < depth and planned < qr.end:
+            n = min(window, qr.end - planned)
+            inflight.append((planned, n, asyncio.ensure_future(
+                consumer.pull(mq, planned, n, expression=settings.tag_expression, raw=True))))
+            planned += n
+
+    try:
+        fill()
+        while inflight:
+            offset, count, task = inflight.popleft()
+            res = await task
+            recs: RecordColumns | None = None
+            if res.status == PullStatus.FOUND and res.records is not None:
                 nxt = max(res.next_offset, offset + 1)
+                recs = select_records(res.records, max(qr.start, offset), min(qr.end, nxt), tags)
+                if not recs and res.next_offset <= offset:
+                    raise ChronomqSparkError(f"reading {mq}: the broker made no progress at offset {offset} "
+                                             f"(next offset {res.next_offset})")
             elif res.status == PullStatus.NO_MATCHED_MSG:
-                msgs = []
                 nxt = res.next_offset
                 if nxt <= offset:
                     raise ChronomqSparkError(f"reading {mq}: the broker made no progress at offset {offset} "
                                              f"(next offset {nxt})")
             elif res.status == PullStatus.OFFSET_ILLEGAL and offset < res.min_offset:
                 nxt = _lost(settings, mq, offset, min(res.min_offset, qr.end), qr.end)
-                msgs = []
-            else:
+            elif offset < res.min_offset:
                 # NO_NEW_MSG or an offset beyond the end: the planned messages are not there (any more)
-                msgs = []
-                if offset < res.min_offset:
-                    nxt = _lost(settings, mq, offset, min(res.min_offset, qr.end), qr.end)
-                else:
-                    _lost(settings, mq, offset, qr.end, qr.end, beyond=res.max_offset)
-                    nxt = qr.end
-            offset = nxt
-            if offset < qr.end:
-                fut = pull_at(offset)  # in flight while we convert
-            if msgs:
-                pending.extend(msgs)
-                npending += len(msgs)
+                nxt = _lost(settings, mq, offset, min(res.min_offset, qr.end), qr.end)
+            else:
+                _lost(settings, mq, offset, qr.end, qr.end, beyond=res.max_offset)
+                nxt = qr.end
+            if nxt != offset + count:
+                if res.status == PullStatus.FOUND and offset < nxt < offset + count:
+                    window = nxt - offset  # this broker answers at most that many a pull
+                replan(min(nxt, qr.end))
+            fill()
+            await asyncio.sleep(0)  # let the new pulls send their requests before this answer is converted
+            if recs:
+                pending.append(recs)
+                npending += len(recs)
                 if npending >= settings.rows_per_batch:
-                    yield messages_to_batch(pending, qr.topic, qr.broker, qr.queue_id, settings.levels_ms,
-                                            schema)
+                    yield records_to_batch(pending, qr.topic, qr.broker, qr.queue_id, settings.levels_ms,
+                                           schema)
                     pending, npending = [], 0
-            if fut is None:
-                break
         if pending:
-            yield messages_to_batch(pending, qr.topic, qr.broker, qr.queue_id, settings.levels_ms, schema)
+            yield records_to_batch(pending, qr.topic, qr.broker, qr.queue_id, settings.levels_ms, schema)
     finally:
-        proxy.close()
+        replan(qr.end)
+
+
+def select_records(recs: RecordColumns, start: int, end: int, tags: set[str] | None) -> RecordColumns:
+    """The pulled records with an offset in [start, end) and, with a tag filter, one of its tags (the
+    broker filters by tag hash code only; the client's own pulls check the tag itself, so does this)."""
+    offsets = recs.queue_offsets
+    if tags is None and (not offsets or (min(offsets) >= start and max(offsets) < end)):
+        return recs
+    return recs.take([i for i, o in enumerate(offsets) if start <= o < end and
+                      (tags is None or parse_properties(recs.properties[i]).get(PROPERTY_TAGS) in tags)])
 
 
 def _lost(settings: ReadSettings, mq: MessageQueue, frm: int, to: int, end: int,
@@ -340,60 +401,97 @@ class WriteStats:
     topics: dict[str, int] = field(default_factory=dict)
 
 
-def _column(batch: pa.RecordBatch, name: str) -> list[Any] | None:
+def _column(batch: pa.RecordBatch, name: str, as_bytes: bool = False) -> list[Any] | None:
+    """A column as a Python list; ``as_bytes``: a string column comes as its UTF-8 bytes (a cast in Arrow,
+    instead of decoding every value to str and encoding it again)."""
     idx = batch.schema.get_field_index(name)
     if idx < 0:
         return None
-    return batch.column(idx).to_pylist()
+    col = batch.column(idx)
+    if as_bytes and pa.types.is_string(col.type):
+        col = col.cast(pa.binary())
+    return col.to_pylist()
+
+
+@dataclass
+class RowFields:
+    """The sendable fields of a batch's rows, column by column (row i of each list is row i)."""
+
+    topics: list[str]
+    bodies: list[bytes]
+    keys: list[str | None]  # KEYS as sent: the key and the keys, space separated
+    tags: list[str | None] | None
+    properties: list[list[tuple[str, str | None]] | None] | None
+
+
+def row_fields(batch: pa.RecordBatch, topic_option: str | None) -> RowFields:
+    """Arrow rows -> their message fields. Raises ValueError with the row's problem."""
+    n = batch.num_rows
+    values = _column(batch, "value", as_bytes=True) or [None] * n
+    topics = _column(batch, "topic")
+    key = _column(batch, "key")
+    keys = _column(batch, "keys")
+    for i, v in enumerate(values):
+        if v is None:
+            raise ValueError(f"row {i}: 'value' is null (a message needs a body)")
+    if topic_option:
+        row_topics = [topic_option] * n
+    else:
+        row_topics = topics if topics is not None else [None] * n
+        for i, t in enumerate(row_topics):
+            if not t:
+                raise ValueError(f"row {i}: no topic (the 'topic' column is null and no 'topic' option is "
+                                 "set)")
+    keys_text: list[str | None] = [None] * n
+    if key is not None or keys is not None:
+        for i in range(n):
+            ks: list[str] = []
+            if key is not None and key[i] is not None:
+                k = key[i]
+                ks.append(k.decode() if isinstance(k, bytes | bytearray) else str(k))
+            if keys is not None and keys[i] is not None:
+                kv = keys[i]
+                more = kv.split(" ") if isinstance(kv, str) else [str(x) for x in kv if x is not None]
+                ks.extend(x for x in more if x and x not in ks)
+            keys_text[i] = " ".join(x for x in ks if x) or None
+    return RowFields(row_topics, values, keys_text, _column(batch, "tags"),  # type: ignore[arg-type]
+                     _column(batch, "properties"))
+
+
+def row_delays(batch: pa.RecordBatch) -> list[dict[str, Any]] | None:
+    """Each row's deliver-time arguments for Message (delay_level / delay / deliver_at), or None when no
+    row of the batch has one."""
+    delay_level = _column(batch, "delay_level")
+    delay_ms = _column(batch, "delay_ms")
+    deliver_at = _column(batch, "deliver_at")
+    if not ((delay_level is not None and any(delay_level))
+            or any(c is not None and any(v is not None for v in c) for c in (delay_ms, deliver_at))):
+        return None
+    out: list[dict[str, Any]] = []
+    for i in range(batch.num_rows):
+        kwargs: dict[str, Any] = {}
+        if delay_level is not None and delay_level[i]:
+            kwargs["delay_level"] = int(delay_level[i])
+        if delay_ms is not None and delay_ms[i] is not None:
+            kwargs["delay"] = int(delay_ms[i]) / 1000.0
+        if deliver_at is not None and deliver_at[i] is not None:
+            kwargs["deliver_at"] = to_epoch_ms(deliver_at[i])
+        out.append(kwargs)
+    return out
 
 
 def batch_to_messages(batch: pa.RecordBatch, topic_option: str | None) -> list[tuple[Message, bool]]:
     """Arrow rows -> (client Message, is_delayed). Raises ValueError with the row's problem."""
-    n = batch.num_rows
-    values = _column(batch, "value") or [None] * n
-    topics = _column(batch, "topic")
-    key = _column(batch, "key")
-    keys = _column(batch, "keys")
-    tags = _column(batch, "tags")
-    props = _column(batch, "properties")
-    delay_level = _column(batch, "delay_level")
-    delay_ms = _column(batch, "delay_ms")
-    deliver_at = _column(batch, "deliver_at")
+    f = row_fields(batch, topic_option)
+    delays = row_delays(batch)
     out: list[tuple[Message, bool]] = []
-    for i in range(n):
-        v = values[i]
-        if v is None:
-            raise ValueError(f"row {i}: 'value' is null (a message needs a body)")
-        topic = topic_option or (topics[i] if topics is not None else None)
-        if not topic:
-            raise ValueError(f"row {i}: no topic (the 'topic' column is null and no 'topic' option is set)")
-        ks: list[str] = []
-        if key is not None and key[i] is not None:
-            k = key[i]
-            ks.append(k.decode() if isinstance(k, bytes | bytearray) else str(k))
-        if keys is not None and keys[i] is not None:
-            kv = keys[i]
-            more = kv.split(" ") if isinstance(kv, str) else [str(x) for x in kv if x is not None]
-            ks.extend(x for x in more if x and x not in ks)
-        p = props[i] if props is not None else None
-        pmap = dict(p) if p else None
-        if pmap and any(val is None for val in pmap.values()):
-            pmap = {a: b for a, b in pmap.items() if b is not None}
-        kwargs: dict[str, Any] = {}
-        delayed = False
-        if delay_level is not None and delay_level[i]:
-            kwargs["delay_level"] = int(delay_level[i])
-            delayed = True
-        if delay_ms is not None and delay_ms[i] is not None:
-            kwargs["delay"] = int(delay_ms[i]) / 1000.0
-            delayed = True
-        if deliver_at is not None and deliver_at[i] is not None:
-            kwargs["deliver_at"] = to_epoch_ms(deliver_at[i])
-            delayed = True
-        msg = Message(topic, v if isinstance(v, bytes) else (v.encode() if isinstance(v, str) else bytes(v)),
-                      keys=ks or None, tags=tags[i] if tags is not None else None, properties=pmap,
-                      **kwargs)
-        out.append((msg, delayed))
+    for i, body in enumerate(f.bodies):
+        p = f.properties[i] if f.properties is not None else None
+        pmap = {a: b for a, b in p if b is not None} if p else None
+        kwargs = delays[i] if delays is not None else {}
+        msg = Message(f.topics[i], body, keys=f.keys[i], tags=f.tags[i] if f.tags is not None else None,
+                      properties=pmap or None, **kwargs)
+        out.append((msg, bool(kwargs)))
     return out
 
 
@@ -409,17 +507,17 @@ def write_rows(opts: WriteOptions, batches: Iterator[pa.RecordBatch], query_id: 
     producer = proxy.async_client
     sem_holder: dict[str, asyncio.Semaphore] = {}
 
-    async def send(msgs: list[Message], single: bool) -> None:
+    async def bounded(make: Callable[[], Awaitable[Any]]) -> None:
         sem = sem_holder.get("s")
         if sem is None:
             sem = sem_holder["s"] = asyncio.Semaphore(opts.max_in_flight)
         async with sem:
-            await (producer.send(msgs[0]) if single else producer.send_batch(msgs))
+            await make()
 
     futures: collections.deque[Any] = collections.deque()
 
-    def submit(msgs: list[Message], single: bool) -> None:
-        futures.append(asyncio.run_coroutine_threadsafe(send(msgs, single), proxy.loop))
+    def submit(make: Callable[[], Awaitable[Any]]) -> None:
+        futures.append(asyncio.run_coroutine_threadsafe(bounded(make), proxy.loop))
         while len(futures) > opts.max_in_flight * 4:
             _wait(futures.popleft())
 
@@ -437,33 +535,71 @@ def write_rows(opts: WriteOptions, batches: Iterator[pa.RecordBatch], query_id: 
             raise ChronomqSparkError(f"chronomq write failed (Spark will retry the task; rows already sent "
                                      f"are sent again with the same UNIQ_KEY): {e}") from e
 
+    def send_plain(f: RowFields, uniq: list[str], first_row: int) -> None:
+        """Rows without a deliver time: encoded straight into batch bodies, ``batchSize`` rows a send."""
+        n = len(f.bodies)
+        groups: dict[str, list[int]] = {}
+        if len(set(f.topics)) == 1:
+            groups[f.topics[0]] = list(range(n))
+        else:
+            for i, t in enumerate(f.topics):
+                groups.setdefault(t, []).append(i)
+        for topic, rows in groups.items():
+            stats.topics[topic] = stats.topics.get(topic, 0) + len(rows)
+            for s in range(0, len(rows), opts.batch_size):
+                sel = rows[s:s + opts.batch_size]
+                ids = [uniq[j] for j in sel]
+                try:
+                    data = encode_rows([f.bodies[j] for j in sel], ids,
+                                       keys=[f.keys[j] for j in sel],
+                                       tags=[f.tags[j] for j in sel] if f.tags is not None else None,
+                                       properties=([f.properties[j] for j in sel] if f.properties is not None
+                                                   else None),
+                                       dedup=opts.dedup, row_numbers=[first_row + j for j in sel])
+                except InvalidMessage as e:
+                    raise ChronomqSparkError(f"chronomq write: a row cannot be sent as a message: {e}") from e
+                submit(lambda t=topic, d=data, i=ids: producer.send_encoded_batch(t, d, i))
+
+    def send_messages(items: list[tuple[Message, bool]], uniq: list[str]) -> None:
+        """Rows of a batch that has deliver times: delayed rows one by one, the others batched per topic."""
+        per_topic: dict[str, list[Message]] = {}
+        for (msg, delayed), key in zip(items, uniq, strict=True):
+            msg.uniq_key = key
+            msg.dedup = opts.dedup
+            stats.topics[msg.topic] = stats.topics.get(msg.topic, 0) + 1
+            # (the producer validates each message; an invalid one fails the task with its reason)
+            if delayed:
+                submit(lambda m=msg: producer.send(m))
+                continue
+            ms = per_topic.setdefault(msg.topic, [])
+            ms.append(msg)
+            if len(ms) >= opts.batch_size:
+                submit(lambda b=ms: producer.send_batch(b))
+                per_topic[msg.topic] = []
+        for ms in per_topic.values():
+            if ms:
+                submit(lambda b=ms: producer.send_batch(b))
+
     try:
         row = 0
         for batch in batches:
-            if batch.num_rows == 0:
+            n = batch.num_rows
+            if n == 0:
                 continue
+            uniq = row_uniq_keys(query_id, batch_id, partition_id, row, n)
             try:
-                items = batch_to_messages(batch, opts.topic)
+                if row_delays(batch) is None:
+                    fields, items = row_fields(batch, opts.topic), None
+                else:
+                    fields, items = None, batch_to_messages(batch, opts.topic)
             except (ValueError, ClientError) as e:
                 raise ChronomqSparkError(f"chronomq write: {e}") from e
-            per_topic: dict[str, list[Message]] = {}
-            for msg, delayed in items:
-                msg.uniq_key = row_uniq_key(query_id, batch_id, partition_id, row)
-                msg.dedup = opts.dedup
-                row += 1
-                stats.topics[msg.topic] = stats.topics.get(msg.topic, 0) + 1
-                # (the producer validates each message; an invalid one fails the task with its reason)
-                if delayed:
-                    submit([msg], True)
-                    continue
-                ms = per_topic.setdefault(msg.topic, [])
-                ms.append(msg)
-                if len(ms) >= opts.batch_size:
-                    submit(ms, False)
-                    per_topic[msg.topic] = []
-            for ms in per_topic.values():
-                if ms:
-                    submit(ms, False)
+            if fields is not None:
+                send_plain(fields, uniq, row)
+            else:
+                assert items is not None
+                send_messages(items, uniq)
+            row += n
         while futures:
             _wait(futures.popleft())
         stats.rows = row

@@ -4,11 +4,13 @@ batches, the write-side column rules, and the deterministic UNIQ_KEY of a writte
 from __future__ import annotations
 
 import hashlib
+import itertools
 from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql.types import (
     ArrayType,
     BinaryType,
@@ -22,11 +24,18 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
+from chronomq.client.model import RecordColumns, parse_properties
 from chronomq.message import (
+    NAME_VALUE_SEPARATOR,
     PROPERTY_DELAY_TIME_LEVEL,
     PROPERTY_KEYS,
+    PROPERTY_SEPARATOR,
+    PROPERTY_TAGS,
     PROPERTY_TIMER_DELIVER_MS,
+    PROPERTY_UNIQ_KEY,
     SCHEDULE_TOPIC,
+    create_offset_msg_id,
+    unpack_host_cached,
 )
 
 # The RocketMQ 4.x default level table (protocol.md 5.1), used when the broker cannot tell us its own.
@@ -94,39 +103,92 @@ def deliver_ms(topic: str, props: dict[str, str], store_ms: int, levels_ms: Sequ
     return None
 
 
-def messages_to_batch(msgs: Sequence[Any], topic: str, broker: str, queue_id: int,
-                      levels_ms: Sequence[int], schema: pa.Schema) -> pa.RecordBatch:
-    """Received messages (chronomq.client.ReceivedMessage-like: body, properties, queue_offset,
-    store_timestamp, born_timestamp, reconsume_times, id) of one queue -> one Arrow batch."""
-    keys_col: list[bytes | None] = []
-    keys_list: list[list[str]] = []
-    props_col: list[list[tuple[str, str]]] = []
-    deliver: list[int | None] = []
-    for mm in msgs:
-        props = mm.properties
-        ks = [k for k in props.get(PROPERTY_KEYS, "").split(" ") if k]
-        keys_list.append(ks)
-        keys_col.append(ks[0].encode() if ks else None)
-        props_col.append(list(props.items()))
-        deliver.append(deliver_ms(topic, props, mm.store_timestamp, levels_ms))
-    n = len(msgs)
+def records_to_batch(parts: Sequence[RecordColumns], topic: str, broker: str, queue_id: int,
+                     levels_ms: Sequence[int], schema: pa.Schema) -> pa.RecordBatch:
+    """Pulled records of one queue (chronomq.client RecordColumns, in offset order) -> one Arrow batch.
+
+    The property texts are split by Arrow kernels (``_property_map``), and the tags, keys and ids looked
+    up in the resulting map; Python touches a row only to put its fields in lists, and for the rare row
+    with a deliver time or without a UNIQ_KEY."""
+    def chained(name: str) -> list[Any]:
+        if len(parts) == 1:
+            return getattr(parts[0], name)  # type: ignore[no-any-return]
+        return list(itertools.chain.from_iterable(getattr(p, name) for p in parts))
+
+    texts = chained("properties")
+    store_ms = chained("store_timestamps")
+    n = len(texts)
+    props = _property_map(pa.array(texts, pa.string()), schema.field("properties").type)
+    keys = _split_words(pc.fill_null(_lookup(props, PROPERTY_KEYS), ""), schema.field("keys").type)
+    ids = _lookup(props, PROPERTY_UNIQ_KEY)
+    if ids.null_count or not pc.all(pc.not_equal(ids, "")).as_py():
+        # no UNIQ_KEY: the offset message id (store host + commit-log offset), as the client's decoder
+        hosts, phys = chained("store_hosts"), chained("commit_log_offsets")
+        ids = pa.array([i or create_offset_msg_id(unpack_host_cached(hosts[j]), phys[j])
+                        for j, i in enumerate(ids.to_pylist())], pa.string())
+    timed = pc.or_kleene(pc.is_valid(_lookup(props, PROPERTY_DELIVER_MS)),
+                         pc.is_valid(_lookup(props, PROPERTY_TIMER_DELIVER_MS)))
+    if topic == SCHEDULE_TOPIC or pc.any(timed).as_py():
+        deliver: pa.Array = pa.array([deliver_ms(topic, parse_properties(t), s, levels_ms)
+                                      for t, s in zip(texts, store_ms, strict=True)], pa.int64())
+    else:
+        deliver = pa.nulls(n, pa.int64())
     cols = [
-        pa.array(keys_col, type=pa.binary()),
-        pa.array([mm.body for mm in msgs], type=pa.binary()),
-        pa.array([topic] * n, type=pa.string()),
-        pa.array([queue_id] * n, type=pa.int32()),
-        pa.array([mm.queue_offset for mm in msgs], type=pa.int64()),
-        _ts([mm.store_timestamp for mm in msgs]),
-        pa.array([broker] * n, type=pa.string()),
-        pa.array([mm.id for mm in msgs], type=pa.string()),
-        pa.array([mm.properties.get("TAGS") for mm in msgs], type=pa.string()),
-        pa.array(keys_list, type=schema.field("keys").type),
-        pa.array(props_col, type=schema.field("properties").type),
-        _ts([mm.born_timestamp for mm in msgs]),
-        pa.array([mm.reconsume_times for mm in msgs], type=pa.int32()),
-        _ts(deliver),
+        _first_word(keys),
+        pa.array(chained("bodies"), type=pa.binary()),
+        _const(topic, pa.string(), n),
+        _const(queue_id, pa.int32(), n),
+        pa.array(chained("queue_offsets"), type=pa.int64()),
+        _ts_ms(pa.array(store_ms, type=pa.int64())),
+        _const(broker, pa.string(), n),
+        ids,
+        _lookup(props, PROPERTY_TAGS),
+        keys,
+        props,
+        _ts_ms(pa.array(chained("born_timestamps"), type=pa.int64())),
+        pa.array(chained("reconsume_times"), type=pa.int32()),
+        _ts_ms(deliver),
     ]
     return pa.RecordBatch.from_arrays(cols, schema=schema)
+
+
+def _regroup(lists: pa.ListArray, keep: pa.Array) -> pa.Array:
+    """New list offsets for ``lists`` when only its flattened values where ``keep`` is true stay."""
+    kept = pc.cumulative_sum(pc.cast(keep, pa.int32()))
+    return pc.take(pa.concat_arrays([pa.array([0], pa.int32()), kept]), lists.offsets)
+
+
+def _property_map(texts: pa.Array, typ: pa.DataType) -> pa.MapArray:
+    """Stored property texts (``name\\x01value\\x02...``) -> a map per row, as parse_properties reads them:
+    an item without a name or without the separator is skipped (a repeated name, which no producer
+    writes, would be kept twice; lookups take the last, as the dict does)."""
+    items = pc.split_pattern(texts, PROPERTY_SEPARATOR)
+    pairs = pc.split_pattern(pc.list_flatten(items), NAME_VALUE_SEPARATOR, max_splits=1)
+    keep = pc.and_(pc.equal(pc.list_value_length(pairs), 2), pc.not_equal(pc.list_element(pairs, 0), ""))
+    pairs = pc.filter(pairs, keep)
+    return pa.MapArray.from_arrays(_regroup(items, keep), pc.list_element(pairs, 0),
+                                   pc.list_element(pairs, 1), type=typ)
+
+
+def _lookup(props: pa.MapArray, name: str) -> pa.Array:
+    return pc.map_lookup(props, pa.scalar(name, pa.string()), "last")
+
+
+def _split_words(text: pa.Array, typ: pa.DataType) -> pa.ListArray:
+    """Space-separated words -> a list per row, empty words dropped (KEYS)."""
+    words = pc.split_pattern(text, " ")
+    flat = pc.list_flatten(words)
+    keep = pc.not_equal(flat, "")
+    return pa.ListArray.from_arrays(_regroup(words, keep), pc.filter(flat, keep), type=typ)
+
+
+def _first_word(lists: pa.ListArray) -> pa.Array:
+    """The first element of each list (binary), null for an empty list (the ``key`` column)."""
+    has = pc.greater(pc.list_value_length(lists), 0)
+    if not pc.any(has).as_py():
+        return pa.nulls(len(lists), pa.binary())
+    starts = pc.if_else(has, lists.offsets[:-1], 0)
+    return pc.if_else(has, pc.take(lists.values, starts), None).cast(pa.binary())
 
 
 def pending_to_batch(items: Sequence[Any], schema: pa.Schema) -> pa.RecordBatch:
@@ -146,8 +208,21 @@ def pending_to_batch(items: Sequence[Any], schema: pa.Schema) -> pa.RecordBatch:
     return pa.RecordBatch.from_arrays(cols, schema=schema)
 
 
+_TS = pa.timestamp("us", tz="UTC")
+
+
+def _const(value: Any, typ: pa.DataType, n: int) -> pa.Array:
+    """``n`` times ``value`` (vectorised: pa.repeat builds it element by element)."""
+    return pa.nulls(n, typ).fill_null(value)
+
+
 def _ts(values_ms: Iterable[int | None]) -> pa.Array:
-    return pa.array([None if v is None else v * 1000 for v in values_ms], type=pa.timestamp("us", tz="UTC"))
+    return _ts_ms(pa.array(list(values_ms), type=pa.int64()))
+
+
+def _ts_ms(ms: pa.Array) -> pa.Array:
+    """Epoch-ms int64 -> Spark's timestamp type (microseconds, UTC), vectorised (nulls stay null)."""
+    return pc.multiply(ms, 1000).cast(_TS)
 
 
 # --- writing --------------------------------------------------------------------------------------------
@@ -217,8 +292,18 @@ def validate_write_schema(schema: StructType, topic_option: str | None) -> None:
 def row_uniq_key(query_id: str, batch_id: int, partition_id: int, row_index: int) -> str:
     """A deterministic UNIQ_KEY (32 upper-case hex characters, the shape RocketMQ ids have) for the
     row_index-th row of a Spark partition in a batch of a query: a retried task re-sends the same ids."""
-    h = hashlib.blake2b(f"{query_id}\x00{batch_id}\x00{partition_id}\x00{row_index}".encode(), digest_size=16)
-    return h.hexdigest().upper()
+    return row_uniq_keys(query_id, batch_id, partition_id, row_index, 1)[0]
+
+
+def row_uniq_keys(query_id: str, batch_id: int, partition_id: int, first_row: int, n: int) -> list[str]:
+    """``row_uniq_key`` of rows first_row .. first_row + n - 1 (the common prefix is hashed once)."""
+    head = hashlib.blake2b(f"{query_id}\x00{batch_id}\x00{partition_id}\x00".encode(), digest_size=16)
+    out: list[str] = []
+    for row in range(first_row, first_row + n):
+        h = head.copy()
+        h.update(str(row).encode())
+        out.append(h.hexdigest().upper())
+    return out
 
 
 def to_epoch_ms(value: Any) -> int:
