@@ -1,6 +1,7 @@
 """The official RocketMQ 5.x Python client (rocketmq-python-client, gRPC) against chronomq's gRPC endpoint,
-unchanged: Producer (normal, FIFO, delay, recall) and SimpleConsumer (receive, ack, redelivery after the
-invisible time), and both directions between a 5.x and a 4.x client on the same topic."""
+unchanged: Producer (normal, FIFO, delay, recall, transactions and the orphan check) and SimpleConsumer
+(receive, ack, redelivery after the invisible time), and both directions between a 5.x and a 4.x client
+on the same topic."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from tests.compat.harness import ChronomqProcess, free_port, grpc5_python, run_driver
+from tests.compat.harness import ChronomqProcess, RawClient, free_port, grpc5_python, run_driver
 
 pytestmark = pytest.mark.compat
 
@@ -21,14 +22,18 @@ def uniq(prefix: str) -> str:
     return f"{prefix}_{uuid.uuid4().hex[:8]}"
 
 
-@pytest.fixture
-def grpc_server(chronomq_factory: Callable[..., ChronomqProcess]) -> ChronomqProcess:
+def start_grpc_server(factory: Callable[..., ChronomqProcess], **overrides: str) -> ChronomqProcess:
     """A fresh chronomq whose gRPC endpoint is on a free port, with the 5.x client available."""
     grpc5_python()
     port = free_port()
-    server = chronomq_factory({"grpcListenPort": str(port)})
+    server = factory({"grpcListenPort": str(port), **overrides})
     server.grpc_endpoint = f"127.0.0.1:{port}"  # type: ignore[attr-defined]
     return server
+
+
+@pytest.fixture
+def grpc_server(chronomq_factory: Callable[..., ChronomqProcess]) -> ChronomqProcess:
+    return start_grpc_server(chronomq_factory)
 
 
 def v5(server: ChronomqProcess, mode: str, timeout: float = 90, **args: Any) -> dict[str, Any]:
@@ -105,3 +110,26 @@ def test_5x_producer_to_4x_push_consumer(grpc_server: ChronomqProcess) -> None:
     assert {m["tags"] for m in res["messages"]} == {"t5"}
     ids = {m["properties"].get("UNIQ_KEY") for m in res["messages"]}
     assert ids == {r["message_id"] for r in sent["results"]}  # the 5.x message id is the 4.x UNIQ_KEY
+
+
+def test_5x_transactions_commit_rollback_and_orphan_check(
+    chronomq_factory: Callable[..., ChronomqProcess],
+) -> None:
+    # checks every second of half messages undecided for a second
+    server = start_grpc_server(chronomq_factory, transactionTimeOut="1000", transactionCheckInterval="1000")
+    topic, group = uniq("V5X"), uniq("V5XG")
+    res = v5(server, "transaction", topic=topic, check_answer="commit", verify_group=uniq("V5XV"), expect=2,
+             deadline_s=60, messages=[
+                 {"body": "tx-commit", "decision": "commit"},
+                 {"body": "tx-rollback", "decision": "rollback"},
+                 {"body": "tx-orphan", "decision": "orphan"},
+             ])
+    assert res["errors"] == [] and all(r["transaction_id"] for r in res["results"])
+    orphan = res["results"][2]["message_id"]
+    assert orphan in res["checked"]  # RecoverOrphanedTransactionCommand reached the TransactionChecker
+    assert sorted(m["body"] for m in res["received"]["messages"]) == ["tx-commit", "tx-orphan"]
+    got = v5(server, "receive", group=group, topic=topic, expect=2)
+    assert sorted(m["body"] for m in got["messages"]) == ["tx-commit", "tx-orphan"]
+    assert {m["message_id"] for m in got["messages"]} == {res["results"][0]["message_id"], orphan}
+    with RawClient(server.broker_addr) as raw:  # the rolled-back one never reached the topic
+        assert sum(raw.max_offset(topic, q) for q in range(4)) == 2

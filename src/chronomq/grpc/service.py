@@ -31,6 +31,7 @@ from . import convert
 from ._proto import rocketmq_v2_pb2 as pb
 from .convert import BadMessage, Receipt, status
 from .pop import MAX_INFLIGHT_PER_QUEUE, PopTable, QueueState
+from .telemetry import TelemetryChannel
 
 log = logging.getLogger("chronomq.grpc")
 
@@ -41,7 +42,6 @@ MIN_INVISIBLE_MS = 1_000
 MAX_INVISIBLE_MS = 12 * 3600_000
 AUTO_RENEW_INVISIBLE_MS = 60_000  # a push consumer's receive (auto_renew): Java's default
 DLQ_RETRY_MS = 60_000  # a dead-lettering that failed is tried again after this long
-GRPC_TX_GROUP = "CHRONOMQ_GRPC_TX"  # the producer group of 5.x half messages (5.x producers have none)
 MAX_CLIENTS = 100_000
 OK = pb.OK
 # a 5.x consumer's retry backoff (the settings reply): Java's default customized backoff
@@ -101,6 +101,7 @@ class MessagingService:
         for (group, topic, q), st in self.pop.queues.items():  # consumerOffset.json may be older
             services.offsets.commit(group, topic, q, st.committed)
         self.clients: dict[str, ClientRecord] = {}
+        self._channels: dict[str, TelemetryChannel] = {}  # producers' Telemetry streams, by client id
         self._filters: dict[str, TagFilter] = {}
         self._rr = itertools.count()
         self.sent = 0
@@ -191,27 +192,60 @@ class MessagingService:
         self, req: pb.HeartbeatRequest, ctx: grpc.aio.ServicerContext
     ) -> pb.HeartbeatResponse:
         self._touch(ctx, req.client_type, req.group.name if req.HasField("group") else "")
+        channel = self._channels.get(_metadata(ctx).get("x-mq-client-id", ""))
+        if channel is not None:
+            channel.refresh(self.services.producers, self.clock.now_ms())
         return pb.HeartbeatResponse(status=status(OK))
 
     async def notify_client_termination(
         self, req: pb.NotifyClientTerminationRequest, ctx: grpc.aio.ServicerContext
     ) -> pb.NotifyClientTerminationResponse:
-        self.clients.pop(_metadata(ctx).get("x-mq-client-id", ""), None)
+        cid = _metadata(ctx).get("x-mq-client-id", "")
+        self.clients.pop(cid, None)
+        channel = self._channels.pop(cid, None)
+        if channel is not None:
+            channel.unregister(self.services.producers)
         return pb.NotifyClientTerminationResponse(status=status(OK))
 
     async def telemetry(
         self, requests: AsyncIterator[pb.TelemetryCommand], ctx: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.TelemetryCommand]:
-        """Each settings command is answered with the settings the client is to use; other commands from the
-        client (stack traces, verify results) need no answer. The stream stays open until the client ends
-        it or the server stops."""
-        async for cmd in requests:
-            if cmd.WhichOneof("command") != "settings":
-                continue
-            s = cmd.settings
-            group = s.subscription.group.name if s.HasField("subscription") else ""
-            self._touch(ctx, s.client_type, group)
-            yield pb.TelemetryCommand(status=status(OK), settings=self.settings_reply(s))
+        """Each settings command is answered with the settings the client is to use (a producer's also
+        registers it for transaction checks); other commands from the client (stack traces, verify
+        results) need no answer. The server's own commands (transaction checks) go out on the same
+        stream. It stays open until the client ends it or the server stops."""
+        peer = ctx.peer() or ""
+        channel = TelemetryChannel(_metadata(ctx).get("x-mq-client-id", "") or peer, peer)
+        reader = asyncio.ensure_future(self._read_telemetry(requests, ctx, channel))
+        try:
+            async for out in channel.outgoing():
+                yield out
+        finally:
+            reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await reader
+            channel.unregister(self.services.producers)
+            if self._channels.get(channel.client_id) is channel:
+                del self._channels[channel.client_id]
+
+    async def _read_telemetry(
+        self, requests: AsyncIterator[pb.TelemetryCommand], ctx: grpc.aio.ServicerContext,
+        channel: TelemetryChannel,
+    ) -> None:
+        try:
+            async for cmd in requests:
+                if cmd.WhichOneof("command") != "settings":
+                    continue
+                s = cmd.settings
+                group = s.subscription.group.name if s.HasField("subscription") else ""
+                self._touch(ctx, s.client_type, group)
+                if s.HasField("publishing"):
+                    self._channels[channel.client_id] = channel
+                    topics = [t.name for t in s.publishing.topics]
+                    channel.register(self.services.producers, topics, self.clock.now_ms())
+                channel.put(pb.TelemetryCommand(status=status(OK), settings=self.settings_reply(s)))
+        finally:
+            channel.close()
 
     def settings_reply(self, s: pb.Settings) -> pb.Settings:
         """The client's settings completed with the server's: body size and message type check for a
@@ -291,7 +325,7 @@ class MessagingService:
             queue_id=queue_id,
             born_ms=out.born_ms or self.clock.now_ms(),
             born_host=born_host,
-            producer_group=GRPC_TX_GROUP if out.transactional else "",
+            producer_group=out.topic if out.transactional else "",  # 5.x producers have no group: the topic
             transactional=out.transactional,
         )
         return self._send_entry(out, a)
@@ -337,7 +371,8 @@ class MessagingService:
             raise Refused(pb.INVALID_TRANSACTION_ID, f"unknown transaction id {req.transaction_id!r}")
         if req.resolution == pb.TRANSACTION_RESOLUTION_UNSPECIFIED:
             return pb.EndTransactionResponse(status=status(OK, "unknown: the message stays undecided"))
-        a = await self.calls.end_transaction(GRPC_TX_GROUP, msg_id, int(qoff), req.resolution == pb.COMMIT)
+        commit = req.resolution == pb.COMMIT
+        a = await self.calls.end_transaction(req.topic.name, msg_id, int(qoff), commit)
         if a.kind != "ok":
             raise Refused(
                 pb.INVALID_TRANSACTION_ID

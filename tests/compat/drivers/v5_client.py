@@ -4,6 +4,12 @@ args: endpoint (host:port of the gRPC endpoint, required), mode: "produce" | "re
 produce: topic, messages: [{body, tag, keys [..], props {..}, group (FIFO), delay_s (delivery time = now +
   delay_s, epoch seconds, as the client's docs say), recall (bool: recall it right after the send)}]
   -> {"results": [{index, message_id, offset, recall_handle, recalled}], "errors": [{index, error}]}
+transaction: topic, messages: [{body, decision: "commit" | "rollback" | "orphan" (sent and left undecided:
+  the broker's check asks the producer's TransactionChecker, which answers check_answer, default commit)}],
+  then, when verify_group is given, a SimpleConsumer of that group receives expect messages while the
+  producer is still up (so the checker's EndTransaction is made before it shuts down)
+  -> {"results": [{index, message_id, transaction_id, decision}], "checked": [message ids], "errors": [..],
+      "received": <receive's result> | null}
 receive: group, topic, expect (stop after this many acked messages), invisible_s (default 20),
   await_s (long polling, default 5), batch (default 16), deadline_s (default 60),
   hold_first (bool: do not ack a message's first delivery, so it comes back after invisible_s)
@@ -56,6 +62,60 @@ def produce(args: dict[str, Any], cfg: Any) -> dict[str, Any]:
     return {"results": results, "errors": errors}
 
 
+def transaction(args: dict[str, Any], cfg: Any) -> dict[str, Any]:
+    import threading
+
+    from rocketmq import Message, Producer, TransactionChecker
+    from rocketmq.grpc_protocol import TransactionResolution
+
+    topic = args["topic"]
+    answer = TransactionResolution.ROLLBACK if args.get("check_answer") == "rollback" \
+        else TransactionResolution.COMMIT
+    checked: list[str] = []
+    seen = threading.Event()
+
+    class Checker(TransactionChecker):
+        def check(self, message: Any) -> Any:
+            checked.append(message.message_id)
+            seen.set()
+            return answer
+
+    producer = Producer(cfg, (topic,), Checker())
+    producer.startup()
+    results, errors = [], []
+    orphans = 0
+    received = None
+    try:
+        for i, spec in enumerate(args.get("messages") or []):
+            m = Message()
+            m.topic = topic
+            m.body = str(spec.get("body", f"m{i}")).encode()
+            decision = spec.get("decision", "commit")
+            try:
+                tx = producer.begin_transaction()
+                r = producer.send(m, transaction=tx)
+                if decision == "commit":
+                    tx.commit()
+                elif decision == "rollback":
+                    tx.rollback()
+                else:
+                    orphans += 1
+                results.append({"index": i, "message_id": r.message_id, "transaction_id": r.transaction_id,
+                                "decision": decision})
+            except Exception as e:
+                errors.append({"index": i, "error": f"{type(e).__name__}: {e}"})
+        deadline = time.monotonic() + float(args.get("deadline_s", 60))
+        while orphans and len(set(checked)) < orphans and time.monotonic() < deadline:
+            seen.wait(min(1.0, max(0.0, deadline - time.monotonic())))
+            seen.clear()
+        if args.get("verify_group"):
+            received = receive({**args, "group": args["verify_group"],
+                                "deadline_s": max(1.0, deadline - time.monotonic())}, cfg)
+    finally:
+        producer.shutdown()
+    return {"results": results, "checked": checked, "errors": errors, "received": received}
+
+
 def receive(args: dict[str, Any], cfg: Any) -> dict[str, Any]:
     from rocketmq import FilterExpression, SimpleConsumer
 
@@ -98,6 +158,8 @@ def main() -> None:
     cfg = ClientConfiguration(args["endpoint"], Credentials())
     if args["mode"] == "produce":
         emit(produce(args, cfg))
+    elif args["mode"] == "transaction":
+        emit(transaction(args, cfg))
     elif args["mode"] == "receive":
         emit(receive(args, cfg))
     else:
