@@ -6,14 +6,17 @@ on the same topic."""
 from __future__ import annotations
 
 import base64
+import itertools
 import time
 import uuid
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.compat.harness import ChronomqProcess, RawClient, free_port, grpc5_python, run_driver
+from tests.compat.harness import ChronomqProcess, RawClient, free_port, grpc5_python, run_driver, start_driver
+from tests.conftest import wait_for
 
 pytestmark = pytest.mark.compat
 
@@ -133,3 +136,32 @@ def test_5x_transactions_commit_rollback_and_orphan_check(
     assert {m["message_id"] for m in got["messages"]} == {res["results"][0]["message_id"], orphan}
     with RawClient(server.broker_addr) as raw:  # the rolled-back one never reached the topic
         assert sum(raw.max_offset(topic, q) for q in range(4)) == 2
+
+
+def test_5x_fifo_group_two_simple_consumers_keep_each_message_groups_order(
+    chronomq_factory: Callable[..., ChronomqProcess], tmp_path: Path,
+) -> None:
+    group, topic = uniq("V5FG"), uniq("V5F")
+    server = start_grpc_server(chronomq_factory, grpcFifoGroups=group)
+    names = ("g-a", "g-b", "g-c")
+    specs = [{"body": f"{g}:{i}", "group": g} for i in range(4) for g in names]
+    assert v5(server, "produce", topic=topic, messages=specs)["errors"] == []
+    endpoint = server.grpc_endpoint  # type: ignore[attr-defined]
+    consumers = [start_driver("v5_client", {
+        "endpoint": endpoint, "mode": "receive", "group": group, "topic": topic, "expect": len(specs),
+        "batch": 1, "process_ms": 300, "await_s": 2, "deadline_s": 120, "out": str(tmp_path / f"c{i}.jsonl"),
+    }, tmp_path) for i in range(2)]
+    try:
+        wait_for(lambda: sum(len(c.records()) for c in consumers) >= len(specs)
+                 or not all(c.alive() for c in consumers), timeout=120, interval=0.2,
+                 message="every message acked by one of the two consumers")
+    finally:
+        for c in consumers:
+            c.stop()
+    rows = [r for c in consumers for r in c.records()]
+    assert sorted(r["body"] for r in rows) == sorted(s["body"] for s in specs)  # each once
+    for g in names:
+        mine = sorted((r for r in rows if r["group"] == g), key=lambda r: (r["received_ms"], r["ack_ms"]))
+        assert [r["body"] for r in mine] == [f"{g}:{i}" for i in range(4)]
+        for prev, nxt in itertools.pairwise(mine):  # the next one handed out only after this one's ack
+            assert nxt["received_ms"] >= prev["ack_ms"], (prev, nxt)

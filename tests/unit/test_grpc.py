@@ -434,3 +434,27 @@ async def test_transactions_commit_rollback_and_an_orphan_checked_over_telemetry
     finally:
         await env.close()
 
+
+async def test_a_fifo_group_gets_a_queues_next_message_only_after_the_one_in_flight(tmp_path: Path) -> None:
+    env = await Env(tmp_path, grpcFifoGroups="FG, other").start()
+    try:
+        for i in range(3):
+            await env.send("TH", f"h{i}".encode(), f"01H{i}", message_type=pb.FIFO, message_group="g1")
+        _, msgs = await env.receive("TH", group="FG", batch=1)
+        assert [m.body for m in msgs] == [b"h0"]
+        st, msgs2 = await env.receive("TH", group="FG")
+        assert st.code == pb.MESSAGE_NOT_FOUND and msgs2 == []  # h1 waits for h0
+        _, plain = await env.receive("TH", group="G")  # a group not listed is not held back
+        assert [m.body for m in plain] == [b"h0", b"h1", b"h2"]
+        held = env.receive("TH", group="FG", batch=1, invisible_ms=1000, poll_ms=8000)
+        waiting = asyncio.ensure_future(held)
+        await async_wait_for(lambda: env.broker.hold.held > 0, message="the FIFO receive is held")
+        assert not waiting.done()
+        await env.ack("TH", msgs[0], group="FG")  # wakes the held receive
+        _, msgs = await asyncio.wait_for(waiting, 5)
+        assert [m.body for m in msgs] == [b"h1"]
+        # h1 is not acked: when its invisibility ends it comes back before h2
+        _, msgs = await env.receive("TH", group="FG", poll_ms=5000)
+        assert [(m.body, m.system_properties.delivery_attempt) for m in msgs] == [(b"h1", 2), (b"h2", 1)]
+    finally:
+        await env.close()

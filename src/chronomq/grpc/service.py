@@ -102,6 +102,7 @@ class MessagingService:
             services.offsets.commit(group, topic, q, st.committed)
         self.clients: dict[str, ClientRecord] = {}
         self._channels: dict[str, TelemetryChannel] = {}  # producers' Telemetry streams, by client id
+        self._fifo_events: dict[tuple[str, str], asyncio.Event] = {}  # FIFO receives waiting for an ack
         self._filters: dict[str, TagFilter] = {}
         self._rr = itertools.count()
         self.sent = 0
@@ -266,8 +267,7 @@ class MessagingService:
             )
         else:
             sub = out.subscription
-            if not sub.HasField("fifo"):
-                sub.fifo = False
+            sub.fifo = sub.group.name in self.config.fifo_groups
             sub.receive_batch_size = MAX_BATCH
             if not sub.HasField("long_polling_timeout") or convert.duration_ms(sub.long_polling_timeout) <= 0:
                 sub.long_polling_timeout.CopyFrom(convert.duration(20_000))
@@ -449,7 +449,8 @@ class MessagingService:
         if remaining is not None:  # answer before the client's deadline, with room for the answer
             poll_ms = min(poll_ms, int(remaining * 1000) - 500)
         deadline = self.clock.now_ms() + max(0, min(poll_ms, MAX_POLL_MS))
-        msgs = await self._pop(group, tc.topicName, queues, batch, invisible, tag_filter, deadline)
+        fifo = group in self.config.fifo_groups
+        msgs = await self._pop(group, tc.topicName, queues, batch, invisible, tag_filter, deadline, fifo)
         self.received += len(msgs)
         return msgs
 
@@ -468,13 +469,15 @@ class MessagingService:
         invisible: int,
         tag_filter: TagFilter,
         deadline: int,
+        fifo: bool = False,
     ) -> list[pb.Message]:
         states = [(q, self.pop.state(group, topic, q, self._start_offset(group, topic, q))) for q in queues]
         for _ in range(100_000):  # each round either answers or waits for an arrival, a redelivery or the end
             out: list[pb.Message] = []
             for q, st in states:
                 if len(out) < batch:
-                    out += await self._take(group, topic, q, st, batch - len(out), invisible, tag_filter)
+                    room = batch - len(out)
+                    out += await self._take(group, topic, q, st, room, invisible, tag_filter, fifo)
             now = self.clock.now_ms()
             if out or now >= deadline or self.services.stopping:
                 try:
@@ -485,16 +488,37 @@ class MessagingService:
                     ) from None
                 return out
             wake = min([deadline] + [t for _, st in states if (t := st.next_visible_ms()) is not None])
-            await self._wait(topic, states, max(wake, now + 1))
+            unblocked = self._fifo_event(group, topic) if fifo else None
+            await self._wait(topic, states, max(wake, now + 1), unblocked)
         return []
 
-    async def _wait(self, topic: str, states: list[tuple[int, QueueState]], until: int) -> None:
+    def _fifo_event(self, group: str, topic: str) -> asyncio.Event:
+        """Set when a message of a FIFO group's topic is acked (or its invisibility changed): a queue held
+        back for it may hand out its next message."""
+        key = (group, topic)
+        ev = self._fifo_events.get(key)
+        if ev is None:
+            if len(self._fifo_events) >= MAX_CLIENTS:
+                self._fifo_events.clear()
+            ev = self._fifo_events[key] = asyncio.Event()
+        return ev
+
+    def _wake_fifo(self, group: str, topic: str) -> None:
+        ev = self._fifo_events.pop((group, topic), None)
+        if ev is not None:
+            ev.set()
+
+    async def _wait(
+        self, topic: str, states: list[tuple[int, QueueState]], until: int, unblocked: asyncio.Event | None
+    ) -> None:
         hold = self.services.hold
 
         def current(q: int) -> Callable[[], int]:
             return lambda: self.store.get_max_offset_in_queue(topic, q)
 
         waits = [asyncio.ensure_future(hold.wait(topic, q, st.next, until, current(q))) for q, st in states]
+        if unblocked is not None:
+            waits.append(asyncio.ensure_future(unblocked.wait()))
         try:
             await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
         finally:
@@ -520,10 +544,15 @@ class MessagingService:
         limit: int,
         invisible: int,
         tag_filter: TagFilter,
+        fifo: bool = False,
     ) -> list[pb.Message]:
         """Up to ``limit`` messages of one queue made invisible for ``invisible`` ms: redeliveries first,
-        then fresh ones; a message past its last attempt goes to %DLQ%group instead."""
+        then fresh ones; a message past its last attempt goes to %DLQ%group instead. For a FIFO group
+        nothing while a message of the queue is in flight and still invisible (the queue is held back
+        until it is acked or comes back, first, at the end of its invisibility)."""
         now = self.clock.now_ms()
+        if fifo and any(e.until_ms > now for e in st.inflight.values()):
+            return []
         until = now + invisible
         out: list[pb.Message] = []
         max_attempts = self.config.maxReconsumeTimes
@@ -642,6 +671,7 @@ class MessagingService:
             await self.pop.save()
         except OSError as e:
             log.error("cannot persist the in-flight table after an ack (written later): %s", e)
+        self._wake_fifo(group, topic)
         codes = {e.status.code for e in entries}
         top = entries[0].status if len(codes) == 1 else status(pb.MULTIPLE_RESULTS)
         return pb.AckMessageResponse(status=top if entries else status(OK), entries=entries)
@@ -660,6 +690,7 @@ class MessagingService:
                 pb.INVALID_RECEIPT_HANDLE, "the receipt handle is out of date or the message was acked"
             )
         await self.pop.save()
+        self._wake_fifo(group, req.topic.name)
         return pb.ChangeInvisibleDurationResponse(
             status=status(OK), receipt_handle=Receipt(r.queue_id, r.offset, e.gen).encode()
         )
@@ -684,6 +715,7 @@ class MessagingService:
                 raise Refused(pb.INTERNAL_SERVER_ERROR, "the dead-letter queue refused the message")
         self._settle(group, topic, r.queue_id, st)
         await self.pop.save()
+        self._wake_fifo(group, topic)
         return pb.ForwardMessageToDeadLetterQueueResponse(status=status(OK))
 
     # --- lifecycle ----------------------------------------------------------------------------------------

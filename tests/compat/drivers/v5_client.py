@@ -12,9 +12,11 @@ transaction: topic, messages: [{body, decision: "commit" | "rollback" | "orphan"
       "received": <receive's result> | null}
 receive: group, topic, expect (stop after this many acked messages), invisible_s (default 20),
   await_s (long polling, default 5), batch (default 16), deadline_s (default 60),
-  hold_first (bool: do not ack a message's first delivery, so it comes back after invisible_s)
+  hold_first (bool: do not ack a message's first delivery, so it comes back after invisible_s),
+  process_ms (work on each message before its ack), out (a JSONL file: each acked row as it is acked; then
+  SIGTERM ends the receiving, and stop() reads the result)
   -> {"messages": [{topic, message_id, body, tag, keys, props, attempt, group, delivery_ms, received_ms,
-       acked}], "errors": [..]}
+       acked, ack_ms (just before the ack was sent)}], "errors": [..]}
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from _common import emit, fail, load_args, now_ms
+from _common import JsonlWriter, StopFlag, emit, fail, load_args, now_ms
 
 
 def produce(args: dict[str, Any], cfg: Any) -> dict[str, Any]:
@@ -129,8 +131,11 @@ def receive(args: dict[str, Any], cfg: Any) -> dict[str, Any]:
     out: list[dict[str, Any]] = []
     errors: list[str] = []
     acked = 0
+    stop = StopFlag() if args.get("out") else None
+    writer = JsonlWriter(args.get("out"))
+    process_s = float(args.get("process_ms", 0)) / 1000
     try:
-        while acked < expect and time.monotonic() < deadline:
+        while acked < expect and time.monotonic() < deadline and not (stop and stop.stopped):
             try:
                 msgs = consumer.receive(int(args.get("batch", 16)), invisible)
             except Exception as e:
@@ -142,12 +147,17 @@ def receive(args: dict[str, Any], cfg: Any) -> dict[str, Any]:
                        "attempt": m.delivery_attempt, "group": m.message_group,
                        "delivery_ms": m.delivery_timestamp, "received_ms": now_ms(), "acked": False}
                 if not (args.get("hold_first") and m.delivery_attempt == 1):
+                    if process_s:
+                        time.sleep(process_s)  # the work a consumer does on the message
+                    row["ack_ms"] = now_ms()
                     consumer.ack(m)
                     row["acked"] = True
                     acked += 1
+                    writer.write(row)
                 out.append(row)
     finally:
         consumer.shutdown()
+        writer.close()
     return {"messages": out, "errors": errors}
 
 
