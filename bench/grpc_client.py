@@ -34,6 +34,7 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 BODY = b"x" * 1024
+OPEN: list[Any] = []  # the driver's clients: shut down after its result is printed (5.x shutdowns can crash)
 
 
 # --- client side: runs in the 5.x venv (python bench/grpc_client.py --driver <mode> '<json>') ----------
@@ -49,6 +50,7 @@ def driver_send(args: dict[str, Any]) -> dict[str, Any]:
     topic, count, window = args["topic"], int(args["count"]), int(args["window"])
     producer = Producer(_config(args), (topic,))
     producer.startup()
+    OPEN.append(producer)
     errors: list[str] = []
     lock = threading.Lock()
     slots = threading.Semaphore(window)
@@ -66,22 +68,19 @@ def driver_send(args: dict[str, Any]) -> dict[str, Any]:
             with lock:
                 errors.append(f"{type(exc).__name__}: {exc}")
 
-    try:
-        producer.send(message())  # warm: route and channel
-        deadline = time.monotonic() + float(args.get("deadline_s", 120))
-        t0 = time.monotonic()
-        sent = 0
-        while sent < count and time.monotonic() < deadline:
-            if not slots.acquire(timeout=max(0.0, deadline - time.monotonic())):
-                break
-            producer.send_async(message()).add_done_callback(done)
-            sent += 1
-        for _ in range(window):  # every send answered
-            if not slots.acquire(timeout=max(0.0, deadline - time.monotonic())):
-                break
-        seconds = time.monotonic() - t0
-    finally:
-        producer.shutdown()
+    producer.send(message())  # warm: route and channel
+    deadline = time.monotonic() + float(args.get("deadline_s", 120))
+    t0 = time.monotonic()
+    sent = 0
+    while sent < count and time.monotonic() < deadline:
+        if not slots.acquire(timeout=max(0.0, deadline - time.monotonic())):
+            break
+        producer.send_async(message()).add_done_callback(done)
+        sent += 1
+    for _ in range(window):  # every send answered
+        if not slots.acquire(timeout=max(0.0, deadline - time.monotonic())):
+            break
+    seconds = time.monotonic() - t0
     return {"sent": sent, "errors": errors[:5], "error_count": len(errors), "seconds": seconds}
 
 
@@ -91,29 +90,27 @@ def driver_receive(args: dict[str, Any]) -> dict[str, Any]:
     topic, count = args["topic"], int(args["count"])
     consumer = SimpleConsumer(_config(args), args["group"], {topic: FilterExpression("*")}, await_duration=2)
     consumer.startup()
+    OPEN.append(consumer)
     got = 0
     errors: list[str] = []
     sizes: list[int] = []
     idle = 0.0  # time in receives that found nothing (a drained queue's long poll)
-    try:
-        deadline = time.monotonic() + float(args.get("deadline_s", 120))
-        t0 = time.monotonic()
-        while got < count and time.monotonic() < deadline:
-            t = time.monotonic()
-            try:
-                msgs = consumer.receive(32, 30)
-            except Exception as e:
-                errors.append(f"{type(e).__name__}: {e}")
-                continue
-            if not msgs:
-                idle += time.monotonic() - t
-            for m in msgs:
-                consumer.ack_async(m)
-            got += len(msgs)
-            sizes.append(len(msgs))
-        seconds = time.monotonic() - t0
-    finally:
-        consumer.shutdown()
+    deadline = time.monotonic() + float(args.get("deadline_s", 120))
+    t0 = time.monotonic()
+    while got < count and time.monotonic() < deadline:
+        t = time.monotonic()
+        try:
+            msgs = consumer.receive(32, 30)
+        except Exception as e:
+            errors.append(f"{type(e).__name__}: {e}")
+            continue
+        if not msgs:
+            idle += time.monotonic() - t
+        for m in msgs:
+            consumer.ack_async(m)
+        got += len(msgs)
+        sizes.append(len(msgs))
+    seconds = time.monotonic() - t0
     return {"received": got, "seconds": seconds, "errors": errors[:5], "receives": len(sizes),
             "empty": sizes.count(0), "idle": idle}
 
@@ -128,6 +125,7 @@ def driver_timed(args: dict[str, Any]) -> dict[str, Any]:
     consumer.startup()
     producer = Producer(cfg, (topic,))
     producer.startup()
+    OPEN.extend((producer, consumer))
     lateness: list[float] = []
     stop = threading.Event()
     deadline = time.monotonic() + count / rate + delay_ms / 1000 + float(args.get("slack_s", 60))
@@ -170,8 +168,6 @@ def driver_timed(args: dict[str, Any]) -> dict[str, Any]:
     finally:
         stop.set()
         reader.join(10)
-        producer.shutdown()
-        consumer.shutdown()
     return {"lateness_ms": lateness, "errors": errors[:5], "error_count": len(errors)}
 
 
@@ -190,9 +186,13 @@ def run_driver(py: str, mode: str, args: dict[str, Any], timeout: float) -> dict
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
     r = subprocess.run([py, str(Path(__file__).resolve()), "--driver", mode, json.dumps(args)],
                        capture_output=True, text=True, timeout=timeout, env=env, cwd=REPO)
+    lines = r.stdout.strip().splitlines()
     if r.returncode != 0:
-        raise RuntimeError(f"driver {mode} failed ({r.returncode}): {r.stderr[-3000:]}")
-    return dict(json.loads(r.stdout.strip().splitlines()[-1]))
+        if not lines or not lines[-1].startswith("{"):
+            raise RuntimeError(f"driver {mode} failed ({r.returncode}): {r.stderr[-3000:]}")
+        print(f"note: the {mode} driver exited {r.returncode} after its result (the client's shutdown)",
+              file=sys.stderr)
+    return dict(json.loads(lines[-1]))
 
 
 def main() -> int:
@@ -207,7 +207,10 @@ def main() -> int:
     a = ap.parse_args()
     if a.driver:
         print(json.dumps(DRIVERS[a.driver[0]](json.loads(a.driver[1]))), flush=True)
-        return 0
+        for client in OPEN:
+            client.shutdown()
+        sys.stderr.flush()
+        os._exit(0)  # no interpreter teardown: the client's threads can crash it
     if a.quick:
         a.count, a.timed = 1000, 100
 
