@@ -165,3 +165,14 @@ def test_5x_fifo_group_two_simple_consumers_keep_each_message_groups_order(
         assert [r["body"] for r in mine] == [f"{g}:{i}" for i in range(4)]
         for prev, nxt in itertools.pairwise(mine):  # the next one handed out only after this one's ack
             assert nxt["received_ms"] >= prev["ack_ms"], (prev, nxt)
+
+
+def test_5x_push_consumer_receives_acks_and_retries_a_failure(grpc_server: ChronomqProcess) -> None:
+    topic, group = uniq("V5P"), uniq("V5PG")
+    assert v5(grpc_server, "produce", topic=topic, messages=[{"body": f"push-{i}"} for i in range(5)])[
+        "errors"] == []
+    got = v5(grpc_server, "push", group=group, topic=topic, expect=5, fail_first=["push-2"], deadline_s=60)
+    done = sorted(m["body"] for m in got["messages"] if m["result"] == "SUCCESS")
+    assert done == [f"push-{i}" for i in range(5)]  # QueryAssignment + receives from every queue
+    retried = [(m["attempt"], m["result"]) for m in got["messages"] if m["body"] == "push-2"]
+    assert retried == [(1, "FAILURE"), (2, "SUCCESS")]  # the failure came back with attempt 2

@@ -10,6 +10,9 @@ transaction: topic, messages: [{body, decision: "commit" | "rollback" | "orphan"
   producer is still up (so the checker's EndTransaction is made before it shuts down)
   -> {"results": [{index, message_id, transaction_id, decision}], "checked": [message ids], "errors": [..],
       "received": <receive's result> | null}
+push: group, topic, expect (stop after this many messages consumed successfully), fail_first [bodies whose
+  first delivery the listener fails, so the client retries them], deadline_s (default 60)
+  -> {"messages": [{body, attempt, message_id, result}], "errors": [..]}
 receive: group, topic, expect (stop after this many acked messages), invisible_s (default 20),
   await_s (long polling, default 5), batch (default 16), deadline_s (default 60),
   hold_first (bool: do not ack a message's first delivery, so it comes back after invisible_s),
@@ -118,6 +121,39 @@ def transaction(args: dict[str, Any], cfg: Any) -> dict[str, Any]:
     return {"results": results, "checked": checked, "errors": errors, "received": received}
 
 
+def push(args: dict[str, Any], cfg: Any) -> dict[str, Any]:
+    import threading
+
+    from rocketmq import ConsumeResult, FilterExpression, MessageListener, PushConsumer
+
+    expect = int(args.get("expect", 1))
+    fail_first = set(args.get("fail_first") or ())
+    out: list[dict[str, Any]] = []
+    lock = threading.Lock()
+    enough = threading.Event()
+
+    class Listener(MessageListener):
+        def consume(self, message: Any) -> Any:
+            body = message.body.decode(errors="replace")
+            ok = not (body in fail_first and message.delivery_attempt == 1)
+            with lock:
+                out.append({"body": body, "attempt": message.delivery_attempt,
+                            "message_id": message.message_id, "result": "SUCCESS" if ok else "FAILURE",
+                            "received_ms": now_ms()})
+                if sum(1 for r in out if r["result"] == "SUCCESS") >= expect:
+                    enough.set()
+            return ConsumeResult.SUCCESS if ok else ConsumeResult.FAILURE
+
+    consumer = PushConsumer(cfg, args["group"], Listener(), {args["topic"]: FilterExpression("*")})
+    consumer.startup()
+    try:
+        enough.wait(float(args.get("deadline_s", 60)))
+    finally:
+        consumer.shutdown()
+    with lock:
+        return {"messages": list(out), "errors": []}
+
+
 def receive(args: dict[str, Any], cfg: Any) -> dict[str, Any]:
     from rocketmq import FilterExpression, SimpleConsumer
 
@@ -170,6 +206,8 @@ def main() -> None:
         emit(produce(args, cfg))
     elif args["mode"] == "transaction":
         emit(transaction(args, cfg))
+    elif args["mode"] == "push":
+        emit(push(args, cfg))
     elif args["mode"] == "receive":
         emit(receive(args, cfg))
     else:
