@@ -6,6 +6,7 @@ END_TRANSACTION's refusals."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 from typing import Any
@@ -181,6 +182,8 @@ async def test_end_transaction_refusals(env):
         assert ok.code == C.SUCCESS and ok.remark == "committed"
         again = await c.request(R.END_TRANSACTION, {**base, "commitOrRollback": "12"})
         assert again.code == C.SUCCESS and again.remark == "already decided"
+        # the commit's queue entry is written by the dispatcher, after the answer
+        assert await asyncio.to_thread(b.store.wait_dispatched, b.store.max_phy_offset, 5)
         assert bodies(b, "TxRef") == [b"x"]
         batch = await c.request(R.SEND_MESSAGE, {"producerGroup": "PG_ref", "topic": "TxRef", "queueId": 0,
                                                  "sysFlag": 4, "bornTimestamp": "1", "flag": 0,
