@@ -119,6 +119,9 @@ class BrokerConfig:
     # the RocketMQ 5.x gRPC endpoint (docs/grpc.md): -1 = off, 0 = any free port; `chronomq start` and
     # `chronomq broker` default it to 8081, the port of RocketMQ's proxy
     grpcListenPort: int = -1
+    # 5.x consumer groups that consume in order (RocketMQ's group attribute "consume orderly"):
+    # comma-separated names; a queue hands such a group nothing new while a message of it is in flight
+    grpcFifoGroups: str = ""
     # ACL 1.0: every request signed by an account of aclFile ("": <storePathRootDir>/conf/plain_acl.yml)
     aclEnable: bool = False
     aclFile: str = ""
@@ -157,6 +160,10 @@ class BrokerConfig:
     @property
     def sync_flush(self) -> bool:
         return self.flushDiskType == SYNC_FLUSH
+
+    @property
+    def fifo_groups(self) -> frozenset[str]:
+        return frozenset(g.strip() for g in self.grpcFifoGroups.split(",") if g.strip())
 
     @property
     def ha_port(self) -> int:

@@ -1,18 +1,22 @@
 """The official RocketMQ 5.x Python client (rocketmq-python-client, gRPC) against chronomq's gRPC endpoint,
-unchanged: Producer (normal, FIFO, delay, recall) and SimpleConsumer (receive, ack, redelivery after the
-invisible time), and both directions between a 5.x and a 4.x client on the same topic."""
+unchanged: Producer (normal, FIFO, delay, recall, transactions and the orphan check) and SimpleConsumer
+(receive, ack, redelivery after the invisible time), and both directions between a 5.x and a 4.x client
+on the same topic."""
 
 from __future__ import annotations
 
 import base64
+import itertools
 import time
 import uuid
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.compat.harness import ChronomqProcess, free_port, grpc5_python, run_driver
+from tests.compat.harness import ChronomqProcess, RawClient, free_port, grpc5_python, run_driver, start_driver
+from tests.conftest import wait_for
 
 pytestmark = pytest.mark.compat
 
@@ -21,14 +25,18 @@ def uniq(prefix: str) -> str:
     return f"{prefix}_{uuid.uuid4().hex[:8]}"
 
 
-@pytest.fixture
-def grpc_server(chronomq_factory: Callable[..., ChronomqProcess]) -> ChronomqProcess:
+def start_grpc_server(factory: Callable[..., ChronomqProcess], **overrides: str) -> ChronomqProcess:
     """A fresh chronomq whose gRPC endpoint is on a free port, with the 5.x client available."""
     grpc5_python()
     port = free_port()
-    server = chronomq_factory({"grpcListenPort": str(port)})
+    server = factory({"grpcListenPort": str(port), **overrides})
     server.grpc_endpoint = f"127.0.0.1:{port}"  # type: ignore[attr-defined]
     return server
+
+
+@pytest.fixture
+def grpc_server(chronomq_factory: Callable[..., ChronomqProcess]) -> ChronomqProcess:
+    return start_grpc_server(chronomq_factory)
 
 
 def v5(server: ChronomqProcess, mode: str, timeout: float = 90, **args: Any) -> dict[str, Any]:
@@ -105,3 +113,68 @@ def test_5x_producer_to_4x_push_consumer(grpc_server: ChronomqProcess) -> None:
     assert {m["tags"] for m in res["messages"]} == {"t5"}
     ids = {m["properties"].get("UNIQ_KEY") for m in res["messages"]}
     assert ids == {r["message_id"] for r in sent["results"]}  # the 5.x message id is the 4.x UNIQ_KEY
+
+
+def test_5x_transactions_commit_rollback_and_orphan_check(
+    chronomq_factory: Callable[..., ChronomqProcess],
+) -> None:
+    # checks every second of half messages undecided for a second
+    server = start_grpc_server(chronomq_factory, transactionTimeOut="1000", transactionCheckInterval="1000")
+    topic, group = uniq("V5X"), uniq("V5XG")
+    # await_s 1: the 5.x client's SimpleConsumer picks a random queue for each receive, so short long polls
+    # let it come round to the one queue holding the orphan's commit in time
+    res = v5(server, "transaction", topic=topic, check_answer="commit", verify_group=uniq("V5XV"), expect=2,
+             await_s=1, deadline_s=60, messages=[
+                 {"body": "tx-commit", "decision": "commit"},
+                 {"body": "tx-rollback", "decision": "rollback"},
+                 {"body": "tx-orphan", "decision": "orphan"},
+             ])
+    assert res["errors"] == [] and all(r["transaction_id"] for r in res["results"])
+    orphan = res["results"][2]["message_id"]
+    assert orphan in res["checked"]  # RecoverOrphanedTransactionCommand reached the TransactionChecker
+    assert sorted(m["body"] for m in res["received"]["messages"]) == ["tx-commit", "tx-orphan"]
+    got = v5(server, "receive", group=group, topic=topic, expect=2, await_s=1)
+    assert sorted(m["body"] for m in got["messages"]) == ["tx-commit", "tx-orphan"]
+    assert {m["message_id"] for m in got["messages"]} == {res["results"][0]["message_id"], orphan}
+    with RawClient(server.broker_addr) as raw:  # the rolled-back one never reached the topic
+        assert sum(raw.max_offset(topic, q) for q in range(4)) == 2
+
+
+def test_5x_fifo_group_two_simple_consumers_keep_each_message_groups_order(
+    chronomq_factory: Callable[..., ChronomqProcess], tmp_path: Path,
+) -> None:
+    group, topic = uniq("V5FG"), uniq("V5F")
+    server = start_grpc_server(chronomq_factory, grpcFifoGroups=group)
+    names = ("g-a", "g-b", "g-c")
+    specs = [{"body": f"{g}:{i}", "group": g} for i in range(4) for g in names]
+    assert v5(server, "produce", topic=topic, messages=specs)["errors"] == []
+    endpoint = server.grpc_endpoint  # type: ignore[attr-defined]
+    consumers = [start_driver("v5_client", {
+        "endpoint": endpoint, "mode": "receive", "group": group, "topic": topic, "expect": len(specs),
+        "batch": 1, "process_ms": 300, "await_s": 2, "deadline_s": 120, "out": str(tmp_path / f"c{i}.jsonl"),
+    }, tmp_path) for i in range(2)]
+    try:
+        wait_for(lambda: sum(len(c.records()) for c in consumers) >= len(specs)
+                 or not all(c.alive() for c in consumers), timeout=120, interval=0.2,
+                 message="every message acked by one of the two consumers")
+    finally:
+        for c in consumers:
+            c.stop()
+    rows = [r for c in consumers for r in c.records()]
+    assert sorted(r["body"] for r in rows) == sorted(s["body"] for s in specs)  # each once
+    for g in names:
+        mine = sorted((r for r in rows if r["group"] == g), key=lambda r: (r["received_ms"], r["ack_ms"]))
+        assert [r["body"] for r in mine] == [f"{g}:{i}" for i in range(4)]
+        for prev, nxt in itertools.pairwise(mine):  # the next one handed out only after this one's ack
+            assert nxt["received_ms"] >= prev["ack_ms"], (prev, nxt)
+
+
+def test_5x_push_consumer_receives_acks_and_retries_a_failure(grpc_server: ChronomqProcess) -> None:
+    topic, group = uniq("V5P"), uniq("V5PG")
+    assert v5(grpc_server, "produce", topic=topic, messages=[{"body": f"push-{i}"} for i in range(5)])[
+        "errors"] == []
+    got = v5(grpc_server, "push", group=group, topic=topic, expect=5, fail_first=["push-2"], deadline_s=60)
+    done = sorted(m["body"] for m in got["messages"] if m["result"] == "SUCCESS")
+    assert done == [f"push-{i}" for i in range(5)]  # QueryAssignment + receives from every queue
+    retried = [(m["attempt"], m["result"]) for m in got["messages"] if m["body"] == "push-2"]
+    assert retried == [(1, "FAILURE"), (2, "SUCCESS")]  # the failure came back with attempt 2

@@ -387,3 +387,74 @@ async def test_in_flight_messages_survive_a_restart_neither_lost_nor_early(tmp_p
         assert env.broker.offsets.query("G", "TP", q) == again[0].system_properties.queue_offset
     finally:
         await env.close()
+
+
+async def test_transactions_commit_rollback_and_an_orphan_checked_over_telemetry(tmp_path: Path) -> None:
+    env = await Env(tmp_path, transactionTimeOut="1", transactionCheckInterval="3600000").start()
+    try:
+        async def half(body: bytes, mid: str) -> str:
+            r = await env.send("TT", body, mid, message_type=pb.TRANSACTION)
+            assert r.status.code == pb.OK and r.entries[0].transaction_id
+            return r.entries[0].transaction_id
+
+        async def end(mid: str, tx: str, resolution: int, source: int = pb.SOURCE_CLIENT,
+                      topic: str = "TT") -> pb.EndTransactionResponse:
+            req = pb.EndTransactionRequest(topic=pb.Resource(name=topic), message_id=mid, transaction_id=tx,
+                                           resolution=resolution, source=source)
+            return await env.call("EndTransaction", req, pb.EndTransactionResponse)
+
+        assert (await end("01T1", await half(b"commit", "01T1"), pb.COMMIT)).status.code == pb.OK
+        tx2 = await half(b"rollback", "01T2")
+        assert (await end("01T2", tx2, pb.ROLLBACK, topic="Other")).status.code == pb.INVALID_TRANSACTION_ID
+        assert (await end("01T2", tx2, pb.ROLLBACK)).status.code == pb.OK
+        await half(b"orphan", "01T3")
+        _, msgs = await env.receive("TT")
+        assert [m.body for m in msgs] == [b"commit"]  # the orphan stays a half message
+        assert env.channel is not None
+        stream = env.channel.stream_stream(SERVICE + "Telemetry",
+                                           request_serializer=pb.TelemetryCommand.SerializeToString,
+                                           response_deserializer=pb.TelemetryCommand.FromString)(timeout=20)
+        publishing = pb.Publishing(topics=[pb.Resource(name="TT")])
+        await stream.write(pb.TelemetryCommand(settings=pb.Settings(client_type=pb.PRODUCER,
+                                                                    publishing=publishing)))
+        assert (await stream.read()).status.code == pb.OK
+        tx = env.broker.transactions
+        assert tx is not None
+        await async_wait_for(lambda: tx.check_once()["checked"] == 1, message="the orphan is checked")
+        cmd = await asyncio.wait_for(stream.read(), 10)
+        rec = cmd.recover_orphaned_transaction_command
+        assert (rec.message.body, rec.message.topic.name) == (b"orphan", "TT")
+        assert rec.message.system_properties.message_id == "01T3"
+        assert (await end("01T3", rec.transaction_id, pb.COMMIT, pb.SOURCE_SERVER_CHECK)).status.code == pb.OK
+        await env.dispatched()
+        _, msgs = await env.receive("TT")
+        assert [m.body for m in msgs] == [b"orphan"]
+        await stream.done_writing()
+        await async_wait_for(lambda: "TT" not in env.broker.producers.groups, message="unregistered")
+    finally:
+        await env.close()
+
+
+async def test_a_fifo_group_gets_a_queues_next_message_only_after_the_one_in_flight(tmp_path: Path) -> None:
+    env = await Env(tmp_path, grpcFifoGroups="FG, other").start()
+    try:
+        for i in range(3):
+            await env.send("TH", f"h{i}".encode(), f"01H{i}", message_type=pb.FIFO, message_group="g1")
+        _, msgs = await env.receive("TH", group="FG", batch=1)
+        assert [m.body for m in msgs] == [b"h0"]
+        st, msgs2 = await env.receive("TH", group="FG")
+        assert st.code == pb.MESSAGE_NOT_FOUND and msgs2 == []  # h1 waits for h0
+        _, plain = await env.receive("TH", group="G")  # a group not listed is not held back
+        assert [m.body for m in plain] == [b"h0", b"h1", b"h2"]
+        held = env.receive("TH", group="FG", batch=1, invisible_ms=1000, poll_ms=8000)
+        waiting = asyncio.ensure_future(held)
+        await async_wait_for(lambda: env.broker.hold.held > 0, message="the FIFO receive is held")
+        assert not waiting.done()
+        await env.ack("TH", msgs[0], group="FG")  # wakes the held receive
+        _, msgs = await asyncio.wait_for(waiting, 5)
+        assert [m.body for m in msgs] == [b"h1"]
+        # h1 is not acked: when its invisibility ends it comes back before h2
+        _, msgs = await env.receive("TH", group="FG", poll_ms=5000)
+        assert [(m.body, m.system_properties.delivery_attempt) for m in msgs] == [(b"h1", 2), (b"h2", 1)]
+    finally:
+        await env.close()

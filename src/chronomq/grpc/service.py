@@ -31,6 +31,7 @@ from . import convert
 from ._proto import rocketmq_v2_pb2 as pb
 from .convert import BadMessage, Receipt, status
 from .pop import MAX_INFLIGHT_PER_QUEUE, PopTable, QueueState
+from .telemetry import TelemetryChannel
 
 log = logging.getLogger("chronomq.grpc")
 
@@ -41,7 +42,6 @@ MIN_INVISIBLE_MS = 1_000
 MAX_INVISIBLE_MS = 12 * 3600_000
 AUTO_RENEW_INVISIBLE_MS = 60_000  # a push consumer's receive (auto_renew): Java's default
 DLQ_RETRY_MS = 60_000  # a dead-lettering that failed is tried again after this long
-GRPC_TX_GROUP = "CHRONOMQ_GRPC_TX"  # the producer group of 5.x half messages (5.x producers have none)
 MAX_CLIENTS = 100_000
 OK = pb.OK
 # a 5.x consumer's retry backoff (the settings reply): Java's default customized backoff
@@ -101,6 +101,8 @@ class MessagingService:
         for (group, topic, q), st in self.pop.queues.items():  # consumerOffset.json may be older
             services.offsets.commit(group, topic, q, st.committed)
         self.clients: dict[str, ClientRecord] = {}
+        self._channels: dict[str, TelemetryChannel] = {}  # producers' Telemetry streams, by client id
+        self._fifo_events: dict[tuple[str, str], asyncio.Event] = {}  # FIFO receives waiting for an ack
         self._filters: dict[str, TagFilter] = {}
         self._rr = itertools.count()
         self.sent = 0
@@ -191,27 +193,60 @@ class MessagingService:
         self, req: pb.HeartbeatRequest, ctx: grpc.aio.ServicerContext
     ) -> pb.HeartbeatResponse:
         self._touch(ctx, req.client_type, req.group.name if req.HasField("group") else "")
+        channel = self._channels.get(_metadata(ctx).get("x-mq-client-id", ""))
+        if channel is not None:
+            channel.refresh(self.services.producers, self.clock.now_ms())
         return pb.HeartbeatResponse(status=status(OK))
 
     async def notify_client_termination(
         self, req: pb.NotifyClientTerminationRequest, ctx: grpc.aio.ServicerContext
     ) -> pb.NotifyClientTerminationResponse:
-        self.clients.pop(_metadata(ctx).get("x-mq-client-id", ""), None)
+        cid = _metadata(ctx).get("x-mq-client-id", "")
+        self.clients.pop(cid, None)
+        channel = self._channels.pop(cid, None)
+        if channel is not None:
+            channel.unregister(self.services.producers)
         return pb.NotifyClientTerminationResponse(status=status(OK))
 
     async def telemetry(
         self, requests: AsyncIterator[pb.TelemetryCommand], ctx: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.TelemetryCommand]:
-        """Each settings command is answered with the settings the client is to use; other commands from the
-        client (stack traces, verify results) need no answer. The stream stays open until the client ends
-        it or the server stops."""
-        async for cmd in requests:
-            if cmd.WhichOneof("command") != "settings":
-                continue
-            s = cmd.settings
-            group = s.subscription.group.name if s.HasField("subscription") else ""
-            self._touch(ctx, s.client_type, group)
-            yield pb.TelemetryCommand(status=status(OK), settings=self.settings_reply(s))
+        """Each settings command is answered with the settings the client is to use (a producer's also
+        registers it for transaction checks); other commands from the client (stack traces, verify
+        results) need no answer. The server's own commands (transaction checks) go out on the same
+        stream. It stays open until the client ends it or the server stops."""
+        peer = ctx.peer() or ""
+        channel = TelemetryChannel(_metadata(ctx).get("x-mq-client-id", "") or peer, peer)
+        reader = asyncio.ensure_future(self._read_telemetry(requests, ctx, channel))
+        try:
+            async for out in channel.outgoing():
+                yield out
+        finally:
+            reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await reader
+            channel.unregister(self.services.producers)
+            if self._channels.get(channel.client_id) is channel:
+                del self._channels[channel.client_id]
+
+    async def _read_telemetry(
+        self, requests: AsyncIterator[pb.TelemetryCommand], ctx: grpc.aio.ServicerContext,
+        channel: TelemetryChannel,
+    ) -> None:
+        try:
+            async for cmd in requests:
+                if cmd.WhichOneof("command") != "settings":
+                    continue
+                s = cmd.settings
+                group = s.subscription.group.name if s.HasField("subscription") else ""
+                self._touch(ctx, s.client_type, group)
+                if s.HasField("publishing"):
+                    self._channels[channel.client_id] = channel
+                    topics = [t.name for t in s.publishing.topics]
+                    channel.register(self.services.producers, topics, self.clock.now_ms())
+                channel.put(pb.TelemetryCommand(status=status(OK), settings=self.settings_reply(s)))
+        finally:
+            channel.close()
 
     def settings_reply(self, s: pb.Settings) -> pb.Settings:
         """The client's settings completed with the server's: body size and message type check for a
@@ -232,8 +267,7 @@ class MessagingService:
             )
         else:
             sub = out.subscription
-            if not sub.HasField("fifo"):
-                sub.fifo = False
+            sub.fifo = sub.group.name in self.config.fifo_groups
             sub.receive_batch_size = MAX_BATCH
             if not sub.HasField("long_polling_timeout") or convert.duration_ms(sub.long_polling_timeout) <= 0:
                 sub.long_polling_timeout.CopyFrom(convert.duration(20_000))
@@ -291,7 +325,7 @@ class MessagingService:
             queue_id=queue_id,
             born_ms=out.born_ms or self.clock.now_ms(),
             born_host=born_host,
-            producer_group=GRPC_TX_GROUP if out.transactional else "",
+            producer_group=out.topic if out.transactional else "",  # 5.x producers have no group: the topic
             transactional=out.transactional,
         )
         return self._send_entry(out, a)
@@ -337,7 +371,8 @@ class MessagingService:
             raise Refused(pb.INVALID_TRANSACTION_ID, f"unknown transaction id {req.transaction_id!r}")
         if req.resolution == pb.TRANSACTION_RESOLUTION_UNSPECIFIED:
             return pb.EndTransactionResponse(status=status(OK, "unknown: the message stays undecided"))
-        a = await self.calls.end_transaction(GRPC_TX_GROUP, msg_id, int(qoff), req.resolution == pb.COMMIT)
+        commit = req.resolution == pb.COMMIT
+        a = await self.calls.end_transaction(req.topic.name, msg_id, int(qoff), commit)
         if a.kind != "ok":
             raise Refused(
                 pb.INVALID_TRANSACTION_ID
@@ -414,7 +449,8 @@ class MessagingService:
         if remaining is not None:  # answer before the client's deadline, with room for the answer
             poll_ms = min(poll_ms, int(remaining * 1000) - 500)
         deadline = self.clock.now_ms() + max(0, min(poll_ms, MAX_POLL_MS))
-        msgs = await self._pop(group, tc.topicName, queues, batch, invisible, tag_filter, deadline)
+        fifo = group in self.config.fifo_groups
+        msgs = await self._pop(group, tc.topicName, queues, batch, invisible, tag_filter, deadline, fifo)
         self.received += len(msgs)
         return msgs
 
@@ -433,13 +469,15 @@ class MessagingService:
         invisible: int,
         tag_filter: TagFilter,
         deadline: int,
+        fifo: bool = False,
     ) -> list[pb.Message]:
         states = [(q, self.pop.state(group, topic, q, self._start_offset(group, topic, q))) for q in queues]
         for _ in range(100_000):  # each round either answers or waits for an arrival, a redelivery or the end
             out: list[pb.Message] = []
             for q, st in states:
                 if len(out) < batch:
-                    out += await self._take(group, topic, q, st, batch - len(out), invisible, tag_filter)
+                    room = batch - len(out)
+                    out += await self._take(group, topic, q, st, room, invisible, tag_filter, fifo)
             now = self.clock.now_ms()
             if out or now >= deadline or self.services.stopping:
                 try:
@@ -450,16 +488,37 @@ class MessagingService:
                     ) from None
                 return out
             wake = min([deadline] + [t for _, st in states if (t := st.next_visible_ms()) is not None])
-            await self._wait(topic, states, max(wake, now + 1))
+            unblocked = self._fifo_event(group, topic) if fifo else None
+            await self._wait(topic, states, max(wake, now + 1), unblocked)
         return []
 
-    async def _wait(self, topic: str, states: list[tuple[int, QueueState]], until: int) -> None:
+    def _fifo_event(self, group: str, topic: str) -> asyncio.Event:
+        """Set when a message of a FIFO group's topic is acked (or its invisibility changed): a queue held
+        back for it may hand out its next message."""
+        key = (group, topic)
+        ev = self._fifo_events.get(key)
+        if ev is None:
+            if len(self._fifo_events) >= MAX_CLIENTS:
+                self._fifo_events.clear()
+            ev = self._fifo_events[key] = asyncio.Event()
+        return ev
+
+    def _wake_fifo(self, group: str, topic: str) -> None:
+        ev = self._fifo_events.pop((group, topic), None)
+        if ev is not None:
+            ev.set()
+
+    async def _wait(
+        self, topic: str, states: list[tuple[int, QueueState]], until: int, unblocked: asyncio.Event | None
+    ) -> None:
         hold = self.services.hold
 
         def current(q: int) -> Callable[[], int]:
             return lambda: self.store.get_max_offset_in_queue(topic, q)
 
         waits = [asyncio.ensure_future(hold.wait(topic, q, st.next, until, current(q))) for q, st in states]
+        if unblocked is not None:
+            waits.append(asyncio.ensure_future(unblocked.wait()))
         try:
             await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
         finally:
@@ -485,10 +544,15 @@ class MessagingService:
         limit: int,
         invisible: int,
         tag_filter: TagFilter,
+        fifo: bool = False,
     ) -> list[pb.Message]:
         """Up to ``limit`` messages of one queue made invisible for ``invisible`` ms: redeliveries first,
-        then fresh ones; a message past its last attempt goes to %DLQ%group instead."""
+        then fresh ones; a message past its last attempt goes to %DLQ%group instead. For a FIFO group
+        nothing while a message of the queue is in flight and still invisible (the queue is held back
+        until it is acked or comes back, first, at the end of its invisibility)."""
         now = self.clock.now_ms()
+        if fifo and any(e.until_ms > now for e in st.inflight.values()):
+            return []
         until = now + invisible
         out: list[pb.Message] = []
         max_attempts = self.config.maxReconsumeTimes
@@ -607,6 +671,7 @@ class MessagingService:
             await self.pop.save()
         except OSError as e:
             log.error("cannot persist the in-flight table after an ack (written later): %s", e)
+        self._wake_fifo(group, topic)
         codes = {e.status.code for e in entries}
         top = entries[0].status if len(codes) == 1 else status(pb.MULTIPLE_RESULTS)
         return pb.AckMessageResponse(status=top if entries else status(OK), entries=entries)
@@ -625,6 +690,7 @@ class MessagingService:
                 pb.INVALID_RECEIPT_HANDLE, "the receipt handle is out of date or the message was acked"
             )
         await self.pop.save()
+        self._wake_fifo(group, req.topic.name)
         return pb.ChangeInvisibleDurationResponse(
             status=status(OK), receipt_handle=Receipt(r.queue_id, r.offset, e.gen).encode()
         )
@@ -649,6 +715,7 @@ class MessagingService:
                 raise Refused(pb.INTERNAL_SERVER_ERROR, "the dead-letter queue refused the message")
         self._settle(group, topic, r.queue_id, st)
         await self.pop.save()
+        self._wake_fifo(group, topic)
         return pb.ForwardMessageToDeadLetterQueueResponse(status=status(OK))
 
     # --- lifecycle ----------------------------------------------------------------------------------------

@@ -4,11 +4,22 @@ args: endpoint (host:port of the gRPC endpoint, required), mode: "produce" | "re
 produce: topic, messages: [{body, tag, keys [..], props {..}, group (FIFO), delay_s (delivery time = now +
   delay_s, epoch seconds, as the client's docs say), recall (bool: recall it right after the send)}]
   -> {"results": [{index, message_id, offset, recall_handle, recalled}], "errors": [{index, error}]}
+transaction: topic, messages: [{body, decision: "commit" | "rollback" | "orphan" (sent and left undecided:
+  the broker's check asks the producer's TransactionChecker, which answers check_answer, default commit)}],
+  then, when verify_group is given, a SimpleConsumer of that group receives expect messages while the
+  producer is still up (so the checker's EndTransaction is made before it shuts down)
+  -> {"results": [{index, message_id, transaction_id, decision}], "checked": [message ids], "errors": [..],
+      "received": <receive's result> | null}
+push: group, topic, expect (stop after this many messages consumed successfully), fail_first [bodies whose
+  first delivery the listener fails, so the client retries them], deadline_s (default 60)
+  -> {"messages": [{body, attempt, message_id, result}], "errors": [..]}
 receive: group, topic, expect (stop after this many acked messages), invisible_s (default 20),
   await_s (long polling, default 5), batch (default 16), deadline_s (default 60),
-  hold_first (bool: do not ack a message's first delivery, so it comes back after invisible_s)
+  hold_first (bool: do not ack a message's first delivery, so it comes back after invisible_s),
+  process_ms (work on each message before its ack), out (a JSONL file: each acked row as it is acked; then
+  SIGTERM ends the receiving, and stop() reads the result)
   -> {"messages": [{topic, message_id, body, tag, keys, props, attempt, group, delivery_ms, received_ms,
-       acked}], "errors": [..]}
+       acked, ack_ms (just before the ack was sent)}], "errors": [..]}
 """
 
 from __future__ import annotations
@@ -16,7 +27,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from _common import emit, fail, load_args, now_ms
+from _common import JsonlWriter, StopFlag, emit, fail, load_args, now_ms
 
 
 def produce(args: dict[str, Any], cfg: Any) -> dict[str, Any]:
@@ -56,6 +67,93 @@ def produce(args: dict[str, Any], cfg: Any) -> dict[str, Any]:
     return {"results": results, "errors": errors}
 
 
+def transaction(args: dict[str, Any], cfg: Any) -> dict[str, Any]:
+    import threading
+
+    from rocketmq import Message, Producer, TransactionChecker
+    from rocketmq.grpc_protocol import TransactionResolution
+
+    topic = args["topic"]
+    answer = TransactionResolution.ROLLBACK if args.get("check_answer") == "rollback" \
+        else TransactionResolution.COMMIT
+    checked: list[str] = []
+    seen = threading.Event()
+
+    class Checker(TransactionChecker):
+        def check(self, message: Any) -> Any:
+            checked.append(message.message_id)
+            seen.set()
+            return answer
+
+    producer = Producer(cfg, (topic,), Checker())
+    producer.startup()
+    results, errors = [], []
+    orphans = 0
+    received = None
+    try:
+        for i, spec in enumerate(args.get("messages") or []):
+            m = Message()
+            m.topic = topic
+            m.body = str(spec.get("body", f"m{i}")).encode()
+            decision = spec.get("decision", "commit")
+            try:
+                tx = producer.begin_transaction()
+                r = producer.send(m, transaction=tx)
+                if decision == "commit":
+                    tx.commit()
+                elif decision == "rollback":
+                    tx.rollback()
+                else:
+                    orphans += 1
+                results.append({"index": i, "message_id": r.message_id, "transaction_id": r.transaction_id,
+                                "decision": decision})
+            except Exception as e:
+                errors.append({"index": i, "error": f"{type(e).__name__}: {e}"})
+        deadline = time.monotonic() + float(args.get("deadline_s", 60))
+        while orphans and len(set(checked)) < orphans and time.monotonic() < deadline:
+            seen.wait(min(1.0, max(0.0, deadline - time.monotonic())))
+            seen.clear()
+        if args.get("verify_group"):
+            received = receive({**args, "group": args["verify_group"],
+                                "deadline_s": max(1.0, deadline - time.monotonic())}, cfg)
+    finally:
+        producer.shutdown()
+    return {"results": results, "checked": checked, "errors": errors, "received": received}
+
+
+def push(args: dict[str, Any], cfg: Any) -> dict[str, Any]:
+    import threading
+
+    from rocketmq import ConsumeResult, FilterExpression, MessageListener, PushConsumer
+
+    expect = int(args.get("expect", 1))
+    fail_first = set(args.get("fail_first") or ())
+    out: list[dict[str, Any]] = []
+    lock = threading.Lock()
+    enough = threading.Event()
+
+    class Listener(MessageListener):
+        def consume(self, message: Any) -> Any:
+            body = message.body.decode(errors="replace")
+            ok = not (body in fail_first and message.delivery_attempt == 1)
+            with lock:
+                out.append({"body": body, "attempt": message.delivery_attempt,
+                            "message_id": message.message_id, "result": "SUCCESS" if ok else "FAILURE",
+                            "received_ms": now_ms()})
+                if sum(1 for r in out if r["result"] == "SUCCESS") >= expect:
+                    enough.set()
+            return ConsumeResult.SUCCESS if ok else ConsumeResult.FAILURE
+
+    consumer = PushConsumer(cfg, args["group"], Listener(), {args["topic"]: FilterExpression("*")})
+    consumer.startup()
+    try:
+        enough.wait(float(args.get("deadline_s", 60)))
+    finally:
+        consumer.shutdown()
+    with lock:
+        return {"messages": list(out), "errors": []}
+
+
 def receive(args: dict[str, Any], cfg: Any) -> dict[str, Any]:
     from rocketmq import FilterExpression, SimpleConsumer
 
@@ -69,8 +167,11 @@ def receive(args: dict[str, Any], cfg: Any) -> dict[str, Any]:
     out: list[dict[str, Any]] = []
     errors: list[str] = []
     acked = 0
+    stop = StopFlag() if args.get("out") else None
+    writer = JsonlWriter(args.get("out"))
+    process_s = float(args.get("process_ms", 0)) / 1000
     try:
-        while acked < expect and time.monotonic() < deadline:
+        while acked < expect and time.monotonic() < deadline and not (stop and stop.stopped):
             try:
                 msgs = consumer.receive(int(args.get("batch", 16)), invisible)
             except Exception as e:
@@ -82,12 +183,17 @@ def receive(args: dict[str, Any], cfg: Any) -> dict[str, Any]:
                        "attempt": m.delivery_attempt, "group": m.message_group,
                        "delivery_ms": m.delivery_timestamp, "received_ms": now_ms(), "acked": False}
                 if not (args.get("hold_first") and m.delivery_attempt == 1):
+                    if process_s:
+                        time.sleep(process_s)  # the work a consumer does on the message
+                    row["ack_ms"] = now_ms()
                     consumer.ack(m)
                     row["acked"] = True
                     acked += 1
+                    writer.write(row)
                 out.append(row)
     finally:
         consumer.shutdown()
+        writer.close()
     return {"messages": out, "errors": errors}
 
 
@@ -98,6 +204,10 @@ def main() -> None:
     cfg = ClientConfiguration(args["endpoint"], Credentials())
     if args["mode"] == "produce":
         emit(produce(args, cfg))
+    elif args["mode"] == "transaction":
+        emit(transaction(args, cfg))
+    elif args["mode"] == "push":
+        emit(push(args, cfg))
     elif args["mode"] == "receive":
         emit(receive(args, cfg))
     else:
