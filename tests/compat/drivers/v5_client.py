@@ -14,7 +14,9 @@ push: group, topic, expect (stop after this many messages consumed successfully)
   first delivery the listener fails, so the client retries them], deadline_s (default 60)
   -> {"messages": [{body, attempt, message_id, result}], "errors": [..]}
 receive: group, topic, expect (stop after this many acked messages), invisible_s (default 20),
-  await_s (long polling, default 5), batch (default 16), deadline_s (default 60),
+  await_s (long polling, default 1: the 5.1.2 client picks a random queue for every receive, so long
+  polls on empty queues could use up the deadline before it asks the queue holding the message),
+  batch (default 16), deadline_s (default 60),
   hold_first (bool: do not ack a message's first delivery, so it comes back after invisible_s),
   process_ms (work on each message before its ack), out (a JSONL file: each acked row as it is acked; then
   SIGTERM ends the receiving, and stop() reads the result)
@@ -159,7 +161,7 @@ def receive(args: dict[str, Any], cfg: Any) -> dict[str, Any]:
 
     topic = args["topic"]
     consumer = SimpleConsumer(cfg, args["group"], {topic: FilterExpression(args.get("expression", "*"))},
-                              await_duration=int(args.get("await_s", 5)))
+                              await_duration=int(args.get("await_s", 1)))
     consumer.startup()
     expect = int(args.get("expect", 1))
     invisible = int(args.get("invisible_s", 20))
