@@ -68,7 +68,7 @@ def plot(rows: list[dict[str, float]], png: Path, title: str) -> None:
         if ylabel:
             a.set_ylabel(ylabel)
         a.set_ylim(bottom=0)
-        a.legend(loc="upper left")
+        a.legend(loc="best")
 
     panel(ax[0][0], [("heap_mib", "heap (RssAnon)")], "MiB")
     panel(ax[0][1], [("rss_mib", "RSS (heap + mapped files)"), ("data_mib", "data on disk")], "MiB")
