@@ -184,6 +184,15 @@ def data_pages(fd: int, size: int, page: int) -> set[int]:
     return out
 
 
+def first_hole(fd: int, size: int) -> int:
+    """The offset of the first hole (a range never written or allocated) in a file of ``size``, or
+    ``size`` when it has none."""
+    try:
+        return min(size, os.lseek(fd, 0, os.SEEK_HOLE))
+    except OSError:  # a file system without SEEK_HOLE: no hole is known
+        return size
+
+
 def segment_files(directory: str, file_size: int, what: str, key: str) -> list[tuple[str, int]]:
     """The segment files of ``directory`` (20-digit names = start offsets), in order, as (path, start).
     Raises StoreConfigError when one does not fit ``file_size``: the store was written with another

@@ -17,10 +17,10 @@ from chronomq.store.checkpoint import Checkpoint
 from chronomq.store.commitlog import BLANK_HEAD, BLANK_MAGIC, check_record
 from chronomq.store.consumequeue import ConsumeQueue
 from chronomq.store.index import ENTRY, ENTRY_SIZE, key_hash
+from chronomq.store.mapped import MappedFile, first_hole
 from chronomq.store.reput import request_of
 
 if TYPE_CHECKING:
-    from chronomq.store.mapped import MappedFile
     from chronomq.store.message_store import MessageStore
 
 log = logging.getLogger("chronomq.store")
@@ -404,15 +404,6 @@ class StoreRecovery:
                     if t is not None:
                         best = max(best, t)
         return best
-
-
-def first_hole(fd: int, size: int) -> int:
-    """The offset of the first hole (a range never written or allocated) in a file of ``size``, or
-    ``size`` when it has none."""
-    try:
-        return min(size, os.lseek(fd, 0, os.SEEK_HOLE))
-    except OSError:  # a file system without SEEK_HOLE: no hole is known
-        return size
 
 
 def _data_extent(seg: MappedFile, pos: int, chunk: int = 1 << 20) -> int:

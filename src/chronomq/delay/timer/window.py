@@ -164,7 +164,7 @@ class _Slot:
 class WindowPath(TimerState):
     def _commit_marks(self) -> None:
         """Append the marks of the last batch to done.log (one pwrite): from here a process crash
-        no longer loses them."""
+        no longer loses them. ``deliver_many`` calls it for each batch it delivered."""
         if self._mark_buf:
             os.pwrite(self._done_fd, self._mark_buf, self._done_end)
             self._done_end += len(self._mark_buf)
@@ -184,7 +184,6 @@ class WindowPath(TimerState):
         (None: nothing pending at all; a new schedule calls ``wakeup``)."""
         n = max_items or self.cfg.deliver_batch
         with self.lock:
-            self._commit_marks()
             self._advance_window(now)
             cur = self.cur
             if cur is not None:
