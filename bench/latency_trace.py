@@ -5,6 +5,7 @@ methods and records wall-clock timestamps; the product has no tracing hooks), se
 the same millisecond with ``chronomq.client`` and receives them with a PushConsumer, then prints, for
 the first and the last message, how long after the due time each stage finished:
 
+    staged       the timer read and encoded them ahead of their time (negative: before the due time)
     timer take   the timer's delivery loop took the due entries from its window (woke up)
     store put    the timer's batch was appended to the commit log (put_records)
     dispatch     their consume-queue entries were written (reput)
@@ -34,7 +35,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-STAGES = ("timer take", "store put", "dispatch", "pull wake", "pull answer", "listener")
+STAGES = ("staged", "timer take", "store put", "dispatch", "pull wake", "pull answer", "listener")
 
 
 # --- the broker side: install the tracer, then run `chronomq start` -------------------------------------
@@ -69,7 +70,12 @@ def serve_traced(out: str, argv: list[str]) -> None:
         dispatcher, dispatch_method = MessageStore, "_dispatch"
 
     events: list[tuple[str, int]] = []
-    _wrap(TimerStore, "poll", "timer take", events, lambda res, args: bool(res[0]))
+    # poll also serves staging, with a horizon ahead of the clock: only polls for due items count
+    _wrap(TimerStore, "poll", "timer take", events,
+          lambda res, args: bool(res[0]) and args[0] <= time.time_ns() // 1_000_000 + 1)
+    _wrap(TimerStore, "stage", "staged", events, lambda res, args: res > 0)
+    _wrap(TimerStore, "deliver_staged", "timer take", events, lambda res, args: res[0] > 0)
+    _wrap(TimerStore, "deliver_staged", "store put", events, lambda res, args: res[0] > 0)
     _wrap(TimerStore, "deliver_many", "store put", events)
     _wrap(dispatcher, dispatch_method, "dispatch", events)
     _wrap(BrokerProcessor, "_pull_once", "pull answer", events,
@@ -154,7 +160,9 @@ def _breakdown(events: list[tuple[str, int]], due_ms: int, receipts: list[int]
     hi = max(receipts)
     out: dict[str, tuple[float, float]] = {}
     for stage in STAGES[:-1]:
-        ts = [t for s, t in events if s == stage and lo <= t <= hi]
+        # staging happens timerStageAheadMs (50 ms by default) before the due time; the runs are 1 s apart
+        start = lo - 1_000_000_000 if stage == "staged" else lo
+        ts = [t for s, t in events if s == stage and start <= t <= hi]
         if ts:
             out[stage] = ((min(ts) - lo) / 1e6, (max(ts) - lo) / 1e6)
     out["listener"] = ((min(receipts) - lo) / 1e6, (hi - lo) / 1e6)

@@ -95,6 +95,7 @@ class BrokerConfig:
     timerFlushIntervalMs: int = 1000
     timerDataSegmentSize: int = 64 * 1024 * 1024
     timerRetentionIntervalMs: int = 60_000
+    timerStageAheadMs: int = 50  # messages due this soon are read and encoded ahead (0: off)
     # de-duplication of sends that ask for it (property CHRONOMQ_DEDUP=true, the Spark sink's default) by
     # (topic, UNIQ_KEY): a replay within the window is answered as the original and stored once; 0 = off
     dedupWindowSec: int = 86_400

@@ -334,14 +334,15 @@ class PutPath:
         self._signal_dispatch()
         return first_phys, first_q, ts
 
-    def _batch_result(self, first_phys: int, first_q: int, ts: int, sizes: list[int], total: int
-                      ) -> PutResult:
-        prefix = self._msg_id_prefix
+    def _batch_result(self, first_phys: int, first_q: int, ts: int, sizes: list[int], total: int,
+                      with_ids: bool = True) -> PutResult:
         ids = []
-        off = first_phys
-        for size in sizes:
-            ids.append(f"{prefix}{off:016X}")
-            off += size
+        if with_ids:
+            prefix = self._msg_id_prefix
+            off = first_phys
+            for size in sizes:
+                ids.append(f"{prefix}{off:016X}")
+                off += size
         fut = self._request_flush(first_phys + total) if self._sync else None
         return PutResult(PutStatus.PUT_OK,
                          AppendResult(first_phys, total, ",".join(ids), first_q, ts, len(sizes)), None, fut)
@@ -357,7 +358,20 @@ class PutPath:
         decoded message with those fields. Same checks, guarantees and result as put_messages
         (contiguous queue offsets, one segment, tagsCode / delay, index keys, SYNC_FLUSH future); the
         entries' properties dicts are not modified. A malformed record refuses the batch with
-        MESSAGE_ILLEGAL. Being the delivery path's put, it is not refused for ``disk_full`` (_reserve)."""
+        MESSAGE_ILLEGAL. Being the delivery path's put, it is not refused for ``disk_full`` (_reserve).
+        It is ``prepare_records`` then ``put_prepared``."""
+        preps = self.prepare_records(topic, queue_id, records)
+        if preps.__class__ is PutResult:
+            return preps  # type: ignore[return-value]
+        return self.put_prepared(topic, queue_id, preps)  # type: ignore[arg-type]
+
+    def prepare_records(self, topic: str, queue_id: int,
+                        records: list[tuple[bytes | bytearray | memoryview, int, int, dict[str, str]]]
+                        ) -> list[tuple] | PutResult:
+        """The first half of put_records, which touches no store state: each record's copy encoded for
+        ``topic``/``queue_id`` (an opaque entry for ``put_prepared``), or the refusal of the batch. The
+        timer prepares the messages about to fall due this way, so that at their moment only the append
+        is left."""
         if not records:
             return self._fail(PutStatus.MESSAGE_ILLEGAL, "an empty batch")
         topic_b = self._topic_cache.get(topic)
@@ -373,7 +387,6 @@ class PutPath:
         max_body = self._max_body
         store_host_b = self._store_host_b
         preps = []
-        total = 0
         for buf, pos, size, props in records:
             fields = self._property_fields(props)
             if isinstance(fields, PutResult):
@@ -405,13 +418,23 @@ class PutPath:
                         tag_cache[tags] = tc
                 else:
                     tc = 0
-            total += len(rec)
             preps.append((rec, tc, delay, keys_l, uniq))
-        placed = self._append_run(topic, queue_id, preps, total, True)
+        return preps
+
+    def put_prepared(self, topic: str, queue_id: int, entries: list[tuple], with_ids: bool = True
+                     ) -> PutResult:
+        """The second half of put_records: append entries that ``prepare_records`` made for this
+        ``topic``/``queue_id`` (any subset of them, in any grouping). ``with_ids=False``: the result
+        carries no message ids (the timer's deliveries need none)."""
+        if not entries:
+            return self._fail(PutStatus.MESSAGE_ILLEGAL, "an empty batch")
+        sizes = [len(p[0]) for p in entries]
+        total = sum(sizes)
+        placed = self._append_run(topic, queue_id, entries, total, True)
         if placed.__class__ is PutResult:
             return placed  # type: ignore[return-value]
         first_phys, first_q, ts = placed  # type: ignore[misc]
-        return self._batch_result(first_phys, first_q, ts, [len(p[0]) for p in preps], total)
+        return self._batch_result(first_phys, first_q, ts, sizes, total, with_ids)
 
     def put_message_and_wait(self, msg: MessageExt) -> PutResult:
         res = self.put_message(msg)

@@ -35,6 +35,7 @@ class SegmentedFile:
         self._fds: dict[int, int] = {}
         self._maps: dict[int, mmap.mmap] = {}
         self._patches = 0
+        self.changes = 0  # in-place overwrites so far (state, generation, deliver time): never reset
         self._dirty: set[int] = set()
         self.starts: list[int] = sorted(
             int(p.name) for p in self.dir.iterdir() if p.name.isdigit() and len(p.name) == 20
@@ -104,6 +105,7 @@ class SegmentedFile:
         mtime (an inode journal transaction) on every call, which costs ~50-100 us on ext4 under load;
         a store into mapped memory does not. The mapped pages are dropped from the page tables every
         64 patches so they never accumulate in the process's resident set."""
+        self.changes += 1
         start = self.seg_start(pos)
         off = pos - start
         mm = self._maps.get(start)

@@ -39,6 +39,9 @@ _SEQ_JUMP = 1 << 40  # done_seq numbers of a run after a crash start this far ab
 Item = tuple[int, int, int, int, int, int]  # deliver_ms, index entry, data pos, gen, topic id, size
 # batch index, message to put (or put_records entry: buffer, position, size, properties), header, item
 _Taken = tuple[int, Any, tuple[int, ...], Item]
+# a staged item: deliver_ms, index entry, item, header, real topic, queue id, the store's prepared entry
+# (None when the store refused to prepare it: then the put_records entry, put the usual way at its time)
+_Staged = tuple[int, int, Item, tuple[int, ...], str, int, Any, Any]
 
 
 def _pack_index(deliver: int, pos: int, prev: int, slot: int, gen: int, topic: int, size: int) -> bytes:

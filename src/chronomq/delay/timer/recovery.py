@@ -29,6 +29,7 @@ from .records import (
     OFF_STATE,
     PENDING,
     _pack_index,
+    _Staged,
     _unpack_index,
 )
 from .state import TimerState
@@ -144,6 +145,10 @@ class Recovery(TimerState):
         # message (dirtying a clean page), 50-100 us under I/O contention.
         self._marks: dict[int, tuple[int, int, int, bytes]] = {}  # pos -> state, done_ms, seq, block
         self._mark_buf = bytearray()
+        # Items taken ahead of their time with their store entries prepared (see WindowPath.stage),
+        # sorted by (deliver time, index entry), and the data file's change count when they were read.
+        self._staged: list[_Staged] = []
+        self._staged_changes = 0
 
     def _recover_tail(self, tail_start: int, ck_data_end: int) -> None:
         """After a crash: validate index entries written since the checkpoint, cut torn tails, re-link

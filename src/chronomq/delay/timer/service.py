@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import threading
 from collections.abc import Iterable
@@ -13,6 +14,7 @@ from chronomq.clock import Clock, SystemClock
 from chronomq.message import PROPERTY_TIMER_DELIVER_MS, PROPERTY_UNIQ_KEY, MessageExt
 from chronomq.store.types import records_put_of
 
+from ..delivery import StorePuts
 from .journal import TimerJournal
 from .props import timed_deliver_ms
 from .store import TimerStore
@@ -23,6 +25,13 @@ _NEVER = 1 << 62
 # The first batch after a wake-up is small so the first due messages reach their consumers at once; the
 # batches then double up to deliver_batch, where the per-batch costs are spread thin.
 _FIRST_BATCH = 16
+
+
+async def _hand_over() -> None:
+    """Two loop turns after a delivered batch: in the first the store writes the batch's queue entries
+    and wakes the held pulls, in the second those pulls answer, before the next batch."""
+    await asyncio.sleep(0)
+    await asyncio.sleep(0)
 
 
 def _log_failure(fut: asyncio.Future[Any]) -> None:
@@ -230,7 +239,9 @@ class TimerService:
     # --- delivery loop ----------------------------------------------------------------------------------
     def _on_wakeup(self, deliver_ms: int) -> None:
         self._version += 1
-        if deliver_ms < self._sleep_target and self._event is not None and self._loop is not None:
+        # a message falling due within the staging window wakes the loop in time to stage it
+        if (deliver_ms - self.timer.cfg.stage_ahead_ms < self._sleep_target and self._event is not None
+                and self._loop is not None):
             if threading.get_ident() == self._loop_thread:
                 self._event.set()
             else:
@@ -242,6 +253,14 @@ class TimerService:
         put = self.store.put_message
         put_many = getattr(self.store, "put_messages", None)  # one call per (topic, queue) of a batch
         put_raw = records_put_of(self.store)  # the same, re-putting the parked bytes (no re-encode)
+        # Staging: the messages about to fall due are read, checked and encoded ahead (store
+        # prepare_records), and put with put_prepared at their moment; a store without them does not stage.
+        prepare = getattr(type(self.store), "prepare_records", None)
+        stage_ahead = cfg.stage_ahead_ms if prepare is not None and put_raw is not None else 0
+        if stage_ahead:
+            prepare = self.store.prepare_records
+            staged_puts = StorePuts(put, None, functools.partial(self.store.put_prepared, with_ids=False))
+            fallback = StorePuts(put, put_many, put_raw)
         now = self.clock.now_ms()
         next_flush = now + cfg.flush_interval_ms
         next_retention = now + cfg.retention_interval_ms
@@ -265,17 +284,30 @@ class TimerService:
                     next_retention = now + cfg.retention_interval_ms
                 version = self._version
                 if now >= backoff_until:
+                    if stage_ahead:
+                        taken, busy = t.deliver_staged(now, batch, staged_puts, fallback)
+                        if taken:
+                            if busy:
+                                backoff_until = self.clock.now_ms() + cfg.retry_backoff_ms
+                            await _hand_over()
+                            batch = min(batch * 2, cfg.deliver_batch)
+                            continue
                     items, wake = t.poll(now, batch)
                     if items:
                         if "retry" in t.deliver_many(items, put, put_many, put_raw=put_raw):
                             backoff_until = self.clock.now_ms() + cfg.retry_backoff_ms
-                        # Two loop turns: in the first the store writes the batch's queue entries and
-                        # wakes the held pulls, in the second those pulls answer, before the next batch.
-                        await asyncio.sleep(0)
-                        await asyncio.sleep(0)
+                        await _hand_over()
                         batch = min(batch * 2, cfg.deliver_batch)
                         continue
                     batch = _FIRST_BATCH
+                    if stage_ahead and t.stage(now, stage_ahead, cfg.stage_limit, cfg.deliver_batch, prepare):
+                        await asyncio.sleep(0)  # let the loop breathe between staging steps
+                        continue
+                    if stage_ahead and wake is not None and wake > now and t.staged_count() < cfg.stage_limit:
+                        wake = max(wake - stage_ahead, now + 1)  # wake up in time to stage it
+                    staged = t.staged_due_ms()
+                    if staged is not None and (wake is None or staged < wake):
+                        wake = staged
                 else:
                     wake = backoff_until
                 if wake is not None and wake <= now:

@@ -18,6 +18,7 @@ if TYPE_CHECKING:
 
     from ..histogram import Histogram
     from .files import HashIndex, SegmentedFile, Wheel
+    from .records import _Staged
     from .types import TimerConfig
     from .window import _Slot
 
@@ -78,6 +79,8 @@ class TimerState:
     # delivery marks and the done logs
     _marks: dict[int, tuple[int, int, int, bytes]]
     _mark_buf: bytearray
+    _staged: list[_Staged]
+    _staged_changes: int
     _done_fds: list[int]
     _done_fd: int
     _done_end: int

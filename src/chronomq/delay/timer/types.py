@@ -85,7 +85,8 @@ class QueryPage:
 @dataclass
 class TimerConfig:
     """Timer store settings. Broker keys (``-c broker.conf`` / ``--set``): timerMaxDelaySec,
-    timerPrecisionMs (slot size), timerFlushIntervalMs, timerDataSegmentSize, timerRetentionIntervalMs."""
+    timerPrecisionMs (slot size), timerFlushIntervalMs, timerDataSegmentSize, timerRetentionIntervalMs,
+    timerStageAheadMs."""
 
     max_delay_ms: int = 40 * DAY_MS
     slot_ms: int = 1000
@@ -102,6 +103,10 @@ class TimerConfig:
     promote_ms: int = 2000
     preload_step: int = 512  # chain entries read per step between deliveries
     deliver_batch: int = 256
+    # Read, check and encode the messages falling due within this many ms before their moment (0: off),
+    # at most stage_limit of them at once, so that when they fall due only the store append is left.
+    stage_ahead_ms: int = 50
+    stage_limit: int = 4096
     retry_backoff_ms: int = 100
     max_query_scan: int = 10_000  # entries examined per query page at most (the lock is held)
 
@@ -112,8 +117,10 @@ class TimerConfig:
             raise TimerError(f"timerPrecisionMs {self.slot_ms} must be positive and divide 86,400,000")
         if self.data_segment_bytes < 64 * 1024:
             raise TimerError("timerDataSegmentSize must be at least 64 KiB")
+        if self.stage_ahead_ms < 0 or self.stage_ahead_ms > 10_000:
+            raise TimerError(f"timerStageAheadMs {self.stage_ahead_ms} must be between 0 and 10000")
         for name in ("index_segment_entries", "hash_buckets", "hash_generation_entries",
-                     "flush_interval_ms", "preload_step", "deliver_batch"):
+                     "flush_interval_ms", "preload_step", "deliver_batch", "stage_limit"):
             if getattr(self, name) <= 0:
                 raise TimerError(f"timer setting {name} must be positive")
 
@@ -145,5 +152,7 @@ class TimerConfig:
             tc.data_segment_bytes = v
         if (v := get("timerRetentionIntervalMs")) is not None:
             tc.retention_interval_ms = v
+        if (v := get("timerStageAheadMs")) is not None:
+            tc.stage_ahead_ms = v
         tc.validate()
         return tc

@@ -54,9 +54,19 @@ log = logging.getLogger("chronomq.delay.timer.store")
 
 
 def _uniq_of(m: Any) -> str:
-    """The UNIQ_KEY of a taken entry's message: a put_records entry (buffer, position, size, properties)
-    or a MessageExt."""
-    return (m[3].get(PROPERTY_UNIQ_KEY) if m.__class__ is tuple else m.uniq_key) or ""
+    """The UNIQ_KEY of a taken entry's message: a put_records entry (buffer, position, size, properties),
+    a prepared entry of the store (record, tagsCode, delay, keys, UNIQ_KEY) or a MessageExt."""
+    if m.__class__ is tuple:
+        return (m[3].get(PROPERTY_UNIQ_KEY) if len(m) == 4 else m[4]) or ""
+    return m.uniq_key or ""
+
+def _staged_key(s: Any) -> tuple[int, int]:
+    return s[0], s[1]
+
+
+def _staged_due(s: Any) -> int:
+    return s[0]
+
 
 class _Slot:
     """One slot's entries in memory: the chain read from disk (sorted) plus late arrivals (a heap)."""
@@ -278,18 +288,122 @@ class WindowPath(TimerState):
                            lambda g, _r: self._mark_delivered(g, out),
                            lambda g, r: self._refused(g, r, out), lambda g, _r: self._busy(g, out))
             finally:
-                cur = self.cur
-                for k in range(n):
-                    if not out[k]:
-                        out[k] = "retry"
-                    if out[k] == "retry" and cur is not None:
-                        heapq.heappush(cur.late, items[k])
-                if cur is not None:
-                    cur.inflight -= n
-                # The marks reach done.log now, not at the next poll: the timer may sleep long after
-                # its last batch, and a process killed meanwhile would deliver that batch again.
-                self._commit_marks()
+                self._settle(items, out)
         return out
+
+    def _settle(self, items: list[Item], out: list[str]) -> None:
+        """After a batch: items without an outcome go back to the window ('retry'), the batch leaves
+        the in-flight count, and its marks reach done.log now, not at the next poll: the timer may sleep
+        long after its last batch, and a process killed meanwhile would deliver that batch again."""
+        cur = self.cur
+        for k in range(len(items)):
+            if not out[k]:
+                out[k] = "retry"
+            if out[k] == "retry" and cur is not None:
+                heapq.heappush(cur.late, items[k])
+        if cur is not None:
+            cur.inflight -= len(items)
+        self._commit_marks()
+
+    # --- staging: the work of a delivery done before its moment ------------------------------------------
+    def stage(self, now: int, ahead_ms: int, limit: int, max_items: int,
+              prepare: Callable[[str, int, list[Any]], Any]) -> int:
+        """Take up to ``max_items`` items falling due within ``ahead_ms`` of ``now`` (while fewer than
+        ``limit`` are staged), read and check their records and have the store encode their copies
+        (``prepare``: MessageStore.prepare_records), so that at their moment ``deliver_staged`` has only
+        the append left. Items found done, stale or damaged get their outcome now. Returns how many
+        were staged. Nothing is delivered here; a staged item stays pending on disk until its put."""
+        with self.lock:
+            room = min(max_items, limit - len(self._staged))
+            if room <= 0:
+                return 0
+            if self._staged and self.data.changes != self._staged_changes:
+                self._unstage()  # a cancel or reschedule since: read them again
+            horizon = now + ahead_ms
+            items, _wake = self.poll(horizon, room)
+            if not items:
+                return 0
+            out: list[str] = [""] * len(items)
+            staged: list[Any] = []
+            try:
+                groups = self._prepare_batch(items, now, out, True, due_by=horizon)
+                for (topic, qid), members in groups.items():
+                    entries = prepare(topic, qid, [m[1] for m in members])
+                    ok = entries.__class__ is list
+                    for j, (k, m, h, item) in enumerate(members):
+                        staged.append((item[0], item[1], item, h, topic, qid,
+                                       entries[j] if ok else None, None if ok else m))
+                        out[k] = "staged"
+            finally:
+                left = [k for k in range(len(items)) if out[k] != "staged"]
+                self._settle([items[k] for k in left], [out[k] for k in left])
+                if staged:
+                    st = self._staged
+                    st.extend(staged)
+                    st.sort(key=_staged_key)
+                    self._staged_changes = self.data.changes
+            return len(staged)
+
+    def staged_count(self) -> int:
+        return len(self._staged)
+
+    def staged_due_ms(self) -> int | None:
+        """The deliver time of the first staged item, or None."""
+        st = self._staged
+        return st[0][0] if st else None
+
+    def deliver_staged(self, now: int, max_items: int, puts: StorePuts, fallback: StorePuts
+                       ) -> tuple[int, bool]:
+        """Put the staged items due by ``now`` (at most ``max_items``): the prepared ones through
+        ``puts`` (MessageStore.put_prepared), any the store would not prepare through ``fallback``, with
+        the outcomes, marks, retries and refusals of ``deliver_many``. If a record changed in place
+        since the items were staged (a cancel, a reschedule), they all go back to the window first and
+        this delivers nothing. Returns (how many were taken, whether the store was busy)."""
+        with self.lock:
+            st = self._staged
+            if not st or st[0][0] > now:
+                return 0, False
+            if self.data.changes != self._staged_changes:
+                self._unstage()
+                return 0, False
+            m = min(bisect.bisect_right(st, now, key=_staged_due), max_items)
+            take = st[:m]
+            del st[:m]
+            items = [s[2] for s in take]
+            out: list[str] = [""] * m
+            try:
+                prepared: dict[tuple[str, int], list[_Taken]] = {}
+                raw: dict[tuple[str, int], list[_Taken]] = {}
+                for k, (d, _i, item, h, topic, qid, entry, rec) in enumerate(take):
+                    if d > now:
+                        self.early += 1  # never happens: only due items are taken
+                        raise AssertionError(f"timer item due at {d} handed out at {now}")
+                    grp = prepared if entry is not None else raw
+                    g = grp.get((topic, qid))
+                    taken = (k, entry if entry is not None else rec, h, item)
+                    if g is None:
+                        grp[(topic, qid)] = [taken]
+                    else:
+                        g.append(taken)
+                busy = False
+                for groups, via in ((prepared, puts), (raw, fallback)):
+                    if groups and not busy:
+                        busy = put_groups(groups, via, lambda g, _r: self._mark_delivered(g, out),
+                                          lambda g, r: self._refused(g, r, out),
+                                          lambda g, _r: self._busy(g, out))
+            finally:
+                self._settle(items, out)
+            return m, "retry" in out
+
+    def _unstage(self) -> None:
+        """Give every staged item back to the window, to be read and checked again."""
+        cur = self.cur
+        st = self._staged
+        if cur is not None:
+            for s in st:
+                heapq.heappush(cur.late, s[2])
+            cur.inflight -= len(st)
+        st.clear()
 
     def _read_batch(self, items: list[Item]) -> list[tuple[bytes, int]]:
         """The records of ``items``, each as (buffer, offset in it): one pread per run of nearby records
@@ -326,14 +440,16 @@ class WindowPath(TimerState):
             j = e
         return bufs
 
-    def _prepare_batch(self, items: list[Item], now: int, out: list[str], as_records: bool = False
-                       ) -> dict[tuple[str, int], list[_Taken]]:
+    def _prepare_batch(self, items: list[Item], now: int, out: list[str], as_records: bool = False,
+                       due_by: int | None = None) -> dict[tuple[str, int], list[_Taken]]:
         """Read and check the records of ``items`` and turn the live ones into the messages to put (with
         ``as_records``: the (buffer, position, size, properties) entries of put_records), grouped by real
-        (topic, queue) in ``items`` order. Outcomes of the others go into ``out``."""
+        (topic, queue) in ``items`` order. Outcomes of the others go into ``out``. Every item must be
+        due by ``now`` (by ``due_by`` when staging)."""
         n = len(items)
+        limit = now if due_by is None else due_by
         for it in items:
-            if it[0] > now:
+            if it[0] > limit:
                 self.early += 1  # never happens: poll only hands out due items
                 raise AssertionError(f"timer item due at {it[0]} handed out at {now}")
         bufs = self._read_batch(items)
@@ -472,4 +588,5 @@ class WindowPath(TimerState):
                 k = bisect.bisect_right(w.d, now, lo=w.cursor)
                 c.update(w.t[w.cursor : k])
                 c.update(it[4] for it in w.late if it[0] <= now)
+            c.update(s[2][4] for s in self._staged if s[0] <= now)
             return {self.topic_name(t): n for t, n in c.items() if n}
