@@ -10,8 +10,11 @@
   ``CompatUnavailable`` is raised.
 - ``grpc5_python()``: the same for the official 5.x Python client (PyPI rocketmq-python-client, gRPC), in
   ``<repo>/.venv-grpc5``: drivers named ``v5_*`` run there.
-- ``run_driver(name, args)``: runs ``tests/compat/drivers/<name>.py`` in that venv with ``args`` as JSON
-  on argv[1] and returns the JSON object the driver prints as its last stdout line.
+- ``grpc5_node()``: node, with the official 5.x Node.js client (npm rocketmq-client-nodejs) installed in
+  ``<repo>/.node-grpc5`` the same way; drivers named ``*.mjs`` run under it.
+- ``run_driver(name, args)``: runs ``tests/compat/drivers/<name>.py`` in that venv (or ``<name>`` when it
+  ends in ``.mjs``, under node) with ``args`` as JSON on argv[1] and returns the JSON object the driver
+  prints as its last stdout line.
 - ``start_driver(name, args)``: the same as a background process (long-running consumers/producers).
 - ``RawClient``: a tiny blocking RocketMQ remoting client on the project's own sans-IO codec, for
   requests the official wrapper does not expose (VIEW_MESSAGE_BY_ID, QUERY_CONSUMER_OFFSET, raw pulls).
@@ -24,7 +27,9 @@ import fcntl
 import hashlib
 import json
 import os
+import re
 import shlex
+import shutil
 import signal
 import socket
 import subprocess
@@ -278,6 +283,7 @@ def _check_5x(py: str) -> None:
 
 
 def _build_venv(venv: Path = COMPAT_VENV, package: str = OFFICIAL_PACKAGE, check: Any = _check_4x) -> str:
+    """Create ``venv`` and pip-install ``package`` into it unless a previous build finished."""
     py = venv / "bin" / "python"
     stamp = venv / ".compat-ready"
     if stamp.exists() and py.exists():
@@ -301,9 +307,10 @@ _venv_lock = threading.Lock()
 _venv_results: dict[Path, str | CompatUnavailable] = {}
 
 
-def _venv_python(venv: Path, package: str, check: Any) -> str:
-    """The python of a private venv holding ``package``, built once (a file lock makes concurrent pytest
-    processes share it); CompatUnavailable with the reason when it cannot be built here."""
+def _venv_python(venv: Path, package: str, check: Any, build: Any = _build_venv) -> str:
+    """The python of a private venv holding ``package``, built once by ``build`` (a file lock makes
+    concurrent pytest processes share it); CompatUnavailable with the reason when it cannot be built
+    here."""
     with _venv_lock:
         result = _venv_results.get(venv)
         if result is None:
@@ -313,7 +320,7 @@ def _venv_python(venv: Path, package: str, check: Any) -> str:
             with open(lock_path, "w") as lock:
                 fcntl.flock(lock, fcntl.LOCK_EX)
                 try:
-                    result = _build_venv(venv, package, check)
+                    result = build(venv, package, check)
                 except CompatUnavailable as e:
                     result = e
                 except (OSError, subprocess.SubprocessError) as e:
@@ -326,9 +333,9 @@ def _venv_python(venv: Path, package: str, check: Any) -> str:
     return result
 
 
-def _skip_or_raise(venv: Path, package: str, check: Any) -> str:
+def _skip_or_raise(venv: Path, package: str, check: Any, build: Any = _build_venv) -> str:
     try:
-        return _venv_python(venv, package, check)
+        return _venv_python(venv, package, check, build)
     except CompatUnavailable as e:
         if "pytest" in sys.modules:
             import pytest
@@ -349,18 +356,86 @@ def grpc5_python() -> str:
     return _skip_or_raise(GRPC5_VENV, GRPC5_PACKAGE, _check_5x)
 
 
+# --- the official 5.x Node.js client ---------------------------------------------------------------------
+NODE5_DIR = REPO / ".node-grpc5"
+NODE5_PACKAGE = "rocketmq-client-nodejs@1.0.8"  # apache/rocketmq-clients' nodejs client, from npm
+NODE5_MIN_VERSION = (16, 19)  # the package's "engines"
+
+
+def _node_tools(package: str) -> tuple[str, str]:
+    node, npm = shutil.which("node"), shutil.which("npm")
+    if node is None or npm is None:
+        raise _unavailable(f"{'node' if node is None else 'npm'} is not on PATH", package)
+    r = subprocess.run([node, "--version"], capture_output=True, text=True, timeout=30)
+    m = re.match(r"v(\d+)\.(\d+)", r.stdout.strip())
+    if r.returncode != 0 or m is None:
+        raise _unavailable(f"`node --version` answered {r.stdout.strip()!r} {r.stderr.strip()[-500:]}",
+                           package)
+    if (int(m[1]), int(m[2])) < NODE5_MIN_VERSION:
+        raise _unavailable(f"node {r.stdout.strip()} is older than the package's minimum"
+                           f" {'.'.join(map(str, NODE5_MIN_VERSION))}", package)
+    return node, npm
+
+
+def _check_node5(node: str, env_dir: Path, package: str) -> None:
+    # a bare require in `node -e` resolves from the working directory's node_modules
+    code = ("const c = require('rocketmq-client-nodejs');"
+            " if (!c.Producer || !c.SimpleConsumer) { console.error(Object.keys(c)); process.exit(3); }")
+    r = subprocess.run([node, "-e", code], capture_output=True, text=True, timeout=120, cwd=env_dir)
+    if r.returncode != 0:
+        raise _unavailable(f"it does not load: {r.stderr.strip()[-1500:]}", package)
+
+
+def _build_node_env(env_dir: Path, package: str, check: Any) -> str:
+    """``npm install`` ``package`` into ``env_dir`` (install scripts off) unless a previous install
+    finished; returns the node binary."""
+    node, npm = _node_tools(package)
+    stamp = env_dir / ".compat-ready"
+    installed = env_dir / "node_modules" / package.rsplit("@", 1)[0] / "package.json"
+    if stamp.exists() and stamp.read_text().strip() == package and installed.exists():
+        return node
+    shutil.rmtree(env_dir, ignore_errors=True)
+    env_dir.mkdir(parents=True)
+    (env_dir / "package.json").write_text(json.dumps({"name": "chronomq-node-grpc5", "private": True}) + "\n")
+    env = dict(os.environ, npm_config_update_notifier="false")
+    # bounded retries and fetch timeouts, so no network means a quick failure (and a skip), not a hang
+    r = subprocess.run([npm, "install", "--ignore-scripts", "--no-audit", "--no-fund", "--save-exact",
+                        "--loglevel=error", "--fetch-retries=1", "--fetch-timeout=60000",
+                        "--fetch-retry-maxtimeout=10000", package],
+                       cwd=env_dir, env=env, capture_output=True, text=True, timeout=300,
+                       stdin=subprocess.DEVNULL)
+    if r.returncode != 0:
+        raise _unavailable(f"npm install {package} failed: {(r.stderr or r.stdout).strip()[-2000:]}", package)
+    check(node, env_dir, package)
+    stamp.write_text(package + "\n")
+    return node
+
+
+def grpc5_node() -> str:
+    """Path of node, with the official 5.x Node.js client installed in ``<repo>/.node-grpc5`` (built
+    once under a file lock like the venvs). Skips or raises like ``official_python``."""
+    return _skip_or_raise(NODE5_DIR, NODE5_PACKAGE, _check_node5, _build_node_env)
+
+
 # --- drivers ----------------------------------------------------------------------------------------------
-def _driver_env() -> dict[str, str]:
+def _driver_env(name: str = "") -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
-    # rocketmq-client-cpp writes its logs (and broadcasting offsets) under $HOME/logs/rocketmq-cpp.
-    home = COMPAT_VENV / "home"
+    # rocketmq-client-cpp writes its logs (and broadcasting offsets) under $HOME/logs/rocketmq-cpp;
+    # the Node.js client's default logger under $HOME/logs/rocketmq.
+    home = (NODE5_DIR if name.endswith(".mjs") else COMPAT_VENV) / "home"
     home.mkdir(parents=True, exist_ok=True)
     env["HOME"] = str(home)
     env["PYTHONUNBUFFERED"] = "1"
+    env["CHRONOMQ_NODE5_DIR"] = str(NODE5_DIR)
     return env
 
 
 def _driver_cmd(name: str, args: dict[str, Any]) -> list[str]:
+    if name.endswith(".mjs"):  # the 5.x Node.js client
+        script = DRIVERS / name
+        if not script.exists():
+            raise DriverError(f"no driver named {name!r} ({script})")
+        return [grpc5_node(), str(script), json.dumps(args)]
     script = DRIVERS / f"{name}.py"
     if not script.exists():
         raise DriverError(f"no driver named {name!r} ({script})")
@@ -404,8 +479,8 @@ def run_driver(name: str, args: dict[str, Any], timeout: float = 60) -> dict[str
     """Run a driver to completion and return its JSON result; raises DriverError on failure."""
     cmd = _driver_cmd(name, args)
     try:
-        r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=_driver_env(), cwd=REPO,
-                           stdin=subprocess.DEVNULL)
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=_driver_env(name),
+                           cwd=REPO, stdin=subprocess.DEVNULL)
     except subprocess.TimeoutExpired as e:
         err = e.stderr.decode(errors="replace") if isinstance(e.stderr, bytes) else (e.stderr or "")
         raise DriverError(f"driver {name} timed out after {timeout}s; stderr:\n{err[-4000:]}") from None
@@ -434,7 +509,7 @@ class DriverProcess:
         cmd = _driver_cmd(name, args)
         with open(self.stdout_path, "wb") as so, open(self.stderr_path, "wb") as se:
             self.proc = subprocess.Popen(cmd, stdout=so, stderr=se, stdin=subprocess.DEVNULL,
-                                         env=_driver_env(), cwd=REPO)
+                                         env=_driver_env(name), cwd=REPO)
 
     @property
     def pid(self) -> int:

@@ -1,7 +1,7 @@
 """The official RocketMQ 5.x Python client (rocketmq-python-client, gRPC) against chronomq's gRPC endpoint,
 unchanged: Producer (normal, FIFO, delay, recall, transactions and the orphan check) and SimpleConsumer
-(receive, ack, redelivery after the invisible time), and both directions between a 5.x and a 4.x client
-on the same topic."""
+(receive, ack, change_invisible_duration, redelivery after the invisible time), and both directions
+between a 5.x and a 4.x client on the same topic."""
 
 from __future__ import annotations
 
@@ -88,6 +88,22 @@ def test_5x_redelivery_after_invisible_time(grpc_server: ChronomqProcess) -> Non
              deadline_s=40)
     attempts = [(m["body"], m["attempt"], m["acked"]) for m in got["messages"]]
     assert attempts == [("again", 1, False), ("again", 2, True)]
+
+
+def test_5x_simple_consumer_change_invisible_duration(grpc_server: ChronomqProcess) -> None:
+    """Received with 20 s of invisibility, changed to 2 s by change_invisible_duration: it comes back
+    after the 2 s (not before, and long before the 20 s) with attempt 2, and the handle from before the
+    change is refused."""
+    topic, group = uniq("V5C"), uniq("V5CG")
+    assert v5(grpc_server, "produce", topic=topic, messages=[{"body": "changed"}])["errors"] == []
+    got = v5(grpc_server, "receive", group=group, topic=topic, expect=1, invisible_s=20,
+             change_first={"changed": 2}, deadline_s=40)
+    assert got["errors"] == []
+    first, back = got["messages"]
+    assert (first["attempt"], first["acked"], back["attempt"], back["acked"]) == (1, False, 2, True)
+    assert "40013" in first["stale_ack"], first  # INVALID_RECEIPT_HANDLE
+    assert back["received_ms"] >= first["change_ms"] + 2000  # not before the new duration
+    assert back["received_ms"] < first["asked_ms"] + 20_000  # the change, not the first duration
 
 
 def test_4x_producer_to_5x_simple_consumer(grpc_server: ChronomqProcess) -> None:

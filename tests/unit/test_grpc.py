@@ -300,6 +300,17 @@ async def test_long_poll_wakes_on_a_send(env: Env) -> None:
     assert [m.body for m in msgs] == [b"later"]
 
 
+async def test_a_receive_naming_one_queue_gets_the_messages_of_every_queue(env: Env) -> None:
+    # RocketMQ's proxy pops from the whole broker whatever queue the request names; the Node.js client
+    # names queue 0 only, so a receive limited to it would never see the other queues' messages
+    for i in range(8):
+        await env.send("TQ", f"q{i}".encode(), f"01Q{i}")
+    st, msgs = await env.receive("TQ", queue=0)
+    assert st.code == pb.OK
+    assert sorted(m.body for m in msgs) == [f"q{i}".encode() for i in range(8)]
+    assert len({m.system_properties.queue_id for m in msgs}) > 1
+
+
 async def test_change_invisible_duration_gives_a_new_handle(env: Env) -> None:
     await env.send("TC", b"m", "01C1")
     _, msgs = await env.receive("TC")

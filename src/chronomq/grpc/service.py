@@ -439,11 +439,10 @@ class MessagingService:
             raise Refused(
                 pb.BAD_REQUEST, f"queue {qid} of {tc.topicName} is not readable ({nread} read queues)"
             )
-        if qid >= 0:
-            queues = [qid]
-        else:
-            start = next(self._rr) % max(1, nread)
-            queues = [(start + i) % nread for i in range(nread)]
+        # every queue, whichever the request names: RocketMQ's proxy pops from the whole broker the queue
+        # belongs to, and clients rely on that (the Node.js client only ever names queue 0)
+        start = next(self._rr) % max(1, nread)
+        queues = [(start + i) % nread for i in range(nread)]
         poll_ms = convert.duration_ms(req.long_polling_timeout) if req.HasField("long_polling_timeout") else 0
         remaining = ctx.time_remaining()
         if remaining is not None:  # answer before the client's deadline, with room for the answer

@@ -18,14 +18,18 @@ receive: group, topic, expect (stop after this many acked messages), invisible_s
   polls on empty queues could use up the deadline before it asks the queue holding the message),
   batch (default 16), deadline_s (default 60),
   hold_first (bool: do not ack a message's first delivery, so it comes back after invisible_s),
+  change_first ({body: seconds}: on that body's first delivery change_invisible_duration(seconds) instead
+  of the ack, then try to ack it with the handle from before the change),
   process_ms (work on each message before its ack), out (a JSONL file: each acked row as it is acked; then
   SIGTERM ends the receiving, and stop() reads the result)
-  -> {"messages": [{topic, message_id, body, tag, keys, props, attempt, group, delivery_ms, received_ms,
-       acked, ack_ms (just before the ack was sent)}], "errors": [..]}
+  -> {"messages": [{topic, message_id, body, tag, keys, props, attempt, group, delivery_ms, asked_ms (just
+       before the receive call that got it), received_ms, acked, ack_ms (just before the ack was sent),
+       change_ms (just before the change was sent), stale_ack}], "errors": [..]}
 """
 
 from __future__ import annotations
 
+import copy
 import time
 from typing import Any
 
@@ -172,8 +176,10 @@ def receive(args: dict[str, Any], cfg: Any) -> dict[str, Any]:
     stop = StopFlag() if args.get("out") else None
     writer = JsonlWriter(args.get("out"))
     process_s = float(args.get("process_ms", 0)) / 1000
+    change_first = args.get("change_first") or {}
     try:
         while acked < expect and time.monotonic() < deadline and not (stop and stop.stopped):
+            asked_ms = now_ms()
             try:
                 msgs = consumer.receive(int(args.get("batch", 16)), invisible)
             except Exception as e:
@@ -183,7 +189,22 @@ def receive(args: dict[str, Any], cfg: Any) -> dict[str, Any]:
                 row = {"topic": m.topic, "message_id": m.message_id, "body": m.body.decode(errors="replace"),
                        "tag": m.tag, "keys": sorted(m.keys or ()), "props": dict(m.properties or {}),
                        "attempt": m.delivery_attempt, "group": m.message_group,
-                       "delivery_ms": m.delivery_timestamp, "received_ms": now_ms(), "acked": False}
+                       "delivery_ms": m.delivery_timestamp, "asked_ms": asked_ms, "received_ms": now_ms(),
+                       "acked": False}
+                if m.delivery_attempt == 1 and row["body"] in change_first:
+                    before = copy.copy(m)  # keeps the handle the change replaces
+                    row["change_ms"] = now_ms()
+                    try:
+                        consumer.change_invisible_duration(m, int(change_first[row["body"]]))
+                    except Exception as e:
+                        errors.append(f"change_invisible_duration: {type(e).__name__}: {e}")
+                    try:
+                        consumer.ack(before)
+                        row["stale_ack"] = "accepted"
+                    except Exception as e:
+                        row["stale_ack"] = f"{type(e).__name__}: {e}"
+                    out.append(row)
+                    continue
                 if not (args.get("hold_first") and m.delivery_attempt == 1):
                     if process_s:
                         time.sleep(process_s)  # the work a consumer does on the message
