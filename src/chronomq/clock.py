@@ -5,8 +5,9 @@ delays can be fast-forwarded in milliseconds. Both offer:
 
 - ``now_ms()``: epoch milliseconds (store timestamps, deliver times);
 - ``monotonic()``: seconds, for measuring intervals;
-- ``async sleep_until_ms(ms)`` / ``async sleep(seconds)``: for asyncio services (schedule service,
-  long polling deadlines, housekeeping);
+- ``async sleep_until_ms(ms, precise=False)`` / ``async sleep(seconds)``: for asyncio services (schedule
+  service, long polling deadlines, housekeeping); ``precise``: wake at the deadline itself, not up to a
+  millisecond after it (the delivery loops);
 - ``wait_until_ms(event, ms)``: for thread services (the store's flush and clean threads): block until
   the clock reaches ``ms`` or ``event`` is set; returns True when the event was set.
 """
@@ -21,12 +22,17 @@ import time
 from typing import Protocol
 
 
+# The event loop's poll takes whole milliseconds and rounds a timeout up: a precise sleeper wakes this
+# much early and yields to the loop turn by turn for the rest (other callbacks run meanwhile).
+_SPIN_S = 0.001
+
+
 class Clock(Protocol):
     def now_ms(self) -> int: ...
 
     def monotonic(self) -> float: ...
 
-    async def sleep_until_ms(self, deadline_ms: int) -> None: ...
+    async def sleep_until_ms(self, deadline_ms: int, precise: bool = False) -> None: ...
 
     async def sleep(self, seconds: float) -> None: ...
 
@@ -42,15 +48,20 @@ class SystemClock:
     def monotonic(self) -> float:
         return time.monotonic()
 
-    async def sleep_until_ms(self, deadline_ms: int) -> None:
-        # Sub-millisecond arithmetic (not the floored now_ms), so a sleeper wakes at the deadline rather
-        # than up to 1 ms after it; and at most 1 s per asyncio sleep (a monotonic timer), so a step of
-        # the wall clock (NTP) moves the wake-up with it instead of making it hours late.
+    async def sleep_until_ms(self, deadline_ms: int, precise: bool = False) -> None:
+        # Sub-millisecond arithmetic (not the floored now_ms); at most 1 s per asyncio sleep (a monotonic
+        # timer), so a step of the wall clock (NTP) moves the wake-up with it instead of making it hours
+        # late. The loop's poll still rounds each timeout up to a whole ms: ``precise`` sleeps until
+        # _SPIN_S before the deadline and then yields turn by turn, waking within microseconds of it.
+        margin = _SPIN_S if precise else 0.0
         while True:
             delay = deadline_ms / 1000.0 - time.time()
             if delay <= 0:
                 return
-            await asyncio.sleep(min(delay, 1.0))
+            if delay <= margin:
+                await asyncio.sleep(0)
+                continue
+            await asyncio.sleep(min(delay - margin, 1.0))
 
     async def sleep(self, seconds: float) -> None:
         await asyncio.sleep(max(0.0, seconds))
@@ -84,7 +95,7 @@ class VirtualClock:
     def monotonic(self) -> float:
         return self._mono
 
-    async def sleep_until_ms(self, deadline_ms: int) -> None:
+    async def sleep_until_ms(self, deadline_ms: int, precise: bool = False) -> None:
         if deadline_ms <= self._now:
             await asyncio.sleep(0)
             return

@@ -266,7 +266,7 @@ class ScheduleService:
                     st.state = "sleeping"
                     # Entries behind the head are due no earlier (same delay, later store time), so
                     # nothing can overtake it: sleep exactly until it is due.
-                    await self.clock.sleep_until_ms(head.tags_code)
+                    await self.clock.sleep_until_ms(head.tags_code, precise=True)
                     room = READ_BATCH - len(units)
                     if at_end and room > 0:  # entries that arrived meanwhile go out with the head
                         more = self.store.get_cq_units(SCHEDULE_TOPIC, st.queue_id,

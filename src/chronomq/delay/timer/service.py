@@ -28,8 +28,11 @@ _FIRST_BATCH = 16
 
 
 async def _hand_over() -> None:
-    """Two loop turns after a delivered batch: in the first the store writes the batch's queue entries
-    and wakes the held pulls, in the second those pulls answer, before the next batch."""
+    """Three loop turns after a delivered batch, before the next one: in the first the store writes the
+    batch's queue entries and wakes the held pulls, in the second those pulls build their answers, in
+    the third the connections write them out (the remoting server writes the answers of one turn with
+    one syscall, in the turn after). With two, each answer left only after the next batch's put."""
+    await asyncio.sleep(0)
     await asyncio.sleep(0)
     await asyncio.sleep(0)
 
@@ -337,7 +340,7 @@ class TimerService:
             if target >= _NEVER:
                 await waiter
                 return
-            sleeper = asyncio.ensure_future(self.clock.sleep_until_ms(target))
+            sleeper = asyncio.ensure_future(self.clock.sleep_until_ms(target, precise=True))
             _done, pending = await asyncio.wait({waiter, sleeper}, return_when=asyncio.FIRST_COMPLETED)
             for p in pending:
                 p.cancel()
