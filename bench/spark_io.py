@@ -1,15 +1,25 @@
 """Spark <-> chronomq throughput: rows/s writing and reading N messages of 1 KiB through the ``chronomq``
-data source on local[2], next to Spark writing and reading the same rows as Parquet in the same run.
+data source, next to Spark writing and reading the same rows as Parquet in the same run; on local[2], or on
+a standalone cluster the bench starts itself (``--cluster``).
 
     .venv/bin/python bench/spark_io.py            # quick: 50,000 rows
     .venv/bin/python bench/spark_io.py --full     # 1,000,000 rows (about 1 GiB through the broker)
     .venv/bin/python bench/spark_io.py --rows 200000 --namesrv 127.0.0.1:9876   # an existing broker
     .venv/bin/python bench/spark_io.py --repeat 3  # three rounds (each: chronomq, then Parquet), medians
+    .venv/bin/python bench/spark_io.py --cluster --full   # a master and two 1-core workers on 127.0.0.1
 
 Without --namesrv a fresh ``chronomq start`` is run in a temporary directory, and the broker's CPU time per
 message (utime + stime from /proc/<pid>/stat) is printed for each phase. The load average is printed before
 and after (the figures are only comparable within a run). Figures are printed, not asserted (bench, not a
 test).
+
+With --cluster the master and the workers are started from the installed PySpark (tests/spark/standalone.py,
+as tests/spark/test_spark_cluster.py does) and stopped by PID at the end; this process is the driver (client
+mode). The executors run this interpreter, named with ``spark.pyspark.python`` (docs/spark.md "On a
+cluster"), and see this checkout's ``src`` first on their path (PYTHONPATH, inherited through the workers);
+the bench prints where the executors imported chronomq from, so a figure cannot silently come from another
+copy. Everything the run writes, the cluster's logs and Spark's scratch space included, is under one
+temporary directory that is removed at the end.
 """
 
 from __future__ import annotations
@@ -19,6 +29,7 @@ import json
 import os
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -43,90 +54,75 @@ def cpu_seconds(pid: int | None) -> float | None:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def commit() -> str:
+    """The checkout's commit, with "+changes" when tracked files differ from it."""
+    def git(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True, timeout=30)
+
+    head = git("rev-parse", "--short", "HEAD").stdout.strip() or "unknown"
+    return head + ("+changes" if git("diff", "--quiet", "HEAD").returncode else "")
+
+
+def executor_chronomq(_: object) -> str:
+    """Runs on an executor: which interpreter, and where it imported chronomq from."""
+    import chronomq
+
+    return f"{sys.executable} chronomq from {Path(chronomq.__file__).parent}"
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rows", type=int, default=50_000)
     ap.add_argument("--full", action="store_true", help="1,000,000 rows")
     ap.add_argument("--size", type=int, default=1024, help="value size in bytes")
     ap.add_argument("--namesrv", default=None, help="use a running chronomq instead of starting one")
-    ap.add_argument("--master", default="local[2]")
+    where = ap.add_mutually_exclusive_group()
+    where.add_argument("--master", default="local[2]")
+    where.add_argument("--cluster", action="store_true",
+                       help="start a standalone cluster (a master and two workers of 1 core and 1 GiB each, "
+                            "on 127.0.0.1) from the installed PySpark and run on it")
     ap.add_argument("--repeat", type=int, default=1,
                     help="rounds, each writing and reading a new topic and Parquet table (a shared machine's "
                          "noise: the median of the rounds' ratios is printed)")
     a = ap.parse_args()
     rows = 1_000_000 if a.full else a.rows
     work = Path(tempfile.mkdtemp(prefix="chronomq-spark-bench-"))
-    proc = None
-    if a.namesrv is None:
-        from tests.compat.harness import ChronomqProcess
+    proc: Any = None
+    cluster: Any = None
+    spark: Any = None
+    try:  # whatever was started is stopped, and the directory removed, however far this gets
+        if a.namesrv is None:
+            from tests.compat.harness import ChronomqProcess
 
-        proc = ChronomqProcess(work / "data")
-        proc.start(timeout=120)
-        namesrv = proc.namesrv_addr
-    else:
-        namesrv = a.namesrv
-    from pyspark.sql import SparkSession
-    from pyspark.sql import functions as F
+            proc = ChronomqProcess(work / "data")
+            proc.start(timeout=120)
+            namesrv = proc.namesrv_addr
+        else:
+            namesrv = a.namesrv
+        master = a.master
+        if a.cluster:
+            from tests.spark.standalone import StandaloneCluster, pyspark_home
 
-    from chronomq.spark import register
-
-    spark = (SparkSession.builder.master(a.master).appName("chronomq-spark-bench")
-             .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "2")
-             .config("spark.driver.memory", "2g").getOrCreate())
-    spark.sparkContext.setLogLevel("ERROR")
-    register(spark)
-    topic = f"SparkBench{int(time.time())}"
-    pad = a.size - 12
-    df = spark.range(rows).select(
-        F.concat(F.lpad(F.col("id").cast("string"), 12, "0"), F.expr(f"repeat('x', {pad})")).alias("value"))
-    results: dict[str, list[float]] = {}
-    broker_cpu: dict[str, list[float]] = {}
-    pid = proc.pid if proc is not None else None
-    load_before = os.getloadavg()
-
-    def timed(key: str, run: Callable[[], Any]) -> Any:
-        """run(), its wall time into results[key] and the broker's CPU seconds into broker_cpu[key]."""
-        c0, t0 = cpu_seconds(pid), time.perf_counter()
-        out = run()
-        results.setdefault(key, []).append(time.perf_counter() - t0)
-        c1 = cpu_seconds(pid)
-        if c0 is not None and c1 is not None:
-            broker_cpu.setdefault(key, []).append(c1 - c0)
-        return out
-
-    try:
-        # warm up both paths (Python workers, JIT, the topic route) on a few rows
-        spark.range(100).select(F.col("id").cast("string").alias("value")).write.format("chronomq") \
-            .option("namesrv", namesrv).option("topic", topic + "W").mode("append").save()
-        spark.range(100).write.mode("overwrite").parquet(str(work / "warm.parquet"))
-        (spark.read.format("chronomq").option("namesrv", namesrv).option("subscribe", topic + "W")
-         .load().count())
-        spark.read.parquet(str(work / "warm.parquet")).count()
-
-        agg = [F.count("*").alias("n"), F.sum(F.length("value")).alias("b")]
-
-        def one_round(name: str, parquet: str) -> None:
-            timed("chronomq_write_s", lambda: df.write.format("chronomq").option("namesrv", namesrv)
-                  .option("topic", name).mode("append").save())
-            timed("parquet_write_s", lambda: df.write.mode("overwrite").parquet(parquet))
-            source = spark.read.format("chronomq").option("namesrv", namesrv).option("subscribe", name)
-            r = timed("chronomq_read_s", lambda: source.load().agg(*agg).collect()[0])
-            assert r.n == rows, f"read {r.n} rows, wrote {rows}"
-            p = timed("parquet_read_s", lambda: spark.read.parquet(parquet).agg(*agg).collect()[0])
-            assert p.n == rows and p.b == r.b
-
-        for i in range(a.repeat):
-            one_round(f"{topic}R{i}", str(work / f"bench{i}.parquet"))
+            (work / "spark-cluster").mkdir()
+            cluster = StandaloneCluster(pyspark_home(), work / "spark-cluster")
+            cluster.start()
+            master = cluster.url
+        spark = session(master, work, cluster)
+        results, broker_cpu, load_before = measure(spark, namesrv, rows, a.size, a.repeat, work,
+                                                   proc.pid if proc is not None else None)
     finally:
-        spark.stop()
+        if spark is not None:
+            spark.stop()
+        if cluster is not None:
+            cluster.stop()
         if proc is not None:
             proc.stop()
         shutil.rmtree(work, ignore_errors=True)
 
     load_after = os.getloadavg()
-    print(f"rows={rows} value={a.size} B master={a.master} cpus={os.cpu_count()} rounds={a.repeat} "
-          f"load average before {load_before[0]:.2f} {load_before[1]:.2f}, after {load_after[0]:.2f} "
-          f"{load_after[1]:.2f}")
+    print(f"rows={rows} value={a.size} B master={'cluster' if a.cluster else master} cpus={os.cpu_count()} "
+          f"rounds={a.repeat} load average before {load_before[0]:.2f} {load_before[1]:.2f}, after "
+          f"{load_after[0]:.2f} {load_after[1]:.2f}")
     print(f"{'':10} {'chronomq rows/s':>16} {'parquet rows/s':>16} {'chronomq/parquet':>17}   (medians)")
     for what in ("write", "read"):
         c = [rows / t for t in results[f"chronomq_{what}_s"]]
@@ -140,8 +136,85 @@ def main() -> int:
             sec, wall = statistics.median(secs), statistics.median(results[key])
             print(f"broker CPU during the chronomq {key.split('_')[1]}: {sec:.2f} s of {wall:.2f} s wall, "
                   f"{sec / rows * 1e6:.1f} us a message")
-    print(json.dumps({"rows": rows, **{k: [round(v, 3) for v in vs] for k, vs in results.items()}}))
+    print(json.dumps({"rows": rows, "master": "cluster" if a.cluster else master,
+                      **{k: [round(v, 3) for v in vs] for k, vs in results.items()}}))
     return 0
+
+
+def session(master: str, work: Path, cluster: Any) -> Any:
+    """The SparkSession with the ``chronomq`` format; Spark's scratch space under ``work``."""
+    from pyspark.sql import SparkSession
+
+    from chronomq.spark import register
+
+    builder = (SparkSession.builder.master(master).appName("chronomq-spark-bench")
+               .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
+               .config("spark.sql.shuffle.partitions", "2").config("spark.driver.memory", "2g")
+               .config("spark.local.dir", str(work / "spark-local")))
+    if cluster is not None:
+        # the executors' interpreter, named as docs/spark.md "On a cluster" says; each executor takes its
+        # worker's core and memory, and the session waits (bounded) until both executors are there
+        builder = (builder.config("spark.pyspark.python", sys.executable)
+                   .config("spark.executor.memory", cluster.memory).config("spark.executor.cores", "1")
+                   .config("spark.scheduler.minRegisteredResourcesRatio", "1.0")
+                   .config("spark.scheduler.maxRegisteredResourcesWaitingTime", "120s"))
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    register(spark)
+    return spark
+
+
+def measure(spark: Any, namesrv: str, rows: int, size: int, repeat: int, work: Path,
+            pid: int | None) -> tuple[dict[str, list[float]], dict[str, list[float]], tuple[float, ...]]:
+    """The warm-up, then ``repeat`` rounds; (wall seconds, broker CPU seconds, load average before)."""
+    from pyspark.sql import functions as F
+
+    load_before = os.getloadavg()
+    sc = spark.sparkContext
+    where = sorted(set(sc.parallelize(range(4), 4).map(executor_chronomq).collect()))
+    executors = sc._jsc.sc().getExecutorMemoryStatus().size() - (not sc.master.startswith("local"))
+    print(f"master {sc.master}: {executors} executor(s), commit {commit()}", flush=True)
+    for line in where:
+        print(f"executor Python: {line}", flush=True)
+    topic = f"SparkBench{int(time.time())}"
+    pad = size - 12
+    df = spark.range(rows).select(
+        F.concat(F.lpad(F.col("id").cast("string"), 12, "0"), F.expr(f"repeat('x', {pad})")).alias("value"))
+    results: dict[str, list[float]] = {}
+    broker_cpu: dict[str, list[float]] = {}
+
+    def timed(key: str, run: Callable[[], Any]) -> Any:
+        """run(), its wall time into results[key] and the broker's CPU seconds into broker_cpu[key]."""
+        c0, t0 = cpu_seconds(pid), time.perf_counter()
+        out = run()
+        results.setdefault(key, []).append(time.perf_counter() - t0)
+        c1 = cpu_seconds(pid)
+        if c0 is not None and c1 is not None:
+            broker_cpu.setdefault(key, []).append(c1 - c0)
+        return out
+
+    # warm up both paths (Python workers, JIT, the topic route) on a few rows
+    spark.range(100).select(F.col("id").cast("string").alias("value")).write.format("chronomq") \
+        .option("namesrv", namesrv).option("topic", topic + "W").mode("append").save()
+    spark.range(100).write.mode("overwrite").parquet(str(work / "warm.parquet"))
+    spark.read.format("chronomq").option("namesrv", namesrv).option("subscribe", topic + "W").load().count()
+    spark.read.parquet(str(work / "warm.parquet")).count()
+
+    agg = [F.count("*").alias("n"), F.sum(F.length("value")).alias("b")]
+
+    def one_round(name: str, parquet: str) -> None:
+        timed("chronomq_write_s", lambda: df.write.format("chronomq").option("namesrv", namesrv)
+              .option("topic", name).mode("append").save())
+        timed("parquet_write_s", lambda: df.write.mode("overwrite").parquet(parquet))
+        source = spark.read.format("chronomq").option("namesrv", namesrv).option("subscribe", name)
+        r = timed("chronomq_read_s", lambda: source.load().agg(*agg).collect()[0])
+        assert r.n == rows, f"read {r.n} rows, wrote {rows}"
+        p = timed("parquet_read_s", lambda: spark.read.parquet(parquet).agg(*agg).collect()[0])
+        assert p.n == rows and p.b == r.b
+
+    for i in range(repeat):
+        one_round(f"{topic}R{i}", str(work / f"bench{i}.parquet"))
+    return results, broker_cpu, load_before
 
 
 if __name__ == "__main__":

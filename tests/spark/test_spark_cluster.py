@@ -23,71 +23,19 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import free_port, wait_for
+from tests.conftest import wait_for
+from tests.spark.standalone import StandaloneCluster as Cluster
+from tests.spark.standalone import pyspark_home
 
 pytestmark = [pytest.mark.spark, pytest.mark.timeout(600)]
 REPO = Path(__file__).resolve().parents[2]
 
 
-class Cluster:
-    def __init__(self, home: Path, workdir: Path) -> None:
-        self.home = home
-        self.workdir = workdir
-        self.port = free_port()
-        self.url = f"spark://127.0.0.1:{self.port}"
-        self.procs: list[subprocess.Popen[bytes]] = []
-        self.logs: list[Path] = []
-
-    def env(self) -> dict[str, str]:
-        env = {k: v for k, v in os.environ.items() if k not in ("PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON")}
-        env.update(SPARK_HOME=str(self.home), SPARK_MASTER_OPTS="-Dspark.master.rest.enabled=false",
-                   SPARK_WORKER_OPTS="-Dspark.worker.cleanup.enabled=false", SPARK_LOG_DIR=str(self.workdir))
-        return env
-
-    def _start(self, name: str, args: list[str]) -> Path:
-        log = self.workdir / f"{name}.log"
-        with log.open("wb") as out:
-            self.procs.append(subprocess.Popen([str(self.home / "bin" / "spark-class"), *args], stdout=out,
-                                               stderr=subprocess.STDOUT, env=self.env(), cwd=self.workdir,
-                                               start_new_session=True))
-        self.logs.append(log)
-        return log
-
-    def start(self) -> None:
-        master = self._start("master", ["org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
-                                        "--port", str(self.port), "--webui-port", str(free_port())])
-        wait_for(lambda: "Starting Spark master" in master.read_text(errors="replace"), timeout=90,
-                 interval=0.2, message="the Spark master")
-        for i in (1, 2):
-            (self.workdir / f"w{i}").mkdir()
-            self._start(f"worker{i}", ["org.apache.spark.deploy.worker.Worker", self.url,
-                                       "--host", "127.0.0.1", "--cores", "1", "--memory", "1g",
-                                       "--webui-port", str(free_port()),
-                                       "--work-dir", str(self.workdir / f"w{i}")])
-        wait_for(lambda: master.read_text(errors="replace").count("Registering worker") >= 2, timeout=90,
-                 interval=0.2, message="two workers registered")
-
-    def stop(self) -> None:
-        for p in self.procs:
-            if p.poll() is None:
-                os.killpg(p.pid, signal.SIGTERM)
-        for p in self.procs:
-            try:
-                p.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(p.pid, signal.SIGKILL)
-                p.wait(10)
-
-
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    pyspark = pytest.importorskip("pyspark")
-    c = Cluster(Path(pyspark.__file__).parent, tmp_path_factory.mktemp("spark_cluster"))
-    try:
-        c.start()
+    pytest.importorskip("pyspark")
+    with Cluster(pyspark_home(), tmp_path_factory.mktemp("spark_cluster")) as c:
         yield c
-    finally:
-        c.stop()
 
 
 SESSION = textwrap.dedent("""
