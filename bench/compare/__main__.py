@@ -30,9 +30,10 @@ from .workloads import PLANS, Plan
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE.parent / "results"
+BROKER_SETTINGS: dict[str, str] = {}  # --set: further settings of the chronomq brokers
 SYSTEMS: dict[str, Callable[[Path], Peer]] = {
-    "chronomq_async": lambda d: ChronomqPeer(d, "ASYNC_FLUSH"),
-    "chronomq_sync": lambda d: ChronomqPeer(d, "SYNC_FLUSH"),
+    "chronomq_async": lambda d: ChronomqPeer(d, "ASYNC_FLUSH", BROKER_SETTINGS),
+    "chronomq_sync": lambda d: ChronomqPeer(d, "SYNC_FLUSH", BROKER_SETTINGS),
     "redis": RedisPeer,
     "rabbitmq": RabbitPeer,
 }
@@ -86,6 +87,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--workdir", type=Path, help="parent of the temporary data dirs (default: system temp)")
     ap.add_argument("--keep", action="store_true", help="keep the data dirs afterwards")
     ap.add_argument("--no-chart", action="store_true")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="a broker setting of the chronomq systems (repeatable; stated in the results)")
     ap.add_argument("--write-readme", action="store_true", help="record this run in bench/compare/README.md")
     ap.add_argument("--readme-from", type=Path, metavar="JSON",
                     help="only re-render README.md's results section from a saved results file")
@@ -96,6 +99,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def run(args: argparse.Namespace, log: Callable[[str], None] = print) -> dict[str, Any]:
     plan: Plan = PLANS[args.mode]
+    for kv in getattr(args, "set", None) or []:
+        key, sep, value = kv.partition("=")
+        if not sep or not key:
+            raise SystemExit(f"--set {kv!r}: expected KEY=VALUE")
+        BROKER_SETTINGS[key.strip()] = value.strip()
     if args.pending:
         plan = dataclasses.replace(plan, pending_count=args.pending)
     names = [s.strip() for s in args.systems.split(",") if s.strip()]

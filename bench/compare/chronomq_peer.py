@@ -144,14 +144,17 @@ class ChronomqPeer(Peer):
     name = "chronomq"
     client = "chronomq.client (asyncio Producer, 64 sends in flight; PushConsumer)"
 
-    def __init__(self, workdir: Path, flush: str = "ASYNC_FLUSH") -> None:
+    def __init__(self, workdir: Path, flush: str = "ASYNC_FLUSH",
+                 settings: dict[str, str] | None = None) -> None:
         super().__init__(workdir)
         if flush not in ("ASYNC_FLUSH", "SYNC_FLUSH"):
             raise ValueError(f"flush must be ASYNC_FLUSH or SYNC_FLUSH, not {flush!r}")
         self.flush = flush
         self.name = f"chronomq_{'sync' if flush == 'SYNC_FLUSH' else 'async'}"
         self.label = f"chronomq {'SYNC' if flush == 'SYNC_FLUSH' else 'ASYNC'}"
-        self.durability = f"flushDiskType={flush}"
+        self.settings = dict(settings or {})  # further broker settings (--set), stated with the durability
+        self.durability = ", ".join([f"flushDiskType={flush}",
+                                     *(f"{k}={v}" for k, v in self.settings.items())])
         self.proc: Any = None
         self._admin: Any = None
         self.timer_probe: dict[str, Any] | None = None
@@ -187,7 +190,7 @@ class ChronomqPeer(Peer):
         from tests.compat.harness import ChronomqProcess
 
         self.workdir.mkdir(parents=True, exist_ok=True)
-        overrides = {"flushDiskType": self.flush, "messageDelayLevel": LEVELS}
+        overrides = {"flushDiskType": self.flush, "messageDelayLevel": LEVELS, **self.settings}
         self.proc = ChronomqProcess(self.data_dir, overrides)
         self.proc.start(timeout=60)
         self.levels_ms = _levels_ms()

@@ -21,7 +21,6 @@ import threading
 import time
 from typing import Protocol
 
-
 # The event loop's poll takes whole milliseconds and rounds a timeout up: a precise sleeper wakes this
 # much early and yields to the loop turn by turn for the rest (other callbacks run meanwhile).
 _SPIN_S = 0.001

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import os
 import signal
@@ -51,6 +52,9 @@ async def run_until_signal(
         with contextlib.suppress(Exception):
             await stop()
         raise
+    # What starting made (modules, configuration, recovered state) lives as long as the process: moved
+    # out of the collector's reach, a full collection no longer walks it (10 ms pauses of the loop).
+    gc.freeze()
     sys.stdout.write(ready_line() + "\n")
     sys.stdout.flush()
     await stop_event.wait()
