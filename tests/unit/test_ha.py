@@ -430,7 +430,9 @@ async def test_a_slave_promotes_itself_only_when_the_name_server_lists_no_master
         for _ in range(3):
             await clock.advance(1000)
         await async_wait_for(lambda: slave.runtime_info()["brokerRole"] == "ASYNC_MASTER", 10)
-        assert routes.brokers[slave.config.brokerName].brokerAddrs == {0: slave.broker_addr}
+        # the promoted broker registers as the master right after (a task of its own)
+        await async_wait_for(
+            lambda: routes.brokers[slave.config.brokerName].brokerAddrs == {0: slave.broker_addr}, 10)
         await clock.advance_to(due + 100)
         await async_wait_for(lambda: [m.body for m in delivered(slave, "Auto")] == [b"later"], 10)
     finally:
