@@ -257,9 +257,10 @@ class TimerService:
         put_many = getattr(self.store, "put_messages", None)  # one call per (topic, queue) of a batch
         put_raw = records_put_of(self.store)  # the same, re-putting the parked bytes (no re-encode)
         # Staging: the messages about to fall due are read, checked and encoded ahead (store
-        # prepare_records), and put with put_prepared at their moment; a store without them does not stage.
-        prepare = getattr(type(self.store), "prepare_records", None)
-        stage_ahead = cfg.stage_ahead_ms if prepare is not None and put_raw is not None else 0
+        # prepare_records), and put with put_prepared at their moment; a store without them does not stage
+        # (its class must define them, as put_records: see records_put_of).
+        staging = put_raw is not None and hasattr(type(self.store), "prepare_records")
+        stage_ahead = cfg.stage_ahead_ms if staging else 0
         if stage_ahead:
             prepare = self.store.prepare_records
             staged_puts = StorePuts(put, None, functools.partial(self.store.put_prepared, with_ids=False))
