@@ -25,6 +25,7 @@ from chronomq.message import (
 from chronomq.store.atomicfile import write_atomic
 from chronomq.store.speedups import native
 
+from .files import add_key_items
 from .records import (
     _I32,
     _IDX_BODY,
@@ -155,12 +156,7 @@ class AppendPath(TimerState):
             placed.append((pos, size, deliver_ms, tid))
             props = msg.properties
             uniq = props[PROPERTY_UNIQ_KEY]
-            hash_items.append((crc32(("u:" + uniq).encode()) & 0x7FFFFFFF, pos))
-            keys = props.get(PROPERTY_KEYS)
-            if keys:
-                for k in keys.split(" "):
-                    if k:
-                        hash_items.append((crc32(("k:" + k).encode()) & 0x7FFFFFFF, pos))
+            add_key_items(hash_items, uniq, props.get(PROPERTY_KEYS), pos)
             results.append(ScheduleResult(uniq, self.offset_msg_id(pos), deliver_ms, pos))
             pos += size
         if chunk:

@@ -351,6 +351,16 @@ def key_hash(text: str) -> int:
     return zlib.crc32(text.encode()) & 0x7FFFFFFF
 
 
+def add_key_items(out: list[tuple[int, int]], uniq: str, keys: str | None, pos: int) -> None:
+    """The hash entries of the record at ``pos``: its UNIQ_KEY ("u:") and each of its KEYS ("k:")."""
+    crc32 = zlib.crc32
+    out.append((crc32(("u:" + uniq).encode()) & 0x7FFFFFFF, pos))
+    if keys:
+        for k in keys.split(" "):
+            if k:
+                out.append((crc32(("k:" + k).encode()) & 0x7FFFFFFF, pos))
+
+
 class _HashGeneration:
     def __init__(self, directory: Path, gen: int, buckets: int, capacity: int) -> None:
         self.gen = gen
@@ -394,6 +404,30 @@ class _HashGeneration:
         self.count = n
         for b, head in heads.items():
             _Q.pack_into(self.bmap, b, head)
+
+    def rebuild_buckets(self) -> int:
+        """Recompute every bucket head from the entry file (after a crash: the bucket pages and the
+        entries may have reached the disk in any order since the last flush). Returns how many heads
+        changed."""
+        heads: dict[int, int] = {}
+        buckets = self.buckets
+        chunk = 1 << 16
+        for first in range(0, self.count, chunk):
+            n = min(chunk, self.count - first)
+            raw = os.pread(self.efd, n * HASH_ENTRY_SIZE, first * HASH_ENTRY_SIZE)
+            heads.update({(h % buckets) * 8: first + i + 1
+                          for i, (h, _pos, _prev) in enumerate(HASH_ENTRY.iter_unpack(raw))})
+        changed = {b: head for b, head in heads.items() if self._head(b) != head}
+        page = BackedPages.PAGE
+        for p in sorted(self._backing.backed):  # heads naming no entry (lost with their entries)
+            base = p * page
+            for j, (v,) in enumerate(_Q.iter_unpack(self.bmap[base:min(base + page, buckets * 8)])):
+                if v and base + j * 8 not in heads:
+                    changed[base + j * 8] = 0
+        self._backing.ensure(changed)
+        for b, head in changed.items():
+            _Q.pack_into(self.bmap, b, head)
+        return len(changed)
 
     def _head(self, b: int) -> int:
         """The bucket head at byte ``b`` (0 in a hole, which is not read: see BackedPages)."""
@@ -463,6 +497,14 @@ class HashIndex:
         for g in reversed(self.gens):
             out.extend(g.lookup(h))
         return out
+
+    def rebuild_newest(self) -> int:
+        """``rebuild_buckets`` of the generation taking writes (older ones were synced when full)."""
+        return self.gens[-1].rebuild_buckets()
+
+    def max_pos(self) -> int:
+        """The highest data position any entry names (-1: none)."""
+        return max(g.max_pos for g in self.gens)
 
     def drop_below(self, min_pos: int) -> None:
         while len(self.gens) > 1 and self.gens[0].max_pos < min_pos:

@@ -41,10 +41,12 @@ class FlushPath(TimerState):
             _fsync(fds[0])
 
     def sync_files(self) -> None:
-        """fsync the logs (what SYNC_FLUSH needs before acknowledging a schedule). The fsyncs run
-        outside the lock, so deliveries and schedules go on meanwhile."""
+        """fsync the data and index logs (what SYNC_FLUSH needs before acknowledging a schedule). The
+        wheel and the key hash wait for the periodic flush: after a crash recovery re-links the wheel
+        and re-adds the keys from the index entries past the checkpoint. The fsyncs run outside the
+        lock, so deliveries and schedules go on meanwhile."""
         with self.lock:
-            fds = self._fds_to_sync()
+            fds = self.data.take_dirty_fds() + self.index.take_dirty_fds()
         self._fsync_all(fds)
 
     def flush(self, clean: bool = False) -> None:

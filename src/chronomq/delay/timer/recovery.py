@@ -13,10 +13,11 @@ from collections import Counter
 from collections.abc import Iterable
 from typing import Any
 
+from chronomq.message import PROPERTY_KEYS, MessageFormatError, decode_record
 from chronomq.store.atomicfile import read_with_backup
 
 from ..histogram import Histogram
-from .files import HashIndex, SegmentedFile, Wheel
+from .files import HashIndex, SegmentedFile, Wheel, add_key_items
 from .records import (
     _DONE_ENTRY,
     _SEQ_JUMP,
@@ -104,7 +105,9 @@ class Recovery(TimerState):
             if file_idx_end > ck_index_end or self.data.file_end() > ck_data_end:
                 clean = False  # files longer than the checkpoint says: treat as a crash
         if not clean:
-            self._recover_tail(min(ck_index_end, file_idx_end), ck_data_end)
+            tail_start = min(ck_index_end, file_idx_end)
+            self._recover_tail(tail_start, ck_data_end)
+            self._recover_hash(tail_start)
         if self.wheel.cut:
             log.warning("timer: wheel files %s are not a day of slots long (torn)", ", ".join(self.wheel.cut))
         elif self.wheel.max_value() > self.index_end:
@@ -186,6 +189,36 @@ class Recovery(TimerState):
         self.data.truncate(data_end)
         if relinked:
             log.info("timer recovery re-linked %d index entries", relinked)
+
+    def _recover_hash(self, tail_start: int) -> None:
+        """After a crash: the key hash is synced by the periodic flush, not by a SYNC_FLUSH round (as
+        RocketMQ syncs its commit log but not its index file), so its newest generation may have lost
+        entries or bucket pages written since the checkpoint. Recompute that generation's bucket heads
+        from its entries, then add the keys of the records the index names past the last position the
+        hash holds (entries are appended in position order), and sync it."""
+        fixed = self.hash.rebuild_newest()
+        known = self.hash.max_pos()
+        items: list[tuple[int, int]] = []
+        seen: set[int] = set()
+        for idx in range(tail_start, self.index_end):
+            e = _unpack_index(self.index.read(idx * IDX_SIZE, IDX_SIZE))
+            if e is None:
+                continue
+            pos, size = e[1], e[6]
+            if pos <= known or pos in seen:
+                continue
+            seen.add(pos)
+            try:
+                msg = decode_record(self.data.read(pos, size), DATA_HDR_SIZE, read_body=False)
+            except MessageFormatError:
+                continue  # a damaged record is never handed out; its keys do not matter
+            add_key_items(items, msg.uniq_key or "", msg.properties.get(PROPERTY_KEYS), pos)
+        items.sort(key=lambda it: it[1])
+        self.hash.add_many(items)
+        self.hash.sync()
+        if fixed or items:
+            log.info("timer recovery: %d key hash heads recomputed, keys of %d records added", fixed,
+                     len(seen))
 
     def _rebuild_wheel(self) -> None:
         """Rebuild every slot chain from the retained index entries (slot size changed, or damage)."""
