@@ -87,3 +87,61 @@ def test_a_busy_dispatcher_or_a_closed_loop_hands_the_work_to_the_thread(tmp_pat
         assert s.get_max_offset_in_queue("TopicA", 0) == 2
     finally:
         s.shutdown()
+
+
+def _keys_found(s: MessageStore, key: str) -> list[bytes]:
+    return [m.body for m in s.query_message("TopicA", key, 10, 0, 2**62)]
+
+
+def test_deferred_index_entries_are_seen_by_a_key_query_and_written_at_shutdown(tmp_path) -> None:
+    s = _started(tmp_path)
+    jobs: list = []
+    s.set_dispatch_hook(s.dispatch_now)
+    s.set_index_later(jobs.append)
+    try:
+        assert s.put_message(msg(body=b"a", KEYS="ka")).ok
+        assert s.put_message(msg(body=b"b", KEYS="kb")).ok
+        assert len(jobs) == 1  # one job for the backlog, however many batches wait in it
+        assert s.get_message("TopicA", 0, 0, 32).status is GetStatus.FOUND  # queue units: at once
+        assert s._reput.recover_point() < s._reput.dispatched  # the checkpoint would refill the index
+        assert _keys_found(s, "kb") == [b"b"]  # a key query writes the backlog first
+        assert s._reput.recover_point() == s._reput.dispatched
+        assert s.put_message(msg(body=b"c", KEYS="kc")).ok
+        jobs[-1]()
+        assert s._reput.recover_point() == s._reput.dispatched
+        assert s.put_message(msg(body=b"d", KEYS="kd")).ok  # left in the backlog at shutdown
+    finally:
+        s.shutdown()
+    s2 = _started(tmp_path)
+    try:
+        assert [_keys_found(s2, k) for k in ("ka", "kb", "kc", "kd")] == [[b"a"], [b"b"], [b"c"], [b"d"]]
+        assert not s2.recovered_abnormally
+    finally:
+        s2.shutdown()
+
+
+def test_a_crash_with_index_entries_never_written_refills_them_at_recovery(tmp_path) -> None:
+    s = _started(tmp_path)
+    jobs: list = []
+    s.set_dispatch_hook(s.dispatch_now)
+    s.set_index_later(jobs.append)
+    assert s.put_message(msg(body=b"a", KEYS="ka")).ok
+    jobs.pop()()
+    real_put = s._index.put_batch
+
+    def full_disk(items: list) -> None:
+        raise OSError(28, "No space left on device")
+
+    s._index.put_batch = full_disk  # type: ignore[method-assign]
+    assert s.put_message(msg(body=b"b", KEYS="kb")).ok
+    jobs.pop()()  # fails: the batch stays in the backlog for the dispatcher thread's retry
+    assert s._reput._index_backlog
+    s.flush()  # the checkpoint: recover from before the batch without index entries
+    s._halt()  # the process dies before a retry succeeds
+    s._index.put_batch = real_put  # type: ignore[method-assign]
+    s2 = _started(tmp_path)
+    try:
+        assert s2.recovered_abnormally
+        assert _keys_found(s2, "ka") == [b"a"] and _keys_found(s2, "kb") == [b"b"]
+    finally:
+        s2.shutdown()

@@ -45,6 +45,9 @@ from .transaction import TransactionService
 log = logging.getLogger("chronomq.broker")
 
 HOUSEKEEPING_INTERVAL_MS = 10_000
+# The key index entries of dispatched messages are written this much later, on the loop: the answers to
+# the pulls their arrival woke go out first (in a burst, all of them). A key query drains it first.
+INDEX_DEFER_S = 0.02
 
 # (cluster, name, addr, id, ha addr, topic configs, data version, now_ms, conn id) -> result
 RegisterFn = Callable[..., dict[str, str]]
@@ -185,6 +188,7 @@ class BrokerController:
         self.store.add_arrival_listener(self.hold.on_arrival)
         self._loop_thread = threading.get_ident()
         self.store.set_dispatch_hook(self._dispatch_soon)
+        self.store.set_index_later(self._index_later)
         self.store.set_min_offset_guard(self.delay.min_needed_offset)
         if not slave:  # a slave delivers no delayed message (RocketMQ runs the schedule service on masters)
             await self._start_delivery()
@@ -292,6 +296,15 @@ class BrokerController:
             self.loop.call_soon(self._dispatch_run)
         else:
             self.loop.call_soon_threadsafe(self._dispatch_run)
+
+    def _index_later(self, fn: Callable[[], None]) -> None:
+        """The store's index deferral (see INDEX_DEFER_S), from the loop or the dispatcher thread."""
+        loop = self.loop
+        assert loop is not None
+        if threading.get_ident() == self._loop_thread:
+            loop.call_later(INDEX_DEFER_S, fn)
+        else:
+            loop.call_soon_threadsafe(loop.call_later, INDEX_DEFER_S, fn)
 
     # --- promotion ---------------------------------------------------------------------------------------
     @property

@@ -206,7 +206,7 @@ class FlushConsumeQueueService:
     def flush_queues_and_checkpoint(self) -> None:
         """The caller holds the store's ``_clean_lock``."""
         store = self._store
-        dispatched = store._reput.dispatched
+        dispatched = store._reput.recover_point()
         with store._queues_lock:
             queues = list(store._queues.values())
         for cq in queues:

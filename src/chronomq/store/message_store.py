@@ -121,13 +121,14 @@ class MessageStore(PutPath, ReadPath):
         self._stop_threads()
         with self._dispatch_lock:
             self._reput.dispatch_pending()  # anything left after the dispatcher stopped
+        self._reput.index_pending()
         try:
             self._flusher.do_flush()
             with self._clean_lock:
                 self._cq_flusher.flush_queues_and_checkpoint()
             self._flusher.fail_requests()
             end = self._cl.wrote
-            Checkpoint(self._flusher.flushed, self._reput.dispatched, end, self.clock.now_ms()).save(
+            Checkpoint(self._flusher.flushed, self._reput.recover_point(), end, self.clock.now_ms()).save(
                 self._checkpoint_path)
         except OSError as e:  # a full disk: the abort file stays, the next start verifies as after a crash
             log.error("store shutdown: cannot flush or write the checkpoint (%s); the next start recovers "
@@ -217,6 +218,12 @@ class MessageStore(PutPath, ReadPath):
         The dispatcher thread stays as the fallback: it retries a failed batch and serves
         ``wait_dispatched``. None restores the thread-only mode."""
         self._reput.hook = fn
+
+    def set_index_later(self, fn: Callable[[Callable[[], None]], None] | None) -> None:
+        """Write the key index entries of a dispatched batch later: ``fn(job)`` must run ``job()`` soon
+        (the broker: on its loop, after the answers to the pulls the batch woke). Key queries, the
+        checkpoint and shutdown see the entries not yet written. None: written with the batch."""
+        self._reput.index_later = fn
 
     @property
     def _dispatch_hook(self) -> Callable[[], None] | None:

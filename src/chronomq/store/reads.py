@@ -143,6 +143,7 @@ class ReadPath:
         [begin_ts, end_ts]; at most ``max_num``, the newest ones, returned in commit-log order."""
         if max_num <= 0 or not key:
             return []
+        self._reput.index_pending()  # a key query sees every message dispatched before it
         cands = self._index.query(topic, key, max_num * 2 + 16, begin_ts, end_ts)
         out: dict[int, MessageExt] = {}
         for phys in sorted(set(cands), reverse=True):

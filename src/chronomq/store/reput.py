@@ -3,7 +3,9 @@ batches, writes consume-queue units and index entries, advances ``dispatched``, 
 listeners once per queue per batch. Rules: one dispatcher at a time (``lock``, so batches stay in
 order); a failed batch is put back in front and retried (re-dispatch is idempotent); listeners run
 outside every store lock. With a dispatch hook set, the putting thread calls the hook instead of waking
-the thread, and the hook arranges for ``dispatch_now`` to run soon.
+the thread, and the hook arranges for ``dispatch_now`` to run soon. With ``index_later`` set, the index
+entries of a batch are written after the consume-queue units' readers are answered: the batch waits in
+a backlog, in order, which a key query, the checkpoint (``recover_point``) and shutdown take into account.
 """
 
 from __future__ import annotations
@@ -47,6 +49,13 @@ class ReputMessageService:
         self.lock = threading.Lock()  # one dispatcher at a time: batches go in commit-log order
         self.hook: Callable[[], None] | None = None
         self.listeners: list[ArrivalListener] = []
+        # index_later(fn): run fn soon on the dispatching side, after the answers of this turn's arrivals
+        self.index_later: Callable[[Callable[[], None]], None] | None = None
+        self._index_lock = threading.Lock()  # the backlog, and one index writer at a time
+        self._index_backlog: list[list[tuple]] = []
+        self._indexing_from: int | None = None  # the first offset of batches taken but not yet indexed
+        self._index_scheduled = False
+        self._index_retry = False  # a backlog write failed: the dispatcher thread retries it
 
     def signal(self) -> None:
         """After a put queued dispatch requests (on the putting thread, outside every store lock)."""
@@ -82,6 +91,8 @@ class ReputMessageService:
             stopping = stop.is_set()
             with self.lock:
                 ok = self.dispatch_pending()
+            if self._index_retry or stopping:  # else the index_later jobs write the backlog
+                ok = self.index_pending() and ok
             if not ok and not stopping:
                 stop.wait(0.1)  # failed (disk full?): the batch was put back; retry shortly
             if stopping:
@@ -131,7 +142,16 @@ class ReputMessageService:
             last = items[-1]
             arrivals.append((topic, qid, cq.max_offset, last[6]))
         if store._index_enabled:
-            store._index.put_batch(batch)  # a failure propagates: the whole batch is retried
+            later = self.index_later
+            if later is None:
+                store._index.put_batch(batch)  # a failure propagates: the whole batch is retried
+            else:
+                with self._index_lock:
+                    self._index_backlog.append(batch)
+                    schedule = not self._index_scheduled
+                    self._index_scheduled = True
+                if schedule:
+                    later(self._index_soon)
         last = batch[-1]
         with self.cv:
             self.dispatched = last[0] + last[1]
@@ -142,6 +162,45 @@ class ReputMessageService:
                     listener(*a)
                 except Exception:
                     log.exception("arrival listener failed")
+
+    def _index_soon(self) -> None:
+        with self._index_lock:
+            self._index_scheduled = False
+        if not self.index_pending():
+            self.wake.set()  # the dispatcher thread retries
+
+    def index_pending(self) -> bool:
+        """Write the index entries of the batches in the backlog, in order. On a failure the batches
+        not written go back in front (re-indexing is idempotent for queries) and False is returned."""
+        with self._index_lock:
+            batches, self._index_backlog = self._index_backlog, []
+            if not batches:
+                return True
+            self._indexing_from = batches[0][0][0]
+            done = 0
+            try:
+                for batch in batches:
+                    self._store._index.put_batch(batch)
+                    done += 1
+            except Exception:
+                log.exception("index dispatch failed; will retry")
+                self._index_backlog[:0] = batches[done:]
+                self._index_retry = True
+                return False
+            finally:
+                self._indexing_from = None
+            self._index_retry = False
+        return True
+
+    def recover_point(self) -> int:
+        """The commit-log offset below which every record has its queue units and index entries."""
+        point = self.dispatched
+        with self._index_lock:
+            if self._indexing_from is not None:
+                point = min(point, self._indexing_from)
+            if self._index_backlog:
+                point = min(point, self._index_backlog[0][0][0])
+        return point
 
     def wait_dispatched(self, commit_log_offset: int, timeout_s: float) -> bool:
         """Block until every record starting at or before ``commit_log_offset`` has its queue entry (or
