@@ -21,7 +21,7 @@ from typing import Any
 
 from .base import Peer
 from .chronomq_peer import ChronomqPeer
-from .procs import APT_LINE, PeerUnavailable
+from .procs import APT_LINE, PeerUnavailable, pin
 from .rabbit_peer import RabbitPeer
 from .redis_peer import RedisPeer
 from .report import render_rich, update_readme, write_chart, write_json
@@ -93,6 +93,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--readme-from", type=Path, metavar="JSON",
                     help="only re-render README.md's results section from a saved results file")
     ap.add_argument("--note", default="", help="a remark stored with the results and shown in README.md")
+    ap.add_argument("--pin", action="store_true",
+                    help="run each system under test on the first CPU and the bench (its clients) on the "
+                         "others, the same for every system (see README.md: CPU placement)")
     ap.set_defaults(mode="quick")
     return ap.parse_args(argv)
 
@@ -111,13 +114,22 @@ def run(args: argparse.Namespace, log: Callable[[str], None] = print) -> dict[st
     if unknown:
         raise SystemExit(f"unknown system(s) {unknown}; choose from {list(SYSTEMS)}")
     only = tuple(w.strip() for w in args.workloads.split(",") if w.strip())
+    server_cpus: set[int] | None = None
+    placement: dict[str, Any] | None = None
+    if getattr(args, "pin", False):
+        cpus = sorted(os.sched_getaffinity(0))
+        if len(cpus) < 2:
+            raise SystemExit(f"--pin needs at least 2 CPUs; this process may use {cpus}")
+        server_cpus = {cpus[0]}
+        pin([os.getpid()], set(cpus[1:]))  # the bench and the client threads it starts from now on
+        placement = {"server_cpus": [cpus[0]], "bench_cpus": cpus[1:]}
     run_id = datetime.now(UTC).strftime("%Y%m%dT%H%M%S")
     started = time.monotonic()
     results: dict[str, Any] = {"meta": {"run": run_id, "mode": plan.mode, "plan": plan.to_dict(),
                                         "started": datetime.now(UTC).isoformat(timespec="seconds"),
                                         "machine": machine_info(), "argv": sys.argv[1:],
                                         "note": getattr(args, "note", ""), "load_avg_start": _loadavg(),
-                                        "workloads": list(only)},
+                                        "workloads": list(only), "cpu_placement": placement},
                                "systems": {}}
     parent = Path(tempfile.mkdtemp(prefix=f"chronomq-compare-{run_id}-", dir=args.workdir))
     log(f"run {run_id}, {plan.mode} mode, data under {parent}")
@@ -133,7 +145,7 @@ def run(args: argparse.Namespace, log: Callable[[str], None] = print) -> dict[st
                 results["systems"][name] = {"system": peer.describe(), "status": "skipped", "reason": str(e)}
                 continue
             log(f"== {peer.label} ({peer.durability})")
-            results["systems"][name] = run_system(peer, plan, run_id, log, only)
+            results["systems"][name] = run_system(peer, plan, run_id, log, only, server_cpus)
             log(f"== {peer.label} done in {results['systems'][name].get('total_s', 0):.0f} s")
             if not args.keep:  # full mode leaves tens of GiB per system: free them before the next one
                 shutil.rmtree(parent / name, ignore_errors=True)

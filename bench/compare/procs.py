@@ -112,6 +112,23 @@ def tree_rss(pids: list[int]) -> dict[str, int]:
             "processes": len(seen)}
 
 
+def pin(pids: list[int], cpus: set[int]) -> int:
+    """Run every thread of the given processes and their descendants on ``cpus`` (threads and processes
+    they start later inherit it). Returns how many threads were pinned."""
+    seen: set[int] = set()
+    for p in pids:
+        seen.add(p)
+        seen.update(children_of(p))
+    n = 0
+    for p in seen:
+        with contextlib.suppress(OSError):
+            for tid in os.listdir(f"/proc/{p}/task"):
+                with contextlib.suppress(OSError):
+                    os.sched_setaffinity(int(tid), cpus)
+                    n += 1
+    return n
+
+
 def disk_usage(path: Path) -> dict[str, int]:
     """Allocated bytes (st_blocks, what the disk really holds) and apparent size under ``path``."""
     alloc = apparent = 0

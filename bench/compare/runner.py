@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .base import Consumer, Peer, Producer
-from .procs import disk_usage, tree_rss
+from .procs import disk_usage, pin, tree_rss
 from .workloads import Plan, Recorder, lead_ms_for, make_payload, now_ms, spread_dues
 
 WORKLOADS = ("schedule", "spread", "burst", "hol", "restart", "pending")
@@ -26,6 +26,12 @@ class Ctx:
     log: Log
     rate: float | None = None  # scheduling rate measured by workload 1 (sizes the lead of later ones)
     notes: list[str] = field(default_factory=list)
+    server_cpus: set[int] | None = None  # --pin: the CPUs of the system under test
+
+    def pin_server(self) -> None:
+        """After a (re)start: every thread of the system's processes onto its CPUs (with --pin)."""
+        if self.server_cpus is not None:
+            pin(self.peer.server_pids(), self.server_cpus)
 
 
 def _payload_fn(ctx: Ctx, wl: str) -> Callable[[int, int], bytes]:
@@ -179,6 +185,7 @@ def w_restart(ctx: Ctx) -> dict[str, Any]:
         t_kill = time.monotonic()
         peer.kill9()
         peer.restart()
+        ctx.pin_server()
         restart_s = time.monotonic() - t_kill
         # wait until the last due time or the restart, whichever is later, plus the grace period
         complete = _wait_all(rec, sent, p.restart_grace_ms, after_ms=now_ms())
@@ -202,11 +209,12 @@ def w_restart(ctx: Ctx) -> dict[str, Any]:
 
 
 def run_system(peer: Peer, plan: Plan, run: str, log: Log,
-               only: tuple[str, ...] = WORKLOADS) -> dict[str, Any]:
+               only: tuple[str, ...] = WORKLOADS, server_cpus: set[int] | None = None) -> dict[str, Any]:
     """Start the system, run the workloads (each isolated: a failure is recorded, the rest still runs),
-    stop everything it started. Never raises for a workload failure."""
+    stop everything it started. Never raises for a workload failure. ``server_cpus``: run the system's
+    processes on these CPUs only (--pin)."""
     result: dict[str, Any] = {"system": peer.describe(), "status": "ok", "workloads": {}, "timings_s": {}}
-    ctx = Ctx(peer, plan, run, log)
+    ctx = Ctx(peer, plan, run, log, server_cpus=server_cpus)
     t0 = time.monotonic()
     try:
         peer.start()
@@ -216,6 +224,7 @@ def run_system(peer: Peer, plan: Plan, run: str, log: Log,
             peer.stop()
         return result
     result["start_s"] = time.monotonic() - t0
+    ctx.pin_server()
     result["system"] = peer.describe()
     try:
         result["baseline"] = {**tree_rss(peer.server_pids()), **disk_usage(peer.data_dir)}
@@ -241,6 +250,7 @@ def run_system(peer: Peer, plan: Plan, run: str, log: Log,
                 if not peer.server_pids():  # a failed restart: bring the server back for what follows
                     with contextlib.suppress(Exception):
                         peer.restart()
+                        ctx.pin_server()
             result["timings_s"][name] = time.monotonic() - ts
             log(f"[{peer.label}] {name} done in {result['timings_s'][name]:.1f}s: "
                 f"{_brief(result['workloads'][name])}")
