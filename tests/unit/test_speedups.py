@@ -267,3 +267,40 @@ def test_encode_record_edges(fields):
                    fields.pop("properties", {"a": "b"}), **fields)
     got, want = _outcome(native.encode_record, msg), _outcome(message.encode_record, msg)
     assert got == want
+
+
+# --- the deliver time of a delivered copy (pull lateness) ---------------------------------------------------
+_DUE = "TIMER_DELIVER_MS"
+due_values = st.one_of(st.integers(0, 10**25).map(str),
+                       st.sampled_from(["", "12a", "-5", "٣", " 7", "1\x01"]), prop_text)
+
+
+@needs_native
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=80), prop_dicts, due_values,
+       st.sampled_from(["", "X", "a\x01b\x02"]), st.booleans(), st.integers(0, 40))
+def test_due_ms_of_matches_pure(body, props, due, name_prefix, in_body, cut):
+    from chronomq.broker.processors import pull
+
+    props = {**props, name_prefix + _DUE: due}
+    if in_body:  # the mark inside the body never counts
+        body = body + f"\x02{_DUE}\x0199".encode()
+    rec = bytes(message.encode_record(_message("T", body, props)))
+    for r in (rec, rec[: max(0, len(rec) - cut)], rec[:60]):
+        assert _outcome(native.due_ms_of, r) == _outcome(pull.due_ms_of_py, r)
+    if not name_prefix and due.isdigit() and due.isascii():
+        assert native.due_ms_of(rec) == int(due)
+
+
+@needs_native
+def test_due_ms_of_on_damaged_records():
+    from chronomq.broker.processors import pull
+
+    rec = bytes(message.encode_record(_message("T", b"body", {_DUE: "1764000000000"})))
+    assert native.due_ms_of(rec) == pull.due_ms_of_py(rec) == 1764000000000
+    bad_len = bytearray(rec)
+    bad_len[message.POS_BODY - 4 : message.POS_BODY] = (-1).to_bytes(4, "big", signed=True)
+    too_long = bytearray(rec)
+    too_long[message.POS_BODY - 4 : message.POS_BODY] = (len(rec)).to_bytes(4, "big")
+    for r in (b"", rec[:90], bytes(bad_len), bytes(too_long), rec.replace(b"1764", b"17x4")):
+        assert _outcome(native.due_ms_of, r) == _outcome(pull.due_ms_of_py, r)

@@ -10,7 +10,7 @@ from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
 from cpython.number cimport PyNumber_Index
 from cpython.unicode cimport PyUnicode_DecodeUTF8
 from libc.stdint cimport int16_t, int32_t, int64_t, uint8_t, uint32_t
-from libc.string cimport memchr, memcpy, memset
+from libc.string cimport memchr, memcmp, memcpy, memset
 
 
 cdef extern from "Python.h":
@@ -424,3 +424,51 @@ def encode_record(object msg, object properties_text=None):
         return buf
     finally:
         PyBuffer_Release(&view)
+
+
+PROPERTY_TIMER_DELIVER_MS = "TIMER_DELIVER_MS"
+cdef bytes _DUE_MARK = b"TIMER_DELIVER_MS\x01"
+
+
+def due_ms_of(bytes rec):
+    """pull.due_ms_of: the TIMER_DELIVER_MS property of a stored V1 record, or None (looked up in the
+    record's properties only: the first occurrence of the name counts, and only at a property's start)."""
+    cdef const uint8_t* b = <const uint8_t*>PyBytes_AS_STRING(rec)
+    cdef Py_ssize_t n = len(rec), p, props, i, start, end, mlen = len(_DUE_MARK)
+    cdef int32_t body_len
+    cdef const uint8_t* q
+    cdef const uint8_t* m = <const uint8_t*>PyBytes_AS_STRING(_DUE_MARK)
+    cdef int64_t v = 0
+    if n < C_FIXED:
+        return None
+    body_len = rd32(b + C_BODY - 4)
+    p = C_BODY + body_len
+    if body_len < 0 or p + 3 > n:
+        return None
+    p += 1 + b[p]
+    props = p + 2
+    i = -1
+    start = props
+    while start + mlen <= n:  # bytes.find(mark, props)
+        q = <const uint8_t*>memchr(b + start, m[0], n - mlen + 1 - start)
+        if q == NULL:
+            break
+        if memcmp(q, m, mlen) == 0:
+            i = q - b
+            break
+        start = q - b + 1
+    if i < 0 or (i > props and b[i - 1] != 2):
+        return None
+    start = i + mlen
+    q = <const uint8_t*>memchr(b + start, 2, n - start) if start < n else NULL
+    end = (q - b) if q != NULL else n
+    if end <= start:
+        return None
+    if end - start > 18:  # beyond int64 arithmetic: Python's int, as the pure function
+        raw = rec[start:end]
+        return int(raw) if raw.isdigit() else None
+    for i in range(start, end):
+        if b[i] < 48 or b[i] > 57:
+            return None
+        v = v * 10 + (b[i] - 48)
+    return v
