@@ -304,3 +304,34 @@ def test_due_ms_of_on_damaged_records():
     too_long[message.POS_BODY - 4 : message.POS_BODY] = (len(rec)).to_bytes(4, "big")
     for r in (b"", rec[:90], bytes(bad_len), bytes(too_long), rec.replace(b"1764", b"17x4")):
         assert _outcome(native.due_ms_of, r) == _outcome(pull.due_ms_of_py, r)
+
+
+# --- the commit-log append of a run of records -----------------------------------------------------------
+@needs_native
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.binary(min_size=91, max_size=300), st.integers(-(1 << 62), 1 << 62),
+                          st.one_of(st.none(), st.integers(0, 1 << 40)),
+                          st.one_of(st.none(), st.lists(prop_text, max_size=3)),
+                          st.one_of(st.none(), prop_text)), max_size=12),
+       st.integers(0, 64), st.integers(0, 1 << 50), st.integers(0, 1 << 40), st.integers(0, 1 << 45))
+def test_append_run_matches_pure(entries, r, wrote, qoff, ts):
+    size = r + sum(len(e[0]) for e in entries) + 64
+    results = []
+    for fn in (native.append_run, put.append_run_py):
+        buf, pending = bytearray(size), [("earlier",)]
+        got = fn(buf, r, wrote, qoff, ts, [(bytearray(e[0]) if i % 2 else e[0], *e[1:])
+                                            for i, e in enumerate(entries)], "T", 3, pending)
+        results.append((got, bytes(buf), pending))
+    assert results[0] == results[1]
+    _, buf, pending = results[0]
+    assert [p[4] for p in pending[1:]] == list(range(qoff, qoff + len(entries)))
+    for p in pending[1:]:  # each copy carries its queue offset, physical offset and store time
+        at = r + p[0] - wrote
+        assert struct.unpack_from(">qq", buf, at + 20) == (p[4], p[0])
+        assert struct.unpack_from(">q", buf, at + 56) == (ts,)
+
+
+@needs_native
+def test_append_run_refuses_a_run_larger_than_the_buffer():
+    with pytest.raises(ValueError):
+        native.append_run(bytearray(100), 0, 0, 0, 1, [(b"r" * 120, 0, None, None, None)], "T", 0, [])

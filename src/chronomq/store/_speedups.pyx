@@ -5,7 +5,7 @@ codec.batch_items, message.encode_record),
 with the same results, the same refusals and the same exception types. The pure functions stay the
 reference and are used when this module is not built or CHRONOMQ_PURE_PYTHON=1 (chronomq.store.speedups)."""
 
-from cpython.buffer cimport PyBUF_SIMPLE, PyBuffer_Release, PyObject_GetBuffer
+from cpython.buffer cimport PyBUF_SIMPLE, PyBUF_WRITABLE, PyBuffer_Release, PyObject_GetBuffer
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
 from cpython.number cimport PyNumber_Index
 from cpython.unicode cimport PyUnicode_DecodeUTF8
@@ -472,3 +472,38 @@ def due_ms_of(bytes rec):
             return None
         v = v * 10 + (b[i] - 48)
     return v
+
+
+def append_run(object mm, Py_ssize_t r, int64_t wrote, int64_t qoff, int64_t ts, list entries, object topic,
+               object qid, list pending):
+    """put.append_run: copy the encoded records of ``entries`` into ``mm`` from byte ``r`` on, patch
+    each one's queue offset, physical offset and store time, append its dispatch request to
+    ``pending``; returns the next (r, wrote, qoff)."""
+    cdef Py_buffer view, rv
+    cdef uint8_t* b
+    cdef Py_ssize_t size
+    cdef object e, rec, tc, delay
+    PyObject_GetBuffer(mm, &view, PyBUF_WRITABLE)
+    try:
+        b = <uint8_t*>view.buf
+        for e in entries:
+            rec, tc, delay, keys_l, uniq = e
+            PyObject_GetBuffer(rec, &rv, PyBUF_SIMPLE)
+            try:
+                size = rv.len
+                if r < 0 or r + (size if size > 64 else 64) > view.len:  # the caller reserved the room
+                    raise ValueError("a record does not fit the mapped segment")
+                memcpy(b + r, rv.buf, size)
+            finally:
+                PyBuffer_Release(&rv)
+            wr64(b + r + 20, qoff)
+            wr64(b + r + 28, wrote)
+            wr64(b + r + 56, ts)
+            pending.append((wrote, size, topic, qid, qoff, tc if delay is None else ts + delay, ts, keys_l,
+                            uniq))
+            qoff += 1
+            r += size
+            wrote += size
+    finally:
+        PyBuffer_Release(&view)
+    return r, wrote, qoff

@@ -9,6 +9,7 @@ added inside the lock.
 from __future__ import annotations
 
 import concurrent.futures
+import mmap
 import struct
 import threading
 from collections.abc import Callable
@@ -63,9 +64,32 @@ def property_fields(props: dict[str, str]
     return props_b, props.get(PROPERTY_TAGS), keys_l, props.get(PROPERTY_UNIQ_KEY)
 
 
+def append_run(mm: mmap.mmap, r: int, wrote: int, qoff: int, ts: int, entries: list[tuple], topic: str,
+               qid: int, pending: list[tuple]) -> tuple[int, int, int]:
+    """Copy encoded records (rec, tagsCode, delay or None, KEYS words, UNIQ_KEY) into ``mm`` from byte
+    ``r`` on (the commit log at offset ``wrote``), patching each one's queue offset (from ``qoff`` on),
+    physical offset and store time ``ts``, and append its dispatch request to ``pending``. The caller
+    has reserved the room. Returns the next (r, wrote, qoff)."""
+    patch = PATCH.pack_into
+    i64 = I64.pack_into
+    for rec, tc, delay, keys_l, uniq in entries:
+        size = len(rec)
+        mm[r : r + size] = rec
+        patch(mm, r + 20, qoff, wrote)
+        i64(mm, r + _POS_STORETIMESTAMP, ts)
+        pending.append((wrote, size, topic, qid, qoff, tc if delay is None else ts + delay, ts, keys_l, uniq))
+        qoff += 1
+        r += size
+        wrote += size
+    return r, wrote, qoff
+
+
 property_fields_py = property_fields
+append_run_py = append_run
 if native is not None:
     property_fields = native.property_fields
+    append_run = native.append_run
+
 
 class PutPath:
     # the facade's state this path uses; guarded by self._cl.lock: _queue_table, _pending, _cur_seg,
@@ -313,22 +337,10 @@ class PutPath:
             seg, wrote, r = reserved  # type: ignore[misc]
             ts = max(self.clock.now_ms(), self._last_ts)
             self._last_ts = ts
-            first_q = qoff = self._queue_table.get(qkey, 0)
+            first_q = self._queue_table.get(qkey, 0)
             self._queue_table[qkey] = first_q + len(entries)
             first_phys = wrote
-            mm = seg.mm
-            patch = PATCH.pack_into
-            i64 = I64.pack_into
-            for rec, tc, delay, keys_l, uniq in entries:
-                size = len(rec)
-                mm[r : r + size] = rec
-                patch(mm, r + 20, qoff, wrote)
-                i64(mm, r + _POS_STORETIMESTAMP, ts)
-                pending.append((wrote, size, topic, qid, qoff, tc if delay is None else ts + delay, ts,
-                                keys_l, uniq))
-                qoff += 1
-                r += size
-                wrote += size
+            r, wrote, _ = append_run(seg.mm, r, wrote, first_q, ts, entries, topic, qid, pending)
             seg.written = r
             cl.wrote = wrote
         self._signal_dispatch()
