@@ -145,3 +145,19 @@ def test_a_crash_with_index_entries_never_written_refills_them_at_recovery(tmp_p
         assert _keys_found(s2, "ka") == [b"a"] and _keys_found(s2, "kb") == [b"b"]
     finally:
         s2.shutdown()
+
+
+def test_index_entries_are_written_at_once_when_the_deferral_is_gone(tmp_path) -> None:
+    s = _started(tmp_path)
+
+    def closed_loop(job) -> None:
+        raise RuntimeError("Event loop is closed")
+
+    s.set_dispatch_hook(s.dispatch_now)
+    s.set_index_later(closed_loop)
+    try:
+        assert s.put_message(msg(body=b"a", KEYS="ka")).ok
+        assert not s._reput._index_backlog and s._reput.recover_point() == s._reput.dispatched
+        assert _keys_found(s, "ka") == [b"a"]
+    finally:
+        s.shutdown()

@@ -151,7 +151,10 @@ class ReputMessageService:
                     schedule = not self._index_scheduled
                     self._index_scheduled = True
                 if schedule:
-                    later(self._index_soon)
+                    try:
+                        later(self._index_soon)
+                    except RuntimeError:  # the deferral's loop is closed (shutdown): write it here
+                        self._index_soon()
         last = batch[-1]
         with self.cv:
             self.dispatched = last[0] + last[1]
