@@ -209,16 +209,18 @@ def test_a_damaged_key_index_answers_lookups_without_an_error(tmp_path: Path) ->
     t.close()
 
 
-@pytest.mark.parametrize("lost", ["all", "entries", "buckets"])
-def test_keys_scheduled_after_the_last_flush_survive_a_crash_that_lost_hash_pages(tmp_path: Path,
-                                                                                   lost: str) -> None:
+@pytest.mark.parametrize("generation", [100_000, 2_500], ids=["one-generation", "generations-added"])
+@pytest.mark.parametrize("lost", ["none", "all", "entries", "buckets"])
+def test_keys_scheduled_after_the_last_flush_survive_a_crash_that_lost_hash_pages(
+        tmp_path: Path, lost: str, generation: int) -> None:
     """A SYNC_FLUSH round syncs the data and index logs only; the key hash reaches the disk with the
-    periodic flush. A crash may lose any of the hash's pages written since: all of them, the entries
-    (the bucket heads then name entries that are gone) or the bucket pages (stale heads). Every key
-    still finds its message after the restart."""
+    periodic flush. A crash may lose any of the hash's pages written since: none, all of them, the
+    entries (the bucket heads then name entries that are gone) or the bucket pages (stale heads), also
+    when the hash started new generations after the flush. Every key still finds its message after the
+    restart."""
     clock = VirtualClock()
     path = tmp_path / "timer"
-    cfg = small_config(hash_buckets=256, hash_generation_entries=100_000)
+    cfg = small_config(hash_buckets=256, hash_generation_entries=generation)
     t = TimerStore(path, clock, cfg)
     t.open()
     later = clock.now_ms() + DAY
@@ -241,5 +243,47 @@ def test_keys_scheduled_after_the_last_flush_survive_a_crash_that_lost_hash_page
                 assert [r.msg_id for r in t.query(key=f"k{prefix}{i}").items] == [f"{prefix}{i}"]
         assert t.count(key="shared") == 3000
         assert [r.outcome for r in t.cancel("kb42", by_key=True)] == [Outcome.CANCELLED]
+    finally:
+        t.close()
+
+
+def test_hash_entries_of_a_batch_whose_index_was_lost_do_not_hide_the_records_written_after_it(
+        tmp_path: Path) -> None:
+    """The hash is written before the index: a crash between the two leaves hash entries for a batch
+    that was never acknowledged, at positions the recovered data log reuses. The records written there
+    later (and only synced, not flushed) are still found after a second crash."""
+    clock = VirtualClock()
+    path = tmp_path / "timer"
+    cfg = small_config(hash_buckets=256, hash_generation_entries=100_000)
+    later = clock.now_ms() + DAY
+    t = TimerStore(path, clock, cfg)
+    t.open()
+    a = t.schedule_batch([(msg(f"a{i}", keys=f"ka{i}"), later) for i in range(300)])
+    t.flush()
+    b = t.schedule_batch([(msg(f"b{i}", keys=f"kb{i}"), later) for i in range(300)])
+    t.sync_files()
+    acked_index_end = t.index_end
+    t.schedule_batch([(msg(f"c{i}", keys=f"kc{i}"), later) for i in range(300)])
+    t.index.truncate(acked_index_end * IDX_SIZE)  # the crash came before the index entries of c
+    t.abandon()
+
+    t = TimerStore(path, clock, cfg)
+    t.open()
+    assert t.query(key="kc5").items == []
+    synced = {p.name: p.read_bytes() for p in (path / "hash").iterdir()}  # recovery synced the hash
+    d = t.schedule_batch([(msg(f"d{i}", keys=f"kd{i}"), later) for i in range(300)])
+    t.sync_files()
+    t.abandon()
+    for name, raw in synced.items():  # the hash pages written for d are lost with the crash
+        (path / "hash" / name).write_bytes(raw)
+
+    t = TimerStore(path, clock, cfg)
+    t.open()
+    try:
+        for prefix, results in (("a", a), ("b", b), ("d", d)):
+            for i in range(0, 300, 11):
+                assert [r.msg_id for r in t.records_of(results[i].msg_id)] == [f"{prefix}{i}"]
+                assert [r.msg_id for r in t.query(key=f"k{prefix}{i}").items] == [f"{prefix}{i}"]
+        assert t.query(key="kc5").items == []
     finally:
         t.close()

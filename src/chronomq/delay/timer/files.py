@@ -405,10 +405,29 @@ class _HashGeneration:
         for b, head in heads.items():
             _Q.pack_into(self.bmap, b, head)
 
+    def cut_back(self, count: int) -> int:
+        """After a crash: keep the first ``count`` entries (what the last flush synced along with the
+        bucket table) and drop the rest, whichever of them reached the disk. A head naming a dropped
+        entry means the bucket table moved on after the flush: every head is then recomputed from the
+        entries kept. Returns how many heads changed."""
+        count = max(0, min(count, self.count))
+        if count < self.count:
+            os.ftruncate(self.efd, count * HASH_ENTRY_SIZE)
+            self.count = count
+        self.max_pos = -1
+        if count:
+            _, self.max_pos, _ = HASH_ENTRY.unpack(os.pread(self.efd, HASH_ENTRY_SIZE,
+                                                            (count - 1) * HASH_ENTRY_SIZE))
+        page = BackedPages.PAGE
+        end = self.buckets * 8
+        for p in sorted(self._backing.backed):
+            base = p * page
+            if any(v > count for (v,) in _Q.iter_unpack(self.bmap[base:min(base + page, end)])):
+                return self.rebuild_buckets()
+        return 0
+
     def rebuild_buckets(self) -> int:
-        """Recompute every bucket head from the entry file (after a crash: the bucket pages and the
-        entries may have reached the disk in any order since the last flush). Returns how many heads
-        changed."""
+        """Recompute every bucket head from the entry file. Returns how many heads changed."""
         heads: dict[int, int] = {}
         buckets = self.buckets
         chunk = 1 << 16
@@ -498,13 +517,18 @@ class HashIndex:
             out.extend(g.lookup(h))
         return out
 
-    def rebuild_newest(self) -> int:
-        """``rebuild_buckets`` of the generation taking writes (older ones were synced when full)."""
-        return self.gens[-1].rebuild_buckets()
+    def extent(self) -> tuple[int, int]:
+        """(generation, entries) of the generation taking writes: what a checkpoint records."""
+        g = self.gens[-1]
+        return g.gen, g.count
 
-    def max_pos(self) -> int:
-        """The highest data position any entry names (-1: none)."""
-        return max(g.max_pos for g in self.gens)
+    def cut_back(self, gen: int, count: int) -> int:
+        """After a crash: back to ``extent()`` as a checkpoint recorded it (generations started since are
+        deleted; older ones were synced when they filled up). Returns how many bucket heads changed."""
+        while len(self.gens) > 1 and self.gens[-1].gen > gen:
+            self.gens.pop().close(delete=True)
+        g = self.gens[-1]
+        return g.cut_back(count if g.gen == gen else g.count)
 
     def drop_below(self, min_pos: int) -> None:
         while len(self.gens) > 1 and self.gens[0].max_pos < min_pos:

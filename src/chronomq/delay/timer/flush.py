@@ -92,6 +92,7 @@ class FlushPath(TimerState):
             "watermark": self.watermark,
             "index_end": self.index_end,
             "data_end": self.data_end,
+            "hash_extent": list(self.hash.extent()),  # synced with everything else before this is written
             "done_seq": self.done_seq,
             "pending": {str(k): v for k, v in self.pending.items() if v},
             "idx_seg_max": {str(k): v for k, v in self.idx_seg_max.items()},

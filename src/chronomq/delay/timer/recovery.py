@@ -107,7 +107,7 @@ class Recovery(TimerState):
         if not clean:
             tail_start = min(ck_index_end, file_idx_end)
             self._recover_tail(tail_start, ck_data_end)
-            self._recover_hash(tail_start)
+            self._recover_hash(ckpt, tail_start, ck_data_end)
         if self.wheel.cut:
             log.warning("timer: wheel files %s are not a day of slots long (torn)", ", ".join(self.wheel.cut))
         elif self.wheel.max_value() > self.index_end:
@@ -190,14 +190,17 @@ class Recovery(TimerState):
         if relinked:
             log.info("timer recovery re-linked %d index entries", relinked)
 
-    def _recover_hash(self, tail_start: int) -> None:
+    def _recover_hash(self, ckpt: dict[str, Any], tail_start: int, ck_data_end: int) -> None:
         """After a crash: the key hash is synced by the periodic flush, not by a SYNC_FLUSH round (as
-        RocketMQ syncs its commit log but not its index file), so its newest generation may have lost
-        entries or bucket pages written since the checkpoint. Recompute that generation's bucket heads
-        from its entries, then add the keys of the records the index names past the last position the
-        hash holds (entries are appended in position order), and sync it."""
-        fixed = self.hash.rebuild_newest()
-        known = self.hash.max_pos()
+        RocketMQ syncs its commit log but not its index file), so any of its pages written since the
+        checkpoint may be lost, stale or ahead of the others. It is cut back to the extent the checkpoint
+        recorded (its bucket heads recomputed if they moved on), then the keys of the records the index
+        names from the checkpoint's data end on are added again, and it is synced."""
+        ext = ckpt.get("hash_extent")
+        if isinstance(ext, list) and len(ext) == 2:
+            fixed = self.hash.cut_back(int(ext[0]), int(ext[1]))
+        else:  # a checkpoint from before the extent was recorded: keep the entries, recompute the heads
+            fixed = self.hash.gens[-1].rebuild_buckets()
         items: list[tuple[int, int]] = []
         seen: set[int] = set()
         for idx in range(tail_start, self.index_end):
@@ -205,7 +208,7 @@ class Recovery(TimerState):
             if e is None:
                 continue
             pos, size = e[1], e[6]
-            if pos <= known or pos in seen:
+            if pos < ck_data_end or pos in seen:  # in the hash as the checkpoint left it
                 continue
             seen.add(pos)
             try:
