@@ -61,6 +61,7 @@ def test_kernel_constants_match_the_message_module():
     assert native.HOST_V6_FLAGS == message.SYSFLAG_BORNHOST_V6 | message.SYSFLAG_STOREHOST_V6
     assert (native.PROPERTY_KEYS, native.PROPERTY_TAGS, native.PROPERTY_UNIQ_KEY) == (
         message.PROPERTY_KEYS, message.PROPERTY_TAGS, message.PROPERTY_UNIQ_KEY)
+    assert native.PROPERTY_TIMER_DELIVER_MS == message.PROPERTY_TIMER_DELIVER_MS
 
 
 def test_pure_python_switch_runs_the_pure_kernels_end_to_end(tmp_path):
@@ -332,6 +333,8 @@ def test_append_run_matches_pure(entries, r, wrote, qoff, ts):
 
 
 @needs_native
-def test_append_run_refuses_a_run_larger_than_the_buffer():
-    with pytest.raises(ValueError):
-        native.append_run(bytearray(100), 0, 0, 0, 1, [(b"r" * 120, 0, None, None, None)], "T", 0, [])
+@pytest.mark.parametrize("r, size", [(0, 120), (60, 41), (-1, 91), (40, 10)])
+def test_append_run_refuses_a_run_larger_than_the_buffer(r, size):
+    for fn in (native.append_run, put.append_run_py):
+        with pytest.raises(ValueError):
+            fn(bytearray(100), r, 0, 0, 1, [(b"r" * size, 0, None, None, None)], "T", 0, [])

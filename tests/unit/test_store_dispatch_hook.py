@@ -10,6 +10,7 @@ from test_store_basic import make_config, msg
 
 from chronomq.clock import VirtualClock
 from chronomq.store import GetStatus, MessageStore
+from chronomq.store.checkpoint import Checkpoint
 
 
 def _started(tmp_path, **kw) -> MessageStore:
@@ -112,6 +113,8 @@ def test_deferred_index_entries_are_seen_by_a_key_query_and_written_at_shutdown(
         assert s.put_message(msg(body=b"d", KEYS="kd")).ok  # left in the backlog at shutdown
     finally:
         s.shutdown()
+    ckpt = Checkpoint.load(s._checkpoint_path)
+    assert ckpt is not None and ckpt.recover_from == ckpt.commit_log_end  # nothing left to refill
     s2 = _started(tmp_path)
     try:
         assert [_keys_found(s2, k) for k in ("ka", "kb", "kc", "kd")] == [[b"a"], [b"b"], [b"c"], [b"d"]]
@@ -135,7 +138,7 @@ def test_a_crash_with_index_entries_never_written_refills_them_at_recovery(tmp_p
     s._index.put_batch = full_disk  # type: ignore[method-assign]
     assert s.put_message(msg(body=b"b", KEYS="kb")).ok
     jobs.pop()()  # fails: the batch stays in the backlog for the dispatcher thread's retry
-    assert s._reput._index_backlog
+    assert s._reput.recover_point() < s._reput.dispatched
     s.flush()  # the checkpoint: recover from before the batch without index entries
     s._halt()  # the process dies before a retry succeeds
     s._index.put_batch = real_put  # type: ignore[method-assign]
@@ -159,5 +162,21 @@ def test_index_entries_are_written_at_once_when_the_deferral_is_gone(tmp_path) -
         assert s.put_message(msg(body=b"a", KEYS="ka")).ok
         assert not s._reput._index_backlog and s._reput.recover_point() == s._reput.dispatched
         assert _keys_found(s, "ka") == [b"a"]
+    finally:
+        s.shutdown()
+
+
+def test_turning_the_deferral_off_writes_what_waits_first(tmp_path) -> None:
+    s = _started(tmp_path)
+    jobs: list = []
+    s.set_dispatch_hook(s.dispatch_now)
+    s.set_index_later(jobs.append)
+    try:
+        assert s.put_message(msg(body=b"a", KEYS="ka")).ok
+        s.set_index_later(None)
+        assert s._reput.recover_point() == s._reput.dispatched
+        assert s.put_message(msg(body=b"b", KEYS="kb")).ok
+        assert s._reput.recover_point() == s._reput.dispatched  # written with its batch
+        assert _keys_found(s, "ka") == [b"a"] and _keys_found(s, "kb") == [b"b"]
     finally:
         s.shutdown()

@@ -1,7 +1,7 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
 """Compiled kernels of the hot paths (a timed message's way in, its delivery): each one is a drop-in for
 a pure-Python function of the same name (commitlog.splice, put.property_fields, delivery.record_to_put,
-codec.batch_items, message.encode_record),
+codec.batch_items, message.encode_record, pull.due_ms_of, put.append_run),
 with the same results, the same refusals and the same exception types. The pure functions stay the
 reference and are used when this module is not built or CHRONOMQ_PURE_PYTHON=1 (chronomq.store.speedups)."""
 
@@ -427,7 +427,7 @@ def encode_record(object msg, object properties_text=None):
 
 
 PROPERTY_TIMER_DELIVER_MS = "TIMER_DELIVER_MS"
-cdef bytes _DUE_MARK = b"TIMER_DELIVER_MS\x01"
+cdef bytes _DUE_MARK = (PROPERTY_TIMER_DELIVER_MS + "\x01").encode()
 
 
 def due_ms_of(bytes rec):

@@ -98,8 +98,8 @@ class CleanCommitLogService:
                 seg, nxt = segs[0], segs[1]
                 if nxt.start >= cl.wrote:
                     break  # seg is the one being written
-                if seg.end > store._reput.dispatched:
-                    break  # its queue entries are not built yet: they would point into a deleted file
+                if seg.end > store._reput.recover_point():
+                    break  # its queue or index entries are not written yet: they would name a deleted file
                 if not forcibly:
                     newest = cl.store_time_at(nxt.start)  # >= every store time inside seg
                     if newest is None or newest + reserved_ms > now:

@@ -197,8 +197,9 @@ def _resolve_all(reqs: list[tuple[int, concurrent.futures.Future[bool]]], ok: bo
 
 
 class FlushConsumeQueueService:
-    """Flush consume queues and index, then write the checkpoint (flushed commit log, recover-from =
-    the dispatched offset, never past the flushed one). ``run`` is thread chronomq-store-flush-cq."""
+    """Flush consume queues and index, then write the checkpoint (flushed commit log, recover-from = the
+    offset below which queue units and index entries are all written, never past the flushed one).
+    ``run`` is thread chronomq-store-flush-cq."""
 
     def __init__(self, store: MessageStore) -> None:
         self._store = store

@@ -154,8 +154,9 @@ class IndexFile:
 
 
 class IndexService:
-    """All index files; the dispatcher writes (on the broker's loop, or its thread), any thread queries,
-    the flush thread writes the slot tables back and syncs."""
+    """All index files; the dispatcher's backlog writer puts entries (on the broker's loop, the dispatcher
+    thread, or a key query's thread first), any thread queries, the flush thread writes the slot tables
+    back and syncs."""
 
     def __init__(self, directory: str, slot_num: int, index_num: int) -> None:
         self.dir = directory

@@ -222,8 +222,13 @@ class MessageStore(PutPath, ReadPath):
     def set_index_later(self, fn: Callable[[Callable[[], None]], None] | None) -> None:
         """Write the key index entries of a dispatched batch later: ``fn(job)`` must run ``job()`` soon
         (the broker: on its loop, after the answers to the pulls the batch woke). Key queries, the
-        checkpoint and shutdown see the entries not yet written. None: written with the batch."""
+        checkpoint and shutdown see the entries not yet written. None: written with the batch (what
+        waits is written first, so the index keeps commit-log order)."""
+        if fn is None:
+            self._reput.index_pending()
         self._reput.index_later = fn
+        if fn is None:
+            self._reput.index_pending()
 
     @property
     def _dispatch_hook(self) -> Callable[[], None] | None:

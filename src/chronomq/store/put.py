@@ -69,11 +69,14 @@ def append_run(mm: mmap.mmap, r: int, wrote: int, qoff: int, ts: int, entries: l
     """Copy encoded records (rec, tagsCode, delay or None, KEYS words, UNIQ_KEY) into ``mm`` from byte
     ``r`` on (the commit log at offset ``wrote``), patching each one's queue offset (from ``qoff`` on),
     physical offset and store time ``ts``, and append its dispatch request to ``pending``. The caller
-    has reserved the room. Returns the next (r, wrote, qoff)."""
+    has reserved the room (ValueError otherwise). Returns the next (r, wrote, qoff)."""
     patch = PATCH.pack_into
     i64 = I64.pack_into
+    n = len(mm)
     for rec, tc, delay, keys_l, uniq in entries:
         size = len(rec)
+        if r < 0 or r + (size if size > 64 else 64) > n:
+            raise ValueError("a record does not fit the mapped segment")
         mm[r : r + size] = rec
         patch(mm, r + 20, qoff, wrote)
         i64(mm, r + _POS_STORETIMESTAMP, ts)

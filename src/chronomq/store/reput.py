@@ -51,7 +51,8 @@ class ReputMessageService:
         self.listeners: list[ArrivalListener] = []
         # index_later(fn): run fn soon on the dispatching side, after the answers of this turn's arrivals
         self.index_later: Callable[[Callable[[], None]], None] | None = None
-        self._index_lock = threading.Lock()  # the backlog, and one index writer at a time
+        self._index_lock = threading.Lock()  # the backlog and _indexing_from
+        self._index_writer = threading.Lock()  # one backlog writer at a time: batches stay in order
         self._index_backlog: list[list[tuple]] = []
         self._indexing_from: int | None = None  # the first offset of batches taken but not yet indexed
         self._index_scheduled = False
@@ -175,11 +176,12 @@ class ReputMessageService:
     def index_pending(self) -> bool:
         """Write the index entries of the batches in the backlog, in order. On a failure the batches
         not written go back in front (re-indexing is idempotent for queries) and False is returned."""
-        with self._index_lock:
-            batches, self._index_backlog = self._index_backlog, []
-            if not batches:
-                return True
-            self._indexing_from = batches[0][0][0]
+        with self._index_writer:
+            with self._index_lock:
+                batches, self._index_backlog = self._index_backlog, []
+                if not batches:
+                    return True
+                self._indexing_from = batches[0][0][0]  # recover_point stays below them meanwhile
             done = 0
             try:
                 for batch in batches:
@@ -187,10 +189,12 @@ class ReputMessageService:
                     done += 1
             except Exception:
                 log.exception("index dispatch failed; will retry")
-                self._index_backlog[:0] = batches[done:]
+                with self._index_lock:
+                    self._index_backlog[:0] = batches[done:]
+                    self._indexing_from = None
                 self._index_retry = True
                 return False
-            finally:
+            with self._index_lock:
                 self._indexing_from = None
             self._index_retry = False
         return True
