@@ -95,7 +95,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--note", default="", help="a remark stored with the results and shown in README.md")
     ap.add_argument("--pin", action="store_true",
                     help="run each system under test on the first CPU and the bench (its clients) on the "
-                         "others, the same for every system (see README.md: CPU placement)")
+                         "others, the same for every system (README.md: CPU placement)")
     ap.set_defaults(mode="quick")
     return ap.parse_args(argv)
 
@@ -115,13 +115,14 @@ def run(args: argparse.Namespace, log: Callable[[str], None] = print) -> dict[st
         raise SystemExit(f"unknown system(s) {unknown}; choose from {list(SYSTEMS)}")
     only = tuple(w.strip() for w in args.workloads.split(",") if w.strip())
     server_cpus: set[int] | None = None
+    bench_cpus: set[int] | None = None
     placement: dict[str, Any] | None = None
     if getattr(args, "pin", False):
         cpus = sorted(os.sched_getaffinity(0))
         if len(cpus) < 2:
             raise SystemExit(f"--pin needs at least 2 CPUs; this process may use {cpus}")
-        server_cpus = {cpus[0]}
-        pin([os.getpid()], set(cpus[1:]))  # the bench and the client threads it starts from now on
+        server_cpus, bench_cpus = {cpus[0]}, set(cpus[1:])
+        pin([os.getpid()], bench_cpus, descendants=False)  # the bench, and the client threads it starts
         placement = {"server_cpus": [cpus[0]], "bench_cpus": cpus[1:]}
     run_id = datetime.now(UTC).strftime("%Y%m%dT%H%M%S")
     started = time.monotonic()
@@ -145,7 +146,7 @@ def run(args: argparse.Namespace, log: Callable[[str], None] = print) -> dict[st
                 results["systems"][name] = {"system": peer.describe(), "status": "skipped", "reason": str(e)}
                 continue
             log(f"== {peer.label} ({peer.durability})")
-            results["systems"][name] = run_system(peer, plan, run_id, log, only, server_cpus)
+            results["systems"][name] = run_system(peer, plan, run_id, log, only, server_cpus, bench_cpus)
             log(f"== {peer.label} done in {results['systems'][name].get('total_s', 0):.0f} s")
             if not args.keep:  # full mode leaves tens of GiB per system: free them before the next one
                 shutil.rmtree(parent / name, ignore_errors=True)

@@ -112,13 +112,14 @@ def tree_rss(pids: list[int]) -> dict[str, int]:
             "processes": len(seen)}
 
 
-def pin(pids: list[int], cpus: set[int]) -> int:
-    """Run every thread of the given processes and their descendants on ``cpus`` (threads and processes
-    they start later inherit it). Returns how many threads were pinned."""
+def pin(pids: list[int], cpus: set[int], descendants: bool = True) -> int:
+    """Run every thread of the given processes (and of their descendants) on ``cpus``; threads and
+    processes they start later inherit it. Returns how many threads were pinned."""
     seen: set[int] = set()
     for p in pids:
         seen.add(p)
-        seen.update(children_of(p))
+        if descendants:
+            seen.update(children_of(p))
     n = 0
     for p in seen:
         with contextlib.suppress(OSError):

@@ -157,6 +157,10 @@ def footer_lines(results: dict[str, Any]) -> list[str]:
     lines = ["ratio = chronomq / best peer;  ↑ higher is better,  ↓ lower is better;  * loading had not "
              "finished when the first message fell due;  † N: the load hit its time cap (load_cap_s) after N "
              "messages, and the figure is for those"]
+    placement = results["meta"].get("cpu_placement")
+    if placement:
+        lines.append(f"CPU placement (--pin): each system under test on CPU {placement['server_cpus']}, "
+                     f"the bench and its clients on CPUs {placement['bench_cpus']}")
     for s in systems_present(results):
         d = results["systems"][s]
         desc = d.get("system", {})

@@ -4,6 +4,7 @@ plan's time cap; each wait is bounded by the last due time plus the plan's grace
 from __future__ import annotations
 
 import contextlib
+import os
 import time
 import traceback
 from collections.abc import Callable
@@ -26,12 +27,25 @@ class Ctx:
     log: Log
     rate: float | None = None  # scheduling rate measured by workload 1 (sizes the lead of later ones)
     notes: list[str] = field(default_factory=list)
-    server_cpus: set[int] | None = None  # --pin: the CPUs of the system under test
+    server_cpus: set[int] | None = None  # --pin: the CPUs of the system under test, and of the bench
+    bench_cpus: set[int] | None = None
 
-    def pin_server(self) -> None:
-        """After a (re)start: every thread of the system's processes onto its CPUs (with --pin)."""
-        if self.server_cpus is not None:
-            pin(self.peer.server_pids(), self.server_cpus)
+    @contextlib.contextmanager
+    def spawning(self) -> Any:
+        """Around a (re)start with --pin: this thread runs on the system's CPUs, so the processes it
+        starts inherit them from their first instruction (start-up and recovery included); then the
+        bench's own threads (any started meanwhile) go back to the bench's CPUs and every thread of the
+        system's processes is checked onto its CPUs."""
+        if self.server_cpus is None or self.bench_cpus is None:
+            yield
+            return
+        os.sched_setaffinity(0, self.server_cpus)
+        try:
+            yield
+        finally:
+            pin([os.getpid()], self.bench_cpus, descendants=False)
+            if not pin(self.peer.server_pids(), self.server_cpus):
+                self.log(f"[{self.peer.label}] --pin: no server thread found to pin")
 
 
 def _payload_fn(ctx: Ctx, wl: str) -> Callable[[int, int], bytes]:
@@ -184,8 +198,8 @@ def w_restart(ctx: Ctx) -> dict[str, Any]:
         received_before_kill = rec.distinct()
         t_kill = time.monotonic()
         peer.kill9()
-        peer.restart()
-        ctx.pin_server()
+        with ctx.spawning():
+            peer.restart()
         restart_s = time.monotonic() - t_kill
         # wait until the last due time or the restart, whichever is later, plus the grace period
         complete = _wait_all(rec, sent, p.restart_grace_ms, after_ms=now_ms())
@@ -209,22 +223,23 @@ def w_restart(ctx: Ctx) -> dict[str, Any]:
 
 
 def run_system(peer: Peer, plan: Plan, run: str, log: Log,
-               only: tuple[str, ...] = WORKLOADS, server_cpus: set[int] | None = None) -> dict[str, Any]:
+               only: tuple[str, ...] = WORKLOADS, server_cpus: set[int] | None = None,
+               bench_cpus: set[int] | None = None) -> dict[str, Any]:
     """Start the system, run the workloads (each isolated: a failure is recorded, the rest still runs),
-    stop everything it started. Never raises for a workload failure. ``server_cpus``: run the system's
-    processes on these CPUs only (--pin)."""
+    stop everything it started. Never raises for a workload failure. ``server_cpus``/``bench_cpus``:
+    the system's processes on the one, the bench on the other (--pin)."""
     result: dict[str, Any] = {"system": peer.describe(), "status": "ok", "workloads": {}, "timings_s": {}}
-    ctx = Ctx(peer, plan, run, log, server_cpus=server_cpus)
+    ctx = Ctx(peer, plan, run, log, server_cpus=server_cpus, bench_cpus=bench_cpus)
     t0 = time.monotonic()
     try:
-        peer.start()
+        with ctx.spawning():
+            peer.start()
     except Exception as e:
         result.update(status="error", reason=f"start failed: {e}")
         with contextlib.suppress(Exception):
             peer.stop()
         return result
     result["start_s"] = time.monotonic() - t0
-    ctx.pin_server()
     result["system"] = peer.describe()
     try:
         result["baseline"] = {**tree_rss(peer.server_pids()), **disk_usage(peer.data_dir)}
@@ -248,9 +263,8 @@ def run_system(peer: Peer, plan: Plan, run: str, log: Log,
                                              "traceback": traceback.format_exc()[-3000:]}
                 log(f"[{peer.label}] {name} failed: {e}")
                 if not peer.server_pids():  # a failed restart: bring the server back for what follows
-                    with contextlib.suppress(Exception):
+                    with contextlib.suppress(Exception), ctx.spawning():
                         peer.restart()
-                        ctx.pin_server()
             result["timings_s"][name] = time.monotonic() - ts
             log(f"[{peer.label}] {name} done in {result['timings_s'][name]:.1f}s: "
                 f"{_brief(result['workloads'][name])}")
