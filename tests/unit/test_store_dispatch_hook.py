@@ -94,11 +94,17 @@ def _keys_found(s: MessageStore, key: str) -> list[bytes]:
     return [m.body for m in s.query_message("TopicA", key, 10, 0, 2**62)]
 
 
-def test_deferred_index_entries_are_seen_by_a_key_query_and_written_at_shutdown(tmp_path) -> None:
+def _deferring(tmp_path) -> tuple[MessageStore, list]:
+    """A store dispatching on this thread, with its index entries deferred to jobs the test runs."""
     s = _started(tmp_path)
     jobs: list = []
     s.set_dispatch_hook(s.dispatch_now)
     s.set_index_later(jobs.append)
+    return s, jobs
+
+
+def test_deferred_index_entries_are_seen_by_a_key_query_and_written_at_shutdown(tmp_path) -> None:
+    s, jobs = _deferring(tmp_path)
     try:
         assert s.put_message(msg(body=b"a", KEYS="ka")).ok
         assert s.put_message(msg(body=b"b", KEYS="kb")).ok
@@ -124,10 +130,7 @@ def test_deferred_index_entries_are_seen_by_a_key_query_and_written_at_shutdown(
 
 
 def test_a_crash_with_index_entries_never_written_refills_them_at_recovery(tmp_path) -> None:
-    s = _started(tmp_path)
-    jobs: list = []
-    s.set_dispatch_hook(s.dispatch_now)
-    s.set_index_later(jobs.append)
+    s, jobs = _deferring(tmp_path)
     assert s.put_message(msg(body=b"a", KEYS="ka")).ok
     jobs.pop()()
     real_put = s._index.put_batch
@@ -167,10 +170,7 @@ def test_index_entries_are_written_at_once_when_the_deferral_is_gone(tmp_path) -
 
 
 def test_turning_the_deferral_off_writes_what_waits_first(tmp_path) -> None:
-    s = _started(tmp_path)
-    jobs: list = []
-    s.set_dispatch_hook(s.dispatch_now)
-    s.set_index_later(jobs.append)
+    s, _jobs = _deferring(tmp_path)
     try:
         assert s.put_message(msg(body=b"a", KEYS="ka")).ok
         s.set_index_later(None)
