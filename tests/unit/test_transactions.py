@@ -138,7 +138,8 @@ async def test_a_committed_message_may_wait_for_its_delay(env):
     assert bodies(b, "TxLater") == []
     parked_ms = stored(b, "SCHEDULE_TOPIC_XXXX")[0].store_timestamp  # the commit parked it
     await async_wait_for(lambda: bodies(b, "TxLater") == [b"level", b"timed"], 10, message="when due")
-    level, timed = stored(b, "TxLater")
+    by_body = {m.body: m for m in stored(b, "TxLater")}  # stored() lists queue by queue
+    level, timed = by_body[b"level"], by_body[b"timed"]
     assert level.store_timestamp >= parked_ms + 1000  # level 1 (1 s) counts from the commit
     assert timed.store_timestamp >= int(timed.properties["TIMER_DELIVER_MS"])
 
