@@ -207,7 +207,7 @@ class FlushConsumeQueueService:
     def flush_queues_and_checkpoint(self) -> None:
         """The caller holds the store's ``_clean_lock``."""
         store = self._store
-        dispatched = store._reput.recover_point()
+        recover_from = store._reput.recover_point()
         with store._queues_lock:
             queues = list(store._queues.values())
         for cq in queues:
@@ -217,7 +217,7 @@ class FlushConsumeQueueService:
                 pass
         store._index.flush()
         flushed = store._flusher.flushed
-        Checkpoint(flushed, min(dispatched, flushed), 0, store.clock.now_ms()).save(store._checkpoint_path)
+        Checkpoint(flushed, min(recover_from, flushed), 0, store.clock.now_ms()).save(store._checkpoint_path)
 
     def run(self) -> None:
         store = self._store

@@ -11,7 +11,7 @@ import mmap
 import os
 import struct
 import zlib
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from chronomq.store.mapped import BackedPages
@@ -418,13 +418,18 @@ class _HashGeneration:
         if count:
             _, self.max_pos, _ = HASH_ENTRY.unpack(os.pread(self.efd, HASH_ENTRY_SIZE,
                                                             (count - 1) * HASH_ENTRY_SIZE))
+        if any(v > count for _b, v in self._stored_heads()):
+            return self.rebuild_buckets()
+        return 0
+
+    def _stored_heads(self) -> Iterator[tuple[int, int]]:
+        """(byte, head) of every bucket in a page with a disk block (the others are holes, zero)."""
         page = BackedPages.PAGE
         end = self.buckets * 8
         for p in sorted(self._backing.backed):
             base = p * page
-            if any(v > count for (v,) in _Q.iter_unpack(self.bmap[base:min(base + page, end)])):
-                return self.rebuild_buckets()
-        return 0
+            for j, (v,) in enumerate(_Q.iter_unpack(self.bmap[base:min(base + page, end)])):
+                yield base + j * 8, v
 
     def rebuild_buckets(self) -> int:
         """Recompute every bucket head from the entry file. Returns how many heads changed."""
@@ -437,12 +442,9 @@ class _HashGeneration:
             heads.update({(h % buckets) * 8: first + i + 1
                           for i, (h, _pos, _prev) in enumerate(HASH_ENTRY.iter_unpack(raw))})
         changed = {b: head for b, head in heads.items() if self._head(b) != head}
-        page = BackedPages.PAGE
-        for p in sorted(self._backing.backed):  # heads naming no entry (lost with their entries)
-            base = p * page
-            for j, (v,) in enumerate(_Q.iter_unpack(self.bmap[base:min(base + page, buckets * 8)])):
-                if v and base + j * 8 not in heads:
-                    changed[base + j * 8] = 0
+        for b, v in self._stored_heads():  # heads naming no entry (lost with their entries)
+            if v and b not in heads:
+                changed[b] = 0
         self._backing.ensure(changed)
         for b, head in changed.items():
             _Q.pack_into(self.bmap, b, head)
