@@ -218,11 +218,14 @@ class ConnectionFloodStats:
 
 
 def _closed(sock: socket.socket) -> bool:
-    """Whether the peer has closed ``sock`` (without consuming what it sent)."""
+    """Whether the peer has closed ``sock``. What it sent is read and dropped: an answer sent before the
+    close would otherwise hide the end of the stream from a peek (a name server answers, then closes)."""
     timeout = sock.gettimeout()
     sock.settimeout(0)  # with a timeout, recv would first wait for data to read
     try:
-        return sock.recv(1, socket.MSG_PEEK) == b""
+        while sock.recv(65536):
+            pass
+        return True
     except (BlockingIOError, InterruptedError):
         return False
     except OSError:
