@@ -15,6 +15,8 @@ from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from tests.conftest import async_wait_for, free_port
 
 from chronomq import message as m
@@ -1081,6 +1083,63 @@ async def test_encode_rows_is_send_batch_from_columns(broker):
             encode_rows(args.pop("bodies"), args.pop("uniq_keys"), **args)
     with pytest.raises(MessageTooLarge):
         encode_rows([b"x"], ["u"], properties=[[("k", "v" * 40_000)]])
+
+
+_message_fields = st.fixed_dictionaries({}, optional={
+    "keys": st.one_of(st.text("ab ", max_size=6),
+                      st.lists(st.text("xy", min_size=1, max_size=3), max_size=3)),
+    "tags": st.text("tg", min_size=1, max_size=4),
+    "properties": st.dictionaries(st.text("pq", min_size=1, max_size=3), st.text("vw", max_size=3),
+                                  max_size=3),
+    "uniq_key": st.text("U0", min_size=1, max_size=8),
+    "dedup": st.booleans(),
+    "flag": st.integers(0, 7),
+})
+
+
+@settings(max_examples=60, deadline=None)
+@given(fields=st.lists(_message_fields, min_size=1, max_size=6),
+       timing=st.sampled_from(["none", "at", "delay"]),
+       bodies=st.lists(st.binary(min_size=1, max_size=40), min_size=6, max_size=6))
+def test_encode_batch_is_the_reference_encoding(fields, timing, bodies):
+    """send_batch's encoding (no dict per message, ids taken at once) gives the bytes of the reference
+    path: each message's wire_properties plus UNIQ_KEY and WAIT, through encode_batch_body."""
+    from chronomq.clock import VirtualClock
+    from chronomq.remoting.codec import BatchItem, encode_batch_body
+
+    clock = VirtualClock()
+    p = Producer("pg", "127.0.0.1:1", clock=clock)
+    timed = {"none": {}, "at": {"deliver_at": clock.now_ms() + 5_000}, "delay": {"delay": 2.5}}[timing]
+    msgs = [Message("T", bodies[i], **f, **timed) for i, f in enumerate(fields)]
+    topic, data, ids = p.encode_batch(msgs)
+    assert topic == "T" and len(ids) == len(msgs)
+    generated = [u for msg, u in zip(msgs, ids, strict=True) if msg.uniq_key is None]
+    assert len(set(generated)) == len(generated)
+    items = []
+    for msg, uniq in zip(msgs, ids, strict=True):
+        assert uniq == (msg.uniq_key if msg.uniq_key is not None else uniq)
+        props = msg.wire_properties(clock.now_ms())
+        props[m.PROPERTY_UNIQ_KEY] = uniq
+        props[m.PROPERTY_WAIT_STORE_MSG_OK] = "true"
+        items.append(BatchItem(body=msg.body_bytes(), properties=props, flag=msg.flag))
+    assert data == encode_batch_body(items)
+
+
+def test_encode_batch_refuses_what_send_batch_refuses():
+    p = Producer("pg", "127.0.0.1:1")
+    for msgs, err, match in (
+            ([], InvalidMessage, "at least one"),
+            ([Message("bad topic!", b"x")], InvalidMessage, "invalid topic"),
+            ([Message("T", b"x"), "not a message"], InvalidMessage, "expected chronomq.client.Message"),
+            ([Message("T", b"x"), Message("U", b"y")], InvalidMessage, "one topic"),
+            ([Message("T", b"")], InvalidMessage, "body is empty"),
+            ([Message("T", b"x", tags="a\x01")], InvalidMessage, "invalid tags"),
+            ([Message("T", b"x", deliver_at=5)], InvalidMessage, "epoch"),
+            ([Message("T", b"x", delay=1, deliver_at=2_000_000_000_000)], InvalidMessage, "not both"),
+            ([Message("T", b"x", properties={"UNIQ_KEY": "u"})], InvalidMessage, "reserved"),
+            ([Message("T", b"x", properties={"k": "v" * 40_000})], MessageTooLarge, "32767")):
+        with pytest.raises(err, match=match):
+            p.encode_batch(msgs)
 
 
 async def test_producer_deliver_time_send_result(broker):

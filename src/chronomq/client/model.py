@@ -81,16 +81,24 @@ class Message:
 
     def validate(self) -> None:
         validate_send_topic(self.topic)
+        self.checked_body()
+
+    def checked_body(self) -> bytes:
+        """The body as bytes, after checking every field but the topic (a batch checks its one topic
+        once). Raises InvalidMessage."""
         if not isinstance(self.delay_level, int) or self.delay_level < 0:
             raise InvalidMessage(f"delay_level must be an int >= 0, got {self.delay_level!r}")
-        for k, v in (self.properties or {}).items():
-            validate_property(k, v)
+        if self.properties:
+            for k, v in self.properties.items():
+                validate_property(k, v)
         if self.tags is not None:
             validate_tags(self.tags)
-        if not self.body_bytes():
+        body = self.body_bytes()
+        if not body:
             raise InvalidMessage("the message body is empty")
         if self.uniq_key is not None:
             validate_uniq_key(self.uniq_key)
+        return body
 
     def wire_properties(self, now_ms: int | None = None) -> dict[str, str]:
         """The properties as sent on the wire (without UNIQ_KEY/WAIT, which the producer adds); a delay
@@ -112,6 +120,17 @@ class Message:
         props.update(self._deliver_time_properties(now_ms))
         return props
 
+    def wire_text(self, now_ms: int | None = None) -> str:
+        """``wire_properties`` as the wire writes them (``key\\x01value\\x02`` ...), without building a
+        dict for a message whose only property is its deliver time."""
+        if self.properties or self.keys or self.tags or self.delay_level or self.dedup:
+            return m.encode_properties(self.wire_properties(now_ms))
+        if self.deliver_at is None and self.delay is None:
+            return ""
+        if self.deliver_at is not None and self.delay is not None:
+            raise InvalidMessage("give deliver_at or delay, not both")
+        return f"{_TIMER_TEXT}{deliver_time_ms(self.deliver_at, self.delay, now_ms)}{m.PROPERTY_SEPARATOR}"
+
     def _deliver_time_properties(self, now_ms: int | None) -> dict[str, str]:
         """``TIMER_DELIVER_MS`` (epoch ms) for deliver_at / delay; nothing when neither is given."""
         if self.deliver_at is None and self.delay is None:
@@ -132,6 +151,8 @@ class Message:
             return None
         return deliver_time_ms(self.deliver_at, self.delay, now_ms)
 
+
+_TIMER_TEXT = m.PROPERTY_TIMER_DELIVER_MS + m.NAME_VALUE_SEPARATOR
 
 # the properties through which RocketMQ producers ask for a deliver time (chronomq reads all four)
 TIMER_PROPERTIES = (m.PROPERTY_TIMER_DELIVER_MS, m.PROPERTY_TIMER_DELAY_SEC, m.PROPERTY_TIMER_DELAY_MS,

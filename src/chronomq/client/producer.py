@@ -17,7 +17,7 @@ from typing import Any
 
 from chronomq import message as m
 from chronomq.clock import Clock, SystemClock
-from chronomq.remoting.codec import BatchItem, RemotingCommand, encode_batch_body, encode_batch_item
+from chronomq.remoting.codec import RemotingCommand, append_batch_item
 from chronomq.remoting.codes import SEND_V2_NAMES, RequestCode, ResponseCode
 
 from .blocking import SyncContextMixin
@@ -79,13 +79,22 @@ class _UniqIdGen:
         self._lock = threading.Lock()
 
     def next(self) -> str:
+        return self.take(1)[0]
+
+    def take(self, count: int) -> list[str]:
+        """``count`` ids at once (one lock, one clock read)."""
         with self._lock:
-            n = next(self._counter)
+            first = next(self._counter)
+            if count > 1:
+                self._counter = itertools.count(first + count)
         ms = int((self._clock.monotonic() - self._start) * 1000) & 0xFFFFFFFF
-        return self._prefix + f"{ms:08X}{n & 0xFFFF:04X}"
+        head = f"{self._prefix}{ms:08X}"
+        return [f"{head}{n & 0xFFFF:04X}" for n in range(first, first + count)]
 
 
 _WAIT_TEXT = f"{m.PROPERTY_WAIT_STORE_MSG_OK}{m.NAME_VALUE_SEPARATOR}true{m.PROPERTY_SEPARATOR}"
+_UNIQ_TEXT = m.PROPERTY_UNIQ_KEY + m.NAME_VALUE_SEPARATOR
+_TAIL_TEXT = m.PROPERTY_SEPARATOR + _WAIT_TEXT  # after a UNIQ_KEY value
 
 
 def encode_rows(bodies: Sequence[bytes], uniq_keys: Sequence[str], *,
@@ -128,7 +137,7 @@ def encode_rows(bodies: Sequence[bytes], uniq_keys: Sequence[str], *,
                 raise MessageTooLarge("the message properties exceed 32767 bytes")
         except InvalidMessage as e:
             raise type(e)(f"row {row_numbers[i] if row_numbers is not None else i}: {e}") from None
-        out += encode_batch_item(body, text)
+        append_batch_item(out, body, text)
     return bytes(out)
 
 
@@ -421,15 +430,25 @@ class Producer(SyncContextMixin):
                          queue: MessageQueue | None = None) -> SendResult:
         """Send several messages of one topic in one request; they land contiguously in one queue. Either
         every message has a deliver time (deliver_at/delay; they are scheduled all or none) or none has."""
+        topic, data, ids = self.encode_batch(messages)
+        return await self.send_encoded_batch(topic, data, ids, timeout=timeout, queue=queue)
+
+    def encode_batch(self, messages: Sequence[Message]) -> tuple[str, bytes, list[str]]:
+        """(topic, batch body, UNIQ_KEYs) of ``send_batch``: every check, no I/O. Raises InvalidMessage
+        or MessageTooLarge."""
         msgs = list(messages)
         if not msgs:
             raise InvalidMessage("send_batch needs at least one message")
-        topic = msgs[0].topic
-        items: list[BatchItem] = []
-        ids: list[str] = []
-        total = 0
-        timed = isinstance(msgs[0], Message) and (msgs[0].deliver_at is not None or msgs[0].delay is not None)
+        first = msgs[0]
+        if not isinstance(first, Message):
+            raise InvalidMessage(f"expected chronomq.client.Message items, got {type(first).__name__}")
+        topic = first.topic
+        validate_send_topic(topic)
+        timed = first.deliver_at is not None or first.delay is not None
         now_ms = self._clock.now_ms()  # one base for every delay of the batch
+        new_ids = iter(self._ids.take(sum(1 for msg in msgs if getattr(msg, "uniq_key", None) is None)))
+        out = bytearray()
+        ids: list[str] = []
         for msg in msgs:
             if not isinstance(msg, Message):
                 raise InvalidMessage(f"expected chronomq.client.Message items, got {type(msg).__name__}")
@@ -440,17 +459,14 @@ class Producer(SyncContextMixin):
             if (msg.deliver_at is not None or msg.delay is not None) != timed:
                 raise InvalidMessage("a batch is all timed (deliver_at/delay on every message) or not timed "
                                      "at all; the broker refuses a mix: send them in separate batches")
-            msg.validate()
-            props = msg.wire_properties(now_ms)
-            uniq = msg.uniq_key if msg.uniq_key is not None else self._ids.next()
-            props[m.PROPERTY_UNIQ_KEY] = uniq
-            props[m.PROPERTY_WAIT_STORE_MSG_OK] = "true"
-            body = msg.body_bytes()
-            items.append(BatchItem(body=body, properties=props, flag=msg.flag))
+            body = msg.checked_body()
+            uniq = msg.uniq_key if msg.uniq_key is not None else next(new_ids)
+            text = f"{msg.wire_text(now_ms)}{_UNIQ_TEXT}{uniq}{_TAIL_TEXT}".encode()
+            if len(text) > m.MAX_PROPERTIES_LENGTH:
+                raise MessageTooLarge("the message properties exceed 32767 bytes")
+            append_batch_item(out, body, text, msg.flag)
             ids.append(uniq)
-            total += len(body) + 64
-        return await self.send_encoded_batch(topic, encode_batch_body(items), ids, timeout=timeout,
-                                             queue=queue)
+        return topic, bytes(out), ids
 
     async def send_encoded_batch(self, topic: str, data: bytes, msg_ids: Sequence[str], *,
                                  timeout: float | None = None,

@@ -349,11 +349,20 @@ def decode_batch_body(data: bytes | bytearray) -> list[BatchItem]:
 def encode_batch_body(items: list[BatchItem]) -> bytes:
     out = bytearray()
     for it in items:
-        out += encode_batch_item(it.body, encode_properties(it.properties).encode(), it.flag)
+        append_batch_item(out, it.body, encode_properties(it.properties).encode(), it.flag)
     return bytes(out)
 
 
 def encode_batch_item(body: bytes, properties: bytes, flag: int = 0) -> bytes:
     """One item of a batch body, its properties already encoded (``encode_properties(...).encode()``)."""
-    return (_BATCH_HEAD.pack(_BATCH_HEAD.size + len(body) + 2 + len(properties), 0, 0, flag, len(body)) + body
-            + _H16S.pack(len(properties)) + properties)
+    out = bytearray()
+    append_batch_item(out, body, properties, flag)
+    return bytes(out)
+
+
+def append_batch_item(out: bytearray, body: bytes, properties: bytes, flag: int = 0) -> None:
+    """``encode_batch_item`` written at the end of ``out`` (no intermediate copies of the body)."""
+    out += _BATCH_HEAD.pack(_BATCH_HEAD.size + len(body) + 2 + len(properties), 0, 0, flag, len(body))
+    out += body
+    out += _H16S.pack(len(properties))
+    out += properties
