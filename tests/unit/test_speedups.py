@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from chronomq import message
 from chronomq.broker.processors import send
 from chronomq.delay import delivery
-from chronomq.delay.timer import append
+from chronomq.delay.timer import append, files
 from chronomq.message import MessageExt, MessageFormatError
 from chronomq.remoting import codec
 from chronomq.store import commitlog, put, speedups
@@ -338,3 +338,83 @@ def test_append_run_refuses_a_run_larger_than_the_buffer(r, size):
     for fn in (native.append_run, put.append_run_py):
         with pytest.raises(ValueError):
             fn(bytearray(100), r, 0, 0, 1, [(b"r" * size, 0, None, None, None)], "T", 0, [])
+
+
+# --- the timer's schedule path ----------------------------------------------------------------------------
+key_text = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters=" "), min_size=1,
+                   max_size=10)
+
+
+@needs_native
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["T", "Topic-2", "ü"]), st.integers(0, 1 << 45),
+                          st.binary(max_size=300), key_text,
+                          st.one_of(st.none(), st.lists(st.one_of(key_text, st.just("")), max_size=3))),
+                min_size=1, max_size=12),
+       st.integers(0, 1 << 40), st.integers(-1, 1 << 40), st.integers(0, 5_000), st.sampled_from([700, 4096]))
+def test_pack_timer_records_matches_pure(entries, now, origin, pos, seg_size):
+    from chronomq.delay.timer.types import ScheduleResult
+
+    encoded = []
+    for topic, deliver, rec, uniq, keys in entries:
+        props = {"UNIQ_KEY": uniq}
+        if keys is not None:
+            props["KEYS"] = " ".join(keys)
+        encoded.append((MessageExt(topic=topic, body=b"x", properties=props), deliver, bytearray(rec)))
+    tids = {"T": 1, "Topic-2": 2, "ü": 70_000}
+    outs = []
+    for fn in (append.pack_timer_records_py, native.pack_timer_records):
+        placed: list = []
+        hashes: list = []
+        results: list = []
+        writes, end = fn(encoded, tids, now, origin, pos, seg_size, placed, hashes, results, ScheduleResult,
+                         "C0A8000100002A9F")
+        outs.append(([(p, bytes(c)) for p, c in writes], end, placed, hashes, results))
+    assert outs[0] == outs[1]
+
+
+@needs_native
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 1 << 44), st.integers(0, 1 << 50), st.integers(0, 1000),
+                          st.integers(0, 1 << 20), st.integers(64, 1 << 22)), min_size=1, max_size=30),
+       st.integers(0, 1 << 40), st.sampled_from([1, 100, 1000]), st.integers(0, 1 << 30),
+       st.sampled_from([1, 7, 4096]),
+       st.dictionaries(st.integers(0, 100), st.integers(0, 1 << 40), max_size=3), st.integers(-1, 1 << 40),
+       st.dictionaries(st.integers(0, 1 << 44), st.integers(0, 1 << 40), max_size=5))
+def test_pack_index_entries_matches_pure(links, floor, slot_ms, start_idx, per_seg, seg_max, hot, wheel):
+    outs = []
+    for fn in (append.pack_index_entries_py, native.pack_index_entries):
+        seg = dict(seg_max)
+        buf, heads, items, min_deliver = fn(links, floor, slot_ms, start_idx, per_seg, seg, hot,
+                                            lambda s: wheel.get(s, 0))
+        outs.append((bytes(buf), heads, items, min_deliver, seg))
+    assert outs[0] == outs[1]
+
+
+@needs_native
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, (1 << 31) - 1), st.integers(0, 1 << 50)), min_size=1, max_size=30),
+       st.integers(0, 1 << 30), st.sampled_from([1, 3, 1024, 4096]), st.integers(0, 1 << 32),
+       st.sets(st.integers(0, 7)))
+def test_pack_hash_entries_matches_pure(items, count, buckets, seed, backed):
+    import mmap
+    import random
+
+    bmap = mmap.mmap(-1, buckets * 8)
+    bmap[:] = random.Random(seed).randbytes(buckets * 8)
+    try:
+        got = [fn(items, count, buckets, bmap, backed)
+               for fn in (files.pack_hash_entries_py, native.pack_hash_entries)]
+        assert (bytes(got[0][0]), *got[0][1:]) == (bytes(got[1][0]), *got[1][1:])
+    finally:
+        bmap.close()
+
+
+def test_the_timer_kernels_are_in_use_when_built():
+    if native is None:
+        assert append.pack_timer_records is append.pack_timer_records_py
+        assert files.pack_hash_entries is files.pack_hash_entries_py
+    else:
+        assert append.pack_timer_records is native.pack_timer_records
+        assert append.pack_index_entries is native.pack_index_entries
+        assert files.pack_hash_entries is native.pack_hash_entries

@@ -1,15 +1,17 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
 """Compiled kernels of the hot paths (a timed message's way in, its delivery): each one is a drop-in for
 a pure-Python function of the same name (commitlog.splice, put.property_fields, delivery.record_to_put,
-codec.batch_items, message.encode_record, pull.due_ms_of, put.append_run),
+codec.batch_items, message.encode_record, pull.due_ms_of, put.append_run, and the timer's
+append.pack_timer_records, append.pack_index_entries, files.pack_hash_entries),
 with the same results, the same refusals and the same exception types. The pure functions stay the
 reference and are used when this module is not built or CHRONOMQ_PURE_PYTHON=1 (chronomq.store.speedups)."""
 
 from cpython.buffer cimport PyBUF_SIMPLE, PyBUF_WRITABLE, PyBuffer_Release, PyObject_GetBuffer
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
 from cpython.number cimport PyNumber_Index
-from cpython.unicode cimport PyUnicode_DecodeUTF8
-from libc.stdint cimport int16_t, int32_t, int64_t, uint8_t, uint32_t
+from cpython.bytearray cimport PyByteArray_AS_STRING, PyByteArray_GET_SIZE, PyByteArray_Resize
+from cpython.unicode cimport PyUnicode_DecodeASCII, PyUnicode_DecodeUTF8
+from libc.stdint cimport int16_t, int32_t, int64_t, uint8_t, uint32_t, uint64_t
 from libc.string cimport memchr, memcmp, memcpy, memset
 
 
@@ -507,3 +509,216 @@ def append_run(object mm, Py_ssize_t r, int64_t wrote, int64_t qoff, int64_t ts,
     finally:
         PyBuffer_Release(&view)
     return r, wrote, qoff
+
+
+# --- the timer's schedule path (chronomq.delay.timer: append.pack_timer_records, append.pack_index_entries,
+# files.pack_hash_entries); its layouts are little-endian (records.DATA_HDR, records.IDX, files.HASH_ENTRY)
+cdef int32_t C_TIMER_MAGIC = 0x54494D52  # records.DATA_MAGIC
+cdef int64_t C_TIMER_OFFSET_FLAG = 1 << 62  # records.TIMER_OFFSET_FLAG
+cdef Py_ssize_t C_TIMER_HDR = 64  # records.DATA_HDR_SIZE
+cdef Py_ssize_t C_IDX_BODY = 44  # records._IDX_BODY.size; the entry adds a 4-byte CRC
+cdef Py_ssize_t C_HASH_ENTRY = 20  # files.HASH_ENTRY.size
+cdef Py_ssize_t C_PAGE = 4096  # mapped.BackedPages.PAGE
+cdef int64_t C_TWO31 = 2147483648  # the stored CRC fields hold crc32 - 2**31 (a signed 32-bit int)
+cdef uint32_t _crc_table[256]
+
+
+cdef void _init_crc_table() noexcept:
+    cdef uint32_t c
+    cdef int i, k
+    for i in range(256):
+        c = i
+        for k in range(8):
+            c = (0xEDB88320 ^ (c >> 1)) if (c & 1) else (c >> 1)
+        _crc_table[i] = c
+
+
+_init_crc_table()
+
+
+cdef inline uint32_t _crc32_small(const uint8_t* p, Py_ssize_t n, uint32_t crc) noexcept nogil:
+    """zlib.crc32(p[:n], crc) a byte at a time: for the few dozen bytes of an entry or a key, cheaper than
+    a call into zlib."""
+    cdef Py_ssize_t i
+    crc = ~crc
+    for i in range(n):
+        crc = _crc_table[(crc ^ p[i]) & 0xFF] ^ (crc >> 8)
+    return ~crc
+
+
+cdef inline void wl32(uint8_t* p, int64_t v) noexcept nogil:
+    p[0] = v & 0xFF
+    p[1] = (v >> 8) & 0xFF
+    p[2] = (v >> 16) & 0xFF
+    p[3] = (v >> 24) & 0xFF
+
+
+cdef inline void wl64(uint8_t* p, int64_t v) noexcept nogil:
+    wl32(p, v)
+    wl32(p + 4, v >> 32)
+
+
+cdef inline int64_t rl64(const uint8_t* p) noexcept nogil:
+    cdef uint64_t v = 0
+    cdef int i
+    for i in range(7, -1, -1):
+        v = (v << 8) | p[i]
+    return <int64_t>v
+
+
+cdef inline uint8_t* _grow(bytearray buf, Py_ssize_t extra) except NULL:
+    """Make room for ``extra`` more bytes at the end of ``buf``; returns where they start."""
+    cdef Py_ssize_t n = PyByteArray_GET_SIZE(buf)
+    if PyByteArray_Resize(buf, n + extra) < 0:
+        return NULL
+    return <uint8_t*>PyByteArray_AS_STRING(buf) + n
+
+
+cdef bytes _U_SEED = b"u:"
+cdef bytes _K_SEED = b"k:"
+
+
+cdef inline int64_t _key_hash(bytes seed, str text) except -1:
+    """files.key_hash(seed + text): the CRC-32 of the UTF-8 bytes, 31 bits."""
+    cdef Py_ssize_t n
+    cdef const char* t = PyUnicode_AsUTF8AndSize(text, &n)
+    cdef uint32_t crc = _crc32_small(<const uint8_t*>PyBytes_AS_STRING(seed), 2, 0)
+    return _crc32_small(<const uint8_t*>t, n, crc) & 0x7FFFFFFF
+
+
+def pack_timer_records(list encoded, dict tids, int64_t now, int64_t origin, int64_t pos, int64_t seg_size,
+                       list placed, list hash_items, list results, object result_cls, str id_prefix):
+    """append.pack_timer_records: the data log bytes of ``encoded`` from ``pos``, with ``placed``, the key
+    hash entries and the results appended; returns the writes [(position, bytes)] and the end."""
+    cdef list writes = []
+    cdef bytearray chunk = bytearray()
+    cdef int64_t chunk_pos = pos, size, deliver, tid, p, crc
+    cdef Py_buffer rv
+    cdef uint8_t* o
+    cdef object msg, deliver_o, rec, props, keys
+    cdef str uniq, k
+    cdef char hexbuf[16]
+    cdef int j
+    for e in encoded:
+        msg, deliver_o, rec = e
+        deliver = deliver_o
+        tid = tids[msg.topic]
+        PyObject_GetBuffer(rec, &rv, PyBUF_SIMPLE)
+        try:
+            size = C_TIMER_HDR + rv.len
+            if seg_size - pos % seg_size < size:
+                if PyByteArray_GET_SIZE(chunk):
+                    writes.append((chunk_pos, chunk))
+                    chunk = bytearray()
+                pos = pos - pos % seg_size + seg_size
+                chunk_pos = pos
+            crc = crc32(rec)
+            o = _grow(chunk, size)
+            wl32(o, C_TIMER_MAGIC)
+            wl32(o + 4, size)
+            wl32(o + 8, 0)  # PENDING
+            wl32(o + 12, 0)  # generation
+            wl64(o + 16, deliver)
+            wl64(o + 24, 0)  # done_ms
+            wl64(o + 32, now)
+            wl64(o + 40, origin)
+            wl64(o + 48, 0)  # done_seq
+            wl32(o + 56, crc - C_TWO31)
+            wl32(o + 60, tid)
+            memcpy(o + C_TIMER_HDR, rv.buf, rv.len)
+        finally:
+            PyBuffer_Release(&rv)
+        placed.append((pos, size, deliver_o, tid))
+        props = msg.properties
+        uniq = props[PROPERTY_UNIQ_KEY]
+        hash_items.append((_key_hash(_U_SEED, uniq), pos))
+        keys = props.get(PROPERTY_KEYS)
+        if keys:
+            for k in keys.split(" "):
+                if k:
+                    hash_items.append((_key_hash(_K_SEED, k), pos))
+        p = C_TIMER_OFFSET_FLAG | pos
+        for j in range(16):
+            hexbuf[15 - j] = b"0123456789ABCDEF"[(p >> (4 * j)) & 0xF]
+        results.append(result_cls(uniq, id_prefix + PyUnicode_DecodeASCII(hexbuf, 16, NULL), deliver_o, pos))
+        pos += size
+    if PyByteArray_GET_SIZE(chunk):
+        writes.append((chunk_pos, chunk))
+    return writes, pos
+
+
+def pack_index_entries(list links, int64_t floor, int64_t slot_ms, int64_t start_idx, int64_t per_seg,
+                       dict seg_max, int64_t hot, object wheel_get):
+    """append.pack_index_entries: the index entries of ``links`` from ``start_idx``, linked into their
+    slots; returns (bytes, new heads, in-memory items, earliest deliver time)."""
+    cdef dict heads = {}
+    cdef bytearray buf = bytearray()
+    cdef list items = []
+    cdef object min_deliver = None, prev_o, m
+    cdef int64_t deliver, pos, gen, tid, size, slot, prev, idx = start_idx, seg, best = 0
+    cdef uint8_t* o
+    cdef bint any_ = False
+    for e in links:
+        deliver, pos, gen, tid, size = e
+        slot = deliver // slot_ms
+        if slot < floor:
+            slot = floor
+        prev_o = heads.get(slot)
+        prev = wheel_get(slot) if prev_o is None else prev_o
+        o = _grow(buf, C_IDX_BODY + 4)
+        wl64(o, deliver)
+        wl64(o + 8, pos)
+        wl64(o + 16, prev)
+        wl64(o + 24, slot)
+        wl32(o + 32, gen)
+        wl32(o + 36, tid)
+        wl32(o + 40, size)
+        wl32(o + 44, <int64_t>_crc32_small(o, C_IDX_BODY, 0) - C_TWO31)
+        heads[slot] = idx + 1
+        seg = idx // per_seg
+        m = seg_max.get(seg)
+        if m is None or slot > m:
+            seg_max[seg] = slot
+        if slot <= hot:
+            items.append((slot, (deliver, idx, pos, gen, tid, size)))
+        if not any_ or deliver < best:
+            best = deliver
+            any_ = True
+        idx += 1
+    if any_:
+        min_deliver = best
+    return buf, heads, items, min_deliver
+
+
+def pack_hash_entries(list items, int64_t count, int64_t buckets, object bmap, set backed):
+    """files.pack_hash_entries: the hash entries of ``items`` numbered from ``count`` + 1, linked into
+    their buckets; returns (bytes, new heads, highest position)."""
+    cdef dict heads = {}
+    cdef bytearray buf = bytearray()
+    cdef int64_t h, pos, b, prev, n = count, max_pos = -1
+    cdef object prev_o
+    cdef Py_buffer view
+    cdef uint8_t* o
+    PyObject_GetBuffer(bmap, &view, PyBUF_SIMPLE)
+    try:
+        for e in items:
+            h, pos = e
+            b = (h % buckets) * 8
+            prev_o = heads.get(b)
+            if prev_o is not None:
+                prev = prev_o
+            elif b // C_PAGE in backed and b + 8 <= view.len:
+                prev = rl64(<const uint8_t*>view.buf + b)
+            else:
+                prev = 0
+            o = _grow(buf, C_HASH_ENTRY)
+            wl32(o, h)
+            wl64(o + 4, pos)
+            wl64(o + 12, prev)
+            n += 1
+            heads[b] = n
+            if pos > max_pos:
+                max_pos = pos
+    finally:
+        PyBuffer_Release(&view)
+    return buf, heads, max_pos

@@ -11,7 +11,7 @@ import heapq
 import json
 import uuid
 import zlib
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from chronomq.message import (
     PROPERTY_KEYS,
@@ -36,6 +36,7 @@ from .records import (
     IDX_SIZE,
     OFF_STATE,
     PENDING,
+    TIMER_OFFSET_FLAG,
     Item,
 )
 from .state import TimerState
@@ -131,37 +132,16 @@ class AppendPath(TimerState):
                 ) -> list[ScheduleResult]:
         # 1. message bytes  2. key hash entries  3. index entries (with chain links)  4. wheel heads.
         # A crash between steps leaves unreachable bytes that recovery trims; see the module docs.
-        results: list[ScheduleResult] = []
-        hash_items: list[tuple[int, int]] = []
-        crc32 = zlib.crc32
-        hdr_pack = DATA_HDR.pack
         topics = self.topics
-        seg_size = self.data_seg
-        chunk = bytearray()
-        chunk_pos = self.data_end
-        pos = self.data_end
+        tids = {t: topics.get(t) or self._topic_id(t) for t in {msg.topic for msg, _d, _r in encoded}}
         placed: list[tuple[int, int, int, int]] = []  # pos, size, deliver, topic id
-        for msg, deliver_ms, rec in encoded:
-            size = DATA_HDR_SIZE + len(rec)
-            if seg_size - pos % seg_size < size:
-                if chunk:
-                    self.data.write(chunk_pos, chunk)
-                    chunk = bytearray()
-                pos = pos - pos % seg_size + seg_size
-                chunk_pos = pos
-            tid = topics.get(msg.topic) or self._topic_id(msg.topic)
-            chunk += hdr_pack(DATA_MAGIC, size, PENDING, 0, deliver_ms, 0, now, origin, 0,
-                              crc32(rec) - (1 << 31), tid)
-            chunk += rec
-            placed.append((pos, size, deliver_ms, tid))
-            props = msg.properties
-            uniq = props[PROPERTY_UNIQ_KEY]
-            add_key_items(hash_items, uniq, props.get(PROPERTY_KEYS), pos)
-            results.append(ScheduleResult(uniq, self.offset_msg_id(pos), deliver_ms, pos))
-            pos += size
-        if chunk:
+        hash_items: list[tuple[int, int]] = []
+        results: list[ScheduleResult] = []
+        writes, end = pack_timer_records(encoded, tids, now, origin, self.data_end, self.data_seg, placed,
+                                         hash_items, results, ScheduleResult, self.offset_msg_id(0)[:16])
+        for chunk_pos, chunk in writes:
             self.data.write(chunk_pos, chunk)
-        self.data_end = pos
+        self.data_end = end
         for (_p, _size, _deliver, tid) in placed:
             self.pending[tid] += 1
         self.hash.add_many(hash_items)
@@ -174,41 +154,13 @@ class AppendPath(TimerState):
     def _add_index_entries(self, links: list[tuple[int, int, int, int, int]], floor: int) -> None:
         """links: (deliver_ms, data pos, gen, topic id, size). Writes the entries, then moves the wheel
         heads, then hands entries for slots already in memory to the window."""
-        heads: dict[int, int] = {}
         start_idx = self.index_end
-        idx = start_idx
-        buf = bytearray()
-        items: list[tuple[int, Item]] = []
         cur, nxt = self.cur, self.nxt
         hot = nxt.slot if nxt is not None else (cur.slot if cur is not None else -1)
-        slot_ms = self.slot_ms
-        wget = self.wheel.get
-        body_pack = _IDX_BODY.pack
-        i32 = _I32.pack
-        crc32 = zlib.crc32
-        per_seg = self.idx_seg_entries
-        seg_max = self.idx_seg_max
-        min_deliver = None
-        for deliver, pos, gen, tid, size in links:
-            slot = deliver // slot_ms
-            if slot < floor:
-                slot = floor
-            prev = heads.get(slot)
-            if prev is None:
-                prev = wget(slot)
-            body = body_pack(deliver, pos, prev, slot, gen, tid, size)
-            buf += body
-            buf += i32(crc32(body) - (1 << 31))
-            heads[slot] = idx + 1
-            seg = idx // per_seg
-            m = seg_max.get(seg)
-            if m is None or slot > m:
-                seg_max[seg] = slot
-            if slot <= hot:
-                items.append((slot, (deliver, idx, pos, gen, tid, size)))
-            if min_deliver is None or deliver < min_deliver:
-                min_deliver = deliver
-            idx += 1
+        buf, heads, items, min_deliver = pack_index_entries(links, floor, self.slot_ms, start_idx,
+                                                            self.idx_seg_entries, self.idx_seg_max, hot,
+                                                            self.wheel.get)
+        idx = start_idx + len(links)
         self.wheel.reserve(heads)  # a full disk fails here, before the index entries are written
         # write, split at index segment boundaries
         off = 0
@@ -233,3 +185,85 @@ class AppendPath(TimerState):
         self.scan_empty_from = None
         if min_deliver is not None and self.wakeup is not None:
             self.wakeup(min_deliver)
+
+
+def pack_timer_records_py(encoded: list[tuple[MessageExt, int, bytearray]], tids: dict[str, int], now: int,
+                          origin: int, pos: int, seg_size: int, placed: list[tuple[int, int, int, int]],
+                          hash_items: list[tuple[int, int]], results: list[ScheduleResult],
+                          result_cls: type[ScheduleResult], id_prefix: str
+                          ) -> tuple[list[tuple[int, bytearray]], int]:
+    """The data log bytes of ``encoded`` [(message, deliver_ms, encoded record)] from position ``pos``:
+    a PENDING header and the record each, no record across a segment boundary. Appends (position,
+    size, deliver_ms, topic id) to ``placed``, the key hash entries to ``hash_items`` and a
+    ``result_cls`` per message to ``results``; returns the writes [(position, bytes)] and the end."""
+    writes: list[tuple[int, bytearray]] = []
+    crc32 = zlib.crc32
+    hdr_pack = DATA_HDR.pack
+    chunk = bytearray()
+    chunk_pos = pos
+    for msg, deliver_ms, rec in encoded:
+        size = DATA_HDR_SIZE + len(rec)
+        if seg_size - pos % seg_size < size:
+            if chunk:
+                writes.append((chunk_pos, chunk))
+                chunk = bytearray()
+            pos = pos - pos % seg_size + seg_size
+            chunk_pos = pos
+        tid = tids[msg.topic]
+        chunk += hdr_pack(DATA_MAGIC, size, PENDING, 0, deliver_ms, 0, now, origin, 0, crc32(rec) - (1 << 31),
+                          tid)
+        chunk += rec
+        placed.append((pos, size, deliver_ms, tid))
+        props = msg.properties
+        uniq = props[PROPERTY_UNIQ_KEY]
+        add_key_items(hash_items, uniq, props.get(PROPERTY_KEYS), pos)
+        results.append(result_cls(uniq, f"{id_prefix}{TIMER_OFFSET_FLAG | pos:016X}", deliver_ms, pos))
+        pos += size
+    if chunk:
+        writes.append((chunk_pos, chunk))
+    return writes, pos
+
+
+def pack_index_entries_py(links: list[tuple[int, int, int, int, int]], floor: int, slot_ms: int,
+                          start_idx: int, per_seg: int, seg_max: dict[int, int], hot: int,
+                          wheel_get: Callable[[int], int]
+                          ) -> tuple[bytearray, dict[int, int], list[tuple[int, Item]], int | None]:
+    """The index entries of ``links`` [(deliver_ms, data pos, gen, topic id, size)] numbered from
+    ``start_idx``, each linked to the previous head of its slot (from ``wheel_get`` or an earlier link
+    of the run; a slot below ``floor`` is ``floor``). Raises ``seg_max`` (the highest slot of each index
+    segment of ``per_seg`` entries) where needed. Returns the bytes, the new slot heads (entry + 1),
+    the (slot, item) of slots up to ``hot`` (already in memory) and the earliest deliver time."""
+    heads: dict[int, int] = {}
+    buf = bytearray()
+    items: list[tuple[int, Item]] = []
+    body_pack = _IDX_BODY.pack
+    i32 = _I32.pack
+    crc32 = zlib.crc32
+    min_deliver = None
+    idx = start_idx
+    for deliver, pos, gen, tid, size in links:
+        slot = deliver // slot_ms
+        if slot < floor:
+            slot = floor
+        prev = heads.get(slot)
+        if prev is None:
+            prev = wheel_get(slot)
+        body = body_pack(deliver, pos, prev, slot, gen, tid, size)
+        buf += body
+        buf += i32(crc32(body) - (1 << 31))
+        heads[slot] = idx + 1
+        seg = idx // per_seg
+        m = seg_max.get(seg)
+        if m is None or slot > m:
+            seg_max[seg] = slot
+        if slot <= hot:
+            items.append((slot, (deliver, idx, pos, gen, tid, size)))
+        if min_deliver is None or deliver < min_deliver:
+            min_deliver = deliver
+        idx += 1
+    return buf, heads, items, min_deliver
+
+
+# the compiled kernels when built (chronomq.store.speedups); the functions above are their reference
+pack_timer_records = native.pack_timer_records if native is not None else pack_timer_records_py
+pack_index_entries = native.pack_index_entries if native is not None else pack_index_entries_py

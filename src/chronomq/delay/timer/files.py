@@ -15,6 +15,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from chronomq.store.mapped import BackedPages
+from chronomq.store.speedups import native
 
 _Q = struct.Struct("<q")
 _ZERO_CHUNK = bytes(4096)
@@ -361,6 +362,31 @@ def add_key_items(out: list[tuple[int, int]], uniq: str, keys: str | None, pos: 
                 out.append((crc32(("k:" + k).encode()) & 0x7FFFFFFF, pos))
 
 
+def pack_hash_entries_py(items: list[tuple[int, int]], count: int, buckets: int, bmap: mmap.mmap,
+                         backed: set[int]) -> tuple[bytearray, dict[int, int], int]:
+    """The entries of ``items`` [(key hash, data position)] numbered from ``count`` + 1, each linked to
+    the previous head of its bucket (in ``bmap``, 8 bytes a bucket; a page not in ``backed`` is a hole
+    and reads as zero, or an earlier item of the run). Returns the bytes, the new heads (byte offset
+    in ``bmap`` -> entry number + 1) and the highest position (-1 for none)."""
+    buf = bytearray()
+    n = count
+    heads: dict[int, int] = {}
+    page = BackedPages.PAGE
+    pack = HASH_ENTRY.pack
+    max_pos = -1
+    for h, pos in items:
+        b = (h % buckets) * 8
+        prev = heads.get(b)
+        if prev is None:
+            prev = _Q.unpack_from(bmap, b)[0] if b // page in backed else 0
+        buf += pack(h, pos, prev)
+        n += 1
+        heads[b] = n
+        if pos > max_pos:
+            max_pos = pos
+    return buf, heads, max_pos
+
+
 class _HashGeneration:
     def __init__(self, directory: Path, gen: int, buckets: int, capacity: int) -> None:
         self.gen = gen
@@ -387,21 +413,12 @@ class _HashGeneration:
     def add_many(self, items: list[tuple[int, int]]) -> None:
         # Entries are written first and the bucket heads moved after, so a crash in between leaves
         # the old chains intact (the new entries are just unreachable).
-        buf = bytearray()
-        n = self.count
-        heads: dict[int, int] = {}
-        for h, pos in items:
-            b = (h % self.buckets) * 8
-            prev = heads.get(b)
-            if prev is None:
-                prev = self._head(b)
-            buf += HASH_ENTRY.pack(h, pos, prev)
-            n += 1
-            heads[b] = n
-            self.max_pos = max(self.max_pos, pos)
+        buf, heads, max_pos = pack_hash_entries(items, self.count, self.buckets, self.bmap,
+                                                self._backing.backed)
         self._backing.ensure(heads)  # a full disk fails here, before anything is written
         os.pwrite(self.efd, buf, self.count * HASH_ENTRY_SIZE)
-        self.count = n
+        self.count += len(items)
+        self.max_pos = max(self.max_pos, max_pos)
         for b, head in heads.items():
             _Q.pack_into(self.bmap, b, head)
 
@@ -549,3 +566,7 @@ class HashIndex:
     def close(self) -> None:
         for g in self.gens:
             g.close()
+
+
+# the compiled kernel when built (chronomq.store.speedups); pack_hash_entries_py is its reference
+pack_hash_entries = native.pack_hash_entries if native is not None else pack_hash_entries_py
