@@ -10,6 +10,7 @@ setup(
         Extension(
             "chronomq.store._speedups",
             ["src/chronomq/store/_speedups.pyx"],
+            depends=["src/chronomq/store/_crc32.h"],
             extra_compile_args=["-O2"],
             optional=True,
         )

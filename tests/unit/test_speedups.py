@@ -418,3 +418,31 @@ def test_the_timer_kernels_are_in_use_when_built():
         assert append.pack_timer_records is native.pack_timer_records
         assert append.pack_index_entries is native.pack_index_entries
         assert files.pack_hash_entries is native.pack_hash_entries
+
+
+@needs_native
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=600), st.integers(0, (1 << 32) - 1), st.integers(0, 15))
+def test_crc32_is_zlibs(data, value, skew):
+    import zlib
+
+    view = memoryview(bytes(skew) + data)[skew:]  # any alignment
+    assert native.crc32(view, value) == zlib.crc32(data, value)
+    assert native.crc32_bytewise(view, value) == zlib.crc32(data, value)
+    assert native.crc32(data) == zlib.crc32(data)
+
+
+@needs_native
+@pytest.mark.parametrize("n", [0, 1, 15, 16, 63, 64, 65, 79, 80, 127, 128, 1199, 65_536 + 7])
+def test_crc32_at_the_fold_boundaries(n):
+    import zlib
+
+    data = bytes((i * 131 + 7) & 0xFF for i in range(n))
+    assert native.crc32(data) == zlib.crc32(data)
+    assert native.crc32(bytearray(data), 0xDEADBEEF) == zlib.crc32(data, 0xDEADBEEF)
+
+
+def test_the_shared_crc32_is_the_compiled_one_when_built():
+    import zlib
+
+    assert speedups.crc32 is (native.crc32 if native is not None else zlib.crc32)

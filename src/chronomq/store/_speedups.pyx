@@ -19,7 +19,47 @@ cdef extern from "Python.h":
     const char* PyUnicode_AsUTF8AndSize(object s, Py_ssize_t* size) except NULL
 
 
-from zlib import crc32  # Python's own zlib: no zlib headers needed to build this module
+cdef extern from "_crc32.h":
+    void cmq_crc32_init(int simd) noexcept
+    uint32_t cmq_crc32(const uint8_t* p, size_t n, uint32_t crc) noexcept nogil
+    uint32_t cmq_crc32_bytes(const uint8_t* p, size_t n, uint32_t crc) noexcept nogil
+    int cmq_crc_simd
+
+
+cmq_crc32_init(1)
+
+
+cdef inline uint32_t _crc_of(object data, uint32_t value=0) except? 0xFFFFFFFF:
+    cdef Py_buffer v
+    cdef uint32_t out
+    PyObject_GetBuffer(data, &v, PyBUF_SIMPLE)
+    try:
+        out = cmq_crc32(<const uint8_t*>v.buf, v.len, value)
+    finally:
+        PyBuffer_Release(&v)
+    return out
+
+
+def crc32(object data, uint32_t value=0):
+    """zlib.crc32 (same results), folded with carry-less multiplies where the CPU has them."""
+    return _crc_of(data, value)
+
+
+def crc32_bytewise(object data, uint32_t value=0):
+    """The table path of ``crc32`` alone (what a CPU without PCLMULQDQ runs)."""
+    cdef Py_buffer v
+    cdef uint32_t out
+    PyObject_GetBuffer(data, &v, PyBUF_SIMPLE)
+    try:
+        out = cmq_crc32_bytes(<const uint8_t*>v.buf, v.len, value)
+    finally:
+        PyBuffer_Release(&v)
+    return out
+
+
+def crc32_folds() -> bool:
+    """Whether ``crc32`` folds with carry-less multiplies on this CPU."""
+    return bool(cmq_crc_simd)
 
 
 # The V1 record layout and property names (chronomq.message; a test checks they agree). Nothing is
@@ -254,7 +294,7 @@ def splice(object buf, Py_ssize_t pos, Py_ssize_t size, bytes topic_b, Py_ssize_
         o[q + 1] = plen & 0xFF
         memcpy(o + q + 2, PyBytes_AS_STRING(props_b), plen)
         # the body CRC over the copy just made (rec is not shared with anyone yet)
-        wr32(o + 8, crc32(memoryview(rec)[C_BODY : C_BODY + body_len]) & 0x7FFFFFFF)
+        wr32(o + 8, _crc_of(memoryview(rec)[C_BODY : C_BODY + body_len]) & 0x7FFFFFFF)
         return rec, body_len
     finally:
         PyBuffer_Release(&view)
@@ -394,7 +434,7 @@ def encode_record(object msg, object properties_text=None):
     try:
         bl = view.len
         if not crc:
-            crc = crc32(body) & 0x7FFFFFFF
+            crc = _crc_of(body) & 0x7FFFFFFF
         total = C_FIXED + bl + tl + pl
         if total > 0x7FFFFFFF:
             raise _struct_error("argument out of range")
@@ -520,32 +560,6 @@ cdef Py_ssize_t C_IDX_BODY = 44  # records._IDX_BODY.size; the entry adds a 4-by
 cdef Py_ssize_t C_HASH_ENTRY = 20  # files.HASH_ENTRY.size
 cdef Py_ssize_t C_PAGE = 4096  # mapped.BackedPages.PAGE
 cdef int64_t C_TWO31 = 2147483648  # the stored CRC fields hold crc32 - 2**31 (a signed 32-bit int)
-cdef uint32_t _crc_table[256]
-
-
-cdef void _init_crc_table() noexcept:
-    cdef uint32_t c
-    cdef int i, k
-    for i in range(256):
-        c = i
-        for k in range(8):
-            c = (0xEDB88320 ^ (c >> 1)) if (c & 1) else (c >> 1)
-        _crc_table[i] = c
-
-
-_init_crc_table()
-
-
-cdef inline uint32_t _crc32_small(const uint8_t* p, Py_ssize_t n, uint32_t crc) noexcept nogil:
-    """zlib.crc32(p[:n], crc) a byte at a time: for the few dozen bytes of an entry or a key, cheaper than
-    a call into zlib."""
-    cdef Py_ssize_t i
-    crc = ~crc
-    for i in range(n):
-        crc = _crc_table[(crc ^ p[i]) & 0xFF] ^ (crc >> 8)
-    return ~crc
-
-
 cdef inline void wl32(uint8_t* p, int64_t v) noexcept nogil:
     p[0] = v & 0xFF
     p[1] = (v >> 8) & 0xFF
@@ -582,8 +596,8 @@ cdef inline int64_t _key_hash(bytes seed, str text) except -1:
     """files.key_hash(seed + text): the CRC-32 of the UTF-8 bytes, 31 bits."""
     cdef Py_ssize_t n
     cdef const char* t = PyUnicode_AsUTF8AndSize(text, &n)
-    cdef uint32_t crc = _crc32_small(<const uint8_t*>PyBytes_AS_STRING(seed), 2, 0)
-    return _crc32_small(<const uint8_t*>t, n, crc) & 0x7FFFFFFF
+    cdef uint32_t crc = cmq_crc32_bytes(<const uint8_t*>PyBytes_AS_STRING(seed), 2, 0)
+    return cmq_crc32_bytes(<const uint8_t*>t, n, crc) & 0x7FFFFFFF
 
 
 def pack_timer_records(list encoded, dict tids, int64_t now, int64_t origin, int64_t pos, int64_t seg_size,
@@ -612,7 +626,7 @@ def pack_timer_records(list encoded, dict tids, int64_t now, int64_t origin, int
                     chunk = bytearray()
                 pos = pos - pos % seg_size + seg_size
                 chunk_pos = pos
-            crc = crc32(rec)
+            crc = cmq_crc32(<const uint8_t*>rv.buf, rv.len, 0)
             o = _grow(chunk, size)
             wl32(o, C_TIMER_MAGIC)
             wl32(o + 4, size)
@@ -673,7 +687,7 @@ def pack_index_entries(list links, int64_t floor, int64_t slot_ms, int64_t start
         wl32(o + 32, gen)
         wl32(o + 36, tid)
         wl32(o + 40, size)
-        wl32(o + 44, <int64_t>_crc32_small(o, C_IDX_BODY, 0) - C_TWO31)
+        wl32(o + 44, <int64_t>cmq_crc32_bytes(o, C_IDX_BODY, 0) - C_TWO31)
         heads[slot] = idx + 1
         seg = idx // per_seg
         m = seg_max.get(seg)

@@ -40,7 +40,7 @@ from chronomq.message import (
     validate_topic,
 )
 from chronomq.store.mapped import MappedFile, segment_files
-from chronomq.store.speedups import native
+from chronomq.store.speedups import crc32, native
 
 HEAD = struct.Struct(">iiiiiqqiq8sq8siqi")  # the record up to and including BODYLENGTH
 I32 = struct.Struct(">i")
@@ -129,7 +129,7 @@ def check_record(mm, r: int, seg_start: int, seg_size: int, check_crc: bool) -> 
         return -2
     if plen and not properties_well_formed(mm[tp + tlen + 2 : r + total]):
         return -2  # a torn write leaves zeros or garbage where the properties text should be
-    if check_crc and (zlib.crc32(mm[r + POS_BODY : r + POS_BODY + body_len]) & 0x7FFFFFFF) != crc:
+    if check_crc and (crc32(mm[r + POS_BODY : r + POS_BODY + body_len]) & 0x7FFFFFFF) != crc:
         return -2
     return total
 

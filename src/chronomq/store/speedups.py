@@ -7,6 +7,8 @@ anything but "" or "0". Modules that own a kernel keep the pure function as ``<n
 from __future__ import annotations
 
 import os
+import zlib
+from collections.abc import Callable
 from types import ModuleType
 
 PURE_ENV = "CHRONOMQ_PURE_PYTHON"
@@ -23,6 +25,9 @@ def _load() -> ModuleType | None:
 
 
 native: ModuleType | None = _load()
+
+# zlib.crc32's results; compiled, it folds with carry-less multiplies where the CPU has them
+crc32: Callable[..., int] = native.crc32 if native is not None else zlib.crc32
 
 
 def describe() -> str:

@@ -12,7 +12,6 @@ import bisect
 import heapq
 import logging
 import os
-import zlib
 from array import array
 from collections import Counter
 from collections.abc import Callable
@@ -25,6 +24,7 @@ from chronomq.message import (
     MessageExt,
     MessageFormatError,
 )
+from chronomq.store.speedups import crc32 as fast_crc32
 from chronomq.store.types import PutResult
 
 from ..delivery import PutRaw, StorePuts, decode_to_put, put_groups, record_to_put
@@ -461,7 +461,7 @@ class WindowPath(TimerState):
         strip = (*TIMER_PROPERTIES, PROPERTY_DELAY_TIME_LEVEL)
         decode = decode_to_put
         parse = record_to_put
-        crc32 = zlib.crc32
+        crc32 = fast_crc32
         raw_mode = as_records
         for k in range(n):
             item = items[k]
