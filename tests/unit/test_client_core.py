@@ -457,6 +457,62 @@ async def test_remoting_multiplexes_out_of_order_and_recovers_after_timeout():
         await RemotingClient().invoke(f"127.0.0.1:{free_port()}", RemotingCommand.request(1), 1.0)
 
 
+async def test_remoting_coalesces_small_frames_and_writes_big_ones_at_once():
+    """Small frames written in one loop turn leave in one send(); a frame of WRITE_NOW_BYTES or more goes
+    at once (the broker starts on it while the next is built), after any kept before it, in order."""
+    from chronomq.remoting import client as rc
+
+    port = free_port()
+    got = bytearray()
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while data := await reader.read(1 << 20):  # never answers
+            got.extend(data)
+
+    server = await asyncio.start_server(serve, "127.0.0.1", port)
+    client = RemotingClient()
+    addr = f"127.0.0.1:{port}"
+    tasks: list[asyncio.Task] = []
+    try:
+        conn = await client._get(addr)
+        writes: list[bytes] = []
+        real_write = conn._writer.write
+
+        def recording(data: bytes) -> None:
+            writes.append(bytes(data))
+            real_write(data)
+
+        conn._writer.write = recording  # type: ignore[method-assign]
+
+        def frames(*bodies: bytes) -> list[bytes]:
+            cmds = [RemotingCommand.request(1, {"n": i}, b) for i, b in enumerate(bodies)]
+            for cmd in cmds:
+                tasks.append(asyncio.ensure_future(conn.request(cmd, 30.0)))
+            return [encode(c) for c in cmds]
+
+        async def turns() -> None:
+            for _ in range(5):
+                await asyncio.sleep(0)
+
+        small = frames(b"a", b"b", b"c")
+        await turns()  # the first goes alone (nothing in flight yet), the other two together
+        assert writes == [small[0], small[1] + small[2]]
+        writes.clear()
+        big = b"x" * rc.WRITE_NOW_BYTES
+        mixed = frames(b"d", big, big, b"e")
+        await turns()  # "d" is kept, the big one behind it flushes both; the next big goes alone
+        assert writes == [mixed[0] + mixed[1], mixed[2], mixed[3]]
+        await async_wait_for(lambda: len(got) == sum(map(len, small + mixed)), 5)
+        assert bytes(got) == b"".join(small + mixed)  # nothing lost or reordered
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await client.close()
+        server.close()
+        await server.wait_closed()
+
+
 async def test_remoting_dispatches_server_requests_to_handler():
     port = free_port()
     got: list[RemotingCommand] = []

@@ -19,6 +19,10 @@ from .codes import ResponseCode
 
 log = logging.getLogger(__name__)
 
+# Frames from this size on are written at once rather than kept for the end of the loop iteration: a
+# syscall is small next to their bytes, and the broker can start on them while the next ones are built.
+WRITE_NOW_BYTES = 16 * 1024
+
 RequestHandler = Callable[[str, RemotingCommand], Awaitable[RemotingCommand | None] | RemotingCommand | None]
 
 
@@ -72,9 +76,10 @@ class Connection:
         self._pending: dict[int, asyncio.Future[RemotingCommand]] = {}
         self._closed = False
         self._tasks: set[asyncio.Task[None]] = set()
-        # frames written in one event-loop iteration go out in one send() (syscalls are the cost that
-        # matters with many requests in flight)
+        # small frames written in one event-loop iteration go out in one send() (syscalls are the cost
+        # that matters with many small requests in flight)
         self._wbuf: list[bytes] = []
+        self._wbuf_bytes = 0
         self._loop = asyncio.get_running_loop()
         self._read_task = asyncio.get_running_loop().create_task(self._read_loop(),
                                                                  name=f"chronomq-conn-{addr}")
@@ -148,14 +153,19 @@ class Connection:
             raise RemotingConnectError(f"connection to {self.addr} is closed", self.addr)
         data = encode(cmd)
         if not self._wbuf:
-            if len(self._pending) <= 1:  # nothing else in flight: no company to wait for
+            # nothing else in flight (no company to wait for), or a frame big enough to go alone
+            if len(self._pending) <= 1 or len(data) >= WRITE_NOW_BYTES:
                 self._writer.write(data)
                 return
             self._loop.call_soon(self._flush)
         self._wbuf.append(data)
+        self._wbuf_bytes += len(data)
+        if self._wbuf_bytes >= WRITE_NOW_BYTES:
+            self._flush()  # in order, after what was kept; the scheduled flush then finds nothing
 
     def _flush(self) -> None:
         buf, self._wbuf = self._wbuf, []
+        self._wbuf_bytes = 0
         if buf and not self._closed:
             self._writer.write(buf[0] if len(buf) == 1 else b"".join(buf))
 
