@@ -164,6 +164,10 @@ class Recorder:
 
     def __post_init__(self) -> None:
         self._cond = threading.Condition()
+        # what a wait_for waits for: the seqs still missing, or a count of distinct messages; the sink
+        # wakes it once, when that is reached (a wake and a check per receipt cost the consumer's CPU)
+        self._missing: set[int] | None = None
+        self._count_goal: int | None = None
 
     def sink(self, body: bytes, recv_ms: int) -> None:
         parsed = parse_payload(body)
@@ -179,7 +183,13 @@ class Recorder:
                 self.duplicates += 1
             else:
                 self.first[seq] = (due, recv_ms)
-                self._cond.notify_all()
+                missing = self._missing
+                if missing is not None:
+                    missing.discard(seq)
+                    if not missing:
+                        self._cond.notify_all()
+                elif self._count_goal is not None and len(self.first) >= self._count_goal:
+                    self._cond.notify_all()
 
     def distinct(self) -> int:
         with self._cond:
@@ -189,15 +199,19 @@ class Recorder:
         """Block until every seq in ``seqs`` (or that many distinct messages) arrived, or the monotonic
         deadline passes. Returns whether it completed."""
         with self._cond:
-            while True:
-                done = (len(self.first) >= seqs if isinstance(seqs, int)
-                        else all(s in self.first for s in seqs))
-                if done:
-                    return True
-                left = deadline_mono - time.monotonic()
-                if left <= 0:
-                    return False
-                self._cond.wait(min(left, 0.5))
+            if isinstance(seqs, int):
+                self._count_goal = seqs
+            else:
+                self._missing = {s for s in seqs if s not in self.first}
+            try:
+                while (len(self.first) < seqs if isinstance(seqs, int) else self._missing):
+                    left = deadline_mono - time.monotonic()
+                    if left <= 0:
+                        return False
+                    self._cond.wait(min(left, 0.5))
+                return True
+            finally:
+                self._missing = self._count_goal = None
 
     def summary(self, sent: dict[int, int] | None = None, only: set[int] | None = None) -> dict[str, Any]:
         """Lateness of first receipts (restricted to ``only`` when given), plus lost against ``sent``

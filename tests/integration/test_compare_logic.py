@@ -125,6 +125,28 @@ def test_recorder_wait_for_is_woken_by_the_sink() -> None:
     assert rec.wait_for(3, 0)
 
 
+@pytest.mark.parametrize("goal", [set(range(1_000)), 1_000])
+def test_recorder_wakes_a_waiter_once_not_per_receipt(goal: set[int] | int) -> None:
+    """A wait for 100,000 messages must not wake (and rescan) on every receipt: it competed for the GIL
+    with the consumer it measures, so lateness grew with the number already received."""
+    import time
+
+    rec = Recorder("r", "w")
+    wakes: list[object] = []
+    real_notify = rec._cond.notify_all
+    rec._cond.notify_all = lambda: (wakes.append(1), real_notify())  # type: ignore[method-assign]
+    rec.sink(make_payload("r", "w", 0, 0), 1)  # before the wait: already counted
+    waiter = threading.Thread(target=lambda: wakes.append(rec.wait_for(goal, time.monotonic() + 30)))
+    waiter.start()
+    deadline = time.monotonic() + 10
+    while rec._missing is None and rec._count_goal is None and time.monotonic() < deadline:
+        time.sleep(0.001)  # until the waiter is registered
+    for i in range(1, 1_000):
+        rec.sink(make_payload("r", "w", i, 0), 1)
+    waiter.join(30)
+    assert wakes == [1, True]  # one notification, when the last one came
+
+
 # --- bounded load loops --------------------------------------------------------------------------------
 class ListProducer(Producer):
     def __init__(self, quantum: int = 0) -> None:
