@@ -21,9 +21,68 @@ import threading
 import time
 from typing import Protocol
 
-# The event loop's poll takes whole milliseconds and rounds a timeout up: a precise sleeper wakes this
-# much early and yields to the loop turn by turn for the rest (other callbacks run meanwhile).
-_SPIN_S = 0.001
+# The event loop's poll takes whole milliseconds and rounds a timeout up: a precise sleeper sleeps on
+# the loop until _PRECISE_S before its deadline, has the waker thread (_Waker) wake it _SPIN_S before
+# it (a thread's hand-over to the loop takes tens of microseconds), and yields turn by turn for the rest.
+_PRECISE_S = 0.002
+_SPIN_S = 0.00015
+
+
+def _wake(fut: asyncio.Future[None]) -> None:
+    if not fut.done():
+        fut.set_result(None)
+
+
+class _Waker:
+    """One daemon thread that wakes precise sleepers at their deadline (``time.time()`` seconds). A timed
+    wait on a condition ends within tens of microseconds of its time and holds no GIL while it waits;
+    spinning on the event loop for the last millisecond instead kept a CPU busy (and the GIL from the
+    store's threads) whenever deadlines came every millisecond."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._heap: list[tuple[float, int, asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
+        self._seq = itertools.count()
+        self._thread: threading.Thread | None = None
+
+    def add(self, at: float, loop: asyncio.AbstractEventLoop, fut: asyncio.Future[None]) -> None:
+        with self._cond:
+            heapq.heappush(self._heap, (at, next(self._seq), loop, fut))
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, name="chronomq-clock-waker", daemon=True)
+                self._thread.start()
+            self._cond.notify()
+
+    def _run(self) -> None:
+        _tight_timer_slack()
+        heap = self._heap
+        while True:
+            with self._cond:
+                while not heap or heap[0][0] > time.time():
+                    self._cond.wait(heap[0][0] - time.time() if heap else None)
+                now = time.time()
+                due = []
+                while heap and heap[0][0] <= now:
+                    due.append(heapq.heappop(heap))
+            for _at, _n, loop, fut in due:
+                try:
+                    loop.call_soon_threadsafe(_wake, fut)
+                except RuntimeError:  # its loop is closed: nobody waits any more
+                    pass
+
+
+_WAKER = _Waker()
+
+
+def _tight_timer_slack() -> None:
+    """Let the kernel end this thread's timed waits within a microsecond (Linux coalesces them by 50 us
+    by default); nothing happens elsewhere."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(29, 1000, 0, 0, 0)  # PR_SET_TIMERSLACK, in ns
+    except (OSError, AttributeError):
+        pass
 
 
 class Clock(Protocol):
@@ -51,14 +110,22 @@ class SystemClock:
         # Sub-millisecond arithmetic (not the floored now_ms); at most 1 s per asyncio sleep (a monotonic
         # timer), so a step of the wall clock (NTP) moves the wake-up with it instead of making it hours
         # late. The loop's poll still rounds each timeout up to a whole ms: ``precise`` sleeps until
-        # _SPIN_S before the deadline and then yields turn by turn, waking within microseconds of it.
-        margin = _SPIN_S if precise else 0.0
+        # _PRECISE_S before the deadline, lets the waker thread wake it just before, and yields turn by
+        # turn for the last _SPIN_S, waking within microseconds of the deadline.
+        margin = _PRECISE_S if precise else 0.0
+        at = deadline_ms / 1000.0
         while True:
-            delay = deadline_ms / 1000.0 - time.time()
+            delay = at - time.time()
             if delay <= 0:
                 return
-            if delay <= margin:
+            if precise and delay <= _SPIN_S:
                 await asyncio.sleep(0)
+                continue
+            if delay <= margin:
+                loop = asyncio.get_running_loop()
+                fut: asyncio.Future[None] = loop.create_future()
+                _WAKER.add(at - _SPIN_S, loop, fut)
+                await fut
                 continue
             await asyncio.sleep(min(delay - margin, 1.0))
 

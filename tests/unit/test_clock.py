@@ -54,3 +54,28 @@ async def test_system_clock_basics() -> None:
     await c.sleep_until_ms(a - 5)
     assert c.now_ms() >= a
     assert not c.wait_until_ms(threading.Event(), c.now_ms() - 1)
+
+
+async def test_system_clock_precise_sleeps_never_end_early_and_survive_cancellation() -> None:
+    """Precise sleeps end at their deadline (the waker thread, then a few loop turns), never before it,
+    in deadline order; a cancelled one leaves the others and later ones unharmed."""
+    import time
+
+    c = SystemClock()
+    base = c.now_ms() + 5
+    woke: list[tuple[int, float]] = []
+
+    async def sleeper(at: int) -> None:
+        await c.sleep_until_ms(at, precise=True)
+        woke.append((at, time.time()))
+
+    cancelled = asyncio.create_task(c.sleep_until_ms(base + 1, precise=True))
+    tasks = [asyncio.create_task(sleeper(base + d)) for d in (4, 0, 2, 3)]
+    await asyncio.sleep(0)
+    cancelled.cancel()
+    await asyncio.wait_for(asyncio.gather(*tasks), 5)
+    assert [at for at, _ in woke] == sorted(at for at, _ in woke)
+    assert all(t >= at / 1000 for at, t in woke)  # never early
+    later = c.now_ms() + 3
+    await asyncio.wait_for(c.sleep_until_ms(later, precise=True), 5)
+    assert time.time() >= later / 1000
