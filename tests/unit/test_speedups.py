@@ -446,3 +446,30 @@ def test_the_shared_crc32_is_the_compiled_one_when_built():
     import zlib
 
     assert speedups.crc32 is (native.crc32 if native is not None else zlib.crc32)
+
+
+@needs_native
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 1 << 44), st.integers(0, 1 << 44), st.integers(0, 1 << 40),
+                          st.integers(-1, 1 << 40), st.integers(0, 1 << 40), st.sampled_from([1, 2, 70_000]),
+                          st.integers(0, 3)), min_size=1, max_size=20, unique_by=lambda x: x[2]),
+       st.integers(0, 1 << 44), st.integers(0, 1 << 40))
+def test_mark_delivered_run_matches_pure(rows, t, seq):
+    from collections import Counter
+
+    from chronomq.delay.timer import window
+
+    group = []
+    for k, (deliver, created, pos, origin, done_seq, tid, gen) in enumerate(rows):
+        h = (0x54494D52, 100, 0, gen, deliver, 0, created, origin, done_seq, 0, tid)
+        group.append((k, None, h, (deliver, k, pos, gen, tid, 100)))
+    outs = []
+    for fn in (window.mark_delivered_run_py, native.mark_delivered_run):
+        marks: dict = {}
+        buf = bytearray(b"head")
+        pending: Counter = Counter({1: 5})
+        lates: dict = {}
+        out = ["?"] * len(group)
+        last = fn(group, t, seq, marks, buf, pending, lates, out)
+        outs.append((last, marks, bytes(buf), dict(pending), lates, out))
+    assert outs[0] == outs[1]

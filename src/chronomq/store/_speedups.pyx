@@ -736,3 +736,46 @@ def pack_hash_entries(list items, int64_t count, int64_t buckets, object bmap, s
     finally:
         PyBuffer_Release(&view)
     return buf, heads, max_pos
+
+
+cdef int32_t C_DELIVERED = 1  # records.DELIVERED
+cdef Py_ssize_t C_STATE_BLOCK = 48  # records._STATE_BLOCK.size
+
+
+def mark_delivered_run(list group, int64_t t, int64_t seq, dict marks, bytearray buf, object pending,
+                       dict lates, list out):
+    """window.mark_delivered_run: the delivery marks of ``group`` at ``t``, numbered on from ``seq``;
+    returns the last number."""
+    cdef object h, item, lk
+    cdef int64_t pos, d, created, tid
+    cdef Py_ssize_t k
+    cdef bytes block
+    cdef uint8_t* o
+    cdef uint8_t* b
+    for e in group:
+        k = e[0]
+        h = e[2]
+        item = e[3]
+        pos = item[2]
+        tid = item[4]
+        seq += 1
+        created = h[6]
+        block = PyBytes_FromStringAndSize(NULL, C_STATE_BLOCK)
+        b = <uint8_t*>PyBytes_AS_STRING(block)
+        wl32(b, C_DELIVERED)
+        wl32(b + 4, h[3])
+        wl64(b + 8, h[4])
+        wl64(b + 16, t)
+        wl64(b + 24, created)
+        wl64(b + 32, h[7])
+        wl64(b + 40, seq)
+        marks[pos] = (C_DELIVERED, t, seq, block)
+        o = _grow(buf, 8 + C_STATE_BLOCK)
+        wl64(o, pos)
+        memcpy(o + 8, b, C_STATE_BLOCK)
+        pending[tid] -= 1
+        d = item[0]
+        lk = (tid, t - (d if d > created else created))
+        lates[lk] = lates.get(lk, 0) + 1
+        out[k] = "delivered"
+    return seq

@@ -25,6 +25,7 @@ from chronomq.message import (
     MessageFormatError,
 )
 from chronomq.store.speedups import crc32 as fast_crc32
+from chronomq.store.speedups import native
 from chronomq.store.types import PutResult
 
 from ..delivery import PutRaw, StorePuts, decode_to_put, put_groups, record_to_put
@@ -546,26 +547,9 @@ class WindowPath(TimerState):
 
     def _mark_delivered(self, group: list[_Taken], out: list[str]) -> None:
         t = self.clock.now_ms()
-        marks = self._marks
-        buf = self._mark_buf
-        pending = self.pending
-        pack = _STATE_BLOCK.pack
-        i64 = _I64.pack
         lates: dict[tuple[int, int], int] = {}
-        seq = self.done_seq
-        for k, _m, h, item in group:
-            pos, tid = item[2], item[4]
-            seq += 1
-            block = pack(DELIVERED, h[3], h[4], t, h[6], h[7], seq)
-            marks[pos] = (DELIVERED, t, seq, block)
-            buf += i64(pos)
-            buf += block
-            pending[tid] -= 1
-            created = h[6]
-            d = item[0]
-            lk = (tid, t - (d if d > created else created))  # past when scheduled: not lateness
-            lates[lk] = lates.get(lk, 0) + 1
-            out[k] = "delivered"
+        seq = mark_delivered_run(group, t, self.done_seq, self._marks, self._mark_buf, self.pending, lates,
+                                 out)
         hists = self.hist
         for (tid, late), c in lates.items():  # a burst shares few distinct values
             hist = hists.get(tid)
@@ -590,3 +574,31 @@ class WindowPath(TimerState):
                 c.update(it[4] for it in w.late if it[0] <= now)
             c.update(s[2][4] for s in self._staged if s[0] <= now)
             return {self.topic_name(t): n for t, n in c.items() if n}
+
+
+def mark_delivered_run_py(group: list[_Taken], t: int, seq: int, marks: dict[int, Any], buf: bytearray,
+                          pending: Counter[int], lates: dict[tuple[int, int], int], out: list[str]) -> int:
+    """The delivery marks of ``group`` at time ``t``, numbered on from ``seq``: each record's DELIVERED
+    state block in ``marks`` (by data position) and in ``buf`` (the done log's entries), its topic's
+    ``pending`` count down by one, its lateness counted in ``lates`` by (topic id, ms), and "delivered"
+    in ``out``. Returns the last number."""
+    pack = _STATE_BLOCK.pack
+    i64 = _I64.pack
+    for k, _m, h, item in group:
+        pos, tid = item[2], item[4]
+        seq += 1
+        block = pack(DELIVERED, h[3], h[4], t, h[6], h[7], seq)
+        marks[pos] = (DELIVERED, t, seq, block)
+        buf += i64(pos)
+        buf += block
+        pending[tid] -= 1
+        created = h[6]
+        d = item[0]
+        lk = (tid, t - (d if d > created else created))  # past when scheduled: not lateness
+        lates[lk] = lates.get(lk, 0) + 1
+        out[k] = "delivered"
+    return seq
+
+
+# the compiled kernel when built (chronomq.store.speedups); mark_delivered_run_py is its reference
+mark_delivered_run = native.mark_delivered_run if native is not None else mark_delivered_run_py
