@@ -118,6 +118,8 @@ class SendDedup:
     def plan(self, msgs: list[MessageExt], topic: str, kind: str) -> Plan | None:
         """What to do with the messages of one send request to ``topic``: None when none asks for
         de-duplication, else the Plan (``keep`` the ones to store, then ``settle`` with what was stored)."""
+        if not self.window_ms or not any(PROPERTY_DEDUP in m.properties for m in msgs):
+            return None  # the usual request: nobody asks
         keys = [self.key_of(m, topic) for m in msgs]
         return Plan(self, keys, self.split(keys, kind)) if any(keys) else None
 

@@ -82,10 +82,12 @@ class AppendPath(TimerState):
         now = self.clock.now_ms()
         encoded: list[tuple[MessageExt, int, bytearray]] = []
         valid_topic = None
+        latest = now + self.cfg.max_delay_ms
         for msg, deliver_ms in items:
             if not isinstance(deliver_ms, int) or deliver_ms < 0:
                 raise TimerError(f"deliver time {deliver_ms!r} is not a non-negative integer (epoch ms)")
-            self.check_deliver_ms(deliver_ms, now)
+            if deliver_ms > latest:
+                self.check_deliver_ms(deliver_ms, now)  # raises TimerRefused
             if msg.topic is not valid_topic:  # a batch has one topic: checked once
                 reason = validate_topic(msg.topic)
                 if reason:

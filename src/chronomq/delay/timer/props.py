@@ -76,7 +76,7 @@ def timed_deliver_ms(msg: MessageExt, now_ms: int) -> int | None:
     A transactional half message is never timed (its commit decides). Raises TimerPropertyError for an
     unusable value."""
     props = msg.properties
-    if not has_timer_property(props):
+    if PROPERTY_TIMER_DELIVER_MS not in props and not has_timer_property(props):
         return None
     if props.get(PROPERTY_TRANSACTION_PREPARED) == "true" or \
             transaction_type(msg.sys_flag) == SYSFLAG_TRANSACTION_PREPARED_TYPE:
