@@ -29,12 +29,15 @@ cdef extern from "_crc32.h":
 cmq_crc32_init(1)
 
 
-cdef inline uint32_t _crc_of(object data, uint32_t value=0) except? 0xFFFFFFFF:
+cdef inline uint32_t _crc_of(object data, uint32_t value=0, bint bytewise=False) except? 0xFFFFFFFF:
     cdef Py_buffer v
     cdef uint32_t out
     PyObject_GetBuffer(data, &v, PyBUF_SIMPLE)
     try:
-        out = cmq_crc32(<const uint8_t*>v.buf, v.len, value)
+        if bytewise:
+            out = cmq_crc32_bytes(<const uint8_t*>v.buf, v.len, value)
+        else:
+            out = cmq_crc32(<const uint8_t*>v.buf, v.len, value)
     finally:
         PyBuffer_Release(&v)
     return out
@@ -47,14 +50,7 @@ def crc32(object data, uint32_t value=0):
 
 def crc32_bytewise(object data, uint32_t value=0):
     """The table path of ``crc32`` alone (what a CPU without PCLMULQDQ runs)."""
-    cdef Py_buffer v
-    cdef uint32_t out
-    PyObject_GetBuffer(data, &v, PyBUF_SIMPLE)
-    try:
-        out = cmq_crc32_bytes(<const uint8_t*>v.buf, v.len, value)
-    finally:
-        PyBuffer_Release(&v)
-    return out
+    return _crc_of(data, value, True)
 
 
 def crc32_folds() -> bool:
