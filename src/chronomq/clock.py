@@ -17,6 +17,8 @@ from __future__ import annotations
 import asyncio
 import heapq
 import itertools
+import logging
+import os
 import threading
 import time
 from typing import Protocol
@@ -40,6 +42,10 @@ class _Waker:
     store's threads) whenever deadlines came every millisecond."""
 
     def __init__(self) -> None:
+        self._reset()
+
+    def _reset(self) -> None:
+        """A fresh state (also in a forked child, where the parent's thread does not exist)."""
         self._cond = threading.Condition()
         self._heap: list[tuple[float, int, asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
         self._seq = itertools.count()
@@ -49,29 +55,34 @@ class _Waker:
         with self._cond:
             heapq.heappush(self._heap, (at, next(self._seq), loop, fut))
             if self._thread is None or not self._thread.is_alive():
-                self._thread = threading.Thread(target=self._run, name="chronomq-clock-waker", daemon=True)
+                self._thread = threading.Thread(target=self._run, name="clock-waker", daemon=True)
                 self._thread.start()
             self._cond.notify()
 
     def _run(self) -> None:
         _tight_timer_slack()
-        heap = self._heap
+        cond, heap = self._cond, self._heap
         while True:
-            with self._cond:
-                while not heap or heap[0][0] > time.time():
-                    self._cond.wait(heap[0][0] - time.time() if heap else None)
-                now = time.time()
-                due = []
-                while heap and heap[0][0] <= now:
-                    due.append(heapq.heappop(heap))
-            for _at, _n, loop, fut in due:
-                try:
-                    loop.call_soon_threadsafe(_wake, fut)
-                except RuntimeError:  # its loop is closed: nobody waits any more
-                    pass
+            try:
+                with cond:
+                    while not heap or heap[0][0] > time.time():
+                        cond.wait(max(0.0, heap[0][0] - time.time()) if heap else None)
+                    now = time.time()
+                    due = []
+                    while heap and heap[0][0] <= now:
+                        due.append(heapq.heappop(heap))
+                for _at, _n, loop, fut in due:
+                    try:
+                        loop.call_soon_threadsafe(_wake, fut)
+                    except RuntimeError:  # its loop is closed: nobody waits any more
+                        pass
+            except Exception:  # never let the thread die: a sleeper's loop timer is its backstop anyway
+                logging.getLogger(__name__).exception("clock waker")
 
 
 _WAKER = _Waker()
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_WAKER._reset)
 
 
 def _tight_timer_slack() -> None:
@@ -81,7 +92,7 @@ def _tight_timer_slack() -> None:
         import ctypes
 
         ctypes.CDLL(None, use_errno=True).prctl(29, 1000, 0, 0, 0)  # PR_SET_TIMERSLACK, in ns
-    except (OSError, AttributeError):
+    except Exception:  # not Linux, no prctl: the default slack only costs a little precision
         pass
 
 
@@ -124,8 +135,12 @@ class SystemClock:
             if delay <= margin:
                 loop = asyncio.get_running_loop()
                 fut: asyncio.Future[None] = loop.create_future()
+                backstop = loop.call_later(delay + 0.002, _wake, fut)  # should the waker ever fail
                 _WAKER.add(at - _SPIN_S, loop, fut)
-                await fut
+                try:
+                    await fut
+                finally:
+                    backstop.cancel()
                 continue
             await asyncio.sleep(min(delay - margin, 1.0))
 

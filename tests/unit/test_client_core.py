@@ -1145,8 +1145,8 @@ _message_fields = st.fixed_dictionaries({}, optional={
     "keys": st.one_of(st.text("ab ", max_size=6),
                       st.lists(st.text("xy", min_size=1, max_size=3), max_size=3)),
     "tags": st.text("tg", min_size=1, max_size=4),
-    "properties": st.dictionaries(st.text("pq", min_size=1, max_size=3), st.text("vw", max_size=3),
-                                  max_size=3),
+    "properties": st.dictionaries(st.one_of(st.text("pq", min_size=1, max_size=3), st.just("WAIT")),
+                                  st.text("vw", max_size=3), max_size=3),
     "uniq_key": st.text("U0", min_size=1, max_size=8),
     "dedup": st.booleans(),
     "flag": st.integers(0, 7),
@@ -1171,14 +1171,24 @@ def test_encode_batch_is_the_reference_encoding(fields, timing, bodies):
     assert topic == "T" and len(ids) == len(msgs)
     generated = [u for msg, u in zip(msgs, ids, strict=True) if msg.uniq_key is None]
     assert len(set(generated)) == len(generated)
+    assert all(len(u) == 32 and u[:20] == p._ids._prefix and int(u, 16) >= 0 for u in generated)
     items = []
     for msg, uniq in zip(msgs, ids, strict=True):
-        assert uniq == (msg.uniq_key if msg.uniq_key is not None else uniq)
+        if msg.uniq_key is not None:
+            assert uniq == msg.uniq_key
         props = msg.wire_properties(clock.now_ms())
         props[m.PROPERTY_UNIQ_KEY] = uniq
         props[m.PROPERTY_WAIT_STORE_MSG_OK] = "true"
         items.append(BatchItem(body=msg.body_bytes(), properties=props, flag=msg.flag))
     assert data == encode_batch_body(items)
+
+
+def test_uniq_ids_taken_at_once_never_repeat_past_the_16_bit_counter():
+    from chronomq.client.producer import _UniqIdGen
+
+    gen = _UniqIdGen("10.0.0.1")
+    ids = gen.take(70_000) + gen.take(3) + [gen.next()]
+    assert len(set(ids)) == len(ids) == 70_004
 
 
 def test_encode_batch_refuses_what_send_batch_refuses():

@@ -58,7 +58,8 @@ async def test_system_clock_basics() -> None:
 
 async def test_system_clock_precise_sleeps_never_end_early_and_survive_cancellation() -> None:
     """Precise sleeps end at their deadline (the waker thread, then a few loop turns), never before it,
-    in deadline order; a cancelled one leaves the others and later ones unharmed."""
+    in deadline order; one cancelled while the waker holds its deadline leaves the others and later ones
+    unharmed."""
     import time
 
     c = SystemClock()
@@ -69,13 +70,31 @@ async def test_system_clock_precise_sleeps_never_end_early_and_survive_cancellat
         await c.sleep_until_ms(at, precise=True)
         woke.append((at, time.time()))
 
-    cancelled = asyncio.create_task(c.sleep_until_ms(base + 1, precise=True))
+    from chronomq import clock as clock_mod
+
+    cancelled = asyncio.create_task(c.sleep_until_ms(base + 30, precise=True))
     tasks = [asyncio.create_task(sleeper(base + d)) for d in (4, 0, 2, 3)]
-    await asyncio.sleep(0)
-    cancelled.cancel()
+    deadline = time.monotonic() + 5
+    while not any(e[0] >= (base + 30) / 1000 - 0.001 for e in list(clock_mod._WAKER._heap)):
+        assert time.monotonic() < deadline, "the sleeper never reached the waker"
+        await asyncio.sleep(0.001)
+    cancelled.cancel()  # while the waker holds its deadline
     await asyncio.wait_for(asyncio.gather(*tasks), 5)
     assert [at for at, _ in woke] == sorted(at for at, _ in woke)
     assert all(t >= at / 1000 for at, t in woke)  # never early
     later = c.now_ms() + 3
     await asyncio.wait_for(c.sleep_until_ms(later, precise=True), 5)
     assert time.time() >= later / 1000
+
+
+async def test_a_precise_sleep_ends_even_if_the_waker_never_fires(monkeypatch) -> None:
+    """The loop's own timer is the backstop of the waker thread."""
+    import time
+
+    from chronomq import clock as clock_mod
+
+    monkeypatch.setattr(clock_mod._WAKER, "add", lambda *a: None)  # a waker that lost the sleeper
+    c = SystemClock()
+    at = c.now_ms() + 3
+    await asyncio.wait_for(c.sleep_until_ms(at, precise=True), 5)
+    assert time.time() >= at / 1000

@@ -430,6 +430,8 @@ def test_crc32_is_zlibs(data, value, skew):
     assert native.crc32(view, value) == zlib.crc32(data, value)
     assert native.crc32_bytewise(view, value) == zlib.crc32(data, value)
     assert native.crc32(data) == zlib.crc32(data)
+    for v in (-1, -value, value + (1 << 32)):  # taken modulo 2**32, as zlib does
+        assert native.crc32(data, v) == zlib.crc32(data, v)
 
 
 @needs_native

@@ -82,14 +82,27 @@ class _UniqIdGen:
         return self.take(1)[0]
 
     def take(self, count: int) -> list[str]:
-        """``count`` ids at once (one lock, one clock read)."""
-        with self._lock:
-            first = next(self._counter)
-            if count > 1:
-                self._counter = itertools.count(first + count)
-        ms = int((self._clock.monotonic() - self._start) * 1000) & 0xFFFFFFFF
-        head = f"{self._prefix}{ms:08X}"
-        return [f"{head}{n & 0xFFFF:04X}" for n in range(first, first + count)]
+        """``count`` ids at once: one lock and one clock read for every 65,536 (the counter's 16 bits;
+        the next 65,536 wait for the next millisecond, so no id repeats)."""
+        out: list[str] = []
+        last_ms = -1
+        while count > 0:
+            n = min(count, 0x10000)
+            with self._lock:
+                first = next(self._counter)
+                if n > 1:
+                    self._counter = itertools.count(first + n)
+            ms = self._ms()
+            while ms == last_ms:
+                ms = self._ms()
+            last_ms = ms
+            head = f"{self._prefix}{ms:08X}"
+            out += [f"{head}{i & 0xFFFF:04X}" for i in range(first, first + n)]
+            count -= n
+        return out
+
+    def _ms(self) -> int:
+        return int((self._clock.monotonic() - self._start) * 1000) & 0xFFFFFFFF
 
 
 _WAIT_TEXT = f"{m.PROPERTY_WAIT_STORE_MSG_OK}{m.NAME_VALUE_SEPARATOR}true{m.PROPERTY_SEPARATOR}"
@@ -461,7 +474,13 @@ class Producer(SyncContextMixin):
                                      "at all; the broker refuses a mix: send them in separate batches")
             body = msg.checked_body()
             uniq = msg.uniq_key if msg.uniq_key is not None else next(new_ids)
-            text = f"{msg.wire_text(now_ms)}{_UNIQ_TEXT}{uniq}{_TAIL_TEXT}".encode()
+            if msg.properties and m.PROPERTY_WAIT_STORE_MSG_OK in msg.properties:  # the producer's value wins
+                props = msg.wire_properties(now_ms)
+                props[m.PROPERTY_UNIQ_KEY] = uniq
+                props[m.PROPERTY_WAIT_STORE_MSG_OK] = "true"
+                text = m.encode_properties(props).encode()
+            else:
+                text = f"{msg.wire_text(now_ms)}{_UNIQ_TEXT}{uniq}{_TAIL_TEXT}".encode()
             if len(text) > m.MAX_PROPERTIES_LENGTH:
                 raise MessageTooLarge("the message properties exceed 32767 bytes")
             append_batch_item(out, body, text, msg.flag)

@@ -2,8 +2,10 @@
 """Compiled kernels of the hot paths (a timed message's way in, its delivery): each one is a drop-in for
 a pure-Python function of the same name (commitlog.splice, put.property_fields, delivery.record_to_put,
 codec.batch_items, message.encode_record, pull.due_ms_of, put.append_run, and the timer's
-append.pack_timer_records, append.pack_index_entries, files.pack_hash_entries),
-with the same results, the same refusals and the same exception types. The pure functions stay the
+append.pack_timer_records, append.pack_index_entries, files.pack_hash_entries, window.mark_delivered_run),
+with the same results, the same refusals and the same exception types. The timer's kernels take what the
+timer store made itself (positions, sizes, ids, slots, all in range by construction) and do not repeat
+the range checks of struct packing. The pure functions stay the
 reference and are used when this module is not built or CHRONOMQ_PURE_PYTHON=1 (chronomq.store.speedups)."""
 
 from cpython.buffer cimport PyBUF_SIMPLE, PyBUF_WRITABLE, PyBuffer_Release, PyObject_GetBuffer
@@ -43,14 +45,15 @@ cdef inline uint32_t _crc_of(object data, uint32_t value=0, bint bytewise=False)
     return out
 
 
-def crc32(object data, uint32_t value=0):
-    """zlib.crc32 (same results), folded with carry-less multiplies where the CPU has them."""
-    return _crc_of(data, value)
+def crc32(object data, object value=0):
+    """zlib.crc32 (same results; the start value taken modulo 2**32 as zlib does), folded with carry-less
+    multiplies where the CPU has them."""
+    return _crc_of(data, <uint32_t>(PyNumber_Index(value) & 0xFFFFFFFF))
 
 
-def crc32_bytewise(object data, uint32_t value=0):
+def crc32_bytewise(object data, object value=0):
     """The table path of ``crc32`` alone (what a CPU without PCLMULQDQ runs)."""
-    return _crc_of(data, value, True)
+    return _crc_of(data, <uint32_t>(PyNumber_Index(value) & 0xFFFFFFFF), True)
 
 
 def crc32_folds() -> bool:

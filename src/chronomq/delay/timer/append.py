@@ -135,7 +135,9 @@ class AppendPath(TimerState):
         # 1. message bytes  2. key hash entries  3. index entries (with chain links)  4. wheel heads.
         # A crash between steps leaves unreachable bytes that recovery trims; see the module docs.
         topics = self.topics
-        tids = {t: topics.get(t) or self._topic_id(t) for t in {msg.topic for msg, _d, _r in encoded}}
+        # new topics numbered in the order they first appear (the same on every replica)
+        tids = {t: topics.get(t) or self._topic_id(t)
+                for t in dict.fromkeys(msg.topic for msg, _d, _r in encoded)}
         placed: list[tuple[int, int, int, int]] = []  # pos, size, deliver, topic id
         hash_items: list[tuple[int, int]] = []
         results: list[ScheduleResult] = []
