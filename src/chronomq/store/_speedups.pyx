@@ -587,16 +587,17 @@ cdef inline uint8_t* _grow(bytearray buf, Py_ssize_t extra) except NULL:
     return <uint8_t*>PyByteArray_AS_STRING(buf) + n
 
 
-cdef bytes _U_SEED = b"u:"
-cdef bytes _K_SEED = b"k:"
+# the CRC-32 of the key prefixes "u:" (UNIQ_KEY) and "k:" (KEYS), computed once
+cdef uint32_t _U_SEED = cmq_crc32_bytes(<const uint8_t*>b"u:", 2, 0)
+cdef uint32_t _K_SEED = cmq_crc32_bytes(<const uint8_t*>b"k:", 2, 0)
 
 
-cdef inline int64_t _key_hash(bytes seed, str text) except -1:
-    """files.key_hash(seed + text): the CRC-32 of the UTF-8 bytes, 31 bits."""
+cdef inline int64_t _key_hash(uint32_t seed, str text) except -1:
+    """files.key_hash(prefix + text), the prefix's CRC given as ``seed``: the CRC-32 of the UTF-8 bytes,
+    31 bits."""
     cdef Py_ssize_t n
     cdef const char* t = PyUnicode_AsUTF8AndSize(text, &n)
-    cdef uint32_t crc = cmq_crc32_bytes(<const uint8_t*>PyBytes_AS_STRING(seed), 2, 0)
-    return cmq_crc32_bytes(<const uint8_t*>t, n, crc) & 0x7FFFFFFF
+    return cmq_crc32_bytes(<const uint8_t*>t, n, seed) & 0x7FFFFFFF
 
 
 def pack_timer_records(list encoded, dict tids, int64_t now, int64_t origin, int64_t pos, int64_t seg_size,

@@ -142,7 +142,7 @@ class AppendPath(TimerState):
         hash_items: list[tuple[int, int]] = []
         results: list[ScheduleResult] = []
         writes, end = pack_timer_records(encoded, tids, now, origin, self.data_end, self.data_seg, placed,
-                                         hash_items, results, ScheduleResult, self.offset_msg_id(0)[:16])
+                                         hash_items, results, ScheduleResult, self.offset_id_prefix())
         for chunk_pos, chunk in writes:
             self.data.write(chunk_pos, chunk)
         self.data_end = end

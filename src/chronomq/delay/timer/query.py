@@ -23,11 +23,15 @@ from .window import _Slot
 
 
 class QueryPath(TimerState):
-    def offset_msg_id(self, pos: int) -> str:
+    def offset_id_prefix(self) -> str:
+        """The 16 hex chars (this broker's host) that every timer handle starts with."""
         prefix = self._id_prefix
         if prefix is None:
             prefix = self._id_prefix = create_offset_msg_id(self.store_host, 0)[:16]
-        return f"{prefix}{TIMER_OFFSET_FLAG | pos:016X}"
+        return prefix
+
+    def offset_msg_id(self, pos: int) -> str:
+        return f"{self.offset_id_prefix()}{TIMER_OFFSET_FLAG | pos:016X}"
 
     def _read_record(self, pos: int) -> tuple[tuple[int, ...], bytes] | None:
         hdr = self.data.read(pos, DATA_HDR_SIZE)
@@ -47,7 +51,7 @@ class QueryPath(TimerState):
         id is read as a handle only when its host part is this broker's, and the key index (verified
         against the record's UNIQ_KEY) is consulted in every case."""
         found: dict[int, bool] = {}  # position -> needs verification against the record
-        if not by_key and len(ident) == 32 and self.offset_msg_id(0)[:16] == ident[:16].upper():
+        if not by_key and len(ident) == 32 and self.offset_id_prefix() == ident[:16].upper():
             try:
                 _, off = decode_offset_msg_id(ident)
             except ValueError:
