@@ -457,7 +457,9 @@ async def test_an_empty_slave_copies_a_master_whose_oldest_segments_were_cleaned
         end = master.store.max_phy_offset
         assert await asyncio.to_thread(master.store.wait_dispatched, end, 30)
         await async_wait_for(lambda: master.store._reput.recover_point() >= end, 30)
-        assert master.store.run_clean_once(force=True) > 0
+        # the broker's own clean thread may have deleted them already (it runs on the virtual clock and
+        # reads the real disk use): what matters is that the log no longer starts at 0
+        master.store.run_clean_once(force=True)
         oldest = master.store.min_phy_offset
         assert oldest > 0
         with caplog.at_level(logging.INFO, logger="chronomq.ha"):
