@@ -20,7 +20,12 @@ def _started(tmp_path, **kw) -> MessageStore:
 
 
 def test_hook_is_called_per_put_and_dispatch_now_writes_the_entries_on_this_thread(tmp_path) -> None:
-    s = _started(tmp_path)
+    s = MessageStore(make_config(tmp_path), VirtualClock())
+    # the dispatcher thread also wakes every 50 ms to take what is queued (its fallback): here it wakes
+    # only when set, so that it cannot take the puts before dispatch_now does
+    wake = s._wake
+    wake.wait = lambda timeout=None: threading.Event.wait(wake)
+    s.start()
     calls: list[int] = []
     arrivals: list[tuple[str, int, int, int]] = []
     s.set_dispatch_hook(lambda: calls.append(threading.get_ident()))
