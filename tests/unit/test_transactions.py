@@ -60,6 +60,7 @@ async def env(tmp_path: Path):
 
 async def test_commit_rollback_and_the_local_transactions_answers(env):
     b, ns = env["broker"], env["ns"].address
+    b.config.transactionTimeOut = 600_000  # no check-back here: the undecided half must stay the only one
     seen: list[tuple[bytes, str]] = []
 
     def local(msg: Message, result: Any) -> S:
@@ -94,20 +95,23 @@ async def test_an_unknown_answer_is_settled_by_the_check_back(env):
     checked: list[str] = []
 
     def checker(msg: Any) -> S:
-        checked.append(msg.body.decode())
-        assert msg.topic == "TxCheck" and msg.properties.get("TRANSACTION_CHECK_TIMES") == "1"
+        assert msg.topic == "TxCheck"
+        checked.append((msg.body.decode(), msg.properties.get("TRANSACTION_CHECK_TIMES")))
         return S.COMMIT
 
     async with TransactionProducer("PG_check", ns, checker=checker) as p:
         r = await p.send_in_transaction(Message("TxCheck", b"later"), lambda m, r: S.UNKNOWN)
         assert r.state is S.UNKNOWN
         await async_wait_for(lambda: bodies(b, "TxCheck") == [b"later"], 20, message="committed on check")
-    assert checked == ["later"]
+    # one check, or more if a slow machine stored the commit after the next round (as RocketMQ may ask
+    # again), each counting up
+    assert checked and checked == [("later", str(i + 1)) for i in range(len(checked))]
     # decided: later rounds check nothing more
     sent = b.transactions.checks_sent
+    assert sent >= 1
     for _ in range(3):
         assert b.transactions.check_once() == {"checked": 0, "given_up": 0}
-    assert b.transactions.checks_sent == sent == 1
+    assert b.transactions.checks_sent == sent
 
 
 async def test_a_transaction_never_decided_is_given_up(env):
@@ -146,6 +150,7 @@ async def test_a_committed_message_may_wait_for_its_delay(env):
 
 async def test_decisions_and_undecided_half_messages_survive_a_restart(env):
     b, ns = env["broker"], env["ns"].address
+    b.config.transactionTimeOut = 600_000  # not checked before the restart (this producer would roll back)
     checked: list[str] = []
     async with TransactionProducer("PG_restart", ns, checker=lambda m: S.ROLLBACK) as p:
         await p.send_in_transaction(Message("TxR", b"decided"), lambda m, r: S.COMMIT)
