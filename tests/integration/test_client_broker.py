@@ -442,8 +442,8 @@ async def test_deliver_time_cancel_reschedule_pending(server: ChronomqProcess) -
 
     async with Producer("PG_timer", ns) as p, Admin(ns) as a, \
             PushConsumer("CG_timer", topic, listener, ns, consume_from="first", **CONSUMER_OPTS):
-        due = await p.send(Message(topic, b"due", keys="t-due", tags="T", delay=1.5))
-        doomed = await p.send(Message(topic, b"doomed", keys="t-doomed", tags="T", delay=1.5))
+        due = await p.send(Message(topic, b"due", keys="t-due", tags="T", delay=4))
+        doomed = await p.send(Message(topic, b"doomed", keys="t-doomed", tags="T", delay=4))
         moved = await p.send(Message(topic, b"moved", keys="t-moved", tags="T", delay=timedelta(hours=1)))
         far_at = datetime.now(UTC) + timedelta(days=7)
         far = [await p.send(Message(topic, f"far{i}", keys="t-far", tags="F", deliver_at=far_at + timedelta(
@@ -453,12 +453,13 @@ async def test_deliver_time_cancel_reschedule_pending(server: ChronomqProcess) -
             assert r.scheduled and r.uniq_key == r.msg_id and r.deliver_ms is not None
         assert mine.msg_id == "client-chosen-id-1"
         assert far[1].deliver_ms == int(far_at.timestamp() * 1000) + 1
-        # cancel before due, then move the one-hour message to 1.5 s from now
+        # cancel before due (4 s leave a slow machine time for the calls below), then move the one-hour
+        # message to 4 s from now
         [c] = await a.cancel(doomed.uniq_key)
         assert (c.outcome, c.msg_id, c.deliver_ms, c.topic) == (TimerOutcome.CANCELLED, doomed.msg_id,
                                                                  doomed.deliver_ms, topic)
         assert (await a.cancel(doomed.uniq_key))[0].outcome == TimerOutcome.ALREADY_CANCELLED
-        new_ms = _now_ms() + 1500
+        new_ms = _now_ms() + 4000
         [r] = await a.reschedule(moved.uniq_key, new_ms)
         assert (r.outcome, r.deliver_ms) == (TimerOutcome.RESCHEDULED, new_ms)
         # the pending index: by key, by topic (paged), by tag and window, counts
@@ -479,7 +480,7 @@ async def test_deliver_time_cancel_reschedule_pending(server: ChronomqProcess) -
         assert sorted(seen) == sorted([due.msg_id, moved.msg_id, mine.msg_id, *(x.msg_id for x in far)])
         # a marker due after everything above: once it has arrived the timer has released everything due
         # before it (oldest-due-first), so "doomed" would have arrived by then if the cancel had failed
-        marker = await p.send(Message(topic, b"marker", delay=3.0))
+        marker = await p.send(Message(topic, b"marker", delay=5.0))
         await async_wait_for(lambda: {due.msg_id, moved.msg_id, marker.msg_id} <= set(arrivals), timeout=30,
                              message="the due, rescheduled and marker messages")
         for r_, deliver_ms in ((due, due.deliver_ms), (moved, new_ms), (marker, marker.deliver_ms)):

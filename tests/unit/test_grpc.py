@@ -272,7 +272,8 @@ async def test_route_points_at_this_endpoint_and_settings_are_completed(env: Env
 async def test_send_receive_ack_and_redelivery_with_attempt_plus_one(env: Env) -> None:
     r = await env.send("TS", b"one", "01A1", tag="x")
     assert r.status.code == pb.OK and r.entries[0].message_id == "01A1"
-    st, msgs = await env.receive("TS", invisible_ms=1000, poll_ms=5000)
+    # invisible for 3 s: time enough, on a slow machine too, for the next receive to find it invisible
+    st, msgs = await env.receive("TS", invisible_ms=3000, poll_ms=5000)
     assert st.code == pb.OK and [m.body for m in msgs] == [b"one"]
     first = msgs[0]
     assert first.system_properties.delivery_attempt == 1 and first.system_properties.tag == "x"

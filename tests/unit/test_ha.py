@@ -54,7 +54,8 @@ def log_bytes(b: BrokerController) -> bytes:
 
 async def test_a_sync_master_answers_only_what_its_slave_holds_and_the_slave_serves_reads(tmp_path):
     routes = RouteInfoManager()
-    master = broker(tmp_path, routes, "m", brokerRole="SYNC_MASTER")
+    # 60 concurrent sends wait for the slave: a slow machine (the pure-Python pass) needs more than 1.5 s
+    master = broker(tmp_path, routes, "m", brokerRole="SYNC_MASTER", syncFlushTimeout="10000")
     await master.start()
     c = await AsyncRawClient.connect(master.server.address)
     slave = None
