@@ -9,6 +9,12 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, settings
+
+# Property tests are judged by their examples, not their speed: a loaded CI machine (or the pure-Python
+# pass) must not fail one on hypothesis's 200 ms deadline or its too-slow health check.
+settings.register_profile("chronomq", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("chronomq")
 
 
 def free_port() -> int:

@@ -35,8 +35,8 @@ def queue_sizes(ns: str, topic: str) -> dict[int, int]:
 def test_batch_read_everything_then_exact_ranges(spark, broker) -> None:
     ns = broker.namesrv_addr
     produce(ns, "BatchT", 400)
+    wait_for(lambda: sum(queue_sizes(ns, "BatchT").values()) == 400)  # every queue entry written
     sizes = queue_sizes(ns, "BatchT")
-    assert sum(sizes.values()) == 400
     df = reader(spark, ns, subscribe="BatchT")
     rows = df.select("value", "partition", "offset", "keys", "key", "tags", "topic", "broker").collect()
     assert sorted(r.value for r in rows) == sorted(f"m{j}".encode() for j in range(400))
@@ -74,6 +74,7 @@ def test_batch_read_by_timestamp(spark, broker) -> None:
     wait_for(lambda: time.time() * 1000 > last_old + 5)
     cut = int(time.time() * 1000)
     produce(ns, "TsT", 10, "new")
+    wait_for(lambda: sum(queue_sizes(ns, "TsT").values()) == 30)
     rows = reader(spark, ns, subscribe="TsT", startingTimestamp=str(cut)).select("value").collect()
     assert sorted(r.value for r in rows) == sorted(f"new{j}".encode() for j in range(10))
     assert q0.topic == "TsT"

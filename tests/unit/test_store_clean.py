@@ -22,7 +22,8 @@ HOUR = 3_600_000
 
 def make(root, clock, **kw) -> MessageStore:
     base = dict(storePathRootDir=str(root), mappedFileSizeCommitLog=SEG, mappedFileSizeConsumeQueue=20 * 8,
-                maxHashSlotNum=16, maxIndexNum=16, fileReservedTime=1, deleteWhen="04")
+                maxHashSlotNum=16, maxIndexNum=16, fileReservedTime=1, deleteWhen="04",
+                cleanResourceInterval=10**9)  # the tests clean by hand: the service's own pass never comes
     base.update(kw)
     s = MessageStore(BrokerConfig(**base), clock)
     s.start()
