@@ -474,7 +474,7 @@ class Producer(SyncContextMixin):
                                      "at all; the broker refuses a mix: send them in separate batches")
             body = msg.checked_body()
             uniq = msg.uniq_key if msg.uniq_key is not None else next(new_ids)
-            if msg.properties and m.PROPERTY_WAIT_STORE_MSG_OK in msg.properties:  # the producer's value wins
+            if msg.properties and m.PROPERTY_WAIT_STORE_MSG_OK in msg.properties:  # its own WAIT is replaced
                 props = msg.wire_properties(now_ms)
                 props[m.PROPERTY_UNIQ_KEY] = uniq
                 props[m.PROPERTY_WAIT_STORE_MSG_OK] = "true"
