@@ -15,6 +15,7 @@ import socket
 import struct
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from chronomq.remoting.codec import FrameDecoder, FrameError, RemotingCommand, encode
 
@@ -213,6 +214,10 @@ class ConnectionFloodStats:
     slow_closed: int = 0  # slow-loris connections the server closed
     slow: int = 0
     fds: tuple[int, int, int] = (0, 0, 0)  # the server's open files before, during, after
+    # the server's descriptors that are its end of one of the flood's connections, during and after: the
+    # kept ones are held (exactly ``kept``) and let go (0); unlike the open-file count, no file the server
+    # opens or closes by itself meanwhile shows here
+    held: tuple[int, int] = (0, 0)
     rss: tuple[int, int, int] = (0, 0, 0)
     seconds: float = 0.0
 
@@ -238,6 +243,39 @@ def open_files(pid: int) -> int:
     return len(os.listdir(f"/proc/{pid}/fd"))
 
 
+def _tcp_peers() -> dict[str, tuple[str, int]]:
+    """Socket inode -> (remote address in /proc/net/tcp's hex, remote port) of every TCP socket of this
+    network namespace (IPv4 and IPv6; an IPv4 peer of a dual-stack socket shows as ::ffff:a.b.c.d)."""
+    out: dict[str, tuple[str, int]] = {}
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            f = line.split()
+            addr, _, port = f[2].partition(":")
+            out[f[9]] = (addr, int(port, 16))
+    return out
+
+
+def held_connections(pid: int, peers: set[int]) -> int:
+    """How many of ``pid``'s descriptors are its end of a loopback TCP connection whose other end is one of
+    the local ``peers`` ports (the ports of this process's own client sockets)."""
+    by_inode = _tcp_peers()
+    n = 0
+    fd_dir = f"/proc/{pid}/fd"
+    for fd in os.listdir(fd_dir):
+        try:
+            link = os.readlink(f"{fd_dir}/{fd}")
+        except OSError:  # closed meanwhile
+            continue
+        if link.startswith("socket:["):
+            peer = by_inode.get(link[8:-1])
+            n += peer is not None and peer[1] in peers
+    return n
+
+
 def connection_flood(addr: tuple[str, int], pid: int, connections: int, keep: int, probe_code: int,
                      slow: int = 0, slow_interval: float = 0.2, max_seconds: float = 120.0
                      ) -> ConnectionFloodStats:
@@ -246,12 +284,14 @@ def connection_flood(addr: tuple[str, int], pid: int, connections: int, keep: in
     ``keep`` (its serverMaxConnectionsPerIp); meanwhile well-formed requests from 127.0.0.2, and ``slow``
     slow-loris connections (a frame a byte every ``slow_interval`` s) that the server must close
     (serverFrameReadTimeoutMillis). Then the flood is closed and a request from 127.0.0.1 must be
-    answered again. Counts the server's open files and RSS before, during and after."""
+    answered again. Counts the server's open files and RSS before, during and after, and the descriptors
+    it holds for the flood's own connections during and after."""
     st = ConnectionFloodStats()
     start = time.monotonic()
     deadline = start + max_seconds
     st.fds, st.rss = (open_files(pid), 0, 0), (rss_bytes(pid), 0, 0)
     socks: list[socket.socket] = []
+    ports: set[int] = set()  # the local ports of the flood's and the slow-loris' connections
     request = encode(RemotingCommand(code=probe_code, opaque=1))
     try:
         for _ in range(connections):
@@ -260,13 +300,16 @@ def connection_flood(addr: tuple[str, int], pid: int, connections: int, keep: in
             with contextlib.suppress(OSError):  # refused already
                 s.sendall(request)
         st.opened = len(socks)
+        ports.update(s.getsockname()[1] for s in socks)
         while time.monotonic() < deadline:  # until the server has closed all it will not keep
             st.kept = sum(not _closed(s) for s in socks)
             if st.kept <= keep:
                 break
             time.sleep(0.05)
-        while time.monotonic() < deadline and open_files(pid) < st.fds[0] + st.kept:  # all accepted
+        # the ones left open were accepted and are held (a closed one was accepted too, then closed)
+        while time.monotonic() < deadline and held_connections(pid, ports) < st.kept:
             time.sleep(0.05)
+        st.held = (held_connections(pid, ports), 0)
         st.fds = (st.fds[0], open_files(pid), 0)
         st.rss = (st.rss[0], rss_bytes(pid), 0)
         slow_socks = [socket.create_connection(addr, timeout=10, source_address=("127.0.0.2", 0))
@@ -286,13 +329,15 @@ def connection_flood(addr: tuple[str, int], pid: int, connections: int, keep: in
                 break
             time.sleep(slow_interval)
         st.slow = slow
+        ports.update(s.getsockname()[1] for s in slow_socks)
         for s in slow_socks:
             s.close()
     finally:
         for s in socks:
             s.close()
-    while time.monotonic() < deadline and open_files(pid) > st.fds[0] + 8:  # the server let them go
+    while time.monotonic() < deadline and held_connections(pid, ports) > 0:  # the server let them go
         time.sleep(0.05)
+    st.held = (st.held[0], held_connections(pid, ports))
     try:
         st.probe_after = probe(addr, probe_code, source="127.0.0.1")
     except (OSError, TimeoutError, ConnectionError) as e:
