@@ -27,7 +27,7 @@ lint: $(STAMP)
 test: $(STAMP)
 	$(BIN)/ruff check src tests bench scripts
 	CHRONOMQ_PURE_PYTHON=1 $(BIN)/python -m pytest -q tests/unit
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest --durations=10
 
 clean:
 	rm -rf $(VENV) build *.egg-info src/*.egg-info
