@@ -21,6 +21,7 @@ from typing import Any
 
 from chronomq import message as m
 from chronomq.clock import Clock, SystemClock
+from chronomq.remoting import fastjson
 from chronomq.remoting.codes import PERM_READ, PERM_WRITE, RequestCode, ResponseCode
 
 from . import ops
@@ -183,7 +184,7 @@ class NotANameServer(NotSupported):
 
 def _json_body(body: bytes, what: str, addr: str) -> dict[str, Any]:
     try:
-        data = json.loads(body) if body else {}
+        data = fastjson.loads(body) if body else {}
     except (ValueError, UnicodeDecodeError) as e:
         raise BrokerError(f"{what}: {addr} answered a body that is not JSON: {e}") from None
     if not isinstance(data, dict):

@@ -3,7 +3,6 @@ TopicRoute (name-server route data, protocol.md section 4)."""
 
 from __future__ import annotations
 
-import json
 import math
 import zlib
 from collections.abc import Iterable, Mapping, Sequence
@@ -14,6 +13,7 @@ from typing import Any
 
 from chronomq import message as m
 from chronomq.clock import SystemClock
+from chronomq.remoting import fastjson
 from chronomq.remoting.codes import PERM_READ, PERM_WRITE
 
 from .errors import InvalidMessage
@@ -546,7 +546,7 @@ class TopicRoute:
     @classmethod
     def parse(cls, topic: str, body: bytes) -> TopicRoute:
         try:
-            data = json.loads(body)
+            data = fastjson.loads(body)
         except (ValueError, UnicodeDecodeError) as e:
             raise ValueError(f"route data for {topic!r} is not JSON: {e}") from None
         route = cls(topic=topic, order_topic_conf=data.get("orderTopicConf") or None)

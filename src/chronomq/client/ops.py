@@ -8,6 +8,7 @@ from enum import StrEnum
 from typing import Any
 
 from chronomq import message as m
+from chronomq.remoting import fastjson
 from chronomq.remoting.codec import RemotingCommand
 from chronomq.remoting.codes import (
     PULL_FLAG_COMMIT_OFFSET,
@@ -162,7 +163,7 @@ async def consumer_ids(inst: ClientInstance, group: str, addr: str) -> list[str]
                                                    {"consumerGroup": group}), 5.0,
                                 f"consumer list of group {group!r}")
     try:
-        data = json.loads(resp.body) if resp.body else {}
+        data = fastjson.loads(resp.body) if resp.body else {}
     except ValueError:
         raise BrokerError(f"consumer list of group {group!r}: body is not JSON", 1, None, addr) from None
     return sorted(str(c) for c in data.get("consumerIdList") or [])
@@ -175,7 +176,7 @@ async def lock_queues(inst: ClientInstance, group: str, addr: str,
     resp = await inst.invoke_ok(addr, inst.request(RequestCode.LOCK_BATCH_MQ, body=body), 5.0,
                                 f"lock queues of group {group!r}")
     try:
-        data = json.loads(resp.body) if resp.body else {}
+        data = fastjson.loads(resp.body) if resp.body else {}
     except ValueError:
         return set()
     return {MessageQueue(str(q["topic"]), str(q["brokerName"]), int(q["queueId"]))
