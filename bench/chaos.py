@@ -8,9 +8,14 @@ intervals make the kills land in rolls and file writes. Some starts arm a fault 
 pass, or a consumer-offset or delay-offset write. After the kills a clean restart (SIGTERM) with delayed
 messages pending shows that neither the timer nor the level service stores a copy twice then.
 
+A kill can cut the answer of a cancel or of a send. After the kills, every cancel whose answer never came
+is asked again, and its definite answer settles it (bench/workload.py); the verdict counts each answer. A
+send whose answer never came was not acknowledged: when it was delivered all the same it is counted
+apart (unacknowledged_delivered), neither as a loss nor as a duplicate.
+
 Exits non-zero when an invariant breaks: an acknowledged message lost, a corrupt body, a delivery before
-its time, a cancelled message delivered, a copy stored twice after the clean restart. The last line
-holds the figures.
+its time, a cancelled message delivered, a cancel still undecided after the settling, a copy stored twice
+after the clean restart. The last line holds the figures.
 
     .venv/bin/python bench/chaos.py --quick      # 10 kills (in the test suite)
     .venv/bin/python bench/chaos.py --full       # 100 kills (docs/reliability.md)
@@ -20,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import json
 import random
 import statistics
@@ -83,6 +89,7 @@ async def chaos(args: argparse.Namespace) -> int:
     from chronomq.client import Admin, Message, Producer, PushConsumer
 
     rng = random.Random(args.seed)
+    began = time.monotonic()
     work = Path(tempfile.mkdtemp(prefix="chronomq-chaos-"))
     server = ChronomqProcess(work / "data", CONFIG)
     recoveries: list[float] = []
@@ -154,6 +161,11 @@ async def chaos(args: argparse.Namespace) -> int:
                 result = await asyncio.to_thread(official.stop, 60)
                 official_sent = int(result.get("sent", 0))
                 read_official_acks(work / "official-acks.jsonl", ledger, TOPIC, lambda i: 0)
+            # the kills are over: every cancel whose answer a kill cut gets its definite answer now
+            unsettled = await mix.settle(admin, args.settle)
+            print(f"undecided cancels: {len(ledger.undecided)}, asked again: "
+                  f"{dict(collections.Counter(ledger.settled.values())) or 'none'}; "
+                  f"still without an answer after {args.settle:g} s: {unsettled}", flush=True)
             # a clean restart with delayed messages pending: no copy may be stored twice across it
             final: set[str] = set()
             t0 = now_ms()
@@ -189,7 +201,8 @@ async def chaos(args: argparse.Namespace) -> int:
     print(f"work dir {work}")
     good = v.ok and clean.restored == 0 and clean.ok
     print(f"chaos {'ok' if good else 'FAILED'}: kills={kills} {v.line()} "
-          f"recovery_s(median/max)={statistics.median(recoveries):.2f}/{max(recoveries):.2f}", flush=True)
+          f"recovery_s(median/max)={statistics.median(recoveries):.2f}/{max(recoveries):.2f} "
+          f"seconds={time.monotonic() - began:.0f}", flush=True)
     return 0 if good else 1
 
 
@@ -203,6 +216,8 @@ def main() -> int:
     ap.add_argument("--max-run", type=float, default=3.0, help="longest run between kills, seconds")
     ap.add_argument("--fault-wait", type=float, default=20.0, help="seconds an armed broker has to die")
     ap.add_argument("--drain", type=float, default=90.0, help="seconds to wait for the last deliveries")
+    ap.add_argument("--settle", type=float, default=60.0,
+                    help="seconds to get a definite answer to every cancel a kill left undecided")
     ap.add_argument("--seed", type=int, default=20261125)
     ap.add_argument("--no-official", action="store_true", help="our client only")
     ap.add_argument("--allow-no-official", action="store_true",

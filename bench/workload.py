@@ -6,6 +6,12 @@ ledger keeps what was acknowledged (by our client, or by the official client's d
 file), what a cancel answered CANCELLED, and every receipt. ``Ledger.verdict`` turns them into the
 invariants: nothing acknowledged lost, nothing corrupt, nothing early, nothing cancelled delivered; and
 it splits duplicates into re-reads of one stored copy (same queue and offset) and copies stored twice.
+
+A kill can cut an answer. A cancel whose answer never came is undecided: the broker may have cancelled
+the message or not. ``Mix.settle`` asks it again once the broker is back, and the definite answer decides
+(CANCELLED or ALREADY_CANCELLED: cancelled; ALREADY_DELIVERED, UNKNOWN, FAILED: it must have been
+received). A send whose answer never came was not acknowledged, so it is never a loss; when it was stored
+and delivered anyway it is counted apart, not as a duplicate.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from typing import Any
 from chronomq.client import Admin, Message, Producer
 
 KINDS = ("now", "level", "timed", "batch")
+CANCELLED_OUTCOMES = ("CANCELLED", "ALREADY_CANCELLED")  # a cancel answered so leaves the message cancelled
 LEVEL_MS = {1: 1_000, 2: 5_000}  # the default delay levels 1 and 2
 
 
@@ -69,18 +76,25 @@ class Verdict:
     rereads: int = 0
     restored: int = 0
     restored_by_kind: dict[str, int] = field(default_factory=dict)
+    undecided: int = 0  # cancels whose answer never came
+    settled: dict[str, int] = field(default_factory=dict)  # their answers when asked again: outcome -> count
+    unsettled: int = 0  # of those, still without an answer and not received: neither lost nor cancelled
+    unacknowledged: int = 0  # delivered though their send was never acknowledged (the answer was lost)
     examples: dict[str, list[str]] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
-        return not (self.lost or self.corrupt or self.early or self.cancelled_delivered)
+        return not (self.lost or self.corrupt or self.early or self.cancelled_delivered or self.unsettled)
 
     def line(self) -> str:
         return (f"acknowledged={self.acknowledged} received={self.received} lost={self.lost} "
                 f"corrupt={self.corrupt} early={self.early} cancelled={self.cancelled} "
                 f"cancelled_delivered={self.cancelled_delivered} duplicates={self.rereads + self.restored} "
                 f"(re-reads {self.rereads}, stored twice {self.restored}"
-                + (f": {self.restored_by_kind}" if self.restored_by_kind else "") + ")")
+                + (f": {self.restored_by_kind}" if self.restored_by_kind else "") + ") "
+                f"undecided={self.undecided} settled="
+                + (",".join(f"{k}:{n}" for k, n in sorted(self.settled.items())) or "none")
+                + f" unsettled={self.unsettled} unacknowledged_delivered={self.unacknowledged}")
 
 
 class Ledger:
@@ -89,6 +103,8 @@ class Ledger:
     def __init__(self) -> None:
         self.acked: dict[str, tuple[str, int]] = {}  # msg id -> (topic, not_before_ms)
         self.cancelled: set[str] = set()
+        self.undecided: set[str] = set()  # cancels whose answer never came
+        self.settled: dict[str, str] = {}  # undecided cancel -> the definite answer when asked again
         self.receipts: list[Receipt] = []
         self.corrupt: list[tuple[str, str]] = []  # (msg id, where)
         self.outstanding: dict[str, int] = {}  # acknowledged, not received yet: msg id -> not_before_ms
@@ -102,6 +118,16 @@ class Ledger:
     def cancel(self, msg_id: str) -> None:
         self.cancelled.add(msg_id)
         self.outstanding.pop(msg_id, None)
+
+    def cancel_undecided(self, msg_id: str) -> None:
+        """A cancel of ``msg_id`` was asked and no answer came: it may or may not have taken effect."""
+        self.undecided.add(msg_id)
+
+    def settle(self, msg_id: str, outcome: str) -> None:
+        """The definite answer of asking an undecided cancel again."""
+        self.settled[msg_id] = outcome
+        if outcome in CANCELLED_OUTCOMES:
+            self.cancel(msg_id)
 
     def receive(self, msg_id: str, topic: str, queue_id: int, offset: int, body: bytes,
                 at_ms: int) -> Receipt:
@@ -128,18 +154,23 @@ class Ledger:
                                                             else self.cancelled & only),
                     corrupt=sum(1 for m, _ in self.corrupt if only is None or m in only))
         where_by_id: dict[str, set[tuple[str, int, int]]] = {}
+        unacknowledged: set[str] = set()
         kind_of: dict[str, str] = {}
         reads = 0
         early: list[str] = []
         for r in self.receipts:
             if only is not None and r.msg_id not in only:
                 continue
+            if r.due_ms and r.at_ms < r.due_ms:
+                early.append(f"{r.msg_id} {r.due_ms - r.at_ms} ms early")
+            if r.msg_id not in self.acked and r.kind != "?":
+                unacknowledged.add(r.msg_id)  # its send's answer was lost: neither a loss nor a duplicate
+                continue
             where_by_id.setdefault(r.msg_id, set()).add(r.where)
             kind_of[r.msg_id] = r.kind
             reads += 1
-            if r.due_ms and r.at_ms < r.due_ms:
-                early.append(f"{r.msg_id} {r.due_ms - r.at_ms} ms early")
         v.received = len(where_by_id)
+        v.unacknowledged = len(unacknowledged)
         copies = sum(len(w) for w in where_by_id.values())
         v.rereads = reads - copies
         v.restored = copies - len(where_by_id)
@@ -147,13 +178,21 @@ class Ledger:
             if len(w) > 1:
                 v.restored_by_kind[kind_of[m]] = v.restored_by_kind.get(kind_of[m], 0) + len(w) - 1
         v.early = len(early)
-        lost = [m for m in acked if m not in where_by_id and m not in self.cancelled]
+        undecided = self.undecided if only is None else self.undecided & only
+        v.undecided = len(undecided)
+        for m in undecided:
+            if m in self.settled:
+                v.settled[self.settled[m]] = v.settled.get(self.settled[m], 0) + 1
+        unsettled = [m for m in undecided if m not in self.settled and m not in where_by_id]
+        v.unsettled = len(unsettled)
+        lost = [m for m in acked if m not in where_by_id and m not in self.cancelled and m not in unsettled]
         v.lost = len(lost)
         bad_cancel = [m for m in self.cancelled if m in where_by_id and (only is None or m in only)]
         v.cancelled_delivered = len(bad_cancel)
         v.examples = {k: xs[:5] for k, xs in (("lost", lost), ("early", early),
                                                ("corrupt", [f"{m}@{w}" for m, w in self.corrupt]),
-                                               ("cancelled_delivered", bad_cancel)) if xs}
+                                               ("cancelled_delivered", bad_cancel),
+                                               ("unsettled", unsettled)) if xs}
         return v
 
 
@@ -248,11 +287,28 @@ class Mix:
         self.stats.cancel_asked += 1
         try:
             results = await admin.cancel(msg_id)
-        except Exception as e:
+        except Exception as e:  # no answer (or not a definite one): the cancel may have taken effect
             self.stats.error(e)
+            self.ledger.cancel_undecided(msg_id)
             return
-        if any(str(r.outcome) == "CANCELLED" for r in results):
+        if any(str(r.outcome) in CANCELLED_OUTCOMES for r in results):
             self.ledger.cancel(msg_id)
+
+    async def settle(self, admin: Admin, timeout: float = 60.0) -> int:
+        """Ask every undecided cancel again until each has a definite answer or ``timeout`` s have passed
+        (a broker still starting, a cut connection: ask again). Returns how many remain undecided."""
+        deadline = time.monotonic() + timeout
+        todo = sorted(self.ledger.undecided - self.ledger.settled.keys())
+        while todo and time.monotonic() < deadline:
+            try:
+                results = await admin.cancel(todo[0])
+            except Exception:
+                await asyncio.sleep(0.2)  # no answer yet: ask again, within the deadline
+                continue
+            outcomes = [str(r.outcome) for r in results]
+            self.ledger.settle(todo.pop(0), next((o for o in outcomes if o in CANCELLED_OUTCOMES),
+                                                 outcomes[0] if outcomes else "UNKNOWN"))
+        return len(todo)
 
     async def run(self, producer: Producer, admin: Admin, rate: float, seconds: float,
                   stop: asyncio.Event | None = None, max_inflight: int = 256) -> None:

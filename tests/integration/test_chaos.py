@@ -1,5 +1,6 @@
 """The kill loop's quick mode (bench/chaos.py --quick): 10 SIGKILLs of a loaded SYNC_FLUSH broker, half of
-them at fault points, then a clean restart; it exits non-zero when an invariant breaks."""
+them at fault points, then a clean restart; it exits non-zero when an invariant breaks. Cancels whose
+answer a kill cut are asked again after the kills, and every one must get a definite answer."""
 
 from __future__ import annotations
 
@@ -25,4 +26,9 @@ def test_chaos_quick_keeps_every_acknowledged_message() -> None:
     assert last.startswith("chaos ok: kills=10 "), last
     figures = dict(f.split("=", 1) for f in last.split() if "=" in f)
     assert int(figures["acknowledged"]) > 1000 and figures["lost"] == "0" and figures["early"] == "0"
+    assert figures["cancelled_delivered"] == "0" and int(figures["cancelled"]) > 0
+    # every cancel a kill left without an answer got a definite one when asked again, and each is counted
+    settled = {} if figures["settled"] == "none" else \
+        {k: int(n) for k, n in (x.split(":") for x in figures["settled"].split(","))}
+    assert figures["unsettled"] == "0" and sum(settled.values()) == int(figures["undecided"]), last
     assert "fault points reached: {'commitlog.roll'" in proc.stdout, proc.stdout[-2000:]

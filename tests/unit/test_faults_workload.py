@@ -70,3 +70,43 @@ def test_the_ledger_catches_loss_corruption_early_and_cancelled_deliveries() -> 
     assert led.lag(due) == 1
     only = led.verdict({"good"})
     assert only.ok and only.acknowledged == 1 and only.restored == 1
+
+
+def test_an_undecided_cancel_is_judged_by_its_answer_when_asked_again() -> None:
+    led = Ledger()
+    due = 1_000_000
+    for mid in ("was-cancelled", "was-delivered", "delivered-not-received", "still-unanswered"):
+        led.ack(mid, "T", due)
+        led.cancel_undecided(mid)  # a kill cut each cancel's answer
+    led.receive("was-delivered", "T", 0, 1, make_body("t", 2, "timed", due, 64), due)
+    v = led.verdict()
+    assert (v.undecided, v.settled, v.unsettled) == (4, {}, 3) and not v.ok
+    led.settle("was-cancelled", "ALREADY_CANCELLED")
+    led.settle("was-delivered", "ALREADY_DELIVERED")
+    led.settle("delivered-not-received", "ALREADY_DELIVERED")
+    v = led.verdict()
+    assert v.settled == {"ALREADY_CANCELLED": 1, "ALREADY_DELIVERED": 2} and v.cancelled == 1
+    assert (v.unsettled, v.lost, v.examples["lost"]) == (1, 1, ["delivered-not-received"])
+    assert v.examples["unsettled"] == ["still-unanswered"]
+    led.settle("still-unanswered", "CANCELLED")  # still pending at the second ask: cancelled now
+    led.receive("delivered-not-received", "T", 0, 2, make_body("t", 3, "timed", due, 64), due)
+    v = led.verdict()
+    assert v.ok and (v.undecided, v.unsettled, v.cancelled, v.lost) == (4, 0, 2, 0)
+    assert "undecided=4 settled=ALREADY_CANCELLED:1,ALREADY_DELIVERED:2,CANCELLED:1 unsettled=0" in v.line()
+    led.receive("was-cancelled", "T", 0, 3, make_body("t", 1, "timed", due, 64), due)
+    assert led.verdict().cancelled_delivered == 1  # a cancel that took effect is still held to it
+
+
+def test_a_send_whose_answer_was_lost_is_neither_lost_nor_a_duplicate_when_delivered() -> None:
+    led = Ledger()
+    led.ack("acked", "T", 0)
+    body = make_body("t", 1, "now", 0, 64)
+    led.receive("acked", "T", 0, 1, make_body("t", 0, "now", 0, 64), 5)
+    for offset in (2, 3, 3):  # never acknowledged; stored twice (a retry after a cut answer), read again
+        led.receive("unanswered", "T", 0, offset, body, 5)
+    v = led.verdict()
+    assert v.ok and (v.acknowledged, v.received, v.lost, v.unacknowledged) == (1, 1, 0, 1)
+    assert (v.rereads, v.restored) == (0, 0)
+    led.receive("unanswered-timed", "T", 0, 4, make_body("t", 2, "timed", 1_000, 64), 999)
+    v = led.verdict()
+    assert (v.unacknowledged, v.early) == (2, 1) and not v.ok  # delivered early all the same
