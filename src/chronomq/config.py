@@ -59,6 +59,11 @@ class BrokerConfig:
     autoCreateTopicEnable: bool = True
     defaultTopicQueueNums: int = 4
     autoCreateSubscriptionGroup: bool = True
+    # RocketMQ's topics named after the cluster (16 queues) and after this broker (1 queue): always
+    # registered, so that a route lookup by cluster or broker name finds this broker (the Java admin's
+    # createTopic(key=clusterName, ...)); these keys decide whether they can also be read and written
+    clusterTopicEnable: bool = True
+    brokerTopicEnable: bool = True
     # store
     storePathRootDir: str = "./data"
     mappedFileSizeCommitLog: int = 1024 * 1024 * 1024

@@ -104,6 +104,10 @@ class BrokerController:
             config.autoCreateTopicEnable,
             self.delay.schedule_topic_queue_nums,
             self.clock.now_ms,
+            cluster_name=config.brokerClusterName,
+            broker_name=config.brokerName,
+            cluster_topic_enable=config.clusterTopicEnable,
+            broker_topic_enable=config.brokerTopicEnable,
         )
         self.offsets = ConsumerOffsetManager(self.root / "config")
         self.consumers = ConsumerManager(config.clientChannelMaxIdleTimeSeconds * 1000)

@@ -1,8 +1,19 @@
 """Topic configuration: the broker's topic table, auto-creation and persistence (config/topics.json).
 
-System topics: TBW102 (the default topic auto-created topics inherit from; perm RW + INHERIT when
-autoCreateTopicEnable), SCHEDULE_TOPIC_XXXX (one queue per delay level), %RETRY%<group> (1 queue,
-created on a clustering consumer's heartbeat or on send-back) and %DLQ%<group> (1 queue).
+Built-in topics, present from the start whatever topics.json says (their shape follows the current
+configuration), as RocketMQ's TopicConfigManager makes them: TBW102 (the default topic auto-created
+topics inherit from; perm RW + INHERIT when autoCreateTopicEnable), SCHEDULE_TOPIC_XXXX (one queue per
+delay level), the topic named after the cluster (16 queues) and the one named after this broker (1
+queue), both INHERIT, plus RW when clusterTopicEnable / brokerTopicEnable. The last two give the name
+server a route for the cluster and broker names: the Java admin's createTopic(key=clusterName, ...)
+looks the cluster-named topic up to find the masters it sends UPDATE_AND_CREATE_TOPIC to.
+
+Made on demand: %RETRY%<group> (1 queue, created on a clustering consumer's heartbeat or on
+send-back) and %DLQ%<group> (1 queue).
+
+System topics (``is_system_topic``, RocketMQ's TopicValidator.isSystemTopic): the fixed names below,
+every name starting with rmq_sys_, and the built-in topics of this broker (its cluster and broker
+names). UPDATE_AND_CREATE_TOPIC refuses them; %RETRY% and %DLQ% topics are not system topics.
 """
 
 from __future__ import annotations
@@ -28,6 +39,15 @@ from .persist import read_json, write_json_atomic
 log = logging.getLogger("chronomq.broker")
 
 PERM_RW = PERM_READ | PERM_WRITE
+
+# RocketMQ's TopicValidator: its fixed system topic names and prefix
+SYSTEM_TOPIC_PREFIX = "rmq_sys_"
+SYSTEM_TOPICS = frozenset({
+    DEFAULT_TOPIC, SCHEDULE_TOPIC, "BenchmarkTest", "RMQ_SYS_TRANS_HALF_TOPIC", "RMQ_SYS_TRACE_TOPIC",
+    "RMQ_SYS_TRANS_OP_HALF_TOPIC", "TRANS_CHECK_MAX_TIME_TOPIC", "SELF_TEST_TOPIC", "OFFSET_MOVED_EVENT",
+})
+# the cluster-named topic keeps RocketMQ's TopicConfig default queue numbers
+CLUSTER_TOPIC_QUEUE_NUMS = 16
 
 
 @dataclass
@@ -68,6 +88,10 @@ class TopicConfigManager:
         auto_create: bool,
         schedule_queue_nums: int,
         now_ms: Callable[[], int],
+        cluster_name: str = "",
+        broker_name: str = "",
+        cluster_topic_enable: bool = True,
+        broker_topic_enable: bool = True,
     ) -> None:
         self.path = config_dir / "topics.json"
         self.default_queue_nums = default_queue_nums
@@ -89,6 +113,14 @@ class TopicConfigManager:
         self.table[SCHEDULE_TOPIC] = TopicConfig(
             SCHEDULE_TOPIC, schedule_queue_nums, schedule_queue_nums, PERM_RW
         )
+        builtin = [DEFAULT_TOPIC, SCHEDULE_TOPIC]
+        # the cluster's and the broker's own topics (the broker's wins when the two names are the same)
+        for name, nums, enabled in ((cluster_name, CLUSTER_TOPIC_QUEUE_NUMS, cluster_topic_enable),
+                                    (broker_name, 1, broker_topic_enable)):
+            if name:
+                self.table[name] = TopicConfig(name, nums, nums, PERM_INHERIT | (PERM_RW if enabled else 0))
+                builtin.append(name)
+        self.builtin: tuple[str, ...] = tuple(builtin)  # kept when a slave takes its master's table
 
     def _load(self) -> None:
         obj = read_json(self.path)
@@ -148,6 +180,11 @@ class TopicConfigManager:
     def get(self, topic: str) -> TopicConfig | None:
         return self.table.get(topic)
 
+    def is_system_topic(self, topic: str) -> bool:
+        """RocketMQ's TopicValidator.isSystemTopic on this broker: the fixed names, the rmq_sys_ prefix,
+        and this broker's built-in topics (its cluster and broker names)."""
+        return topic in SYSTEM_TOPICS or topic.startswith(SYSTEM_TOPIC_PREFIX) or topic in self.builtin
+
     def snapshot(self) -> dict[str, dict[str, Any]]:
         with self._lock:
             return {n: t.to_json() for n, t in self.table.items()}
@@ -179,7 +216,7 @@ class TopicConfigManager:
         change callbacks run once for them, and the caller persists."""
         with self._lock:
             new = dict(configs)
-            for name in (DEFAULT_TOPIC, SCHEDULE_TOPIC):
+            for name in self.builtin:
                 if name not in new and name in self.table:
                     new[name] = self.table[name]
             changed = [tc for name, tc in new.items() if self.table.get(name) != tc]
@@ -209,7 +246,9 @@ class TopicConfigManager:
     def create_in_send(
         self, topic: str, default_topic: str | None, client_queue_nums: int
     ) -> TopicConfig | None:
-        """The topic a producer sends to; auto-created from the default topic (TBW102) when allowed.
+        """The topic a producer sends to; auto-created from its default topic when that one has
+        INHERIT (RocketMQ's createTopicInSendMessageMethod): TBW102 has it when autoCreateTopicEnable,
+        the cluster- and broker-named topics always (a producer's createTopicKey may name them).
         Returns None when the topic does not exist and cannot be created."""
         tc = self.table.get(topic)
         if tc is not None:
@@ -223,7 +262,9 @@ class TopicConfigManager:
             if tc is not None:
                 return tc
             default = self.table.get(default_topic or DEFAULT_TOPIC)
-            if default is None or not (default.perm & PERM_INHERIT) or not self.auto_create:
+            if default is None or not (default.perm & PERM_INHERIT):
+                return None
+            if default.topicName == DEFAULT_TOPIC and not self.auto_create:
                 return None
             nums = min(max(1, client_queue_nums or self.default_queue_nums), default.writeQueueNums)
             return self.update(TopicConfig(topic, nums, nums, default.perm & ~PERM_INHERIT))

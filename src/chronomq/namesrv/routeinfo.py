@@ -202,5 +202,29 @@ class RouteInfoManager:
             }
 
     def topic_list(self) -> list[str]:
+        """Every topic with a route, as RocketMQ's getAllTopicList: the brokers' built-in topics (named
+        after their cluster and broker) included; system_topic_list tells them apart."""
         with self._lock:
             return sorted(self.topic_queues)
+
+    def system_topic_list(self) -> dict[str, Any]:
+        """RocketMQ's getSystemTopicList (GET_SYSTEM_TOPIC_LIST_FROM_NS): the cluster names and broker
+        names (the topics brokers register after them), and one broker address to ask for more."""
+        with self._lock:
+            topics: list[str] = []
+            for cluster, names in sorted(self.clusters.items()):
+                topics.append(cluster)
+                topics.extend(sorted(names))
+            addr = next((bd.brokerAddrs[min(bd.brokerAddrs)] for _, bd in sorted(self.brokers.items())
+                         if bd.brokerAddrs), None)
+            out: dict[str, Any] = {"topicList": topics}
+            if addr is not None:
+                out["brokerAddr"] = addr
+            return out
+
+    def topics_by_cluster(self, cluster: str) -> list[str]:
+        """The topics with queues on a broker of ``cluster`` (GET_TOPICS_BY_CLUSTER; none for a cluster
+        the name server does not know, as RocketMQ answers)."""
+        with self._lock:
+            names = self.clusters.get(cluster) or set()
+            return sorted(t for t, qs in self.topic_queues.items() if not names.isdisjoint(qs))

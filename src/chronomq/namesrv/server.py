@@ -144,6 +144,11 @@ class NameServer:
             return req.response(body=_json_body(self.routes.cluster_info()))
         if code == RequestCode.GET_ALL_TOPIC_LIST_FROM_NAMESERVER:
             return req.response(body=_json_body({"topicList": self.routes.topic_list()}))
+        if code == RequestCode.GET_SYSTEM_TOPIC_LIST_FROM_NS:
+            return req.response(body=_json_body(self.routes.system_topic_list()))
+        if code == RequestCode.GET_TOPICS_BY_CLUSTER:
+            topics = self.routes.topics_by_cluster(req.require_str("cluster"))
+            return req.response(body=_json_body({"topicList": topics}))
         if code == RequestCode.PUT_KV_CONFIG:
             self.kv.setdefault(req.require_str("namespace"), {})[req.require_str("key")] = req.require_str(
                 "value"

@@ -110,8 +110,9 @@ class Metadata:
         rx = re.compile(self.opts.subscribe_pattern)
         admin = self._a()
         names = set(admin.list_topics())
-        try:
-            hidden = set(admin.brokers())  # brokers register their own names as topics in RocketMQ
+        try:  # brokers register topics named after their cluster and themselves, as in RocketMQ
+            hidden = set(admin.brokers())
+            hidden.update(admin.cluster())
         except ClientError:
             hidden = set()
         return sorted(t for t in names if rx.fullmatch(t) and t not in SYSTEM_TOPICS and t not in hidden

@@ -81,8 +81,13 @@ class ClusterView:
         return rows
 
     async def topics(self, show_system: bool) -> list[dict[str, Any]]:
+        hidden: set[str] = set()
+        if not show_system:  # brokers register topics named after their cluster and themselves
+            for cluster, names in (await self.admin.cluster()).items():
+                hidden.add(cluster)
+                hidden.update(names)
         names = [t for t in await self.admin.list_topics()
-                 if show_system or not is_system_topic(t)][:MAX_ROWS]
+                 if show_system or not (is_system_topic(t) or t in hidden)][:MAX_ROWS]
 
         async def one(topic: str) -> dict[str, Any]:
             try:

@@ -4,7 +4,8 @@ offsets (GET_MAX_OFFSET, GET_MIN_OFFSET, SEARCH_OFFSET_BY_TIMESTAMP, GET_EARLIES
 GET_ALL_CONSUMER_OFFSET, GET_ALL_DELAY_OFFSET: what a slave copies) and the orderly consumers' queue
 locks (LOCK_BATCH_MQ, UNLOCK_BATCH_MQ).
 
-Rules: answered inline from the services; the schedule topic cannot be created or updated here.
+Rules: answered inline from the services; system topics (TopicConfigManager.is_system_topic: the
+schedule topic, TBW102, the cluster- and broker-named topics, ...) cannot be created or updated here.
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ import logging
 from typing import Any
 
 from chronomq.config import ASYNC_MASTER
-from chronomq.message import SCHEDULE_TOPIC
 from chronomq.remoting.codec import HeaderError, RemotingCommand
 from chronomq.remoting.codes import PERM_READ, PERM_WRITE, RequestCode, ResponseCode
 from chronomq.remoting.server import DEFERRED, Connection
@@ -140,8 +140,9 @@ class AdminProcessor(ProcessorBase):
 
     def update_and_create_topic(self, req: RemotingCommand, conn: Connection) -> RemotingCommand:
         topic = req.require_str("topic")
-        if topic in (SCHEDULE_TOPIC,):
-            return req.response(ResponseCode.SYSTEM_ERROR, remark=f"the topic {topic} is a system topic")
+        if self.topics.is_system_topic(topic):  # RocketMQ's answer (TopicValidator.isSystemTopic)
+            return req.response(ResponseCode.SYSTEM_ERROR,
+                                remark=f"The topic[{topic}] is conflict with system topic.")
         nums = self.config.defaultTopicQueueNums
         tc = TopicConfig(
             topic,

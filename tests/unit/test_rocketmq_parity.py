@@ -1,0 +1,174 @@
+"""Where the official Java client meets RocketMQ's broker behaviour, chronomq behaves the same (each test
+names the RocketMQ code it follows): the topics named after the cluster and the broker (TopicConfigManager)
+and the Java admin's createTopic through them (MQAdminImpl.createTopic), the name server's topic lists,
+CHECK_CLIENT_CONFIG (ClientManageProcessor.checkClientConfig), and the properties of a delivered
+delay-level message (ScheduleMessageService.messageTimeup) without a second delay on any re-put path.
+A real broker and name server in process, on loopback, driven by the raw-codec client."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from tests.conftest import async_wait_for, free_port
+from tests.integration.rawclient import AsyncRawClient, send_ext
+
+from chronomq.broker.controller import BrokerController
+from chronomq.broker.topics import TopicConfigManager
+from chronomq.clock import VirtualClock
+from chronomq.config import BrokerConfig
+from chronomq.namesrv.server import NameServer
+from chronomq.remoting.codes import PERM_INHERIT, PERM_READ, PERM_WRITE
+from chronomq.remoting.codes import RequestCode as R
+from chronomq.remoting.codes import ResponseCode as C
+
+CLUSTER = "DefaultCluster"
+BROKER = "broker-a"
+
+
+class Cluster:
+    """A name server and one broker registering with it over TCP, on a virtual clock."""
+
+    def __init__(self, tmp_path: Path, **overrides: str) -> None:
+        self.clock = VirtualClock()
+        self.ns = NameServer("127.0.0.1", free_port(), self.clock)
+        values = {"storePathRootDir": str(tmp_path / "store"), "listenPort": str(free_port()),
+                  "haListenPort": str(free_port()), "metricsPort": "-1",
+                  "messageDelayLevel": "1s 5s 10s 30s", **overrides}
+        self.values = values
+        self.clients: list[AsyncRawClient] = []
+        self.broker: BrokerController | None = None
+
+    async def start(self) -> None:
+        await self.ns.start()
+        config, _ = BrokerConfig.load(None, {**self.values, "namesrvAddr": self.ns.address})
+        self.broker = BrokerController(config, self.clock)
+        await self.broker.start()
+        await async_wait_for(lambda: self.ns.routes.topic_route("TBW102") is not None,
+                             message="the broker's registration")
+
+    @property
+    def b(self) -> BrokerController:
+        assert self.broker is not None
+        return self.broker
+
+    async def client(self, addr: str) -> AsyncRawClient:
+        c = await AsyncRawClient.connect(addr)
+        self.clients.append(c)
+        return c
+
+    async def close(self) -> None:
+        for c in self.clients:
+            await c.close()
+        if self.broker is not None:
+            await self.broker.shutdown()
+        await self.ns.stop()
+
+
+@pytest.fixture
+async def cluster(tmp_path: Path):
+    c = Cluster(tmp_path)
+    await c.start()
+    yield c
+    await c.close()
+
+
+def _body(resp: Any) -> Any:
+    assert resp.code == C.SUCCESS, resp.remark
+    return json.loads(resp.body)
+
+
+# --- 1. the cluster- and broker-named topics ----------------------------------------------------------
+def test_cluster_and_broker_topics_are_built_in_with_rocketmqs_shape(tmp_path: Path) -> None:
+    rw = PERM_READ | PERM_WRITE
+    t = TopicConfigManager(tmp_path, 4, True, 18, lambda: 1, cluster_name=CLUSTER, broker_name=BROKER)
+    c, b = t.get(CLUSTER), t.get(BROKER)
+    assert c is not None and (c.readQueueNums, c.writeQueueNums, c.perm) == (16, 16, PERM_INHERIT | rw)
+    assert b is not None and (b.readQueueNums, b.writeQueueNums, b.perm) == (1, 1, PERM_INHERIT | rw)
+    assert {CLUSTER, BROKER} <= set(t.snapshot())  # what goes into the registration
+    # disabled: still there (and routed), but neither readable nor writable
+    t = TopicConfigManager(tmp_path / "off", 4, True, 18, lambda: 1, cluster_name=CLUSTER,
+                           broker_name=BROKER, cluster_topic_enable=False, broker_topic_enable=False)
+    assert t.get(CLUSTER).perm == PERM_INHERIT and t.get(BROKER).perm == PERM_INHERIT  # type: ignore[union-attr]
+    # system topics as TopicValidator.isSystemTopic sees them on this broker
+    for name in (CLUSTER, BROKER, "TBW102", "SCHEDULE_TOPIC_XXXX", "RMQ_SYS_TRACE_TOPIC", "rmq_sys_x"):
+        assert t.is_system_topic(name), name
+    for name in ("%RETRY%g", "%DLQ%g", "TopicA"):
+        assert not t.is_system_topic(name), name
+
+
+def test_cluster_and_broker_topic_keys_come_from_broker_conf(tmp_path: Path) -> None:
+    conf = tmp_path / "broker.conf"
+    conf.write_text("clusterTopicEnable=false\nbrokerTopicEnable = false\n")
+    config, warnings = BrokerConfig.load(conf)
+    assert (config.clusterTopicEnable, config.brokerTopicEnable, warnings) == (False, False, [])
+    assert BrokerConfig().clusterTopicEnable and BrokerConfig().brokerTopicEnable
+
+
+async def test_name_server_routes_the_cluster_and_broker_names(cluster: Cluster) -> None:
+    ns = await cluster.client(cluster.ns.address)
+    for topic, queues in ((CLUSTER, 16), (BROKER, 1)):
+        route = _body(await ns.request(R.GET_ROUTEINFO_BY_TOPIC, {"topic": topic}))
+        assert route["brokerDatas"][0]["brokerAddrs"]["0"] == cluster.b.broker_addr
+        (qd,) = route["queueDatas"]
+        assert (qd["brokerName"], qd["writeQueueNums"], qd["perm"]) == (BROKER, queues, 7)
+    # every topic, as RocketMQ's getAllTopicList; the system list tells the cluster and broker names apart
+    assert {CLUSTER, BROKER, "TBW102"} <= set(_body(await ns.request(R.GET_ALL_TOPIC_LIST_FROM_NAMESERVER))
+                                                ["topicList"])
+    system = _body(await ns.request(R.GET_SYSTEM_TOPIC_LIST_FROM_NS))
+    assert system == {"topicList": [CLUSTER, BROKER], "brokerAddr": cluster.b.broker_addr}
+    by_cluster = _body(await ns.request(R.GET_TOPICS_BY_CLUSTER, {"cluster": CLUSTER}))["topicList"]
+    assert {CLUSTER, BROKER, "TBW102"} <= set(by_cluster)
+    assert _body(await ns.request(R.GET_TOPICS_BY_CLUSTER, {"cluster": "Nope"})) == {"topicList": []}
+
+
+async def test_java_admin_create_topic_by_cluster_key_end_to_end(cluster: Cluster) -> None:
+    """MQAdminImpl.createTopic(key=clusterName, newTopic, queueNum): the route of the key, then
+    UPDATE_AND_CREATE_TOPIC (CreateTopicRequestHeader as MQClientAPIImpl.createTopic fills it) to each
+    master of that route; the new topic is then routed."""
+    ns = await cluster.client(cluster.ns.address)
+    route = _body(await ns.request(R.GET_ROUTEINFO_BY_TOPIC, {"topic": CLUSTER}))
+    masters = [bd["brokerAddrs"]["0"] for bd in route["brokerDatas"]]
+    assert masters == [cluster.b.broker_addr]
+    broker = await cluster.client(masters[0])
+    header = {"topic": "JavaAdminTopic", "defaultTopic": CLUSTER, "readQueueNums": "6",
+              "writeQueueNums": "6", "perm": "6", "topicFilterType": "SINGLE_TAG", "topicSysFlag": "0",
+              "order": "false"}
+    resp = await broker.request(R.UPDATE_AND_CREATE_TOPIC, header)
+    assert resp.code == C.SUCCESS, resp.remark
+    await async_wait_for(lambda: cluster.ns.routes.topic_route("JavaAdminTopic") is not None,
+                         message="the new topic's route")
+    (qd,) = cluster.ns.routes.topic_route("JavaAdminTopic")["queueDatas"]  # type: ignore[index]
+    assert (qd["readQueueNums"], qd["writeQueueNums"], qd["perm"]) == (6, 6, 6)
+    # and the topic takes messages
+    assert (await broker.send_message("JavaAdminTopic", b"x", 5)).code == C.SUCCESS
+
+
+async def test_system_topics_cannot_be_created_or_updated(cluster: Cluster) -> None:
+    broker = await cluster.client(cluster.b.broker_addr)
+    for topic in (CLUSTER, BROKER, "TBW102", "SCHEDULE_TOPIC_XXXX", "rmq_sys_mine"):
+        resp = await broker.request(R.UPDATE_AND_CREATE_TOPIC, {"topic": topic, "readQueueNums": "1",
+                                                                "writeQueueNums": "1", "perm": "6"})
+        assert (resp.code, resp.remark) == (C.SYSTEM_ERROR,
+                                            f"The topic[{topic}] is conflict with system topic.")
+    assert cluster.b.topics.get(CLUSTER).writeQueueNums == 16  # type: ignore[union-attr]
+
+
+async def test_cluster_topic_is_a_create_key_even_without_auto_creation(tmp_path: Path) -> None:
+    """createTopicInSendMessageMethod: any default topic with INHERIT creates the topic; only TBW102
+    depends on autoCreateTopicEnable."""
+    c = Cluster(tmp_path, autoCreateTopicEnable="false")
+    await c.start()
+    try:
+        broker = await c.client(c.b.broker_addr)
+        resp = await broker.send_message("ViaTbw", b"x", 0)
+        assert resp.code == C.TOPIC_NOT_EXIST
+        ext = {**send_ext("ViaCluster", 0), "defaultTopic": CLUSTER}
+        resp = await broker.request(R.SEND_MESSAGE, ext, b"x")
+        assert resp.code == C.SUCCESS, resp.remark
+        tc = c.b.topics.get("ViaCluster")
+        assert tc is not None and tc.perm == PERM_READ | PERM_WRITE and tc.writeQueueNums == 4
+    finally:
+        await c.close()
