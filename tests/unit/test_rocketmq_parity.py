@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 from tests.conftest import async_wait_for, free_port
-from tests.integration.rawclient import AsyncRawClient, send_ext
+from tests.integration.rawclient import AsyncRawClient, pull_ext, send_ext
 
 from chronomq.broker.controller import BrokerController
 from chronomq.broker.topics import TopicConfigManager
@@ -172,3 +172,33 @@ async def test_cluster_topic_is_a_create_key_even_without_auto_creation(tmp_path
         assert tc is not None and tc.perm == PERM_READ | PERM_WRITE and tc.writeQueueNums == 4
     finally:
         await c.close()
+
+
+# --- 3. CHECK_CLIENT_CONFIG -------------------------------------------------------------------------
+def _check_body(expression_type: str | None, sub: str = "a > 1") -> bytes:
+    data: dict[str, Any] = {"topic": "T", "subString": sub, "tagsSet": [], "codeSet": [], "subVersion": 1,
+                            "classFilterMode": False}
+    if expression_type is not None:
+        data["expressionType"] = expression_type
+    return json.dumps({"clientId": "127.0.0.1@1", "group": "G", "subscriptionData": data}).encode()
+
+
+async def test_check_client_config_answers_as_rocketmq_without_property_filter(cluster: Cluster) -> None:
+    broker = await cluster.client(cluster.b.broker_addr)
+    for expression_type in ("TAG", None, ""):
+        resp = await broker.request(R.CHECK_CLIENT_CONFIG, body=_check_body(expression_type, "*"))
+        assert resp.code == C.SUCCESS, resp.remark
+    resp = await broker.request(R.CHECK_CLIENT_CONFIG, body=json.dumps({"clientId": "x"}).encode())
+    assert resp.code == C.SUCCESS  # nothing to check
+    resp = await broker.request(R.CHECK_CLIENT_CONFIG, body=_check_body("SQL92"))
+    assert (resp.code, resp.remark) == (
+        C.SYSTEM_ERROR, "The broker does not support consumer to filter message by SQL92")
+    # a pull by SQL92 gets the same answer
+    resp = await broker.request(R.PULL_MESSAGE, {**pull_ext("G", "TBW102", 0, 0), "expressionType": "SQL92"})
+    assert (resp.code, resp.remark) == (
+        C.SYSTEM_ERROR, "The broker does not support consumer to filter message by SQL92")
+    # bad bodies: a clear error, and the connection keeps serving
+    for body in (b"{not json", b"[1]", json.dumps({"subscriptionData": 3}).encode()):
+        resp = await broker.request(R.CHECK_CLIENT_CONFIG, body=body)
+        assert resp.code != C.SUCCESS and "CHECK_CLIENT_CONFIG" in resp.remark
+    assert (await broker.request(R.CHECK_CLIENT_CONFIG, body=_check_body("TAG"))).code == C.SUCCESS

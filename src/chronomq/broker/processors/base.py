@@ -59,6 +59,17 @@ def not_available_remark(store: Any, cause: str | None) -> str:
             f"has been shut down, etc. ({cause or 'the store refused the message'})")
 
 
+def is_tag_type(expression_type: str | None) -> bool:
+    """RocketMQ's ExpressionType.isTagType: no type, "" or "TAG"."""
+    return not expression_type or expression_type == "TAG"
+
+
+def no_filter_remark(expression_type: str) -> str:
+    """RocketMQ's answer to a subscription it cannot filter (enablePropertyFilter=false, which chronomq
+    always is: it filters by TAG only)."""
+    return f"The broker does not support consumer to filter message by {expression_type}"
+
+
 def dump_json(obj: Any) -> bytes:
     return json.dumps(obj, separators=(",", ":")).encode()
 

@@ -1,8 +1,10 @@
-"""HEART_BEAT (34) and UNREGISTER_CLIENT (35): producers and consumers coming and going (RocketMQ's
-ClientManageProcessor).
+"""HEART_BEAT (34), UNREGISTER_CLIENT (35) and CHECK_CLIENT_CONFIG (46): producers and consumers coming
+and going, and whether this broker can serve a consumer's subscription (RocketMQ's ClientManageProcessor).
 
 Rules: a heartbeat registers each consumer group (creating its retry topic when clustering) and each
 producer group; a change in a group's consumers is told through ``services.notify_consumer_ids_changed``.
+CHECK_CLIENT_CONFIG answers as RocketMQ's broker with enablePropertyFilter=false: SUCCESS for a TAG
+subscription (or none), SYSTEM_ERROR for any other expression type (SQL92): chronomq filters by TAG only.
 """
 
 from __future__ import annotations
@@ -11,11 +13,11 @@ import logging
 
 from chronomq.message import RETRY_GROUP_TOPIC_PREFIX
 from chronomq.remoting.codec import HeaderError, RemotingCommand
-from chronomq.remoting.codes import RequestCode
+from chronomq.remoting.codes import RequestCode, ResponseCode
 from chronomq.remoting.server import Connection
 
 from ..clients import ClientInfo, message_model_is_clustering
-from .base import Handler, ProcessorBase, parse_json_body
+from .base import Handler, ProcessorBase, is_tag_type, no_filter_remark, parse_json_body
 
 log = logging.getLogger("chronomq.broker")
 
@@ -27,6 +29,7 @@ class ClientManageProcessor(ProcessorBase):
         return {
             RequestCode.HEART_BEAT: self.heart_beat,
             RequestCode.UNREGISTER_CLIENT: self.unregister_client,
+            RequestCode.CHECK_CLIENT_CONFIG: self.check_client_config,
         }
 
     def heart_beat(self, req: RemotingCommand, conn: Connection) -> RemotingCommand:
@@ -64,3 +67,24 @@ class ClientManageProcessor(ProcessorBase):
             log.info("consumer %s left group %s", client_id, cg)
             self.services.notify_consumer_ids_changed(cg)
         return req.response()
+
+    def check_client_config(self, req: RemotingCommand, conn: Connection) -> RemotingCommand:
+        """CheckClientRequestBody {clientId, group, subscriptionData}: the Java push and lite-pull
+        consumers send it at start for each subscription that is not by TAG, and fail to start unless
+        the answer is SUCCESS."""
+        body = parse_json_body(req, "CHECK_CLIENT_CONFIG")
+        if not isinstance(body, dict):
+            raise HeaderError("CHECK_CLIENT_CONFIG body is not a JSON object")
+        sub = body.get("subscriptionData")
+        if sub is None:
+            return req.response()
+        if not isinstance(sub, dict):
+            raise HeaderError("CHECK_CLIENT_CONFIG subscriptionData is not a JSON object")
+        expression_type = sub.get("expressionType")
+        if expression_type is not None and not isinstance(expression_type, str):
+            raise HeaderError("CHECK_CLIENT_CONFIG subscriptionData.expressionType is not a string")
+        if is_tag_type(expression_type):
+            return req.response()
+        log.info("consumer %s of group %s subscribes to %s by %s, which this broker cannot filter",
+                 body.get("clientId"), body.get("group"), sub.get("topic"), expression_type)
+        return req.response(ResponseCode.SYSTEM_ERROR, remark=no_filter_remark(str(expression_type)))

@@ -33,7 +33,7 @@ from chronomq.remoting.server import Connection
 from chronomq.store.speedups import native
 from chronomq.store.types import GetResult, GetStatus
 
-from .base import Handler, ProcessorBase
+from .base import Handler, ProcessorBase, no_filter_remark
 
 MAX_PULL_MSGS = 256
 MAX_PULL_BYTES = 4 * 1024 * 1024
@@ -145,10 +145,8 @@ class PullProcessor(ProcessorBase):
                     f"{tc.readQueueNums} read queues",
                 ), False
         expr_type = req.ext_str("expressionType", "TAG") or "TAG"
-        if expr_type.upper() != "TAG":
-            return req.response(
-                ResponseCode.SYSTEM_ERROR, remark=f"this broker filters by TAG only, not by {expr_type}"
-            ), False
+        if expr_type.upper() != "TAG":  # chronomq filters by TAG only (RocketMQ's enablePropertyFilter=false)
+            return req.response(ResponseCode.SYSTEM_ERROR, remark=no_filter_remark(expr_type)), False
         tag_filter = self._filter(req, group, topic, sys_flag)
         r: GetResult = self.store.get_message(
             topic, queue_id, offset, max_msgs, max_bytes=MAX_PULL_BYTES, tag_filter=tag_filter
