@@ -476,7 +476,7 @@ async def test_delayed_send_is_parked_then_delivered(env: Env) -> None:
     await env.clock.advance(5_000)
     await _wait_max(env, "DT", 1, 1)
     (m,) = await _pull_all(env, c, "DT", 1)
-    assert m.body == b"later" and "DELAY" not in m.properties and m.properties["REAL_TOPIC"] == "DT"
+    assert m.body == b"later" and m.properties["DELAY"] == "2" and m.properties["REAL_TOPIC"] == "DT"
     stats = json.loads((await c.request(R.CHRONOMQ_DELAY_STATS)).body)
     assert stats["levels"][1]["delivered"] == 1 and stats["early_deliveries"] == 0
 

@@ -109,7 +109,7 @@ def test_restore_real_round_trip(tmp_path):
     parked.reconsume_times = 4
     real = restore_real(parked, make_source(2, 17, 4096))
     assert (real.topic, real.queue_id) == ("TopicA", 2)
-    assert PROPERTY_DELAY_TIME_LEVEL not in real.properties
+    assert real.properties[PROPERTY_DELAY_TIME_LEVEL] == "2"  # kept, as RocketMQ's messageTimeup stores it
     assert real.properties[PROPERTY_REAL_TOPIC] == "TopicA"
     assert real.properties[PROPERTY_UNIQ_KEY] == "U1"
     assert parse_source(real.properties[PROPERTY_DELAY_SOURCE]) == (2, 17, 4096)
@@ -188,7 +188,7 @@ def test_send_back_ladder_then_dlq(tmp_path):
     assert levels == [3 + i for i in range(16)]  # 10 s, 30 s, 1 m, ... (19+ clamp to 18 on put)
     dead = svc.build_send_back(msg, "CG", 0, None)
     assert (dead.topic, dead.queue_id, dead.reconsume_times) == ("%DLQ%CG", 0, 17)
-    assert PROPERTY_DELAY_TIME_LEVEL not in dead.properties
+    assert dead.properties[PROPERTY_DELAY_TIME_LEVEL] == "0"  # RocketMQ's setDelayTimeLevel(0)
     assert svc.prepare_put(dead).topic == "%DLQ%CG"
     assert dead.properties[PROPERTY_ORIGIN_MESSAGE_ID] == origin
 

@@ -174,4 +174,4 @@ def test_delivery_path_outcomes_per_item() -> None:
     assert "not found" in (out[2].error or "") and "REAL_TOPIC" in (out[1].error or "")
     (m,) = store.put
     assert (m.topic, m.queue_id, m.body) == ("A", 2, b"A")
-    assert "DELAY" not in m.properties and m.properties[PROPERTY_DELAY_SOURCE] == "2:0:0"
+    assert m.properties["DELAY"] == "2" and m.properties[PROPERTY_DELAY_SOURCE] == "2:0:0"

@@ -19,6 +19,8 @@ from chronomq.broker.controller import BrokerController
 from chronomq.broker.topics import TopicConfigManager
 from chronomq.clock import VirtualClock
 from chronomq.config import BrokerConfig
+from chronomq.delay.delivery import PROPERTY_DELAY_SOURCE
+from chronomq.message import SCHEDULE_TOPIC, MessageExt, decode_records
 from chronomq.namesrv.server import NameServer
 from chronomq.remoting.codes import PERM_INHERIT, PERM_READ, PERM_WRITE
 from chronomq.remoting.codes import RequestCode as R
@@ -202,3 +204,64 @@ async def test_check_client_config_answers_as_rocketmq_without_property_filter(c
         resp = await broker.request(R.CHECK_CLIENT_CONFIG, body=body)
         assert resp.code != C.SUCCESS and "CHECK_CLIENT_CONFIG" in resp.remark
     assert (await broker.request(R.CHECK_CLIENT_CONFIG, body=_check_body("TAG"))).code == C.SUCCESS
+
+
+# --- 2. the DELAY property of a delivered delay-level message ----------------------------------------------
+async def _queue(cluster: Cluster, c: AsyncRawClient, topic: str, qid: int, n: int) -> list[MessageExt]:
+    """The first ``n`` messages of a queue, once the store has them."""
+    store = cluster.b.store
+    await async_wait_for(lambda: store.get_max_offset_in_queue(topic, qid) >= n, message=f"{topic}:{qid}")
+    resp = await c.pull("G", topic, qid, 0)
+    assert resp.code == C.SUCCESS, resp.remark
+    return decode_records(resp.body)[:n]
+
+
+async def test_delivered_level_message_keeps_delay_real_topic_and_real_qid(cluster: Cluster) -> None:
+    """ScheduleMessageService.messageTimeup stores the parked properties (DELAY, clamped to the highest
+    level on the way in, REAL_TOPIC, REAL_QID) before it clears DELAY for the put's own decision."""
+    c = await cluster.client(cluster.b.broker_addr)
+    props = {"TAGS": "t", "KEYS": "k", "UNIQ_KEY": "U-D", "user": "v"}
+    assert (await c.send_message("DelayT", b"two", 1, {**props, "DELAY": "2"})).code == C.SUCCESS
+    assert (await c.send_message("DelayT", b"top", 3, {**props, "DELAY": "9"})).code == C.SUCCESS
+    await _queue(cluster, c, SCHEDULE_TOPIC, 3, 1)  # both parked (level 4 is the highest of four)
+    assert cluster.b.store.get_max_offset_in_queue("DelayT", 1) == 0
+    await cluster.clock.advance(30_000)
+    (two,) = await _queue(cluster, c, "DelayT", 1, 1)
+    (top,) = await _queue(cluster, c, "DelayT", 3, 1)
+    for m, level, qid in ((two, "2", "1"), (top, "4", "3")):
+        visible = {k: v for k, v in m.properties.items() if k != PROPERTY_DELAY_SOURCE}
+        assert visible == {**props, "DELAY": level, "REAL_TOPIC": "DelayT", "REAL_QID": qid}
+    # the delivered copy stays where it is: nothing parked again
+    await cluster.clock.advance(60_000)
+    assert cluster.b.store.get_max_offset_in_queue(SCHEDULE_TOPIC, 1) == 1
+    assert cluster.b.store.get_max_offset_in_queue("DelayT", 1) == 1
+
+
+async def test_a_delivered_copy_sent_back_is_not_delayed_by_its_old_level(cluster: Cluster) -> None:
+    """CONSUMER_SEND_MSG_BACK sets its own level (SendMessageProcessor.asyncConsumerSendMsgBack): the retry
+    ladder's (3 + reconsume times, not the copy's DELAY), or 0 into the DLQ, which takes it at once."""
+    c = await cluster.client(cluster.b.broker_addr)
+    assert (await c.send_message("Back", b"x", 0, {"DELAY": "1"})).code == C.SUCCESS
+    await cluster.clock.advance(1_000)
+    (m,) = await _queue(cluster, c, "Back", 0, 1)
+    assert m.properties["DELAY"] == "1"
+    back = {"group": "G", "offset": str(m.commit_log_offset), "delayLevel": "0"}
+    assert (await c.request(R.CONSUMER_SEND_MSG_BACK, back)).code == C.SUCCESS
+    (retry,) = await _queue(cluster, c, SCHEDULE_TOPIC, 2, 1)  # level 3 (queue 2), not the copy's 1
+    assert (retry.properties["DELAY"], retry.properties["REAL_TOPIC"]) == ("3", "%RETRY%G")
+    resp = await c.request(R.CONSUMER_SEND_MSG_BACK, {**back, "maxReconsumeTimes": "0"})
+    assert resp.code == C.SUCCESS
+    (dead,) = await _queue(cluster, c, "%DLQ%G", 0, 1)  # no clock advance: not parked
+    assert dead.properties["DELAY"] == "0" and dead.body == b"x"
+    assert cluster.b.store.get_max_offset_in_queue(SCHEDULE_TOPIC, 0) == 1  # only the original
+
+
+async def test_a_retry_send_diverted_to_the_dlq_is_not_parked(cluster: Cluster) -> None:
+    """The Java consumer's fallback when the send-back fails: SEND_MESSAGE to %RETRY%<group> with DELAY =
+    3 + reconsume times; past the limit the broker diverts it to the DLQ with level 0 (handleRetryAndDLQ)."""
+    c = await cluster.client(cluster.b.broker_addr)
+    ext = send_ext("%RETRY%G", 0, {"DELAY": "3", "UNIQ_KEY": "U-R"}, reconsume=16)
+    assert (await c.request(R.SEND_MESSAGE, ext, b"late")).code == C.SUCCESS
+    (dead,) = await _queue(cluster, c, "%DLQ%G", 0, 1)
+    assert dead.properties["DELAY"] == "0" and dead.body == b"late"
+    assert cluster.b.store.get_max_offset_in_queue(SCHEDULE_TOPIC, 2) == 0

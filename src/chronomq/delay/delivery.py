@@ -24,7 +24,6 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from chronomq.message import (
     MAGIC_V1,
     POS_BODY,
-    PROPERTY_DELAY_TIME_LEVEL,
     PROPERTY_REAL_QUEUE_ID,
     PROPERTY_REAL_TOPIC,
     RECORD_FIXED_SIZE,
@@ -124,8 +123,10 @@ def decode_to_put(buf: bytes, pos: int, size: int, store_host: tuple[str, int]) 
 
 # --- the level service's restore: real topic and queue from REAL_TOPIC / REAL_QID ---------------------------
 def _restored_properties(props: dict[str, str], source: str | None) -> None:
-    """The real message's properties: DELAY removed, the delay source recorded (or removed)."""
-    props.pop(PROPERTY_DELAY_TIME_LEVEL, None)
+    """The real message's properties: the parked ones (DELAY, REAL_TOPIC and REAL_QID kept, as RocketMQ's
+    ScheduleMessageService.messageTimeup stores them), the delay source recorded (or removed). The
+    copy's DELAY parks nothing again: the store parks by topic only, and every path that re-puts a
+    consumed message sets its own level (send-back: the retry level, or 0 for the DLQ)."""
     if source is not None:
         props[PROPERTY_DELAY_SOURCE] = source
     else:
@@ -133,9 +134,9 @@ def _restored_properties(props: dict[str, str], source: str | None) -> None:
 
 
 def restore_real(parked: MessageExt, source: str | None) -> MessageExt:
-    """The message to put on the real topic: topic = REAL_TOPIC, queue = REAL_QID, DELAY removed
-    (REAL_TOPIC/REAL_QID stay, as in RocketMQ); body, flag, sysFlag, born timestamp/host and reconsume
-    times copied. Raises UndeliverableError when REAL_TOPIC/REAL_QID are missing or invalid."""
+    """The message to put on the real topic: topic = REAL_TOPIC, queue = REAL_QID, properties kept
+    (DELAY, REAL_TOPIC and REAL_QID stay, as in RocketMQ); body, flag, sysFlag, born timestamp/host and
+    reconsume times copied. Raises UndeliverableError when REAL_TOPIC/REAL_QID are missing or invalid."""
     props = dict(parked.properties)
     real_topic = props.get(PROPERTY_REAL_TOPIC)
     if not real_topic or validate_topic(real_topic) is not None:
@@ -169,7 +170,7 @@ _NO_HOST = ("127.0.0.1", 0)
 
 def _restore_props(props: dict[str, str], source: str | None) -> tuple[str, int]:
     """The parked message's real topic and queue id (checked), and its properties edited in place for
-    the copy: no DELAY level, the delay source recorded (or dropped)."""
+    the copy: the delay source recorded (or dropped)."""
     real_topic = props.get(PROPERTY_REAL_TOPIC)
     if real_topic not in _VALID_TOPICS:
         if not real_topic or validate_topic(real_topic) is not None:

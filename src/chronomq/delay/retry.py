@@ -45,7 +45,8 @@ def build_send_back(msg: MessageExt, group: str, delay_level: int, max_reconsume
                     strip: tuple[str, ...] = ()) -> MessageExt:
     """The message to store for a send-back of ``msg`` (the copy the consumer consumed).
 
-    reconsume_times >= max, or delay_level < 0 -> ``%DLQ%<group>`` queue 0, no delay. Otherwise
+    reconsume_times >= max, or delay_level < 0 -> ``%DLQ%<group>`` queue 0, DELAY = 0 (RocketMQ's
+    setDelayTimeLevel(0): whatever level the consumed copy still carries, it is not parked). Otherwise
     ``%RETRY%<group>`` queue 0 with DELAY = delay_level if > 0 else 3 + reconsume_times (clamping to
     the highest level happens in prepare_put). Body, flag, sysFlag, born timestamp/host and properties
     are copied; RETRY_TOPIC is set on first send-back; ORIGIN_MESSAGE_ID keeps the first copy's
@@ -58,7 +59,7 @@ def build_send_back(msg: MessageExt, group: str, delay_level: int, max_reconsume
         props[PROPERTY_ORIGIN_MESSAGE_ID] = msg.msg_id
     if msg.reconsume_times >= max_reconsume_times or delay_level < 0:
         topic = dlq_topic(group)
-        props.pop(PROPERTY_DELAY_TIME_LEVEL, None)
+        props[PROPERTY_DELAY_TIME_LEVEL] = "0"
     else:
         topic = retry_topic(group)
         level = delay_level if delay_level > 0 else RETRY_BASE_LEVEL + msg.reconsume_times

@@ -21,6 +21,7 @@ from chronomq.config import SYNC_MASTER
 from chronomq.ha import SlaveWait
 from chronomq.message import (
     DLQ_GROUP_TOPIC_PREFIX,
+    PROPERTY_DELAY_TIME_LEVEL,
     PROPERTY_MAX_RECONSUME_TIMES,
     PROPERTY_WAIT_STORE_MSG_OK,
     RETRY_GROUP_TOPIC_PREFIX,
@@ -248,12 +249,14 @@ class SendProcessor(ProcessorBase):
             if batch:
                 return req.response(ResponseCode.MESSAGE_ILLEGAL,
                                     remark="a transactional message cannot be sent in a batch")
-        # a producer resending to a retry topic too often: dead letter (Java handleRetryAndDLQ)
+        # a producer resending to a retry topic too often: dead letter at once (Java handleRetryAndDLQ,
+        # which sets the delay level to 0: the retry level the consumer asked for must not park it)
         if topic.startswith(RETRY_GROUP_TOPIC_PREFIX) and not batch and reconsume >= self._max_reconsume(
                 req, props):
             topic = DLQ_GROUP_TOPIC_PREFIX + topic[len(RETRY_GROUP_TOPIC_PREFIX) :]
             self.topics.create_system(topic, 1)
             queue_id = 0
+            props[PROPERTY_DELAY_TIME_LEVEL] = "0"
         return _SendTarget(topic, queue_id, props, flag, sys_flag, born_ts, reconsume)
 
     def _batch_messages(self, req: RemotingCommand, conn: Connection, target: _SendTarget
