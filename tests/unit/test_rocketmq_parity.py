@@ -126,6 +126,28 @@ async def test_name_server_routes_the_cluster_and_broker_names(cluster: Cluster)
     assert _body(await ns.request(R.GET_TOPICS_BY_CLUSTER, {"cluster": "Nope"})) == {"topicList": []}
 
 
+def test_delete_topic_in_namesrv_as_rocketmq() -> None:
+    """DELETE_TOPIC_IN_NAMESRV (mqadmin deleteTopic's second step): the whole route, or with clusterName
+    (5.x) only the queues on that cluster's brokers."""
+    from chronomq.namesrv import RouteInfoManager
+    from chronomq.remoting.codec import RemotingCommand
+
+    ns = NameServer("127.0.0.1", 0, VirtualClock())
+    tc = {"T": {"readQueueNums": 2, "writeQueueNums": 2, "perm": 6}, "U": {"readQueueNums": 1}}
+    for cluster, name in (("C1", "b1"), ("C2", "b2")):
+        ns.routes.register_broker(cluster, name, f"10.0.0.{name[1]}:10911", 0, "", tc, {"counter": 1}, 0)
+    assert isinstance(ns.routes, RouteInfoManager)
+
+    def delete(**ext: str) -> None:
+        resp = ns.handle_sync(RemotingCommand.request(R.DELETE_TOPIC_IN_NAMESRV, ext), None)
+        assert resp is not None and resp.code == C.SUCCESS
+
+    delete(topic="T", clusterName="C1")
+    assert [q["brokerName"] for q in ns.routes.topic_route("T")["queueDatas"]] == ["b2"]  # type: ignore[index]
+    delete(topic="T")
+    assert ns.routes.topic_route("T") is None and ns.routes.topic_route("U") is not None
+
+
 async def test_java_admin_create_topic_by_cluster_key_end_to_end(cluster: Cluster) -> None:
     """MQAdminImpl.createTopic(key=clusterName, newTopic, queueNum): the route of the key, then
     UPDATE_AND_CREATE_TOPIC (CreateTopicRequestHeader as MQClientAPIImpl.createTopic fills it) to each

@@ -154,6 +154,16 @@ class RouteInfoManager:
                     for topic in list(self.topic_queues):
                         self._drop_queue(topic, broker_name)
 
+    def delete_topic(self, topic: str, cluster: str | None = None) -> None:
+        """DELETE_TOPIC_IN_NAMESRV (RocketMQ's deleteTopic): the topic's route, or with ``cluster`` only
+        its queues on that cluster's brokers. A broker that still has the topic registers it again."""
+        with self._lock:
+            if not cluster:
+                self.topic_queues.pop(topic, None)
+                return
+            for name in self.clusters.get(cluster) or ():
+                self._drop_queue(topic, name)
+
     def _remove_addr(self, addr: str) -> None:
         for bd in list(self.brokers.values()):
             for bid, a in list(bd.brokerAddrs.items()):

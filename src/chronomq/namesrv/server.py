@@ -149,6 +149,9 @@ class NameServer:
         if code == RequestCode.GET_TOPICS_BY_CLUSTER:
             topics = self.routes.topics_by_cluster(req.require_str("cluster"))
             return req.response(body=_json_body({"topicList": topics}))
+        if code == RequestCode.DELETE_TOPIC_IN_NAMESRV:
+            self.routes.delete_topic(req.require_str("topic"), req.ext_str("clusterName"))
+            return req.response()
         if code == RequestCode.PUT_KV_CONFIG:
             self.kv.setdefault(req.require_str("namespace"), {})[req.require_str("key")] = req.require_str(
                 "value"
