@@ -25,6 +25,18 @@ SYNC_MASTER = "SYNC_MASTER"
 SLAVE = "SLAVE"
 BROKER_ROLES = (ASYNC_MASTER, SYNC_MASTER, SLAVE)
 
+TLS_MODES = ("disabled", "permissive", "enforcing")
+# RocketMQ's names for the TLS keys: its TlsSystemConfig system properties, and the proxy's
+# tlsCertPath/tlsKeyPath, which are chronomq's own names
+TLS_KEY_ALIASES = {
+    "tls.server.mode": "tlsServerMode",
+    "tls.test.mode.enable": "tlsTestModeEnable",
+    "tls.server.certPath": "tlsCertPath",
+    "tls.server.keyPath": "tlsKeyPath",
+    "tls.server.need.client.auth": "tlsServerNeedClientAuth",
+    "tls.server.trustCertPath": "tlsServerTrustCertPath",
+}
+
 
 class ConfigError(ValueError):
     """A configuration value that cannot be used; the message says which key and why."""
@@ -128,6 +140,15 @@ class BrokerConfig:
     # 5.x consumer groups that consume in order (RocketMQ's group attribute "consume orderly"):
     # comma-separated names; a queue hands such a group nothing new while a message of it is in flight
     grpcFifoGroups: str = ""
+    # TLS on the gRPC endpoint's port (docs/grpc.md, "TLS"). RocketMQ's names are accepted too: its
+    # system properties tls.server.mode, tls.test.mode.enable, tls.server.certPath, tls.server.keyPath,
+    # tls.server.need.client.auth, tls.server.trustCertPath (see TLS_KEY_ALIASES)
+    tlsServerMode: str = "permissive"  # disabled (plaintext only) | permissive (both, one port) | enforcing
+    tlsTestModeEnable: bool = True  # no tlsCertPath: serve a self-signed certificate kept in the data dir
+    tlsCertPath: str = ""  # PEM certificate chain (the proxy's key name)
+    tlsKeyPath: str = ""  # its PEM private key, unencrypted
+    tlsServerNeedClientAuth: str = "none"  # none | require (mutual TLS: a client certificate is verified)
+    tlsServerTrustCertPath: str = ""  # PEM certificates client certificates must chain to (with require)
     # ACL 1.0: every request signed by an account of aclFile ("": <storePathRootDir>/conf/plain_acl.yml)
     aclEnable: bool = False
     aclFile: str = ""
@@ -203,6 +224,7 @@ class BrokerConfig:
         if not -1 <= self.grpcListenPort < 65536 or self.grpcListenPort in (self.listenPort, self.ha_port):
             raise ConfigError(f"grpcListenPort: {self.grpcListenPort} must be -1 (off), 0 (any free port) "
                               "or a TCP port other than listenPort and the HA port")
+        self._validate_tls()
         if not 0 <= self.haListenPort < 65536 or self.ha_port == self.listenPort or self.ha_port > 65535:
             raise ConfigError(f"haListenPort: {self.haListenPort} must be a TCP port other than listenPort")
         for name in ("haSendHeartbeatInterval", "haHousekeepingInterval", "haTransferBatchSize",
@@ -248,6 +270,25 @@ class BrokerConfig:
             raise ConfigError(f"deleteWhen: {self.deleteWhen!r} must be hours 00..23 separated by ';'")
         parse_delay_levels(self.messageDelayLevel)
 
+    def _validate_tls(self) -> None:
+        if self.tlsServerMode not in TLS_MODES:
+            raise ConfigError(f"tlsServerMode (tls.server.mode): {self.tlsServerMode!r} must be one of "
+                              f"{', '.join(TLS_MODES)}")
+        if self.tlsServerNeedClientAuth not in ("none", "require"):
+            raise ConfigError(f"tlsServerNeedClientAuth (tls.server.need.client.auth): "
+                              f"{self.tlsServerNeedClientAuth!r} must be none or require (the gRPC endpoint "
+                              "cannot ask for an optional client certificate)")
+        if bool(self.tlsCertPath) != bool(self.tlsKeyPath):
+            raise ConfigError("tlsCertPath and tlsKeyPath (tls.server.certPath, tls.server.keyPath): set "
+                              "both or neither")
+        if self.tlsServerMode != "disabled" and not self.tlsCertPath and not self.tlsTestModeEnable:
+            raise ConfigError(f"tlsServerMode {self.tlsServerMode} needs tlsCertPath and tlsKeyPath, or "
+                              "tlsTestModeEnable=true (a self-signed certificate)")
+        if self.tlsServerNeedClientAuth == "require" and not self.tlsServerTrustCertPath:
+            raise ConfigError("tlsServerNeedClientAuth=require needs tlsServerTrustCertPath "
+                              "(tls.server.trustCertPath), the certificates client certificates must chain "
+                              "to")
+
     def _validate_connection_limits(self) -> None:
         least = self.maxMessageSize + 64 * 1024  # a message of the largest size and its header
         if not least <= self.frameMaxLength <= 1 << 30:
@@ -272,6 +313,7 @@ class BrokerConfig:
         warnings = []
         fields = {f.name: f for f in dataclasses.fields(self) if f.name != "extra"}
         for key, raw in values.items():
+            key = TLS_KEY_ALIASES.get(key, key)
             f = fields.get(key)
             if f is None:
                 self.extra[key] = raw
