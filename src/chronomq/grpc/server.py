@@ -3,8 +3,12 @@ maps /apache.rocketmq.v2.MessagingService/<Rpc> to ``MessagingService``.
 
 Rules: an RPC chronomq does not serve answers the gRPC status UNIMPLEMENTED (grpc does it when the
 handler returns None); a refused request answers its v2 status code; an unexpected error answers
-INTERNAL_ERROR; nothing hangs. The port is bound without SO_REUSEPORT, so a second broker on the same
-port fails to start its endpoint instead of sharing the port.
+INTERNAL_ERROR; nothing hangs.
+
+TLS (docs/grpc.md, "TLS"): grpc listens on 127.0.0.1 only, on a plaintext port unless the mode is
+enforcing and on a TLS port (grpc's own TLS) unless it is disabled; the public port is ``front.PortFront``,
+which sends each connection to the internal port of its kind or closes it. Every port is bound without
+SO_REUSEPORT, so a second broker on the same port fails to start its endpoint instead of sharing the port.
 """
 
 from __future__ import annotations
@@ -15,9 +19,12 @@ from typing import Any
 
 import grpc
 
+from . import tls as tls_settings
 from ._proto import rocketmq_v2_pb2 as pb
 from .convert import status
+from .front import PortFront
 from .service import MessagingService, Refused
+from .tls import TlsSettings
 
 log = logging.getLogger("chronomq.grpc")
 
@@ -88,12 +95,15 @@ class _Handler(grpc.GenericRpcHandler):
 
 class GrpcServer:
     """``await start()`` binds ``host:port`` (0: any free port; ``port`` is the bound one afterwards);
-    ``await stop()``."""
+    ``await stop()``. ``tls``: the TLS settings (default: read from the service's broker configuration,
+    see ``tls.load``)."""
 
-    def __init__(self, svc: MessagingService, host: str, port: int) -> None:
+    def __init__(self, svc: MessagingService, host: str, port: int, tls: TlsSettings | None = None) -> None:
         self.svc = svc
         self.host = host
         self.port = port
+        self.tls = tls
+        self.front: PortFront | None = None
         self._server: grpc.aio.Server | None = None
 
     @property
@@ -101,6 +111,9 @@ class GrpcServer:
         return f"{self.host}:{self.port}"
 
     async def start(self) -> None:
+        config = self.svc.config
+        tls = self.tls if self.tls is not None else tls_settings.load(config)
+        self.tls = tls
         server = grpc.aio.server(
             options=[
                 ("grpc.so_reuseport", 0),
@@ -109,17 +122,39 @@ class GrpcServer:
             ]
         )
         server.add_generic_rpc_handlers((_Handler(self.svc),))
+        plaintext_port = tls_port = None
         try:
-            bound = server.add_insecure_port(f"{self.host}:{self.port}")
+            if tls.serves_plaintext:
+                plaintext_port = server.add_insecure_port("127.0.0.1:0")
+            if tls.serves_tls:
+                tls_port = server.add_secure_port("127.0.0.1:0", tls.server_credentials())
         except RuntimeError as e:
-            raise OSError(f"cannot listen on {self.host}:{self.port}: {e}") from None
-        if not bound:
-            raise OSError(f"cannot listen on {self.host}:{self.port}")
-        self.port = bound
+            raise OSError(f"cannot listen on an internal port of 127.0.0.1: {e}") from None
+        if plaintext_port == 0 or tls_port == 0:
+            raise OSError("cannot listen on an internal port of 127.0.0.1")
         await server.start()
+        front = PortFront(
+            self.host, self.port, tls.mode, plaintext_port=plaintext_port, tls_port=tls_port,
+            max_connections=getattr(config, "serverMaxConnections", 0),
+            max_connections_per_ip=getattr(config, "serverMaxConnectionsPerIp", 0),
+            first_bytes_timeout=getattr(config, "serverFrameReadTimeoutMillis", 30_000) / 1000,
+        )
+        try:
+            await front.start()
+        except OSError as e:
+            await server.stop(0)
+            raise OSError(f"cannot listen on {self.host}:{self.port}: {e.strerror or e}") from None
+        self.port = front.port
+        self.front = front
         self._server = server
+        self.svc.peer_of = front.client_of
+        log.info("gRPC endpoint: TLS %s on %s%s", tls.mode, self.address,
+                 f", certificate {tls.cert_path}" if tls.cert_path is not None else "")
 
     async def stop(self, grace: float = 1.0) -> None:
+        front, self.front = self.front, None
+        if front is not None:
+            await front.stop()
         server, self._server = self._server, None
         if server is not None:
             await server.stop(grace)

@@ -78,9 +78,8 @@ def _metadata(ctx: grpc.aio.ServicerContext) -> dict[str, str]:
     return {k: v for k, v in (ctx.invocation_metadata() or ()) if isinstance(v, str)}
 
 
-def _peer(ctx: grpc.aio.ServicerContext) -> tuple[str, int]:
+def _peer(peer: str) -> tuple[str, int]:
     """ipv4:127.0.0.1:5555 -> ("127.0.0.1", 5555)."""
-    peer = ctx.peer() or ""
     kind, _, rest = peer.partition(":")
     host, _, port = rest.rpartition(":")
     host = host.strip("[]") if kind in ("ipv4", "ipv6") else "0.0.0.0"
@@ -98,6 +97,8 @@ class MessagingService:
         self.clock = services.clock
         self.config = services.config
         self.pop = PopTable(services.offsets.path.parent)  # beside consumerOffset.json
+        # grpc's peer() -> the client's address: the server's front relays every connection from 127.0.0.1
+        self.peer_of: Callable[[str], str] = lambda peer: peer
         for (group, topic, q), st in self.pop.queues.items():  # consumerOffset.json may be older
             services.offsets.commit(group, topic, q, st.committed)
         self.clients: dict[str, ClientRecord] = {}
@@ -107,6 +108,10 @@ class MessagingService:
         self._rr = itertools.count()
         self.sent = 0
         self.received = 0
+
+    def _client_peer(self, ctx: grpc.aio.ServicerContext) -> str:
+        """The client's address as grpc writes a peer (ipv4:host:port), not the front's relay."""
+        return self.peer_of(ctx.peer() or "")
 
     # --- shared checks -------------------------------------------------------------------------------------
     def _topic(self, name: str, *, create: bool = False) -> TopicConfig:
@@ -160,7 +165,7 @@ class MessagingService:
             client_type or (old.client_type if old else 0),
             group or (old.group if old else ""),
             now,
-            ctx.peer() or "",
+            self._client_peer(ctx),
         )
 
     # --- QueryRoute, QueryAssignment ----------------------------------------------------------------------
@@ -215,7 +220,7 @@ class MessagingService:
         registers it for transaction checks); other commands from the client (stack traces, verify
         results) need no answer. The server's own commands (transaction checks) go out on the same
         stream. It stays open until the client ends it or the server stops."""
-        peer = ctx.peer() or ""
+        peer = self._client_peer(ctx)
         channel = TelemetryChannel(_metadata(ctx).get("x-mq-client-id", "") or peer, peer)
         reader = asyncio.ensure_future(self._read_telemetry(requests, ctx, channel))
         try:
@@ -316,7 +321,7 @@ class MessagingService:
                 status=status(e.code, str(e)), message_id=m.system_properties.message_id
             )
         queue_id = convert.fifo_queue(out.group, tc.writeQueueNums) if out.group is not None else -1
-        peer = _peer(ctx)
+        peer = _peer(self._client_peer(ctx))
         born_host = (out.born_host[0] if out.born_host[0] != "0.0.0.0" else peer[0], peer[1])
         a = await self.calls.send(
             out.topic,
