@@ -421,8 +421,13 @@ def grpc5_node() -> str:
 def _driver_env(name: str = "") -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
     # rocketmq-client-cpp writes its logs (and broadcasting offsets) under $HOME/logs/rocketmq-cpp;
-    # the Node.js client's default logger under $HOME/logs/rocketmq.
-    home = (NODE5_DIR if name.endswith(".mjs") else COMPAT_VENV) / "home"
+    # the Node.js client's default logger under $HOME/logs/rocketmq; the Go client its local files.
+    if name.startswith("go:"):
+        from tests.compat.golang import GO_DRIVER_HOME as home
+
+        env["ROCKETMQ_GO_LOG_LEVEL"] = "warn"
+    else:
+        home = (NODE5_DIR if name.endswith(".mjs") else COMPAT_VENV) / "home"
     home.mkdir(parents=True, exist_ok=True)
     env["HOME"] = str(home)
     env["PYTHONUNBUFFERED"] = "1"
@@ -431,6 +436,10 @@ def _driver_env(name: str = "") -> dict[str, str]:
 
 
 def _driver_cmd(name: str, args: dict[str, Any]) -> list[str]:
+    if name.startswith("go:"):  # the Go client: one binary, the op named after the colon
+        from tests.compat.golang import go_driver
+
+        return [str(go_driver()), json.dumps({**args, "op": name[3:]})]
     if name.endswith(".mjs"):  # the 5.x Node.js client
         script = DRIVERS / name
         if not script.exists():
