@@ -79,7 +79,7 @@ def test_sigkill_mid_delivery_then_restart_exactly_once(tmp_path: Path) -> None:
         for m in got:
             level = born_floor[m.body.decode()]
             assert m.store_timestamp >= m.born_timestamp + LEVELS_MS[level - 1]
-            assert "DELAY" not in m.properties and m.properties["REAL_TOPIC"] == TOPIC
+            assert m.properties["DELAY"] == str(level) and m.properties["REAL_TOPIC"] == TOPIC
         # the restarted broker keeps delivering new delayed messages
         with Producer("PG_kill", proc.namesrv_addr) as producer:
             sent_at = int(time.time() * 1000)

@@ -123,7 +123,7 @@ def check_deliveries(env: Env, msgs: list[MessageExt], expect_all: bool = True) 
         body = m.body.decode()
         level, due = env.expected[body]
         assert m.store_timestamp == due, (body, level, m.store_timestamp - due)
-        assert PROPERTY_DELAY_TIME_LEVEL not in m.properties
+        assert m.properties[PROPERTY_DELAY_TIME_LEVEL] == str(level)  # kept, as RocketMQ keeps it
         assert m.properties[PROPERTY_REAL_TOPIC] == m.topic
         assert m.properties[PROPERTY_REAL_QUEUE_ID] == str(m.queue_id)
         assert m.properties["KEYS"] == body
