@@ -7,7 +7,15 @@ from pathlib import Path
 
 import pytest
 
-from tests.compat.harness import ChronomqProcess, official_python
+from tests.compat.harness import ChronomqProcess, CompatUnavailable, official_python
+from tests.compat.reference import (
+    REFERENCE_POM,
+    ROCKETMQ4,
+    ROCKETMQ5,
+    Release,
+    RocketMQProcess,
+    maven_classpath,
+)
 
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)
@@ -54,3 +62,44 @@ def chronomq_server(official_client: str, chronomq_factory: Callable[..., Chrono
                     ) -> ChronomqProcess:
     """A fresh chronomq (default config) in tmp_path, with the official client available."""
     return chronomq_factory()
+
+
+# --- the reference Apache RocketMQ (tests/compat/reference.py), started once per run --------------------
+# Both brokers of a differential test run the same short delay-level table, so that the 18 levels and the
+# retry ladder (level 3 + reconsume times) can be watched within seconds.
+FAST_DELAY_LEVELS = "1s 2s 3s 1s 2s 1s 2s 1s 2s 1s 2s 1s 2s 1s 2s 1s 2s 3s"
+# Undecided transactions are checked back after 2 s, in rounds 1 s apart, on both.
+DIFFERENTIAL_CONF = {"messageDelayLevel": FAST_DELAY_LEVELS, "transactionTimeOut": "2000",
+                     "transactionCheckInterval": "1000"}
+
+
+def _reference(tmp_path_factory: pytest.TempPathFactory, release: Release) -> Iterator[RocketMQProcess]:
+    try:
+        maven_classpath(REFERENCE_POM, release.profile)
+    except CompatUnavailable as e:
+        pytest.skip(str(e))
+    proc = RocketMQProcess(tmp_path_factory.mktemp(release.name), release, dict(DIFFERENTIAL_CONF))
+    try:
+        proc.start()
+    except RuntimeError as e:
+        pytest.fail(f"the reference {release.name} did not start: {e}")
+    yield proc
+    proc.stop()
+
+
+@pytest.fixture(scope="session")
+def rocketmq5(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RocketMQProcess]:
+    """Apache RocketMQ 5.3.x (name server + broker, timer wheel on), shared by the whole run."""
+    yield from _reference(tmp_path_factory, ROCKETMQ5)
+
+
+@pytest.fixture(scope="session")
+def rocketmq4(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RocketMQProcess]:
+    """Apache RocketMQ 4.9.x (name server + broker), shared by the whole run."""
+    yield from _reference(tmp_path_factory, ROCKETMQ4)
+
+
+@pytest.fixture
+def chronomq_differential(chronomq_factory: Callable[..., ChronomqProcess]) -> ChronomqProcess:
+    """A fresh chronomq with the same delay-level table as the reference brokers."""
+    return chronomq_factory(dict(DIFFERENTIAL_CONF))

@@ -436,6 +436,11 @@ def _driver_env(name: str = "") -> dict[str, str]:
 
 
 def _driver_cmd(name: str, args: dict[str, Any]) -> list[str]:
+    client, _, op = name.partition(":")
+    if client in ("java4", "java53", "java5"):  # the official Java clients (tests/compat/jvm.py)
+        from tests.compat.jvm import java_driver
+
+        return [*java_driver(client), json.dumps({**args, "op": op})]
     if name.startswith("go:"):  # the Go client: one binary, the op named after the colon
         from tests.compat.golang import go_driver
 

@@ -1,0 +1,521 @@
+package chronomq.compat;
+
+import com.google.gson.Gson;
+import com.google.gson.GsonBuilder;
+import com.google.gson.JsonArray;
+import com.google.gson.JsonElement;
+import com.google.gson.JsonObject;
+import com.google.gson.JsonParser;
+import java.io.FileWriter;
+import java.io.IOException;
+import java.io.Writer;
+import java.nio.charset.StandardCharsets;
+import java.util.ArrayList;
+import java.util.Base64;
+import java.util.List;
+import java.util.Map;
+import java.util.concurrent.ConcurrentHashMap;
+import java.util.concurrent.CountDownLatch;
+import java.util.concurrent.TimeUnit;
+import java.util.concurrent.atomic.AtomicInteger;
+import org.apache.rocketmq.client.consumer.DefaultMQPushConsumer;
+import org.apache.rocketmq.client.consumer.MessageSelector;
+import org.apache.rocketmq.client.consumer.rebalance.AllocateMessageQueueAveragely;
+import org.apache.rocketmq.client.consumer.listener.ConsumeConcurrentlyStatus;
+import org.apache.rocketmq.client.consumer.listener.ConsumeOrderlyStatus;
+import org.apache.rocketmq.client.consumer.listener.MessageListenerConcurrently;
+import org.apache.rocketmq.client.consumer.listener.MessageListenerOrderly;
+import org.apache.rocketmq.client.exception.MQBrokerException;
+import org.apache.rocketmq.client.exception.MQClientException;
+import org.apache.rocketmq.client.producer.DefaultMQProducer;
+import org.apache.rocketmq.client.producer.LocalTransactionState;
+import org.apache.rocketmq.client.producer.SendCallback;
+import org.apache.rocketmq.client.producer.SendResult;
+import org.apache.rocketmq.client.producer.TransactionListener;
+import org.apache.rocketmq.client.producer.TransactionMQProducer;
+import org.apache.rocketmq.client.producer.TransactionSendResult;
+import org.apache.rocketmq.client.utils.MessageUtil;
+import org.apache.rocketmq.common.consumer.ConsumeFromWhere;
+import org.apache.rocketmq.common.message.Message;
+import org.apache.rocketmq.common.message.MessageAccessor;
+import org.apache.rocketmq.common.message.MessageExt;
+import org.apache.rocketmq.common.protocol.heartbeat.MessageModel;
+import org.apache.rocketmq.tools.admin.DefaultMQAdminExt;
+
+/**
+ * A compatibility driver on the official RocketMQ Java client's 4.x API (rocketmq-client 4.9.x; the same
+ * source builds for the 5.3.x remoting client, where the harness compiles it with the classes that moved
+ * from org.apache.rocketmq.common.protocol to org.apache.rocketmq.remoting.protocol renamed). One JSON object on argv[0]; the result is the last stdout line, in JSON. Streaming
+ * operations append a JSON line per delivery to args.out. Errors a client sees are reported as
+ * {"code": responseCode, "message": errorMessage, "type": exceptionClass}.
+ */
+public final class Driver {
+    static final Gson GSON = new GsonBuilder().disableHtmlEscaping().serializeNulls().create();
+
+    public static void main(String[] argv) throws Exception {
+        java.io.PrintStream stdout = System.out;
+        System.setOut(System.err);  // the client's own logging may write to stdout: the result line is ours
+        JsonObject args = JsonParser.parseString(argv[0]).getAsJsonObject();
+        String op = args.get("op").getAsString();
+        JsonObject result;
+        switch (op) {
+            case "produce": result = produce(args); break;
+            case "push_consume": result = pushConsume(args); break;
+            case "admin": result = admin(args); break;
+            case "transaction": result = transaction(args); break;
+            case "request_reply": result = requestReply(args); break;
+            default: throw new IllegalArgumentException("unknown op " + op);
+        }
+        stdout.println(GSON.toJson(result));
+        stdout.flush();
+        Runtime.getRuntime().halt(0);  // client threads (netty, timers) need not linger
+    }
+
+    // ---- helpers ----------------------------------------------------------------------------------------
+    static String str(JsonObject o, String k, String dflt) {
+        JsonElement e = o.get(k);
+        return e == null || e.isJsonNull() ? dflt : e.getAsString();
+    }
+
+    static long num(JsonObject o, String k, long dflt) {
+        JsonElement e = o.get(k);
+        return e == null || e.isJsonNull() ? dflt : e.getAsLong();
+    }
+
+    static boolean flag(JsonObject o, String k) {
+        JsonElement e = o.get(k);
+        return e != null && !e.isJsonNull() && e.getAsBoolean();
+    }
+
+    static JsonObject error(Throwable t) {
+        JsonObject e = new JsonObject();
+        while (t.getCause() != null && !(t instanceof MQClientException) && !(t instanceof MQBrokerException)) {
+            t = t.getCause();
+        }
+        e.addProperty("type", t.getClass().getSimpleName());
+        if (t instanceof MQClientException) {
+            MQClientException c = (MQClientException) t;
+            e.addProperty("code", c.getResponseCode());
+            e.addProperty("message", c.getErrorMessage());
+        } else if (t instanceof MQBrokerException) {
+            MQBrokerException b = (MQBrokerException) t;
+            e.addProperty("code", b.getResponseCode());
+            e.addProperty("message", b.getErrorMessage());
+        } else {
+            e.addProperty("code", -1);
+            e.addProperty("message", String.valueOf(t.getMessage()));
+        }
+        return e;
+    }
+
+    static Message message(JsonObject m) {
+        Message msg = new Message(m.get("topic").getAsString(), str(m, "tags", null), str(m, "keys", null),
+            Base64.getDecoder().decode(str(m, "body", "")));
+        if (m.has("delayLevel")) {
+            msg.setDelayTimeLevel((int) num(m, "delayLevel", 0));
+        }
+        if (m.has("deliverTimeMs")) {  // what the 5.x API's setDeliverTimeMs writes
+            MessageAccessor.putProperty(msg, "TIMER_DELIVER_MS", String.valueOf(num(m, "deliverTimeMs", 0)));
+        }
+        if (m.has("delaySec")) {  // what the 5.x API's setDelayTimeSec writes
+            MessageAccessor.putProperty(msg, "TIMER_DELAY_SEC", String.valueOf(num(m, "delaySec", 0)));
+        }
+        if (m.has("props")) {
+            for (Map.Entry<String, JsonElement> p : m.getAsJsonObject("props").entrySet()) {
+                msg.putUserProperty(p.getKey(), p.getValue().getAsString());
+            }
+        }
+        return msg;
+    }
+
+    static JsonObject sent(SendResult r) {
+        JsonObject o = new JsonObject();
+        o.addProperty("ok", true);
+        o.addProperty("status", r.getSendStatus().name());
+        o.addProperty("msgId", r.getMsgId());
+        o.addProperty("offsetMsgId", r.getOffsetMsgId());
+        o.addProperty("queueId", r.getMessageQueue().getQueueId());
+        o.addProperty("queueOffset", r.getQueueOffset());
+        return o;
+    }
+
+    static JsonObject failed(Throwable t) {
+        JsonObject o = new JsonObject();
+        o.addProperty("ok", false);
+        o.add("error", error(t));
+        return o;
+    }
+
+    static JsonObject describe(MessageExt m, long now) {
+        JsonObject o = new JsonObject();
+        o.addProperty("msgId", m.getMsgId());
+        o.addProperty("topic", m.getTopic());
+        o.addProperty("queueId", m.getQueueId());
+        o.addProperty("queueOffset", m.getQueueOffset());
+        o.addProperty("body", Base64.getEncoder().encodeToString(m.getBody()));
+        o.addProperty("tags", m.getTags());
+        o.addProperty("keys", m.getKeys());
+        o.addProperty("reconsumeTimes", m.getReconsumeTimes());
+        o.addProperty("bornTimestamp", m.getBornTimestamp());
+        o.addProperty("storeTimestamp", m.getStoreTimestamp());
+        o.addProperty("receivedAt", now);
+        JsonObject props = new JsonObject();
+        for (Map.Entry<String, String> p : m.getProperties().entrySet()) {
+            props.addProperty(p.getKey(), p.getValue());
+        }
+        o.add("props", props);
+        return o;
+    }
+
+    static DefaultMQProducer configure(DefaultMQProducer p, JsonObject args) {
+        p.setNamesrvAddr(args.get("namesrv").getAsString());
+        p.setSendMsgTimeout((int) num(args, "timeoutMs", 10000));
+        p.setRetryTimesWhenSendFailed((int) num(args, "retries", 2));
+        p.setVipChannelEnabled(false);
+        p.setInstanceName("driver-" + ProcessHandle.current().pid());
+        return p;
+    }
+
+    // ---- produce ----------------------------------------------------------------------------------------
+    static JsonObject produce(JsonObject args) throws Exception {
+        DefaultMQProducer p = configure(new DefaultMQProducer(args.get("group").getAsString(),
+            null, flag(args, "trace"), null), args);
+        p.start();
+        String mode = str(args, "mode", "sync");
+        JsonArray results = new JsonArray();
+        JsonArray msgs = args.getAsJsonArray("messages");
+        long timeout = num(args, "timeoutMs", 10000);
+        try {
+            if (mode.equals("batch")) {
+                List<Message> batch = new ArrayList<>();
+                for (JsonElement m : msgs) {
+                    batch.add(message(m.getAsJsonObject()));
+                }
+                try {
+                    results.add(sent(p.send(batch, timeout)));
+                } catch (Exception e) {
+                    results.add(failed(e));
+                }
+            } else if (mode.equals("async")) {
+                JsonObject[] slots = new JsonObject[msgs.size()];
+                CountDownLatch done = new CountDownLatch(msgs.size());
+                for (int i = 0; i < msgs.size(); i++) {
+                    final int idx = i;
+                    try {
+                        p.send(message(msgs.get(i).getAsJsonObject()), new SendCallback() {
+                            public void onSuccess(SendResult r) { slots[idx] = sent(r); done.countDown(); }
+                            public void onException(Throwable t) { slots[idx] = failed(t); done.countDown(); }
+                        }, timeout);
+                    } catch (Exception e) {
+                        slots[idx] = failed(e);
+                        done.countDown();
+                    }
+                }
+                done.await(timeout * 2 + 5000, TimeUnit.MILLISECONDS);
+                for (JsonObject s : slots) {
+                    results.add(s == null ? failed(new RuntimeException("no callback")) : s);
+                }
+            } else {
+                for (JsonElement e : msgs) {
+                    JsonObject m = e.getAsJsonObject();
+                    try {
+                        Message msg = message(m);
+                        if (mode.equals("oneway")) {
+                            p.sendOneway(msg);
+                            JsonObject o = new JsonObject();
+                            o.addProperty("ok", true);
+                            results.add(o);
+                        } else if (mode.equals("orderly")) {
+                            final String key = str(m, "shardingKey", "");
+                            results.add(sent(p.send(msg, (mqs, ms, arg) ->
+                                mqs.get(Math.floorMod(arg.hashCode(), mqs.size())), key, timeout)));
+                        } else {
+                            results.add(sent(p.send(msg, timeout)));
+                        }
+                    } catch (Exception ex) {
+                        results.add(failed(ex));
+                    }
+                }
+            }
+        } finally {
+            p.shutdown();
+        }
+        JsonObject out = new JsonObject();
+        out.add("results", results);
+        return out;
+    }
+
+    // ---- push consume -----------------------------------------------------------------------------------
+    static JsonObject pushConsume(JsonObject args) throws Exception {
+        DefaultMQPushConsumer c = new DefaultMQPushConsumer(args.get("group").getAsString(), null,
+            new AllocateMessageQueueAveragely(), flag(args, "trace"), null);
+        c.setNamesrvAddr(args.get("namesrv").getAsString());
+        c.setInstanceName("driver-" + ProcessHandle.current().pid());
+        c.setVipChannelEnabled(false);
+        c.setConsumeFromWhere(ConsumeFromWhere.CONSUME_FROM_FIRST_OFFSET);
+        c.setPullBatchSize(32);
+        if (args.has("maxReconsumeTimes")) {
+            c.setMaxReconsumeTimes((int) num(args, "maxReconsumeTimes", 16));
+        }
+        if (flag(args, "broadcasting")) {
+            c.setMessageModel(MessageModel.BROADCASTING);
+        }
+        c.setSuspendCurrentQueueTimeMillis(num(args, "suspendMs", 1000));
+        String topic = args.get("topic").getAsString();
+        String expr = str(args, "expression", "*");
+        if (str(args, "type", "TAG").equals("SQL92")) {
+            c.subscribe(topic, MessageSelector.bySql(expr));
+        } else {
+            c.subscribe(topic, expr);
+        }
+        int later = (int) num(args, "reconsumeLater", 0);
+        int expect = (int) num(args, "expect", Integer.MAX_VALUE);
+        Map<String, AtomicInteger> seen = new ConcurrentHashMap<>();
+        AtomicInteger consumed = new AtomicInteger();
+        AtomicInteger deliveries = new AtomicInteger();
+        CountDownLatch enough = new CountDownLatch(1);
+        Writer out = new FileWriter(args.get("out").getAsString(), StandardCharsets.UTF_8, true);
+        Object lock = new Object();
+        java.util.function.Function<MessageExt, Boolean> handle = m -> {
+            long now = System.currentTimeMillis();
+            int n = seen.computeIfAbsent(m.getMsgId() + "", k -> new AtomicInteger()).incrementAndGet();
+            boolean accept = m.getReconsumeTimes() >= later;
+            JsonObject rec = describe(m, now);
+            rec.addProperty("accepted", accept);
+            rec.addProperty("thread", Thread.currentThread().getName());
+            synchronized (lock) {
+                try {
+                    out.write(GSON.toJson(rec) + "\n");
+                    out.flush();
+                } catch (IOException e) {
+                    throw new RuntimeException(e);
+                }
+            }
+            deliveries.incrementAndGet();
+            if (accept && consumed.incrementAndGet() >= expect) {
+                enough.countDown();
+            }
+            return accept;
+        };
+        if (flag(args, "orderly")) {
+            c.registerMessageListener((MessageListenerOrderly) (ms, ctx) -> {
+                for (MessageExt m : ms) {
+                    if (!handle.apply(m)) {
+                        return ConsumeOrderlyStatus.SUSPEND_CURRENT_QUEUE_A_MOMENT;
+                    }
+                }
+                return ConsumeOrderlyStatus.SUCCESS;
+            });
+        } else {
+            c.setConsumeMessageBatchMaxSize(1);
+            c.registerMessageListener((MessageListenerConcurrently) (ms, ctx) -> {
+                for (MessageExt m : ms) {
+                    if (!handle.apply(m)) {
+                        return ConsumeConcurrentlyStatus.RECONSUME_LATER;
+                    }
+                }
+                return ConsumeConcurrentlyStatus.CONSUME_SUCCESS;
+            });
+        }
+        JsonObject res = new JsonObject();
+        try {
+            c.start();
+        } catch (MQClientException e) {
+            res.addProperty("started", false);
+            res.add("error", error(e));
+            return res;
+        }
+        Runtime.getRuntime().addShutdownHook(new Thread(enough::countDown));
+        enough.await(num(args, "maxSeconds", 60), TimeUnit.SECONDS);
+        // a moment for the last acknowledgements (offsets, send-backs) to leave
+        Thread.sleep(num(args, "lingerMs", 0));
+        c.shutdown();
+        out.close();
+        res.addProperty("started", true);
+        res.addProperty("consumed", consumed.get());
+        res.addProperty("deliveries", deliveries.get());
+        return res;
+    }
+
+    // ---- admin ------------------------------------------------------------------------------------------
+    static JsonObject admin(JsonObject args) throws Exception {
+        DefaultMQAdminExt a = new DefaultMQAdminExt(num(args, "timeoutMs", 10000));
+        a.setNamesrvAddr(args.get("namesrv").getAsString());
+        a.setInstanceName("driver-" + ProcessHandle.current().pid());
+        a.setVipChannelEnabled(false);
+        a.start();
+        JsonArray steps = new JsonArray();
+        try {
+            for (JsonElement e : args.getAsJsonArray("steps")) {
+                JsonObject s = e.getAsJsonObject();
+                JsonObject r = new JsonObject();
+                r.addProperty("step", s.get("do").getAsString());
+                try {
+                    switch (s.get("do").getAsString()) {
+                        case "createTopic":  // MQAdmin.createTopic: the route of the cluster-named topic first
+                            a.createTopic(str(s, "key", "DefaultCluster"), s.get("topic").getAsString(),
+                                (int) num(s, "queues", 4), /*ATTRIBUTES*/ 0);
+                            break;
+                        case "route": {
+                            org.apache.rocketmq.common.protocol.route.TopicRouteData route =
+                                a.examineTopicRouteInfo(s.get("topic").getAsString());
+                            int w = 0;
+                            int rq = 0;
+                            for (org.apache.rocketmq.common.protocol.route.QueueData q : route.getQueueDatas()) {
+                                w += q.getWriteQueueNums();
+                                rq += q.getReadQueueNums();
+                            }
+                            r.addProperty("writeQueues", w);
+                            r.addProperty("readQueues", rq);
+                            r.addProperty("brokers", route.getBrokerDatas().size());
+                            break;
+                        }
+                        case "clusterInfo": {
+                            JsonArray clusters = new JsonArray();
+                            a.examineBrokerClusterInfo().getClusterAddrTable().keySet().forEach(clusters::add);
+                            r.add("clusters", clusters);
+                            break;
+                        }
+                        case "queryByKey": {
+                            JsonArray found = new JsonArray();
+                            long now = System.currentTimeMillis();
+                            for (MessageExt m : a.queryMessage(s.get("topic").getAsString(),
+                                    s.get("key").getAsString(), 32, 0, Long.MAX_VALUE).getMessageList()) {
+                                found.add(describe(m, now));
+                            }
+                            r.add("messages", found);
+                            break;
+                        }
+                        case "viewById": {
+                            MessageExt m = a.viewMessage(s.get("topic").getAsString(), s.get("id").getAsString());
+                            r.add("message", describe(m, System.currentTimeMillis()));
+                            break;
+                        }
+                        default: throw new IllegalArgumentException("unknown admin step " + s.get("do"));
+                    }
+                    r.addProperty("ok", true);
+                } catch (Exception ex) {
+                    r.addProperty("ok", false);
+                    r.add("error", error(ex));
+                }
+                steps.add(r);
+            }
+        } finally {
+            a.shutdown();
+        }
+        JsonObject out = new JsonObject();
+        out.add("steps", steps);
+        return out;
+    }
+
+    // ---- transactions -----------------------------------------------------------------------------------
+    static JsonObject transaction(JsonObject args) throws Exception {
+        TransactionMQProducer p = new TransactionMQProducer(args.get("group").getAsString());
+        configure(p, args);
+        JsonObject outcomes = args.getAsJsonObject("outcomes");   // keys -> COMMIT_MESSAGE | ROLLBACK_MESSAGE | UNKNOW
+        JsonObject checks = args.getAsJsonObject("checks");       // keys -> the answer to a check-back
+        JsonArray checked = new JsonArray();
+        CountDownLatch checksDone = new CountDownLatch((int) num(args, "expectChecks", 0));
+        p.setTransactionListener(new TransactionListener() {
+            public LocalTransactionState executeLocalTransaction(Message msg, Object arg) {
+                return LocalTransactionState.valueOf(outcomes.get(msg.getKeys()).getAsString());
+            }
+
+            public LocalTransactionState checkLocalTransaction(MessageExt msg) {
+                synchronized (checked) {
+                    checked.add(msg.getKeys());
+                }
+                checksDone.countDown();
+                JsonElement a = checks.get(msg.getKeys());
+                return a == null ? LocalTransactionState.UNKNOW : LocalTransactionState.valueOf(a.getAsString());
+            }
+        });
+        p.start();
+        JsonArray results = new JsonArray();
+        try {
+            for (JsonElement e : args.getAsJsonArray("messages")) {
+                try {
+                    TransactionSendResult r = p.sendMessageInTransaction(message(e.getAsJsonObject()), null);
+                    JsonObject o = sent(r);
+                    o.addProperty("localState", r.getLocalTransactionState().name());
+                    results.add(o);
+                } catch (Exception ex) {
+                    results.add(failed(ex));
+                }
+            }
+            checksDone.await(num(args, "checkWaitSeconds", 0), TimeUnit.SECONDS);
+        } finally {
+            p.shutdown();
+        }
+        JsonObject out = new JsonObject();
+        out.add("results", results);
+        synchronized (checked) {
+            out.add("checked", checked);
+        }
+        return out;
+    }
+
+    // ---- request-reply ----------------------------------------------------------------------------------
+    static JsonObject requestReply(JsonObject args) throws Exception {
+        String namesrv = args.get("namesrv").getAsString();
+        String topic = args.get("topic").getAsString();
+        DefaultMQProducer replier = configure(new DefaultMQProducer(args.get("group").getAsString() + "_R"), args);
+        replier.setInstanceName("replier-" + ProcessHandle.current().pid());
+        replier.start();
+        DefaultMQPushConsumer c = new DefaultMQPushConsumer(args.get("group").getAsString());
+        c.setNamesrvAddr(namesrv);
+        c.setInstanceName("replier-" + ProcessHandle.current().pid());
+        c.setConsumeFromWhere(ConsumeFromWhere.CONSUME_FROM_LAST_OFFSET);
+        c.subscribe(topic, "*");
+        c.registerMessageListener((MessageListenerConcurrently) (ms, ctx) -> {
+            for (MessageExt m : ms) {
+                try {
+                    Message reply = MessageUtil.createReplyMessage(m,
+                        ("re:" + new String(m.getBody(), StandardCharsets.UTF_8)).getBytes(StandardCharsets.UTF_8));
+                    replier.send(reply, 5000);
+                } catch (Exception e) {
+                    System.err.println("reply failed: " + e);
+                }
+            }
+            return ConsumeConcurrentlyStatus.CONSUME_SUCCESS;
+        });
+        c.start();
+        DefaultMQProducer requester = configure(new DefaultMQProducer(args.get("group").getAsString() + "_Q"), args);
+        requester.start();
+        JsonArray results = new JsonArray();
+        try {
+            for (JsonElement e : args.getAsJsonArray("bodies")) {
+                Message m = new Message(topic, e.getAsString().getBytes(StandardCharsets.UTF_8));
+                JsonObject o = new JsonObject();
+                long deadline = System.currentTimeMillis() + num(args, "waitMs", 30000);
+                while (true) {  // the replier's subscription may not be routed yet: a request can time out
+                    try {
+                        Message reply = requester.request(m, num(args, "requestTimeoutMs", 3000));
+                        o.addProperty("ok", true);
+                        o.addProperty("reply", new String(reply.getBody(), StandardCharsets.UTF_8));
+                        JsonObject props = new JsonObject();
+                        reply.getProperties().forEach(props::addProperty);
+                        o.add("props", props);
+                        break;
+                    } catch (Exception ex) {
+                        if (System.currentTimeMillis() > deadline) {
+                            o = failed(ex);
+                            break;
+                        }
+                    }
+                }
+                results.add(o);
+            }
+        } finally {
+            requester.shutdown();
+            c.shutdown();
+            replier.shutdown();
+        }
+        JsonObject out = new JsonObject();
+        out.add("results", results);
+        return out;
+    }
+
+    private Driver() {
+    }
+}
