@@ -241,6 +241,20 @@ async def test_unknown_rpcs_answer_unimplemented_and_refusals_a_v2_status(env: E
     assert r.status.code == pb.TOPIC_NOT_FOUND
 
 
+async def test_system_topics_are_refused_as_illegal_topics_like_rocketmqs_proxy(env: Env) -> None:
+    for topic in ("TBW102", "RMQ_SYS_TRANS_HALF_TOPIC", "rmq_sys_anything"):
+        r = await env.call("QueryRoute", pb.QueryRouteRequest(topic=pb.Resource(name=topic)),
+                           pb.QueryRouteResponse)
+        assert (r.status.code, r.status.message) == (pb.ILLEGAL_TOPIC, "cannot access system topic"), topic
+    msg = _v2()
+    msg.topic.name = "TBW102"
+    r = await env.call("SendMessage", pb.SendMessageRequest(messages=[msg]), pb.SendMessageResponse)
+    assert [e.status.code for e in r.entries] == [pb.ILLEGAL_TOPIC]
+    r = await env.call("QueryRoute", pb.QueryRouteRequest(topic=pb.Resource(name="%RETRY%G")),
+                       pb.QueryRouteResponse)
+    assert r.status.code == pb.OK  # retry topics are not system topics
+
+
 async def test_route_points_at_this_endpoint_and_settings_are_completed(env: Env) -> None:
     r = await env.call("QueryRoute", pb.QueryRouteRequest(topic=pb.Resource(name="TR")),
                        pb.QueryRouteResponse)

@@ -118,6 +118,8 @@ class MessagingService:
         reason = validate_topic(name)
         if reason:
             raise Refused(pb.ILLEGAL_TOPIC, reason)
+        if self.services.topics.is_system_topic(name):  # RocketMQ's proxy: GrpcValidator.validateTopic
+            raise Refused(pb.ILLEGAL_TOPIC, "cannot access system topic")
         tc = self.services.topics.get(name)
         if tc is None and create and self.config.autoCreateTopicEnable:
             tc = self.services.topics.create_in_send(name, None, 0)
