@@ -114,6 +114,10 @@ class TopicConfigManager:
             SCHEDULE_TOPIC, schedule_queue_nums, schedule_queue_nums, PERM_RW
         )
         builtin = [DEFAULT_TOPIC, SCHEDULE_TOPIC]
+        if cluster_name:  # request-reply: where replies are sent (RocketMQ's TopicConfigManager: 1 queue, perm 6)
+            reply = f"{cluster_name}_{REPLY_TOPIC_POSTFIX}"
+            self.table[reply] = TopicConfig(reply, 1, 1, PERM_RW)
+            builtin.append(reply)
         # the cluster's and the broker's own topics (the broker's wins when the two names are the same)
         for name, nums, enabled in ((cluster_name, CLUSTER_TOPIC_QUEUE_NUMS, cluster_topic_enable),
                                     (broker_name, 1, broker_topic_enable)):
@@ -249,25 +253,25 @@ class TopicConfigManager:
         """The topic a producer sends to; auto-created from its default topic when that one has
         INHERIT (RocketMQ's createTopicInSendMessageMethod): TBW102 has it when autoCreateTopicEnable,
         the cluster- and broker-named topics always (a producer's createTopicKey may name them).
-        Returns None when the topic does not exist and cannot be created."""
+        Returns None when the topic does not exist and cannot be created. A retry or dead-letter topic
+        that the default topic cannot create gets one queue, as RocketMQ's send-back creates it; when the
+        default topic can, it is created from it like any other (a producer that resends to a retry
+        topic picks its queue from the default topic's route)."""
         tc = self.table.get(topic)
         if tc is not None:
             return tc
-        if topic.startswith(RETRY_GROUP_TOPIC_PREFIX):
-            return self.create_system(topic, 1)
-        if topic.startswith(DLQ_GROUP_TOPIC_PREFIX):
-            return self.create_system(topic, 1)
         with self._lock:
             tc = self.table.get(topic)
             if tc is not None:
                 return tc
             default = self.table.get(default_topic or DEFAULT_TOPIC)
-            if default is None or not (default.perm & PERM_INHERIT):
-                return None
-            if default.topicName == DEFAULT_TOPIC and not self.auto_create:
-                return None
-            nums = min(max(1, client_queue_nums or self.default_queue_nums), default.writeQueueNums)
-            return self.update(TopicConfig(topic, nums, nums, default.perm & ~PERM_INHERIT))
+            if default is not None and default.perm & PERM_INHERIT and (
+                    default.topicName != DEFAULT_TOPIC or self.auto_create):
+                nums = min(max(1, client_queue_nums or self.default_queue_nums), default.writeQueueNums)
+                return self.update(TopicConfig(topic, nums, nums, default.perm & ~PERM_INHERIT))
+        if topic.startswith((RETRY_GROUP_TOPIC_PREFIX, DLQ_GROUP_TOPIC_PREFIX)):
+            return self.create_system(topic, 1)
+        return None
 
     def create_system(self, topic: str, queue_nums: int, perm: int = PERM_RW) -> TopicConfig:
         tc = self.table.get(topic)
