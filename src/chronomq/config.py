@@ -76,6 +76,13 @@ class BrokerConfig:
     # createTopic(key=clusterName, ...)); these keys decide whether they can also be read and written
     clusterTopicEnable: bool = True
     brokerTopicEnable: bool = True
+    # what RocketMQ's broker stamps on every message a producer sends (MSG_REGION, TRACE_ON; CLUSTER is
+    # brokerClusterName) and answers in every SEND's header
+    regionId: str = "DefaultRegion"
+    traceOn: bool = True
+    # request-reply: a reply (SEND_REPLY_MESSAGE) is stored under <brokerClusterName>_REPLY_TOPIC too,
+    # besides being pushed to the requester
+    storeReplyMessageEnable: bool = True
     # store
     storePathRootDir: str = "./data"
     mappedFileSizeCommitLog: int = 1024 * 1024 * 1024

@@ -89,7 +89,9 @@ async def test_send_then_pull_round_trip_and_view_by_id(env: Env) -> None:
     msgs = await _pull_all(env, c, "TopicA", 2)
     assert [m.body for m in msgs] == [b"hello", b"second"]
     m = msgs[0]
-    assert m.properties == props and m.commit_log_offset == phys and m.store_host == env.broker.store_host
+    stamped = {"CLUSTER": "DefaultCluster", "MSG_REGION": "DefaultRegion", "TRACE_ON": "true"}  # as RocketMQ
+    assert m.properties == {**props, **stamped}
+    assert m.commit_log_offset == phys and m.store_host == env.broker.store_host
     assert m.born_host[0] == "127.0.0.1" and m.queue_offset == 0
     view = await c.request(R.VIEW_MESSAGE_BY_ID, {"offset": str(phys)})
     assert view.code == C.SUCCESS and decode_record(view.body).body == b"hello"

@@ -238,10 +238,11 @@ class TimerProcessor:
             resp.code = ResponseCode.SLAVE_NOT_AVAILABLE
         return resp
 
-    @staticmethod
-    def _answer(req: RemotingCommand, queue_id: int, results: list[ScheduleResult]) -> RemotingCommand:
+    def _answer(self, req: RemotingCommand, queue_id: int, results: list[ScheduleResult]) -> RemotingCommand:
+        config = self.services.config
         return req.response(ext_fields=send_result_fields(
-            ",".join(r.offset_msg_id for r in results), queue_id, 0,
+            ",".join(r.offset_msg_id for r in results), queue_id, 0, config.regionId,
+            "true" if config.traceOn else "false",
             uniqKey=",".join(r.msg_id for r in results),
             deliverMs=",".join(str(r.deliver_ms) for r in results)))
 

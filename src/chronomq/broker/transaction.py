@@ -25,12 +25,14 @@ from chronomq.message import (
     PROPERTY_UNIQ_KEY,
     SYSFLAG_TRANSACTION_COMMIT_TYPE,
     SYSFLAG_TRANSACTION_NOT_TYPE,
+    SYSFLAG_TRANSACTION_PREPARED_TYPE,
     SYSFLAG_TRANSACTION_ROLLBACK_TYPE,
     MessageExt,
     MessageFormatError,
     create_offset_msg_id,
     decode_record,
     encode_record,
+    transaction_type,
 )
 from chronomq.remoting.codec import RemotingCommand
 from chronomq.remoting.codes import RequestCode, ResponseCode
@@ -58,11 +60,24 @@ PROPERTY_CHECK_TIMES = "TRANSACTION_CHECK_TIMES"
 PROPERTY_CHECK_IMMUNITY = "CHECK_IMMUNITY_TIME_IN_SECONDS"
 _TX_MASK = SYSFLAG_TRANSACTION_ROLLBACK_TYPE  # the two transaction bits
 _WRITTEN = (PutStatus.PUT_OK, PutStatus.FLUSH_DISK_TIMEOUT)
+# the sysFlag transaction bits of a send that may be a half message (send.py refuses them without TRAN_MSG)
+_HALF_BITS = (SYSFLAG_TRANSACTION_PREPARED_TYPE, SYSFLAG_TRANSACTION_ROLLBACK_TYPE)
 
 
 def is_transactional(props: dict[str, str]) -> bool:
-    """What makes a send a half message: the TRAN_MSG property (the sysFlag bits are not consulted)."""
+    """The TRAN_MSG property says true: a transactional producer's send, or a committed message (which
+    keeps it, as RocketMQ's does)."""
     return props.get(PROPERTY_TRANSACTION_PREPARED, "").lower() == "true"
+
+
+def is_half_send(props: dict[str, str], sys_flag: int) -> bool:
+    """What makes a send a half message: TRAN_MSG=true and the prepared sysFlag bit, which every
+    transactional producer sets together (RocketMQ's Java and Go clients, chronomq's, the gRPC endpoint).
+    A committed message carries TRAN_MSG=true too; a client that sends such a message again with its
+    properties (the console's dead-letter re-drive, a consumer forwarding it) sends an ordinary
+    message, not a half message nobody would ever commit. (RocketMQ's broker reads the property alone;
+    its Java consumer clears TRAN_MSG before it re-sends.)"""
+    return transaction_type(sys_flag) in _HALF_BITS and is_transactional(props)
 
 
 class TransactionError(Exception):
@@ -138,14 +153,16 @@ class TransactionService:
         """The real message: the half's bytes and properties under its real topic and queue, commit bits
         set, the half's commit-log offset as prepared transaction offset. A delay level or a deliver time
         parks it until due (RocketMQ refuses both on transactional messages)."""
+        # every property of the half stays, TRAN_MSG, PGROUP, REAL_TOPIC and REAL_QID among them:
+        # RocketMQ's EndTransactionProcessor.endMessageTransaction writes the stored property string
+        # before it clears them. What makes the copy a committed message, never a half one again, is its
+        # sysFlag (the commit bits), as in RocketMQ's store; a send is a half message only with the
+        # prepared bit (is_half_send)
         props = dict(half.properties)
-        topic = props.pop(PROPERTY_REAL_TOPIC, None)
-        qid = props.pop(PROPERTY_REAL_QUEUE_ID, None)
+        topic = props.get(PROPERTY_REAL_TOPIC)
+        qid = props.get(PROPERTY_REAL_QUEUE_ID)
         if topic is None or qid is None:
             raise TransactionError(ResponseCode.SYSTEM_ERROR, "the half message lacks REAL_TOPIC/REAL_QID")
-        # no longer a half message (RocketMQ means to clear TRAN_MSG too, but writes the properties first)
-        for k in (PROPERTY_TRANSACTION_PREPARED, PROPERTY_CHECK_TIMES, "TRAN_PREPARED_QUEUE_OFFSET"):
-            props.pop(k, None)
         real = MessageExt(topic, half.body, props, half.flag, int(qid),
                           (half.sys_flag & ~_TX_MASK) | SYSFLAG_TRANSACTION_COMMIT_TYPE, half.born_timestamp,
                           half.born_host, 0, self.store_host, half.reconsume_times, half.commit_log_offset)

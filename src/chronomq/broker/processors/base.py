@@ -11,6 +11,7 @@ import json
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from chronomq.message import PROPERTY_CLUSTER, PROPERTY_MSG_REGION, PROPERTY_TRACE_SWITCH
 from chronomq.remoting.codec import HeaderError, RemotingCommand
 
 if TYPE_CHECKING:
@@ -39,11 +40,20 @@ class ProcessorBase:
     timers: TimerProcessor
 
 
-def send_result_fields(msg_id: str, queue_id: int, queue_offset: int, **extra: str) -> dict[str, str]:
+def stamped_properties(config: BrokerConfig) -> dict[str, str]:
+    """What RocketMQ's broker writes into the properties of every message a producer sends: CLUSTER
+    (SendMessageProcessor, the single and the batch path), MSG_REGION and TRACE_ON (5.x's
+    AbstractSendMessageProcessor.buildMsgContext, on every send; 4.9's only with a send hook)."""
+    return {PROPERTY_CLUSTER: config.brokerClusterName, PROPERTY_MSG_REGION: config.regionId,
+            PROPERTY_TRACE_SWITCH: "true" if config.traceOn else "false"}
+
+
+def send_result_fields(msg_id: str, queue_id: int, queue_offset: int, region: str = "DefaultRegion",
+                       trace_on: str = "true", **extra: str) -> dict[str, str]:
     """The header fields of a SEND's answer (SendMessageResponseHeader, plus what RocketMQ's broker
-    always adds)."""
+    always adds: its regionId and traceOn)."""
     return {"msgId": msg_id, "queueId": str(queue_id), "queueOffset": str(queue_offset), **extra,
-            "MSG_REGION": "DefaultRegion", "TRACE_ON": "true"}
+            PROPERTY_MSG_REGION: region, PROPERTY_TRACE_SWITCH: trace_on}
 
 
 def not_available_remark(store: Any, cause: str | None) -> str:

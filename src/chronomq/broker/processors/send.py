@@ -43,8 +43,8 @@ from chronomq.store.types import PutResult, PutStatus
 
 from ..dedup import LEVEL, NOW, Original
 from ..topics import TopicError
-from ..transaction import is_transactional
-from .base import Handler, ProcessorBase, not_available_remark, send_result_fields
+from ..transaction import is_half_send, is_transactional
+from .base import Handler, ProcessorBase, not_available_remark, send_result_fields, stamped_properties
 
 log = logging.getLogger("chronomq.broker")
 
@@ -125,6 +125,10 @@ class SendProcessor(ProcessorBase):
         self._posted: list[Callable[[], None]] = []
         self._posted_lock = threading.Lock()
         self._slave_waits: set[asyncio.Future[None]] = set()
+        # CLUSTER, MSG_REGION, TRACE_ON: written into every sent message, as RocketMQ's broker does
+        self._stamps = stamped_properties(self.config)
+        self._region = self.config.regionId
+        self._trace_on = self._stamps["TRACE_ON"]
         return {
             RequestCode.SEND_MESSAGE: self.send_message,
             RequestCode.SEND_MESSAGE_V2: self.send_message,
@@ -144,7 +148,7 @@ class SendProcessor(ProcessorBase):
             return target
         props = target.properties
         tx = self.services.transactions
-        if tx is not None and is_transactional(props):  # a half message: stored as it is, never parked
+        if tx is not None and is_half_send(props, target.sys_flag):  # stored as it is, never parked
             half = tx.half(target.message(conn, self.services.store_host, props, req.body, target.flag,
                                           target.sys_flag))
             result = self.store.put_message(half)
@@ -174,7 +178,7 @@ class SendProcessor(ProcessorBase):
                 originals = plan.settle([])
                 return req.response(ext_fields=send_result_fields(
                     ",".join(o.offset_msg_id for o in originals), originals[0].queue_id,
-                    originals[0].queue_offset))
+                    originals[0].queue_offset, self._region, self._trace_on))
         if batch:
             result = self.store.put_messages(put)
             wait = True
@@ -192,9 +196,11 @@ class SendProcessor(ProcessorBase):
             self.services.traffic.produce(target.topic, kind, len(put), sum(len(msg.body) for msg in put))
         return self._put_response(req, conn, result, wait, target.queue_id)
 
-    def _send_target(self, req: RemotingCommand, batch: bool) -> _SendTarget | RemotingCommand:
+    def _send_target(self, req: RemotingCommand, batch: bool, stamps: dict[str, str] | None = None
+                     ) -> _SendTarget | RemotingCommand:
         """The topic and queue a SEND goes to (a retry topic resent too often: its DLQ) and the
-        message's properties, or the refusal."""
+        message's properties (stamped with ``stamps``, by default CLUSTER, MSG_REGION and TRACE_ON), or
+        the refusal."""
         topic = req.require_str("topic")
         if topic not in self._valid_topics:
             reason = validate_topic(topic)
@@ -242,7 +248,7 @@ class SendProcessor(ProcessorBase):
             return req.response(ResponseCode.MESSAGE_ILLEGAL,
                                 remark="a prepared or rolled-back transactional message must carry the "
                                 "property TRAN_MSG=true and END_TRANSACTION decides it")
-        if is_transactional(props):
+        if is_half_send(props, sys_flag):
             if self.config.rejectTransactionMessage:
                 return req.response(ResponseCode.NO_PERMISSION, remark=f"the broker[{self.config.brokerIP1}] "
                                     "sending transaction message is forbidden")
@@ -257,6 +263,8 @@ class SendProcessor(ProcessorBase):
             self.topics.create_system(topic, 1)
             queue_id = 0
             props[PROPERTY_DELAY_TIME_LEVEL] = "0"
+        if not batch:  # a batch's items are stamped one by one (_batch_messages)
+            props.update(self._stamps if stamps is None else stamps)
         return _SendTarget(topic, queue_id, props, flag, sys_flag, born_ts, reconsume)
 
     def _batch_messages(self, req: RemotingCommand, conn: Connection, target: _SendTarget
@@ -282,8 +290,12 @@ class SendProcessor(ProcessorBase):
         if not items:
             return req.response(ResponseCode.MESSAGE_ILLEGAL, remark="empty batch")
         host = self.services.store_host
-        return [target.message(conn, host, props, item_body, flag, sys_flag)
-                for item_body, props, flag in items]
+        stamps = self._stamps
+        msgs = []
+        for item_body, props, flag in items:
+            props.update(stamps)  # RocketMQ appends its batch properties (CLUSTER, ...) to every item
+            msgs.append(target.message(conn, host, props, item_body, flag, sys_flag))
+        return msgs
 
     def _max_reconsume(self, req: RemotingCommand, props: dict[str, str]) -> int:
         v = req.ext_str("maxReconsumeTimes")
@@ -306,7 +318,7 @@ class SendProcessor(ProcessorBase):
                 remark=result.error or result.status.value,
             )
         a = result.append
-        ext = send_result_fields(a.msg_id, queue_id, a.queue_offset)
+        ext = send_result_fields(a.msg_id, queue_id, a.queue_offset, self._region, self._trace_on)
         fut = result.flushed
         ha = self.services.ha
         if ha is not None and wait and self.config.brokerRole == SYNC_MASTER:

@@ -11,6 +11,7 @@ from chronomq.message import (
     PROPERTY_TIMER_DELAY_SEC,
     PROPERTY_TIMER_DELIVER_MS,
     PROPERTY_TRANSACTION_PREPARED,
+    SYSFLAG_TRANSACTION_COMMIT_TYPE,
     SYSFLAG_TRANSACTION_PREPARED_TYPE,
     MessageExt,
     transaction_type,
@@ -78,9 +79,10 @@ def timed_deliver_ms(msg: MessageExt, now_ms: int) -> int | None:
     props = msg.properties
     if PROPERTY_TIMER_DELIVER_MS not in props and not has_timer_property(props):
         return None
-    if props.get(PROPERTY_TRANSACTION_PREPARED) == "true" or \
-            transaction_type(msg.sys_flag) == SYSFLAG_TRANSACTION_PREPARED_TYPE:
-        return None
+    tx = transaction_type(msg.sys_flag)
+    if tx == SYSFLAG_TRANSACTION_PREPARED_TYPE or \
+            (tx != SYSFLAG_TRANSACTION_COMMIT_TYPE and props.get(PROPERTY_TRANSACTION_PREPARED) == "true"):
+        return None  # a committed message keeps TRAN_MSG (as RocketMQ's does); its commit bits say so
     deliver_ms = deliver_ms_from_properties(props, now_ms)
     props.pop(PROPERTY_DELAY_TIME_LEVEL, None)
     if deliver_ms is None or deliver_ms <= now_ms:
