@@ -19,7 +19,6 @@ from chronomq.broker.controller import BrokerController
 from chronomq.broker.topics import TopicConfigManager
 from chronomq.clock import VirtualClock
 from chronomq.config import BrokerConfig
-from chronomq.delay.delivery import PROPERTY_DELAY_SOURCE
 from chronomq.message import SCHEDULE_TOPIC, MessageExt, decode_records
 from chronomq.namesrv.server import NameServer
 from chronomq.remoting.codes import PERM_INHERIT, PERM_READ, PERM_WRITE
@@ -251,8 +250,9 @@ async def test_delivered_level_message_keeps_delay_real_topic_and_real_qid(clust
     (two,) = await _queue(cluster, c, "DelayT", 1, 1)
     (top,) = await _queue(cluster, c, "DelayT", 3, 1)
     for m, level, qid in ((two, "2", "1"), (top, "4", "3")):
-        visible = {k: v for k, v in m.properties.items() if k != PROPERTY_DELAY_SOURCE}
-        assert visible == {**props, "DELAY": level, "REAL_TOPIC": "DelayT", "REAL_QID": qid}
+        # plus what the broker stamps on every send; the level service's marker is not handed out
+        assert m.properties == {**props, "DELAY": level, "REAL_TOPIC": "DelayT", "REAL_QID": qid,
+                                "CLUSTER": CLUSTER, "MSG_REGION": "DefaultRegion", "TRACE_ON": "true"}
     # the delivered copy stays where it is: nothing parked again
     await cluster.clock.advance(60_000)
     assert cluster.b.store.get_max_offset_in_queue(SCHEDULE_TOPIC, 1) == 1

@@ -46,6 +46,47 @@ log = logging.getLogger(__name__)
 # Internal property on every level re-put (see the module docstring). Stripped from anything a client sends.
 PROPERTY_DELAY_SOURCE = "__CHRONOMQ_DELAY_SRC"
 
+# The marker's bytes in a stored record's properties: what a read answer looks for before it rewrites one
+DELAY_SOURCE_MARK = (PROPERTY_DELAY_SOURCE + "\x01").encode()
+_U16 = struct.Struct(">H")
+_TOTAL = struct.Struct(">i")
+
+
+def hide_delay_source(rec: bytes | bytearray | memoryview) -> bytes | bytearray | memoryview:
+    """The stored V1 record ``rec`` without the internal delay-source property (what clients are handed:
+    RocketMQ has no such property), or ``rec`` itself when it has none. The marker stays in the commit
+    log, where the level service's crash recovery reads it; the body and every other field are the
+    stored ones. Callers look for DELAY_SOURCE_MARK in a whole answer first, so records of topics that
+    never saw a re-put cost one search per answer, not a rewrite."""
+    try:
+        (body_len,) = _BODYLEN.unpack_from(rec, POS_BODY - 4)
+        tpos = POS_BODY + body_len
+        ppos = tpos + 1 + rec[tpos]
+        (plen,) = _U16.unpack_from(rec, ppos)
+    except (struct.error, IndexError):
+        return rec
+    props = bytes(rec[ppos + 2 : ppos + 2 + plen])
+    start = props.find(DELAY_SOURCE_MARK)
+    while start > 0 and props[start - 1] != 2:  # not at a property's start: inside another's value
+        start = props.find(DELAY_SOURCE_MARK, start + 1)
+    if start < 0:
+        return rec
+    end = props.find(b"\x02", start)
+    kept = props[:start] + (props[end + 1 :] if end >= 0 else b"")
+    out = bytearray(rec[:ppos])
+    out += _U16.pack(len(kept))
+    out += kept
+    out += rec[ppos + 2 + plen :]
+    _TOTAL.pack_into(out, 0, len(out))
+    return out
+
+
+def hide_delay_sources(records: list) -> list:
+    """``records`` with hide_delay_source applied to those that carry the marker."""
+    mark = DELAY_SOURCE_MARK
+    return [hide_delay_source(r) if mark in r else r for r in records]
+
+
 # Put failures after which retrying cannot help: the entry is dropped (logged and counted).
 PERMANENT_FAILURES = frozenset({PutStatus.MESSAGE_ILLEGAL, PutStatus.PROPERTIES_SIZE_EXCEEDED})
 # Statuses meaning the record was written (a flush timeout still wrote it).

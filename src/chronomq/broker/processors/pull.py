@@ -12,6 +12,7 @@ import os
 import struct
 from collections.abc import Callable
 
+from chronomq.delay.delivery import DELAY_SOURCE_MARK, hide_delay_sources
 from chronomq.message import (
     NAME_VALUE_SEPARATOR,
     POS_BODY,
@@ -43,6 +44,7 @@ MAX_SUSPEND_MS = 60_000
 _I64 = struct.Struct(">q")
 _I32 = struct.Struct(">i")
 _DUE_MARK = (PROPERTY_TIMER_DELIVER_MS + NAME_VALUE_SEPARATOR).encode()
+_SRC_MARK = DELAY_SOURCE_MARK
 
 
 def due_ms_of(rec: bytes) -> int | None:
@@ -157,6 +159,9 @@ class PullProcessor(ProcessorBase):
         if st is GetStatus.FOUND and r.messages:
             code, remark = ResponseCode.SUCCESS, "FOUND"
             body = b"".join(r.messages)
+            if _SRC_MARK in body:  # level re-puts among them: their internal marker is not for clients
+                r.messages = hide_delay_sources(r.messages)
+                body = b"".join(r.messages)
             traffic = self.services.traffic
             traffic.consume(topic, group, len(r.messages), len(body))
             if _DUE_MARK in body:  # timed messages among them: how late they reach a consumer

@@ -1,12 +1,14 @@
 """VIEW_MESSAGE_BY_ID (33) and QUERY_MESSAGE (12): looking stored messages up by offset message id or
 by key (RocketMQ's QueryMessageProcessor).
 
-Rules: the answer carries the stored records' bytes as they are in the commit log; nothing found is
+Rules: the answer carries the stored records' bytes as they are in the commit log, less the level
+service's internal delay-source property (delay/delivery.py hide_delay_source); nothing found is
 SYSTEM_ERROR (view) or QUERY_NOT_FOUND (query) with RocketMQ's remarks.
 """
 
 from __future__ import annotations
 
+from chronomq.delay.delivery import hide_delay_source
 from chronomq.message import decode_offset_msg_id
 from chronomq.remoting.codec import HeaderError, RemotingCommand
 from chronomq.remoting.codes import RequestCode, ResponseCode
@@ -40,7 +42,7 @@ class QueryMessageProcessor(ProcessorBase):
             return req.response(
                 ResponseCode.SYSTEM_ERROR, remark=f"can not find message by the offset, {offset}"
             )
-        return req.response(body=bytes(raw))
+        return req.response(body=bytes(hide_delay_source(raw)))
 
     def query_message(self, req: RemotingCommand, conn: Connection) -> RemotingCommand:
         topic = req.require_str("topic")
@@ -53,7 +55,7 @@ class QueryMessageProcessor(ProcessorBase):
         for m in msgs:
             raw = self.store.read_record(m.commit_log_offset)
             if raw is not None:
-                parts.append(bytes(raw))
+                parts.append(bytes(hide_delay_source(raw)))
         ext = {
             "indexLastUpdateTimestamp": str(self.clock.now_ms()),
             "indexLastUpdatePhyoffset": str(self.store.max_phy_offset),
