@@ -139,6 +139,15 @@ class ProducerManager:
             if not g:
                 del self.groups[group]
 
+    def find_connection(self, client_id: str) -> Connection | None:
+        """The connection of a producer by its client id, in any group (RocketMQ's
+        ProducerManager.findChannel: where a reply to its request is pushed)."""
+        for g in self.groups.values():
+            c = g.get(client_id)
+            if c is not None and c.conn is not None and not c.conn.closed:
+                return c.conn
+        return None
+
     def drop_connection(self, conn: Connection) -> None:
         for name, g in list(self.groups.items()):
             for cid in [cid for cid, c in g.items() if c.conn is conn]:

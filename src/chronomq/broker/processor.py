@@ -1,7 +1,7 @@
 """The broker's request dispatcher (protocol.md section 2): ``BrokerProcessor`` maps each request code to
 its handler; the handlers live in ``broker/processors/``, one module per kind of request, as mixins of
-this class (send.py, pull.py, client_manage.py, consumer_manage.py, admin.py, query.py, transaction.py),
-and the timer codes 9001-9004 in ``broker/timer_processor.py``.
+this class (send.py, reply.py, pull.py, client_manage.py, consumer_manage.py, admin.py, query.py,
+transaction.py), and the timer codes 9001-9004 in ``broker/timer_processor.py``.
 
 Most requests are answered inline (``handle_sync``: no task, no await). Two need to wait:
 - a PULL with the suspend flag and nothing to return: ``handle_sync`` returns None and the async
@@ -25,6 +25,7 @@ from .processors.client_manage import ClientManageProcessor
 from .processors.consumer_manage import ConsumerManageProcessor
 from .processors.pull import PullProcessor
 from .processors.query import QueryMessageProcessor
+from .processors.reply import ReplyProcessor
 from .processors.send import SendProcessor
 from .processors.transaction import TransactionProcessor
 
@@ -34,6 +35,7 @@ if TYPE_CHECKING:
 
 
 class BrokerProcessor(
+    ReplyProcessor,
     SendProcessor,
     PullProcessor,
     ClientManageProcessor,
@@ -56,6 +58,7 @@ class BrokerProcessor(
         self.acl: AclValidator | None = None  # set when aclEnable (the controller loads the accounts)
         self._sync: dict[int, Handler] = {}
         self._sync.update(self._init_send())
+        self._sync.update(self._init_reply())  # after the send's: it reads its stamps
         self._sync.update(self._init_pull())
         self._sync.update(self._init_client_manage())
         self._sync.update(self._init_consumer_manage())

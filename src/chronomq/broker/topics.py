@@ -28,6 +28,7 @@ from typing import Any
 from chronomq.message import (
     DEFAULT_TOPIC,
     DLQ_GROUP_TOPIC_PREFIX,
+    REPLY_TOPIC_POSTFIX,
     RETRY_GROUP_TOPIC_PREFIX,
     SCHEDULE_TOPIC,
     validate_topic,
@@ -114,7 +115,8 @@ class TopicConfigManager:
             SCHEDULE_TOPIC, schedule_queue_nums, schedule_queue_nums, PERM_RW
         )
         builtin = [DEFAULT_TOPIC, SCHEDULE_TOPIC]
-        if cluster_name:  # request-reply: where replies are sent (RocketMQ's TopicConfigManager: 1 queue, perm 6)
+        # request-reply: where replies are sent (RocketMQ's TopicConfigManager: 1 queue, perm 6)
+        if cluster_name:
             reply = f"{cluster_name}_{REPLY_TOPIC_POSTFIX}"
             self.table[reply] = TopicConfig(reply, 1, 1, PERM_RW)
             builtin.append(reply)

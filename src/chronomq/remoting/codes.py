@@ -62,6 +62,7 @@ class RequestCode(IntEnum):
     SEND_BATCH_MESSAGE = 320
     SEND_REPLY_MESSAGE = 324
     SEND_REPLY_MESSAGE_V2 = 325
+    PUSH_REPLY_MESSAGE_TO_CLIENT = 326  # broker -> the requesting producer (request-reply)
     # chronomq extensions (outside RocketMQ's used ranges)
     CHRONOMQ_DELAY_STATS = 9001
     CHRONOMQ_CANCEL_SCHEDULED = 9002
