@@ -433,10 +433,6 @@ def test_retry_later_twice_then_consumed(server: ChronomqProcess, tmp_path: Path
     print("gaps between deliveries, ms:", obs["broker_specific"]["gaps_ms"])
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="chronomq stamps its internal __CHRONOMQ_DELAY_SRC on every message its delay"
-                   " service puts back (delay levels and the retry ladder), and the remoting pull hands it"
-                   " to the client, where it shows in MessageExt.GetProperties()")
 def test_no_broker_internal_property_reaches_the_client(server: ChronomqProcess, tmp_path: Path) -> None:
     obs = scenario_retry(server.namesrv_addr, tmp_path)
     if obs["consumed"] != 2:  # not the expected failure: a real one
