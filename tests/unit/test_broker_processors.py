@@ -483,6 +483,21 @@ async def test_delayed_send_is_parked_then_delivered(env: Env) -> None:
     assert stats["levels"][1]["delivered"] == 1 and stats["early_deliveries"] == 0
 
 
+async def test_one_pull_answers_a_level_delivery_and_a_timed_delivery_together(env: Env) -> None:
+    # the level copy's internal marker is cut out of the answer and the timed copy's lateness is read
+    # from the same records: both must work on the rewritten ones (the compiled kernel takes bytes only)
+    c = await env.client()
+    assert (await c.send_message("MixQ", b"level", 0, {"DELAY": "1"})).code == C.SUCCESS
+    due = env.clock.now_ms() + 1_000
+    resp = await c.send_message("MixQ", b"timed", 0, {"TIMER_DELIVER_MS": str(due)})
+    assert resp.code == C.SUCCESS, resp.remark
+    await env.clock.advance(1_000)
+    await _wait_max(env, "MixQ", 0, 2)
+    got = await _pull_all(env, c, "MixQ", 0)
+    assert sorted(m.body for m in got) == [b"level", b"timed"]
+    assert not any(k.startswith("__CHRONOMQ_DELAY_SRC") for m in got for k in m.properties)
+
+
 async def test_send_back_goes_to_retry_then_dlq(tmp_path: Path) -> None:
     e = Env(tmp_path, {"maxReconsumeTimes": "1"})
     await e.broker.start()

@@ -78,7 +78,7 @@ def hide_delay_source(rec: bytes | bytearray | memoryview) -> bytes | bytearray 
     out += kept
     out += rec[ppos + 2 + plen :]
     _TOTAL.pack_into(out, 0, len(out))
-    return out
+    return bytes(out)  # a record, like the store's: the compiled kernels read records as bytes
 
 
 def hide_delay_sources(records: list) -> list:
