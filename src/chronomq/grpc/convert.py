@@ -8,6 +8,7 @@ __SHARDINGKEY, delivery timestamp -> TIMER_DELIVER_MS) and read back the same wa
 from __future__ import annotations
 
 import gzip
+import hashlib
 import zlib
 from dataclasses import dataclass
 
@@ -192,7 +193,9 @@ def to_v2(msg: MessageExt, receipt_handle: str, attempt: int, invisible_ms: int)
     sp = pb.SystemProperties(
         message_id=props.get(PROPERTY_UNIQ_KEY)
         or create_offset_msg_id(msg.store_host, msg.commit_log_offset),
-        body_digest=pb.Digest(type=pb.CRC32, checksum=f"{zlib.crc32(body) & 0xFFFFFFFF:08X}"),
+        # MD5 in upper-case hex, as RocketMQ's proxy (GrpcConverter): the clients' CRC32 checks disagree on
+        # zero padding (Java's Long.toHexString has none), so a padded CRC32 is "corrupted" to some of them
+        body_digest=pb.Digest(type=pb.MD5, checksum=hashlib.md5(body).hexdigest().upper()),
         body_encoding=pb.IDENTITY,
         message_type=message_type_of(props),
         born_timestamp=timestamp(msg.born_timestamp),
