@@ -67,6 +67,14 @@ def test_forbidden_imports(package: str, forbidden: list[str]) -> None:
     assert _violations(package, forbidden) == []
 
 
+def test_the_filter_engine_imports_only_the_message_model() -> None:
+    # filter/ is pure logic the broker and the gRPC endpoint both call: stdlib and message.py only
+    bad = sorted(f"{mod} imports {i}" for mod, imps in _package_imports("filter").items() for i in imps
+                 if i != "chronomq" and not (_touches(i, "message") or _touches(i, "filter")))
+    assert bad == []
+    assert _package_imports("filter"), "no filter/ package"
+
+
 def test_codecs_never_import_storage_or_the_broker() -> None:
     for mod in ("remoting/codec.py", "remoting/codes.py", "ha/codec.py"):
         imps = _imports(SRC / mod)
