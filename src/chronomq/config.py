@@ -127,6 +127,9 @@ class BrokerConfig:
     # consumers
     flushConsumerOffsetInterval: int = 5000
     longPollingEnable: bool = True
+    # SQL92 subscriptions (RocketMQ's key and default): off, they are refused as RocketMQ refuses them;
+    # on, pulls and gRPC receives filter by message properties (docs/filter.md)
+    enablePropertyFilter: bool = False
     clientChannelMaxIdleTimeSeconds: int = 120
     registerNameServerPeriod: int = 30_000
     # what a connection may hold, for the broker's port and the embedded name server's (RocketMQ's

@@ -30,8 +30,11 @@ class ReadPath:
     _flusher: FlushCommitLogService
 
     def get_message(self, topic: str, queue_id: int, offset: int, max_msgs: int,
-                    max_bytes: int = DEFAULT_MAX_BYTES, tag_filter: Callable[[int], bool] | None = None
-                    ) -> GetResult:
+                    max_bytes: int = DEFAULT_MAX_BYTES, tag_filter: Callable[[int], bool] | None = None,
+                    record_filter: Callable[[bytes], bool] | None = None) -> GetResult:
+        """Up to ``max_msgs`` records from ``offset``. ``tag_filter`` sees each queue entry's tags code,
+        ``record_filter`` each record read (RocketMQ's isMatchedByConsumeQueue / isMatchedByCommitLog);
+        what either refuses is skipped and counted in ``next_begin_offset``, as RocketMQ's getMessage."""
         cq = self._queues.get((topic, queue_id))
         if cq is None:
             return GetResult(GetStatus.NO_MATCHED_LOGIC_QUEUE, 0, 0, 0)
@@ -45,7 +48,7 @@ class ReadPath:
         if offset > hi:
             return GetResult(GetStatus.OFFSET_OVERFLOW_BADLY, 0 if lo == 0 else hi, lo, hi)
         max_msgs = max(1, max_msgs)
-        scan = max_msgs if tag_filter is None else max(max_msgs, 800)
+        scan = max_msgs if tag_filter is None and record_filter is None else max(max_msgs, 800)
         units = cq.units(offset, scan)
         cl = self._cl
         min_phys = cl.min_offset
@@ -70,6 +73,10 @@ class ReadPath:
             data = cl.read(phys, size)
             if data is None:
                 removed += 1
+                next_off += 1
+                continue
+            if record_filter is not None and not record_filter(data):
+                filtered += 1
                 next_off += 1
                 continue
             out.append(data)

@@ -3,14 +3,17 @@ and going, and whether this broker can serve a consumer's subscription (RocketMQ
 
 Rules: a heartbeat registers each consumer group (creating its retry topic when clustering) and each
 producer group; a change in a group's consumers is told through ``services.notify_consumer_ids_changed``.
-CHECK_CLIENT_CONFIG answers as RocketMQ's broker with enablePropertyFilter=false: SUCCESS for a TAG
-subscription (or none), SYSTEM_ERROR for any other expression type (SQL92): chronomq filters by TAG only.
+CHECK_CLIENT_CONFIG answers as RocketMQ's broker: SUCCESS for a TAG subscription (or none); for any
+other expression type, SYSTEM_ERROR with enablePropertyFilter=false, else SUCCESS for a SQL92 expression
+that compiles and SUBSCRIPTION_PARSE_FAILED (the compiler's words: where, and what was expected) for
+one that does not.
 """
 
 from __future__ import annotations
 
 import logging
 
+from chronomq.filter import FilterSyntaxError, compile_sql92
 from chronomq.message import RETRY_GROUP_TOPIC_PREFIX
 from chronomq.remoting.codec import HeaderError, RemotingCommand
 from chronomq.remoting.codes import RequestCode, ResponseCode
@@ -84,6 +87,17 @@ class ClientManageProcessor(ProcessorBase):
         if expression_type is not None and not isinstance(expression_type, str):
             raise HeaderError("CHECK_CLIENT_CONFIG subscriptionData.expressionType is not a string")
         if is_tag_type(expression_type):
+            return req.response()
+        if self.config.enablePropertyFilter:
+            if expression_type != "SQL92":
+                return req.response(ResponseCode.SUBSCRIPTION_PARSE_FAILED,
+                                    remark=f"the broker cannot filter message by {expression_type}")
+            try:
+                compile_sql92(str(sub.get("subString") or ""))
+            except FilterSyntaxError as e:
+                log.info("consumer %s of group %s subscribes to %s by SQL92 that does not compile: %s",
+                         body.get("clientId"), body.get("group"), sub.get("topic"), e)
+                return req.response(ResponseCode.SUBSCRIPTION_PARSE_FAILED, remark=str(e))
             return req.response()
         log.info("consumer %s of group %s subscribes to %s by %s, which this broker cannot filter",
                  body.get("clientId"), body.get("group"), sub.get("topic"), expression_type)

@@ -3,7 +3,8 @@
 Rules: ``pull_message`` answers inline unless the queue had nothing, the request carries the suspend
 flag and ``longPollingEnable`` is on; then it returns None and the dispatcher's async ``handle`` runs
 ``pull_message_held``, which waits on ``services.hold`` (PullHoldService) until an arrival or the
-deadline. Tags are filtered in the store through ``TagFilter`` (TAG expressions only).
+deadline. Tags are filtered in the store through ``TagFilter``; with enablePropertyFilter, a SQL92
+subscription filters each record read by its properties (``_filters_for``, chronomq.filter).
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ import struct
 from collections.abc import Callable
 
 from chronomq.delay.delivery import DELAY_SOURCE_MARK, hide_delay_sources
+from chronomq.filter import FilterSyntaxError, compile_sql92
+from chronomq.filter.records import record_filter
 from chronomq.message import (
     NAME_VALUE_SEPARATOR,
     POS_BODY,
@@ -78,6 +81,13 @@ def _physical_ram() -> int:
     except (ValueError, OSError):
         return 8 << 30  # unknown: as an 8 GiB machine
 
+def _int(v: object) -> int:
+    try:
+        return int(v)  # type: ignore[call-overload]
+    except (TypeError, ValueError):
+        return 0
+
+
 class TagFilter:
     """Server-side tag filter from a subscription expression: "*" / "" (all) or "a || b"."""
 
@@ -126,6 +136,43 @@ class PullProcessor(ProcessorBase):
             f = self._filters[expr] = TagFilter(expr)
         return f.predicate()
 
+    def _filters_for(
+        self, req: RemotingCommand, group: str, topic: str, sys_flag: int, header_type: str
+    ) -> tuple[Callable[[int], bool] | None, Callable[[bytes], bool] | None] | RemotingCommand:
+        """With enablePropertyFilter: (tag filter, record filter) for the subscription RocketMQ's
+        PullMessageProcessor takes (the request's own with the subscription flag, else the group's
+        registered one), or the refusal it answers. TAG subscriptions go the tag path unchanged."""
+        sub = None
+        if sys_flag & PULL_FLAG_SUBSCRIPTION:
+            expr_type = header_type
+        else:
+            g = self.services.consumers.groups.get(group)
+            sub = g.subscriptions.get(topic) if g else None
+            if sub is None:
+                if header_type.upper() == "TAG":
+                    return self._filter(req, group, topic, sys_flag), None
+                return req.response(ResponseCode.SUBSCRIPTION_NOT_EXIST,
+                                    remark="the consumer's subscription not exist")
+            expr_type = str(sub.get("expressionType") or "TAG")
+        if expr_type.upper() == "TAG":
+            return self._filter(req, group, topic, sys_flag), None
+        expr = (req.ext_str("subscription", "") if sub is None else str(sub.get("subString") or "")) or ""
+        try:
+            if expr_type != "SQL92":
+                raise ValueError(f"the broker cannot filter message by {expr_type}")
+            selector = compile_sql92(expr)
+        except (FilterSyntaxError, ValueError) as e:
+            if sub is None:  # RocketMQ: the request's subscription does not compile
+                return req.response(ResponseCode.SUBSCRIPTION_PARSE_FAILED,
+                                    remark=f"parse the consumer's subscription failed: {e}")
+            # RocketMQ registers no filter data for a heartbeat's expression that does not compile
+            return req.response(ResponseCode.FILTER_DATA_NOT_EXIST, remark="The broker's consumer filter "
+                                f"data is not exist!Your expression may be wrong! ({e})")
+        if sub is not None and _int(sub.get("subVersion")) < req.ext_int("subVersion", 0):
+            return req.response(ResponseCode.FILTER_DATA_NOT_LATEST,
+                                remark="the consumer's consumer filter data not latest")
+        return None, record_filter(selector)
+
     def _pull_once(self, req: RemotingCommand) -> tuple[RemotingCommand, bool]:
         """One attempt. Returns (response, may_hold): may_hold when the answer is PULL_NOT_FOUND."""
         group = req.require_str("consumerGroup")
@@ -147,11 +194,19 @@ class PullProcessor(ProcessorBase):
                     f"{tc.readQueueNums} read queues",
                 ), False
         expr_type = req.ext_str("expressionType", "TAG") or "TAG"
-        if expr_type.upper() != "TAG":  # chronomq filters by TAG only (RocketMQ's enablePropertyFilter=false)
+        records: Callable[[bytes], bool] | None = None
+        if self.config.enablePropertyFilter:
+            chosen = self._filters_for(req, group, topic, sys_flag, expr_type)
+            if isinstance(chosen, RemotingCommand):
+                return chosen, False
+            tag_filter, records = chosen
+        elif expr_type.upper() != "TAG":  # RocketMQ's answer with enablePropertyFilter=false
             return req.response(ResponseCode.SYSTEM_ERROR, remark=no_filter_remark(expr_type)), False
-        tag_filter = self._filter(req, group, topic, sys_flag)
+        else:
+            tag_filter = self._filter(req, group, topic, sys_flag)
         r: GetResult = self.store.get_message(
-            topic, queue_id, offset, max_msgs, max_bytes=MAX_PULL_BYTES, tag_filter=tag_filter
+            topic, queue_id, offset, max_msgs, max_bytes=MAX_PULL_BYTES, tag_filter=tag_filter,
+            record_filter=records,
         )
         st = r.status
         body = b""
