@@ -24,6 +24,8 @@ from chronomq.broker.processors.pull import MAX_PULL_BYTES, TagFilter
 from chronomq.broker.services import BrokerServices
 from chronomq.broker.topics import PERM_READ, PERM_WRITE, TopicConfig
 from chronomq.delay.timer.types import Outcome
+from chronomq.filter import FilterSyntaxError, Selector, compile_sql92
+from chronomq.filter.records import record_filter
 from chronomq.message import PROPERTY_TAGS, MessageExt, decode_record, validate_topic
 from chronomq.store.types import GetStatus
 
@@ -66,6 +68,20 @@ class Refused(Exception):
         self.code = code
 
 
+class SqlFilter:
+    """A receive's SQL92 FilterExpression, shaped as TagFilter for the receive path: no tag predicate
+    (RocketMQ reads every record of the queue for a SQL subscription), a record filter instead."""
+
+    __slots__ = ("records",)
+    tags = None
+
+    def __init__(self, selector: Selector) -> None:
+        self.records = record_filter(selector)
+
+    def predicate(self) -> None:
+        return None
+
+
 @dataclass
 class ClientRecord:
     client_type: int
@@ -105,6 +121,7 @@ class MessagingService:
         self._channels: dict[str, TelemetryChannel] = {}  # producers' Telemetry streams, by client id
         self._fifo_events: dict[tuple[str, str], asyncio.Event] = {}  # FIFO receives waiting for an ack
         self._filters: dict[str, TagFilter] = {}
+        self._sql_filters: dict[str, SqlFilter] = {}
         self._rr = itertools.count()
         self.sent = 0
         self.received = 0
@@ -390,9 +407,20 @@ class MessagingService:
         return pb.EndTransactionResponse(status=status(OK, a.remark))
 
     # --- ReceiveMessage -------------------------------------------------------------------------------------
-    def _filter(self, fe: pb.FilterExpression) -> TagFilter:
+    def _filter(self, fe: pb.FilterExpression) -> TagFilter | SqlFilter:
         if fe.type == pb.SQL:
-            raise Refused(pb.ILLEGAL_FILTER_EXPRESSION, "SQL92 filters are not supported; filter by tag")
+            if not self.config.enablePropertyFilter:
+                raise Refused(pb.ILLEGAL_FILTER_EXPRESSION, "SQL92 filters are not supported; filter by tag")
+            sql = self._sql_filters.get(fe.expression)
+            if sql is None:
+                try:
+                    selector = compile_sql92(fe.expression)
+                except FilterSyntaxError as e:
+                    raise Refused(pb.ILLEGAL_FILTER_EXPRESSION, str(e)) from None
+                if len(self._sql_filters) > 10_000:
+                    self._sql_filters.clear()
+                sql = self._sql_filters[fe.expression] = SqlFilter(selector)
+            return sql
         expr = fe.expression or "*"
         f = self._filters.get(expr)
         if f is None:
@@ -473,7 +501,7 @@ class MessagingService:
         queues: list[int],
         batch: int,
         invisible: int,
-        tag_filter: TagFilter,
+        tag_filter: TagFilter | SqlFilter,
         deadline: int,
         fifo: bool = False,
     ) -> list[pb.Message]:
@@ -549,7 +577,7 @@ class MessagingService:
         st: QueueState,
         limit: int,
         invisible: int,
-        tag_filter: TagFilter,
+        tag_filter: TagFilter | SqlFilter,
         fifo: bool = False,
     ) -> list[pb.Message]:
         """Up to ``limit`` messages of one queue made invisible for ``invisible`` ms: redeliveries first,
@@ -582,10 +610,13 @@ class MessagingService:
         return out
 
     def _fresh(
-        self, topic: str, q: int, st: QueueState, room: int, until: int, invisible: int, tag_filter: TagFilter
+        self, topic: str, q: int, st: QueueState, room: int, until: int, invisible: int,
+        tag_filter: TagFilter | SqlFilter,
     ) -> list[pb.Message]:
+        records = tag_filter.records if isinstance(tag_filter, SqlFilter) else None
         r = self.store.get_message(
-            topic, q, st.next, room, max_bytes=MAX_PULL_BYTES, tag_filter=tag_filter.predicate()
+            topic, q, st.next, room, max_bytes=MAX_PULL_BYTES, tag_filter=tag_filter.predicate(),
+            record_filter=records,
         )
         out: list[pb.Message] = []
         if r.status is GetStatus.FOUND:
