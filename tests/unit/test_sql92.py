@@ -310,3 +310,72 @@ def test_any_text_compiles_or_is_refused_and_evaluation_only_fails_cleanly(text:
         assert sel.evaluate(props) in (True, False, None)
     except FilterEvalError:
         assert sel.matches(props) is False
+
+
+# --- stored records --------------------------------------------------------------------------------------
+
+def _record(props: dict[str, str]) -> bytes:
+    from chronomq.message import MessageExt, encode_record
+
+    return bytes(encode_record(MessageExt(topic="T", body=b"body \x01\x02 a\x01", properties=props)))
+
+
+_names = st.sampled_from(["a", "ab", "b", "TAGS", "xa"])
+
+
+@given(st.dictionaries(_names, st.text(alphabet=st.characters(blacklist_characters="\x01\x02",
+                                                               blacklist_categories=("Cs",)), max_size=6),
+                       max_size=5))
+def test_only_the_named_properties_are_read_and_they_equal_a_full_decode(props: dict[str, str]) -> None:
+    from chronomq.filter.records import named_properties, properties_span, record_properties
+
+    rec = _record(props)
+    full = record_properties(rec)
+    assert full == props
+    span = properties_span(rec)
+    assert span is not None
+    wanted = [(n, n.encode() + b"\x01", b"\x02" + n.encode() + b"\x01") for n in ("a", "b", "TAGS")]
+    assert named_properties(rec, *span, wanted) == {k: v for k, v in props.items() if k in ("a", "b", "TAGS")}
+
+
+def test_record_filter_matches_stored_records_and_refuses_broken_ones() -> None:
+    from chronomq.filter.records import record_filter
+
+    match = record_filter(compile_sql92("a = 'x' AND TAGS IN ('t1', 't2')"))
+    assert compile_sql92("a = 'x' AND TAGS IN ('t1', 't2')").names == {"a", "TAGS"}
+    assert match(_record({"xa": "y", "a": "x", "TAGS": "t2"}))
+    assert not match(_record({"xa": "x", "TAGS": "t2"}))  # "xa" is not "a"
+    assert not match(_record({"a": "x"}))
+    rec = _record({"a": "x", "TAGS": "t1"})
+    assert match(rec) and not match(rec[:-1]) and not match(rec[:40])
+    assert record_filter(compile_sql92("TRUE"))(rec)
+
+
+_numberish = st.one_of(st.sampled_from(["5", "+5", "-5", "5.0", " 5", "5d", "NaN", "-Infinity", "abc", "",
+                                        "3000000000", "9223372036854775808", "0x1p2", "\u0665"]),
+                       st.integers(-(2**40), 2**40).map(str), st.floats(allow_nan=True).map(repr))
+
+
+@given(_numberish, st.sampled_from([("5", 5), ("3000000000", sql92._Long(3000000000)), ("2.5", 2.5)]),
+       st.sampled_from(["<", "<=", ">", ">=", "="]))
+def test_property_against_a_number_is_java_compare(value: str, literal: tuple[str, object], op: str) -> None:
+    text, number = literal
+    pred = {"<": lambda c: c < 0, "<=": lambda c: c <= 0, ">": lambda c: c > 0, ">=": lambda c: c >= 0,
+            "=": lambda c: c == 0}[op]
+
+    def outcome(expr: str, lv: object, rv: object) -> object:
+        try:
+            want: object = pred(java_compare(lv, rv))  # type: ignore[arg-type]
+        except FilterEvalError:
+            want = "error"
+        try:
+            got: object = compile_sql92(expr).evaluate({"a": value})
+        except FilterEvalError:
+            got = "error"
+        return want, got
+
+    want, got = outcome(f"a {op} {text}", value, number)
+    assert got == want
+    if op != "=":
+        want, got = outcome(f"{text} {op} a", number, value)
+        assert got == want

@@ -42,7 +42,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable, Mapping, Sequence
-from typing import Final
+from typing import Any, Final
 
 __all__ = ["MAX_DEPTH", "FilterEvalError", "FilterSyntaxError", "Selector", "compile_sql92", "java_compare"]
 
@@ -92,7 +92,6 @@ class _Long(int):
 
 _INT_MIN, _INT_MAX = -(1 << 31), (1 << 31) - 1
 _LONG_MIN, _LONG_MAX = -(1 << 63), (1 << 63) - 1
-_JAVA_INT_RE = re.compile(r"[+-]?\d+")
 _JAVA_DOUBLE_RE = re.compile(r"[+-]?(?:NaN|Infinity|(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?[fFdD]?)")
 _JAVA_HEX_DOUBLE_RE = re.compile(
     r"([+-]?0[xX](?:[0-9a-fA-F]+\.?[0-9a-fA-F]*|\.[0-9a-fA-F]+)[pP][+-]?[0-9]+)[fFdD]?")
@@ -100,8 +99,10 @@ _JAVA_TRIM = "".join(chr(c) for c in range(0x21))  # String.trim(): every char <
 
 
 def _java_int(s: str, lo: int, hi: int) -> int:
-    """Integer.valueOf / Long.valueOf: an optional sign and digits, in range, nothing else."""
-    if _JAVA_INT_RE.fullmatch(s):
+    """Integer.valueOf / Long.valueOf: an optional sign and decimal digits, in range, nothing else
+    (str.isdecimal is Java's Character.digit for radix 10: Unicode Nd digits, as int() reads them)."""
+    digits = s[1:] if s[:1] in ("+", "-") else s
+    if digits.isdecimal():
         v = int(s)
         if lo <= v <= hi:
             return v
@@ -412,8 +413,38 @@ def _compare_ev(lf: Eval, rf: Eval, pred: Callable[[int], bool]) -> Eval:
     return ev
 
 
+def _prop_number_ev(name: str, number: int | float, pred: Callable[[int], bool], number_left: bool) -> Eval:
+    """A property compared with a number literal, the common case, same answer as _compare_ev: the
+    property's string converts to the literal's Java type (Integer, Long or Double.valueOf)."""
+    t = type(number)
+    if t is float:
+        def convert(s: str) -> int | float:
+            return _java_double(s)
+        cmp: Callable[[Any, Any], int] = _double_compare
+    else:
+        lo, hi = (_INT_MIN, _INT_MAX) if t is int else (_LONG_MIN, _LONG_MAX)
+
+        def convert(s: str) -> int | float:
+            return _java_int(s, lo, hi)
+
+        def cmp(a: Any, b: Any) -> int:
+            return (a > b) - (a < b)  # type: ignore[no-any-return]
+
+    def ev(p: Props) -> Value:
+        v = p.get(name)
+        if v is None:
+            return None
+        n = convert(v)
+        return pred(cmp(number, n) if number_left else cmp(n, number))
+    return ev
+
+
 _PREDICATES: Final[dict[str, Callable[[int], bool]]] = {
     ">": lambda c: c > 0, ">=": lambda c: c >= 0, "<": lambda c: c < 0, "<=": lambda c: c <= 0}
+
+
+def _equals_zero(c: int) -> bool:
+    return c == 0
 
 
 def _string_op_ev(f: Eval, op: str, search: str, negated: bool) -> Eval:
@@ -454,6 +485,7 @@ class _Parser:
         self.toks = _tokenize(text)
         self.i = 0
         self.nesting = 0
+        self.names: set[str] = set()  # the properties the expression reads
 
     # tokens
     def peek(self, k: int = 0) -> _Tok:
@@ -552,6 +584,8 @@ class _Parser:
             raise self.refuse(f"'{self.src(left)}' cannot be compared with '{self.src(right)}'", op.pos)
         if left.kind == _PROP and right.kind == _CONST and type(right.value) is str:
             ev = _prop_equals_string_ev(self.text[left.start:left.end], right.value)  # type: ignore[arg-type]
+        elif left.kind == _PROP and right.kind == _CONST and type(right.value) in (int, _Long, float):
+            ev = _prop_number_ev(self.text[left.start:left.end], right.value, _equals_zero, False)  # type: ignore[arg-type]
         else:
             ev = _equal_ev(left.ev, right.ev)
         return self.node(ev, _BOOL, left.start, right.end, (left, right))
@@ -564,8 +598,14 @@ class _Parser:
     def compare(self, left: _Node, op: str, right: _Node) -> _Node:
         self.check_comparable(left)
         self.check_comparable(right)
-        return self.node(_compare_ev(left.ev, right.ev, _PREDICATES[op]), _BOOL, left.start, right.end,
-                         (left, right))
+        pred = _PREDICATES[op]
+        if left.kind == _PROP and right.kind == _CONST:
+            ev = _prop_number_ev(self.text[left.start:left.end], right.value, pred, False)  # type: ignore[arg-type]
+        elif left.kind == _CONST and right.kind == _PROP:
+            ev = _prop_number_ev(self.text[right.start:right.end], left.value, pred, True)  # type: ignore[arg-type]
+        else:
+            ev = _compare_ev(left.ev, right.ev, pred)
+        return self.node(ev, _BOOL, left.start, right.end, (left, right))
 
     def comparison(self) -> _Node:
         left = self.unary()
@@ -673,6 +713,7 @@ class _Parser:
             return _Node(_const_ev(b), _BCONST, t.pos, end, 1, b)
         if kind == _ID:
             self.take()
+            self.names.add(t.image)
             return _Node(_prop_ev(t.image), _PROP, t.pos, end, 1)
         if kind == "(":
             self.nesting += 1
@@ -698,11 +739,12 @@ def _string_value(image: str) -> str:
 class Selector:
     """A compiled SQL92 expression."""
 
-    __slots__ = ("_ev", "text")
+    __slots__ = ("_ev", "names", "text")
 
-    def __init__(self, text: str, ev: Eval) -> None:
+    def __init__(self, text: str, ev: Eval, names: frozenset[str] = frozenset()) -> None:
         self.text = text
         self._ev = ev
+        self.names = names  # the property names it reads: a record's other properties need no decoding
 
     def evaluate(self, props: Props) -> bool | None:
         """TRUE, FALSE or None (unknown); raises FilterEvalError where RocketMQ's evaluation throws."""
@@ -728,8 +770,9 @@ def compile_sql92(text: str) -> Selector:
     hit = _cache.get(text)
     if hit is None:
         try:
-            node = _Parser(text).selector()
-            hit = Selector(text, node.ev)
+            parser = _Parser(text)
+            node = parser.selector()
+            hit = Selector(text, node.ev, frozenset(parser.names))
         except FilterSyntaxError as e:
             hit = e
         except RecursionError:

@@ -22,6 +22,18 @@ if TYPE_CHECKING:
 DEFAULT_MAX_BYTES = 256 * 1024
 
 
+def _units_in_steps(cq: ConsumeQueue, offset: int, first: int, limit: int) -> Iterator[tuple[int, int, int]]:
+    """The queue entries from ``offset``, ``limit`` at most, read ``first`` then 4 times more each step."""
+    got, step = 0, first
+    while got < limit:
+        chunk = cq.units(offset + got, min(step, limit - got))
+        if not chunk:
+            return
+        yield from chunk
+        got += len(chunk)
+        step *= 4
+
+
 class ReadPath:
     _cl: CommitLog
     _queues: dict[tuple[str, int], ConsumeQueue]
@@ -48,8 +60,11 @@ class ReadPath:
         if offset > hi:
             return GetResult(GetStatus.OFFSET_OVERFLOW_BADLY, 0 if lo == 0 else hi, lo, hi)
         max_msgs = max(1, max_msgs)
-        scan = max_msgs if tag_filter is None and record_filter is None else max(max_msgs, 800)
-        units = cq.units(offset, scan)
+        if record_filter is None:
+            units: Iterator[tuple[int, int, int]] | list[tuple[int, int, int]] = cq.units(
+                offset, max_msgs if tag_filter is None else max(max_msgs, 800))
+        else:  # most records may match: read the queue entries in growing steps, not 800 at once
+            units = _units_in_steps(cq, offset, 2 * max_msgs, max(max_msgs, 800))
         cl = self._cl
         min_phys = cl.min_offset
         out: list[bytes] = []
