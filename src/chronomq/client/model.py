@@ -19,6 +19,21 @@ from chronomq.remoting.codes import PERM_READ, PERM_WRITE
 from .errors import InvalidMessage
 
 # property names a user may not set through ``properties=`` (the client/broker own them)
+# RocketMQ's MessageConst.STRING_HASH_SET (5.3): names a broker or a client writes, never a user property
+SYSTEM_PROPERTIES = frozenset({
+    m.PROPERTY_KEYS, m.PROPERTY_TAGS, m.PROPERTY_UNIQ_KEY, m.PROPERTY_WAIT_STORE_MSG_OK,
+    m.PROPERTY_DELAY_TIME_LEVEL, m.PROPERTY_REAL_TOPIC, m.PROPERTY_REAL_QUEUE_ID, m.PROPERTY_RETRY_TOPIC,
+    m.PROPERTY_ORIGIN_MESSAGE_ID, m.PROPERTY_RECONSUME_TIME, m.PROPERTY_MAX_RECONSUME_TIMES,
+    m.PROPERTY_TRANSACTION_PREPARED, "MIN_OFFSET", "MAX_OFFSET", "CONSUME_START_TIME", "PGROUP", "BUYER_ID",
+    "TRANSFER_FLAG", "CORRECTION_FLAG", "MQ2_FLAG", "TRAN_PREPARED_QUEUE_OFFSET", "TRANSACTION_CHECK_TIMES",
+    "CHECK_IMMUNITY_TIME_IN_SECONDS", "__SHARDINGKEY", "CLUSTER", "MSG_REGION", "TRACE_ON",
+    "INSTANCE_ID", "CORRELATION_ID", "REPLY_TO_CLIENT", "TTL", "ARRIVE_TIME", "PUSH_REPLY_TIME",
+    "MSG_TYPE", "TIMER_DELIVER_MS", "TIMER_DELAY_SEC", "TIMER_DELAY_MS", "TIMER_OUT_MS",
+    "TIMER_ENQUEUE_MS", "TIMER_DEQUEUE_MS", "TIMER_ROLL_TIMES", "TIMER_DEL_UNIQKEY", "INNER_NUM",
+    "INNER_BASE", "INNER_MULTI_DISPATCH", "INNER_MULTI_QUEUE_OFFSET", "TRACE_CONTEXT", "POP_CK",
+    "POP_CK_OFFSET", "1ST_POP_TIME", "SHARDING_KEY",
+})
+
 RESERVED_PROPERTIES = {m.PROPERTY_UNIQ_KEY, m.PROPERTY_REAL_TOPIC, m.PROPERTY_REAL_QUEUE_ID,
                        m.PROPERTY_RETRY_TOPIC}
 
@@ -339,11 +354,9 @@ class ReceivedMessage:
         return self.properties.get(name, default)
 
     def user_properties(self) -> dict[str, str]:
-        system = {m.PROPERTY_KEYS, m.PROPERTY_TAGS, m.PROPERTY_UNIQ_KEY, m.PROPERTY_WAIT_STORE_MSG_OK,
-                  m.PROPERTY_DELAY_TIME_LEVEL, m.PROPERTY_REAL_TOPIC, m.PROPERTY_REAL_QUEUE_ID,
-                  m.PROPERTY_RETRY_TOPIC, m.PROPERTY_ORIGIN_MESSAGE_ID, "MIN_OFFSET", "MAX_OFFSET",
-                  "CONSUME_START_TIME", m.PROPERTY_RECONSUME_TIME, m.PROPERTY_MAX_RECONSUME_TIMES}
-        return {k: v for k, v in self.properties.items() if k not in system}
+        """The properties the producer's application set: not RocketMQ's system ones
+        (``MessageConst.STRING_HASH_SET``), which brokers and clients write."""
+        return {k: v for k, v in self.properties.items() if k not in SYSTEM_PROPERTIES}
 
     @classmethod
     def from_ext(cls, ext: m.MessageExt, broker_name: str) -> ReceivedMessage:
