@@ -1,5 +1,7 @@
 """``python -m bench.compare [--quick | --full]``: chronomq (ASYNC_FLUSH and SYNC_FLUSH) against a Redis
-sorted-set delay queue and RabbitMQ TTL + dead-letter, same workloads, same machine, one run.
+sorted-set delay queue, RabbitMQ TTL + dead-letter and Apache RocketMQ (5.3.3 with its timer wheel, in
+both flush modes, and 4.9.7 with delay levels), same workloads, same machine, one run; the remoting brokers
+also driven by the official Java client (a second table).
 
 Prints the table, writes bench/results/compare-<run>.json (raw results) and .png (chart); with
 ``--write-readme`` also records the run in bench/compare/README.md."""
@@ -25,6 +27,7 @@ from .procs import APT_LINE, PeerUnavailable, pin
 from .rabbit_peer import RabbitPeer
 from .redis_peer import RedisPeer
 from .report import render_rich, update_readme, write_chart, write_json
+from .rocketmq_peer import RocketMQPeer
 from .runner import WORKLOADS, run_system
 from .workloads import PLANS, Plan
 
@@ -36,6 +39,9 @@ SYSTEMS: dict[str, Callable[[Path], Peer]] = {
     "chronomq_sync": lambda d: ChronomqPeer(d, "SYNC_FLUSH", BROKER_SETTINGS),
     "redis": RedisPeer,
     "rabbitmq": RabbitPeer,
+    "rocketmq5_async": lambda d: RocketMQPeer(d, "rocketmq5", "ASYNC_FLUSH"),
+    "rocketmq5_sync": lambda d: RocketMQPeer(d, "rocketmq5", "SYNC_FLUSH"),
+    "rocketmq4": lambda d: RocketMQPeer(d, "rocketmq4", "ASYNC_FLUSH"),
 }
 
 

@@ -48,6 +48,7 @@ class Peer(ABC):
     durability: str = ""        # how it is configured, stated in the table and the JSON
     client: str = ""            # the Python client used
     levels_ms: list[int] | None = None  # fixed delay levels (None: any delay in ms)
+    speaks_remoting: bool = False  # a RocketMQ 4.x remoting broker (the official Java client can drive it)
 
     def __init__(self, workdir: Path) -> None:
         self.workdir = workdir
@@ -81,6 +82,10 @@ class Peer(ABC):
     @abstractmethod
     def consumer(self, dest: str, sink: Sink) -> Consumer:
         """Start consuming ``dest`` in the background; every received body goes to ``sink``."""
+
+    def after_start(self) -> None:  # noqa: B027 (optional hook)
+        """Checks after the start-up figures were taken (the first acknowledged send, the idle RSS):
+        their time is not part of the start-up."""
 
     def version(self) -> str:
         return ""

@@ -112,6 +112,26 @@ def tree_rss(pids: list[int]) -> dict[str, int]:
             "processes": len(seen)}
 
 
+def _cpu_ticks(pid: int) -> int:
+    """utime + stime of one process, in clock ticks (0 if it is gone)."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0
+    return int(fields[11]) + int(fields[12])  # fields 14 and 15 of proc(5), counted after the command
+
+
+def tree_cpu_s(pids: list[int]) -> float:
+    """CPU seconds (user + system) used so far by the given processes and all their descendants (from
+    /proc; a process that has exited no longer counts)."""
+    seen: set[int] = set()
+    for p in pids:
+        seen.add(p)
+        seen.update(children_of(p))
+    return sum(_cpu_ticks(p) for p in seen) / os.sysconf("SC_CLK_TCK")
+
+
 def pin(pids: list[int], cpus: set[int], descendants: bool = True) -> int:
     """Run every thread of the given processes (and of their descendants) on ``cpus``; threads and
     processes they start later inherit it. Returns how many threads were pinned."""

@@ -12,8 +12,11 @@ from typing import Any
 
 from .base import need_module
 
-PEERS = ("redis", "rabbitmq")
+PEERS = ("redis", "rabbitmq", "rocketmq5_async", "rocketmq5_sync", "rocketmq4")
 CHRONOMQ = ("chronomq_async", "chronomq_sync")
+# chronomq's mode -> Apache RocketMQ 5 in the same flush mode (the targets compare these pairs)
+ROCKETMQ_PAIR = {"chronomq_async": "rocketmq5_async", "chronomq_sync": "rocketmq5_sync"}
+TITLE = "chronomq vs Redis ZSET vs RabbitMQ TTL+DLX vs Apache RocketMQ"
 
 
 @dataclass(frozen=True)
@@ -23,19 +26,23 @@ class Metric:
     group: str      # row group title (the workload)
     label: str      # figure
     better: str     # "higher" or "lower"
-    unit: str       # "rate", "ms", "bytes", "count", "s"
+    unit: str       # "rate", "ms", "bytes", "count", "s", "cpu"
 
 
 def metrics(plan: dict[str, Any]) -> list[Metric]:
     w = plan
     return [
+        Metric("startup", "first_ack_s", "0 start", "process start to first acknowledged send", "lower", "s"),
+        Metric("startup", "rss_idle_bytes", "", "server RSS idle", "lower", "bytes"),
         Metric("schedule", "msgs_per_s", f"1 schedule {w['schedule_count']:,}", "msgs/s", "higher", "rate"),
+        Metric("schedule", "cpu_s_per_1k_scheduled", "", "server CPU per 1,000 scheduled", "lower", "cpu"),
         Metric("spread", "p50_ms", f"2 {w['spread_count']:,} due over {w['spread_window_ms'] // 1000} s",
                "lateness p50", "lower", "ms"),
         Metric("spread", "p99_ms", "", "lateness p99", "lower", "ms"),
         Metric("spread", "max_ms", "", "lateness max", "lower", "ms"),
         Metric("spread", "early_receipts", "", "early deliveries", "lower", "count"),
         Metric("spread", "lost", "", "not received", "lower", "count"),
+        Metric("spread", "cpu_s_per_1k_delivered", "", "server CPU per 1,000 delivered", "lower", "cpu"),
         Metric("burst", "drain_ms", f"3 burst {w['burst_count']:,} due at once", "last received after due",
                "lower", "ms"),
         Metric("burst", "p99_ms", "", "lateness p99", "lower", "ms"),
@@ -52,12 +59,41 @@ def metrics(plan: dict[str, Any]) -> list[Metric]:
     ]
 
 
+def java_metrics(plan: dict[str, Any]) -> list[Metric]:
+    """The second table: the official Java client's runs (workloads["java"]["timed" / "levels"])."""
+    n = plan.get("java_count", 0)
+    out = []
+    for mode, title in (("timed", f"timed (TIMER_DELIVER_MS) {n:,} due over "
+                                  f"{plan['spread_window_ms'] // 1000} s"),
+                        ("levels", f"delay levels 1-10 (1-10 s) {n:,}")):
+        wl = f"java.{mode}"
+        out += [Metric(wl, "msgs_per_s", title, "schedule msgs/s", "higher", "rate"),
+                Metric(wl, "p50_ms", "", "lateness p50", "lower", "ms"),
+                Metric(wl, "p99_ms", "", "lateness p99", "lower", "ms"),
+                Metric(wl, "max_ms", "", "lateness max", "lower", "ms"),
+                Metric(wl, "early_receipts", "", "early deliveries", "lower", "count"),
+                Metric(wl, "lost", "", "not received", "lower", "count")]
+    return out
+
+
+def workload(sysres: dict[str, Any], name: str) -> Any:
+    """A workload's dict; a dotted name reaches into one (``java.timed``)."""
+    wl: Any = sysres.get("workloads", {})
+    for part in name.split("."):
+        if not isinstance(wl, dict):
+            return None
+        if "na" in wl or "skipped" in wl:  # the whole workload does not apply (or could not run)
+            return wl
+        wl = wl.get(part)
+    return wl
+
+
 def value(results: dict[str, Any], system: str, m: Metric) -> float | None:
     sysres = results.get("systems", {}).get(system)
     if not sysres or sysres.get("status") != "ok":
         return None
-    wl = sysres.get("workloads", {}).get(m.workload)
-    if not isinstance(wl, dict) or "error" in wl:
+    wl = workload(sysres, m.workload)
+    if not isinstance(wl, dict) or "error" in wl or "na" in wl or "skipped" in wl:
         return None
     v = wl.get(m.field)
     if isinstance(v, bool) or not isinstance(v, int | float) or (isinstance(v, float) and math.isnan(v)):
@@ -97,6 +133,8 @@ def fmt(v: float | None, unit: str) -> str:
         return f"{v:,.0f} B"
     if unit == "s":
         return f"{v:,.1f} s"
+    if unit == "cpu":
+        return f"{v:,.3f} s"
     return f"{v:,.0f}"
 
 
@@ -114,22 +152,33 @@ def systems_present(results: dict[str, Any]) -> list[str]:
     return [s for s in order if s in results.get("systems", {})]
 
 
+def rocketmq_pairs(results: dict[str, Any], systems: list[str]) -> list[tuple[str, str]]:
+    """(chronomq mode, RocketMQ 5 in the same flush mode) for each pair that both ran."""
+    return [(c, r) for c, r in ROCKETMQ_PAIR.items() if c in systems and r in systems
+            and results["systems"][r].get("status") == "ok"]
+
+
 def overran(wl: dict[str, Any]) -> bool:
     """True when loading had not finished by the (first) due time, so early receipts overlap the load."""
     return wl.get("loaded_before_first_due") is False or wl.get("loaded_before_due") is False
 
 
-def table_rows(results: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
+def table_rows(results: dict[str, Any], java: bool = False) -> tuple[list[str], list[list[str]]]:
     """Header and rows (strings) of the comparison table: group, figure, one column per system, then
-    chronomq's ratio to the best peer for each chronomq variant ("↑ better"/"↓ better" is the figure's
-    direction; "-" when a value is missing)."""
+    chronomq's ratio to the best peer for each chronomq variant and to Apache RocketMQ 5 in the same
+    flush mode ("↑ better"/"↓ better" is the figure's direction; "-" when a value is missing). With
+    ``java``: the second table (the official Java client), its systems only, ratios to RocketMQ 5 only."""
+    plan = results["meta"]["plan"]
     systems = systems_present(results)
+    if java:
+        systems = [s for s in systems if s in CHRONOMQ or s.startswith("rocketmq")]
     labels = {s: results["systems"][s].get("system", {}).get("label", s) for s in systems}
-    cmq = [s for s in systems if s in CHRONOMQ]
+    cmq = [] if java else [s for s in systems if s in CHRONOMQ]
+    pairs = rocketmq_pairs(results, systems)
     header = ["workload", "figure", *[labels[s] for s in systems],
-              *[f"{labels[s]} / best peer" for s in cmq]]
+              *[f"{labels[s]} / best peer" for s in cmq], *[f"{labels[c]} / {labels[r]}" for c, r in pairs]]
     rows = []
-    for m in metrics(results["meta"]["plan"]):
+    for m in (java_metrics(plan) if java else metrics(plan)):
         best = best_peer(results, m)
         row = [m.group, m.label]
         for s in systems:
@@ -137,8 +186,12 @@ def table_rows(results: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
             if sysres.get("status") != "ok":
                 row.append(sysres.get("status", "?"))
                 continue
-            wl = sysres.get("workloads", {}).get(m.workload, {})
-            failed = isinstance(wl, dict) and "error" in wl
+            wl = workload(sysres, m.workload)
+            if isinstance(wl, dict) and ("na" in wl or "skipped" in wl):
+                row.append("n/a" if "na" in wl else "skipped")
+                continue
+            wl = wl if isinstance(wl, dict) else {}
+            failed = "error" in wl
             cell = "error" if failed else fmt(value(results, s, m), m.unit)
             if not failed and isinstance(wl, dict) and overran(wl) and cell != "-":
                 cell += " *"
@@ -148,13 +201,39 @@ def table_rows(results: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
             row.append(cell)
         for s in cmq:
             row.append(fmt_ratio(ratio(value(results, s, m), best[1] if best else None), m.better))
+        for c, r in pairs:
+            row.append(fmt_ratio(ratio(value(results, c, m), value(results, r, m)), m.better))
         rows.append(row)
     return header, rows
 
 
+def has_java(results: dict[str, Any]) -> bool:
+    return any(isinstance(d.get("workloads", {}).get("java"), dict) and
+               not {"na", "skipped"} & set(d["workloads"]["java"])
+               for d in results.get("systems", {}).values())
+
+
+def java_footer(results: dict[str, Any]) -> list[str]:
+    """How the Java table was made, and why a system has no figures there."""
+    lines = []
+    for s in systems_present(results):
+        j = results["systems"][s].get("workloads", {}).get("java")
+        if isinstance(j, dict) and "jvm" in j:
+            lines.append(f"official Java client: {j.get('client', '')}, async sends (64 in flight), a push "
+                         f"consumer; JVM {j['jvm']}")
+            break
+    for s in systems_present(results):
+        j = results["systems"][s].get("workloads", {}).get("java")
+        if isinstance(j, dict) and "skipped" in j:
+            label = results["systems"][s].get("system", {}).get("label", s)
+            lines.append(f"{label}: skipped: {j['skipped']}")
+    return lines
+
+
 def footer_lines(results: dict[str, Any]) -> list[str]:
     """The legend and one line per system: configuration, client, version, and why it did not run."""
-    lines = ["ratio = chronomq / best peer;  ↑ higher is better,  ↓ lower is better;  * loading had not "
+    lines = ["ratio = chronomq / best peer (or / Apache RocketMQ 5 in the same flush mode);  ↑ higher is "
+             "better,  ↓ lower is better;  n/a: the figure does not apply to that system;  * loading had not "
              "finished when the first message fell due;  † N: the load hit its time cap (load_cap_s) after N "
              "messages, and the figure is for those"]
     placement = results["meta"].get("cpu_placement")
@@ -182,23 +261,33 @@ def render_rich(results: dict[str, Any]) -> str:
         rich_console = need_module("rich.console", "rich, for the table")
         rich_table = need_module("rich.table", "rich, for the table")
     except RuntimeError as e:
-        return "\n".join([plain_table(header, rows), *footer_lines(results), f"(plain table: {e})"])
+        extra = [plain_table(*table_rows(results, java=True)), *java_footer(results)] \
+            if has_java(results) else []
+        return "\n".join([plain_table(header, rows), *footer_lines(results), *extra, f"(plain table: {e})"])
     mode = results["meta"]["plan"]["mode"]
-    title = f"chronomq vs Redis ZSET vs RabbitMQ TTL+DLX ({mode} mode, 1 KiB payloads)"
-    table = rich_table.Table(title=title, show_lines=False)
-    for i, h in enumerate(header):
-        table.add_column(h, justify="left" if i < 2 else "right", no_wrap=i >= 2)
-    prev = None
-    for row in rows:
-        if row[0] and row[0] != prev and prev is not None:
-            table.add_section()
-        prev = row[0] or prev
-        table.add_row(*row)
-    console = rich_console.Console(width=200, record=True)
+
+    def make(title: str, header: list[str], rows: list[list[str]]) -> Any:
+        table = rich_table.Table(title=title, show_lines=False)
+        for i, h in enumerate(header):
+            table.add_column(h, justify="left" if i < 2 else "right", no_wrap=i >= 2)
+        prev = None
+        for row in rows:
+            if row[0] and row[0] != prev and prev is not None:
+                table.add_section()
+            prev = row[0] or prev
+            table.add_row(*row)
+        return table
+
+    console = rich_console.Console(width=240, record=True)
     with console.capture() as cap:
-        console.print(table)
+        console.print(make(f"{TITLE} ({mode} mode, 1 KiB payloads)", header, rows))
         for line in footer_lines(results):
             console.print(line, highlight=False, markup=False)
+        if has_java(results):
+            console.print(make("the same brokers driven by the official Java client (4.x API)",
+                               *table_rows(results, java=True)))
+            for line in java_footer(results):
+                console.print(line, highlight=False, markup=False)
     return cap.get()
 
 
@@ -210,8 +299,8 @@ def plain_table(header: list[str], rows: list[list[str]]) -> str:
     return "\n".join(lines)
 
 
-def markdown_table(results: dict[str, Any]) -> str:
-    header, rows = table_rows(results)
+def markdown_table(results: dict[str, Any], java: bool = False) -> str:
+    header, rows = table_rows(results, java)
     out = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     out += ["| " + " | ".join(c.replace("|", "/") for c in r) + " |" for r in rows]
     return "\n".join(out)
@@ -225,12 +314,16 @@ def write_json(results: dict[str, Any], path: Path) -> Path:
     return path
 
 
-CHART_METRICS = [("schedule", "msgs_per_s", "1 schedule: msgs/s (higher is better)", False),
+CHART_METRICS = [("startup", "first_ack_s", "0 start to first acknowledged send, s (lower)", False),
+                 ("startup", "rss_idle_bytes", "0 idle: server RSS MiB (lower)", False),
+                 ("schedule", "msgs_per_s", "1 schedule: msgs/s (higher is better)", False),
+                 ("schedule", "cpu_s_per_1k_scheduled", "1 server CPU s per 1,000 scheduled (lower)", False),
                  ("spread", "p99_ms", "2 due over window: lateness p99 ms (lower is better)", True),
                  ("burst", "drain_ms", "3 burst: last received after due, ms (lower)", True),
                  ("hol", "p50_ms", "4 head-of-line: short msgs lateness p50 ms (lower)", True),
                  ("pending", "rss_bytes", "5 pending: server RSS MiB (lower)", False),
-                 ("restart", "lost", "6 kill -9: lost + duplicates (lower)", False)]
+                 ("restart", "lost", "6 kill -9: lost + duplicates (lower)", False),
+                 ("restart", "restart_s", "6 kill -9: restart time, s (lower)", False)]
 
 
 def write_chart(results: dict[str, Any], path: Path) -> Path:
@@ -241,22 +334,24 @@ def write_chart(results: dict[str, Any], path: Path) -> Path:
     systems = [s for s in systems_present(results) if results["systems"][s].get("status") == "ok"]
     labels = [results["systems"][s]["system"].get("label", s) for s in systems]
     colors = {"chronomq_async": "#1f77b4", "chronomq_sync": "#4a9fd8", "redis": "#d62728",
-              "rabbitmq": "#ff7f0e"}
-    fig, axes = plt.subplots(2, 3, figsize=(15, 8))
+              "rabbitmq": "#ff7f0e", "rocketmq5_async": "#2ca02c", "rocketmq5_sync": "#74c476",
+              "rocketmq4": "#8c564b"}
+    fig, axes = plt.subplots(2, 5, figsize=(26, 9))
     for ax, (wl, field, title, logy) in zip(axes.flat, CHART_METRICS, strict=True):
         vals = []
         for s in systems:
             w = results["systems"][s].get("workloads", {}).get(wl, {})
             v = w.get(field) if isinstance(w, dict) else None
-            if wl == "restart" and isinstance(w, dict) and v is not None:
+            if (wl, field) == ("restart", "lost") and isinstance(w, dict) and v is not None:
                 v = (w.get("lost") or 0) + (w.get("duplicates") or 0)
-            if wl == "pending" and v is not None:
+            if field in ("rss_bytes", "rss_idle_bytes") and v is not None:
                 v = v / (1 << 20)
             vals.append(float(v) if isinstance(v, int | float) and not isinstance(v, bool) else 0.0)
         bars = ax.bar(labels, vals, color=[colors.get(s, "grey") for s in systems])
         for b, v in zip(bars, vals, strict=True):
-            ax.annotate(f"{v:,.0f}", (b.get_x() + b.get_width() / 2, b.get_height()), ha="center",
-                        va="bottom", fontsize=8)
+            text = f"{v:,.0f}" if v >= 10 else f"{v:.2f}"
+            ax.annotate(text, (b.get_x() + b.get_width() / 2, b.get_height()), ha="center", va="bottom",
+                        fontsize=8)
         if logy and any(v > 0 for v in vals):
             ax.set_yscale("symlog", linthresh=1)
         elif not any(v > 0 for v in vals):
@@ -264,7 +359,7 @@ def write_chart(results: dict[str, Any], path: Path) -> Path:
         ax.set_title(title, fontsize=10)
         ax.tick_params(axis="x", labelsize=8, rotation=15)
     meta = results["meta"]
-    fig.suptitle(f"chronomq vs Redis ZSET vs RabbitMQ TTL+DLX -- {meta['plan']['mode']} mode, "
+    fig.suptitle(f"{TITLE} -- {meta['plan']['mode']} mode, "
                  f"{meta.get('machine', {}).get('cpus', '?')} CPUs, run {meta['run']}")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -307,6 +402,10 @@ def readme_section(results: dict[str, Any]) -> str:
         if d.get("status") != "ok":
             line += f" -- **{d.get('status')}**: {d.get('reason', '')}"
         lines.append(line)
+    if has_java(results):
+        lines += ["", "The same brokers driven by the official Java client (4.x API):", "",
+                  markdown_table(results, java=True), ""]
+        lines += [f"- {line}" for line in java_footer(results)]
     lines += ["", README_END]
     return "\n".join(lines)
 

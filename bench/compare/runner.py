@@ -12,10 +12,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .base import Consumer, Peer, Producer
-from .procs import disk_usage, pin, tree_rss
+from .procs import PeerUnavailable, disk_usage, pin, tree_cpu_s, tree_rss
 from .workloads import Plan, Recorder, lead_ms_for, make_payload, now_ms, spread_dues
 
-WORKLOADS = ("schedule", "spread", "burst", "hol", "restart", "pending")
+WORKLOADS = ("schedule", "spread", "burst", "hol", "java", "restart", "pending")
 Log = Callable[[str], None]
 
 
@@ -98,16 +98,53 @@ def _wait_all(rec: Recorder, sent: dict[int, int], extra_ms: int, only: set[int]
     return rec.wait_for(want, time.monotonic() + wait_s)
 
 
+def cpu_now(ctx: Ctx) -> float:
+    """CPU seconds the system's whole process tree has used so far (/proc)."""
+    return tree_cpu_s(ctx.peer.server_pids())
+
+
+def per_1k(cpu_s: float, n: int) -> float | None:
+    return cpu_s / n * 1000 if n > 0 else None
+
+
+# --- 0. start-up: process start to the first acknowledged send, idle RSS --------------------------------
+def first_ack(ctx: Ctx, t0: float, timeout_s: float = 120.0) -> dict[str, Any]:
+    """Send one message (due far ahead) until the server acknowledges it, bounded by ``timeout_s``;
+    the time since ``t0`` (right before the server process was started) includes the client's
+    connection and route lookup, the same client for each system of a protocol."""
+    p = ctx.plan
+    deadline = time.monotonic() + timeout_s
+    attempts = 0
+    while True:
+        attempts += 1
+        try:
+            producer = ctx.peer.producer(f"cmp_{ctx.run}_w0", _payload_fn(ctx, "w0"))
+            try:
+                producer.schedule([(0, now_ms() + p.far_delay_ms)])
+            finally:
+                with contextlib.suppress(Exception):
+                    producer.close()
+            return {"first_ack_s": time.monotonic() - t0, "attempts": attempts}
+        except Exception as e:
+            if time.monotonic() > deadline:
+                return {"error": f"no acknowledged send within {timeout_s:.0f}s: {type(e).__name__}: {e}",
+                        "attempts": attempts}
+            time.sleep(0.1)
+
+
 # --- 1. schedule as fast as possible -------------------------------------------------------------------
 def w_schedule(ctx: Ctx) -> dict[str, Any]:
     p = ctx.plan
     with _clients(ctx, "w1", consume=False) as (_rec, producer):
+        c0 = cpu_now(ctx)
         r = load(producer, range(p.schedule_count), lambda _s: now_ms() + p.far_delay_ms, p.batch,
                  p.load_cap_s)
+        cpu = cpu_now(ctx) - c0
     n = len(r["sent"])
     ctx.rate = n / r["elapsed_s"] if r["elapsed_s"] > 0 else None
     return {"count": n, "target": p.schedule_count, "elapsed_s": r["elapsed_s"], "msgs_per_s": ctx.rate,
-            "capped": r["capped"], "delay_ms": p.far_delay_ms}
+            "capped": r["capped"], "delay_ms": p.far_delay_ms, "server_cpu_s": cpu,
+            "cpu_s_per_1k_scheduled": per_1k(cpu, n)}
 
 
 # --- 5. pending scale (tops workload 1's destination up to pending_count) -------------------------------
@@ -136,11 +173,17 @@ def w_spread(ctx: Ctx) -> dict[str, Any]:
         lead = lead_ms_for(p.spread_count, ctx.rate, p.lead_floor_ms)
         start = now_ms() + lead
         dues = spread_dues(p.spread_count, start, p.spread_window_ms)
+        c0 = cpu_now(ctx)
         r = load(producer, range(p.spread_count), lambda s: dues[s], p.batch, p.load_cap_s)
+        c1 = cpu_now(ctx)
         complete = _wait_all(rec, r["sent"], p.grace_ms)
+        c2 = cpu_now(ctx)
         out = rec.summary(r["sent"])
+    # delivered: from the end of the load until the last receipt (the timer's idle wait included)
     out.update(lead_ms=lead, window_ms=p.spread_window_ms, load_elapsed_s=r["elapsed_s"], capped=r["capped"],
-               loaded_before_first_due=r["end_ms"] <= start, complete=complete)
+               loaded_before_first_due=r["end_ms"] <= start, complete=complete,
+               cpu_s_per_1k_scheduled=per_1k(c1 - c0, len(r["sent"])),
+               cpu_s_per_1k_delivered=per_1k(c2 - c1, out["received"]))
     return out
 
 
@@ -151,8 +194,11 @@ def w_burst(ctx: Ctx) -> dict[str, Any]:
         lead = lead_ms_for(p.burst_count, ctx.rate, p.lead_floor_ms)
         due = now_ms() + lead
         r = load(producer, range(p.burst_count), lambda _s: due, p.batch, p.load_cap_s)
+        c1 = cpu_now(ctx)
         complete = _wait_all(rec, r["sent"], p.grace_ms)
+        c2 = cpu_now(ctx)
         out = rec.summary(r["sent"])
+    out["cpu_s_per_1k_delivered"] = per_1k(c2 - c1, out["received"])
     sent = r["sent"]
     if sent and out.get("last_recv_ms") is not None:
         out["drain_ms"] = out["last_recv_ms"] - max(sent.values())
@@ -176,6 +222,38 @@ def w_hol(ctx: Ctx) -> dict[str, Any]:
         out = rec.summary(r["sent"], only=shorts)
         out["long_received"] = rec.summary(first["sent"])["received"]
     out.update(long_ms=p.hol_long_ms, short_ms=p.hol_short_ms, complete=complete)
+    return out
+
+
+# --- the official Java client (the second table) --------------------------------------------------------
+def w_java(ctx: Ctx) -> dict[str, Any]:
+    """Both runs of java_bench against a RocketMQ-protocol broker; "na" for other systems, "skipped" with
+    the reason when Java, Maven or the driver are missing."""
+    from . import java_bench
+
+    peer, p = ctx.peer, ctx.plan
+    if not peer.speaks_remoting:
+        return {"na": java_bench.NA_PROTOCOL}
+    try:
+        cmd = java_bench.jvm_command()
+    except PeerUnavailable as e:
+        return {"skipped": str(e)}
+    from .chronomq_peer import _levels_ms, topic_of
+
+    out: dict[str, Any] = {"jvm": java_bench.jvm_flags(cmd), "client": "rocketmq-client 4.9.8, 4.x API"}
+    for mode in ("timed", "levels"):
+        if mode == "timed" and peer.levels_ms is not None:
+            out[mode] = {"na": java_bench.NA_TIMER}
+            continue
+        topic = topic_of(f"cmp_{ctx.run}_j{mode}")
+        try:
+            peer._create_topic(topic)  # type: ignore[attr-defined]
+            out[mode] = java_bench.run_one(cmd, peer.workdir / "java", peer.namesrv,  # type: ignore[attr-defined]
+                                           topic, ctx.run, mode, p.java_count, p.spread_window_ms,
+                                           _levels_ms(), p.load_cap_s, p.grace_ms, p.payload_size)
+        except Exception as e:
+            out[mode] = {"error": f"{type(e).__name__}: {e}"[:2000]}
+        ctx.log(f"[{peer.label}] java {mode}: {_brief(out[mode])}")
     return out
 
 
@@ -240,14 +318,26 @@ def run_system(peer: Peer, plan: Plan, run: str, log: Log,
             peer.stop()
         return result
     result["start_s"] = time.monotonic() - t0
-    result["system"] = peer.describe()
     try:
-        result["baseline"] = {**tree_rss(peer.server_pids()), **disk_usage(peer.data_dir)}
+        startup = {"start_s": result["start_s"], **first_ack(ctx, t0)}
+        try:
+            peer.after_start()
+        except Exception as e:
+            startup["after_start_error"] = f"{type(e).__name__}: {e}"
+        time.sleep(plan.settle_s)
+        idle = tree_rss(peer.server_pids())
+        startup.update(rss_idle_bytes=idle["rss_bytes"], rss_idle_anon_bytes=idle["rss_anon_bytes"],
+                       processes=idle["processes"], cpu_s_at_idle=cpu_now(ctx))
+        result["workloads"]["startup"] = startup
+        log(f"[{peer.label}] startup: {_brief(startup)}")
+        result["system"] = peer.describe()
+        result["baseline"] = {**idle, **disk_usage(peer.data_dir)}
         steps: list[tuple[str, Callable[[], dict[str, Any]]]] = [
             ("schedule", lambda: w_schedule(ctx)),
             ("spread", lambda: w_spread(ctx)),
             ("burst", lambda: w_burst(ctx)),
             ("hol", lambda: w_hol(ctx)),
+            ("java", lambda: w_java(ctx)),
             ("restart", lambda: w_restart(ctx)),
             ("pending", lambda: w_pending(ctx, result["workloads"].get("schedule", {}).get("count", 0))),
         ]
@@ -278,11 +368,13 @@ def run_system(peer: Peer, plan: Plan, run: str, log: Log,
 
 
 def _brief(d: dict[str, Any]) -> str:
-    keys = ("msgs_per_s", "p50_ms", "p99_ms", "max_ms", "drain_ms", "received", "sent", "lost", "duplicates",
-            "early_receipts", "rss_bytes", "disk_bytes", "pending", "error")
+    keys = ("first_ack_s", "rss_idle_bytes", "msgs_per_s", "cpu_s_per_1k_scheduled", "cpu_s_per_1k_delivered",
+            "p50_ms", "p99_ms", "max_ms", "drain_ms", "received", "sent", "lost", "duplicates",
+            "early_receipts", "rss_bytes", "disk_bytes", "pending", "error", "na", "skipped")
     parts = []
     for k in keys:
         if k in d and d[k] is not None:
             v = d[k]
-            parts.append(f"{k}={v:.0f}" if isinstance(v, float) else f"{k}={v}")
+            parts.append((f"{k}={v:.0f}" if abs(v) >= 100 else f"{k}={v:.3g}") if isinstance(v, float)
+                         else f"{k}={v}")
     return " ".join(parts)

@@ -49,6 +49,7 @@ class Plan:
     restart_extra_lead_ms: int = 3_000  # workload 6: extra lead so the kill lands before the first due time
     settle_s: float = 2.0          # workload 5: pause after loading before RSS/disk are read
     restart_grace_ms: int = 30_000  # workload 6: wait after the last due time or the restart (the later)
+    java_count: int = 10_000       # the official Java client's runs (timed, levels): messages in each
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -61,12 +62,12 @@ QUICK = Plan(mode="quick", schedule_count=10_000, spread_count=10_000, spread_wi
 FULL = Plan(mode="full", schedule_count=1_000_000, spread_count=100_000, spread_window_ms=10_000,
             burst_count=100_000, hol_short_count=1_000, hol_long_ms=60_000, hol_short_ms=1_000,
             pending_count=10_000_000, restart_count=100_000, restart_window_ms=10_000, load_cap_s=1_500,
-            grace_ms=60_000, restart_grace_ms=120_000)
+            grace_ms=60_000, restart_grace_ms=120_000, java_count=100_000)
 # a seconds-long plan for the end-to-end test
 TINY = Plan(mode="tiny", schedule_count=300, spread_count=200, spread_window_ms=2_000, burst_count=200,
             hol_short_count=50, hol_long_ms=8_000, hol_short_ms=1_000, pending_count=500, restart_count=100,
             restart_window_ms=1_000, load_cap_s=30, grace_ms=8_000, batch=100, lead_floor_ms=500,
-            restart_extra_lead_ms=500, settle_s=0.2, restart_grace_ms=8_000)
+            restart_extra_lead_ms=500, settle_s=0.2, restart_grace_ms=8_000, java_count=200)
 
 PLANS = {p.mode: p for p in (QUICK, FULL, TINY)}
 

@@ -312,9 +312,16 @@ def test_run_system_measures_all_six_workloads(tmp_path: Path) -> None:
     res = runner.run_system(peer, plan, "t1", logs.append)
     assert peer.events == ["start", "kill9", "restart", "settle", "stop"]  # settled before RSS/disk
     w = res["workloads"]
-    assert set(w) == set(runner.WORKLOADS)
+    assert set(w) == {*runner.WORKLOADS, "startup"}
     assert all("error" not in v for v in w.values()), w
+    # start-up: process start to the first acknowledged send, and the idle RSS of the process tree
+    assert w["startup"]["first_ack_s"] >= res["start_s"] and w["startup"]["attempts"] == 1
+    assert w["startup"]["rss_idle_bytes"] > 0
+    # the official Java client drives RocketMQ-protocol brokers only
+    assert "n/a" in w["java"]["na"]
     assert w["schedule"]["count"] == 200 and w["schedule"]["msgs_per_s"] > 0
+    # server CPU from /proc (here the test process itself: it is the "server")
+    assert w["schedule"]["cpu_s_per_1k_scheduled"] >= 0 and w["spread"]["cpu_s_per_1k_delivered"] >= 0
     assert w["spread"]["received"] == plan.spread_count and w["spread"]["lost"] == 0
     assert w["spread"]["early_receipts"] == 0 and w["spread"]["p99_ms"] is not None
     assert w["burst"]["received"] == plan.burst_count and w["burst"]["drain_ms"] >= 0
@@ -372,9 +379,9 @@ def test_table_has_a_row_per_figure_and_all_six_workloads() -> None:
     assert header[2:6] == ["cmq A", "cmq S", "Redis", "Rabbit"]
     assert header[6:] == ["cmq A / best peer", "cmq S / best peer"]
     groups = [r[0] for r in rows if r[0]]
-    assert [g[0] for g in groups] == ["1", "2", "3", "4", "5", "6"]
+    assert [g[0] for g in groups] == ["0", "1", "2", "3", "4", "5", "6"]
     by_figure = {(r[1], i): r for i, r in enumerate(rows)}
-    sched = rows[0]
+    sched = next(r for r in rows if r[1] == "msgs/s")
     assert sched[2:6] == ["500", "error", "1,000", "250"] and sched[6] == "x0.50 ↑" and sched[7] == "-"
     p50 = next(r for (f, _), r in by_figure.items() if f == "lateness p50")
     assert p50[2] == "30 ms *" and p50[6] == "x3.00 ↓"  # * : its load overran the first due time
@@ -404,7 +411,8 @@ def test_skipped_system_shows_its_status_and_reason() -> None:
     res["systems"]["rabbitmq"] = {"status": "skipped", "reason": f"install with {APT_LINE}",
                                   "system": {"label": "Rabbit"}}
     _header, rows = report.table_rows(res)
-    assert rows[0][5] == "skipped" and rows[0][6] == "x0.50 ↑"  # best peer is now redis only
+    sched = next(r for r in rows if r[1] == "msgs/s")
+    assert sched[5] == "skipped" and sched[6] == "x0.50 ↑"  # best peer is now redis only
     text = report.render_rich(res)
     assert "skipped" in text and APT_LINE in text
 
@@ -516,3 +524,199 @@ def test_chronomq_timed_messages_go_in_batches_in_order_and_levels_stay_single()
     assert not fake.batches and len(fake.singles) == 2  # RocketMQ refuses delay levels in a batch
     assert [m.delay_level for m in fake.singles] == [2, 3]
     assert all(real >= want for real, (_s, want) in zip(dues, wanted, strict=True))  # never earlier
+
+
+# --- Apache RocketMQ as a peer, the start-up and CPU figures, the official Java client's table ---------
+def _with_rocketmq() -> dict[str, Any]:
+    res = _results()
+    res["systems"]["chronomq_sync"] = {"status": "ok", "system": {"label": "cmq S"}, "workloads": {
+        "schedule": {"msgs_per_s": 300.0, "cpu_s_per_1k_scheduled": 0.05},
+        "java": {"jvm": "-Xmx256m", "client": "rocketmq-client 4.9.8, 4.x API",
+                 "timed": {"msgs_per_s": 900.0, "p99_ms": 4, "early_receipts": 0, "lost": 0},
+                 "levels": {"msgs_per_s": 800.0, "p99_ms": 30}}}}
+    res["systems"]["chronomq_async"]["workloads"]["startup"] = {"first_ack_s": 1.0,
+                                                                "rss_idle_bytes": 50 << 20}
+    res["systems"]["rocketmq5_sync"] = {"status": "ok", "system": {"label": "RMQ5 S"}, "workloads": {
+        "startup": {"first_ack_s": 30.0, "rss_idle_bytes": 500 << 20},
+        "schedule": {"msgs_per_s": 200.0, "cpu_s_per_1k_scheduled": 0.5},
+        "java": {"jvm": "-Xmx256m", "client": "rocketmq-client 4.9.8, 4.x API",
+                 "timed": {"msgs_per_s": 600.0, "p99_ms": 120, "early_receipts": 3, "lost": 0},
+                 "levels": {"error": "boom"}}}}
+    res["systems"]["rocketmq4"] = {"status": "ok", "system": {"label": "RMQ4"}, "workloads": {
+        "schedule": {"msgs_per_s": 400.0},
+        "java": {"jvm": "-Xmx256m", "timed": {"na": "n/a: no timer"}, "levels": {"msgs_per_s": 700.0}}}}
+    res["systems"]["redis"]["workloads"]["java"] = {"na": "n/a: RocketMQ protocol only"}
+    return res
+
+
+def test_rocketmq_columns_and_the_ratio_to_rocketmq5_in_the_same_flush_mode() -> None:
+    res = _with_rocketmq()
+    header, rows = report.table_rows(res)
+    assert header[2:9] == ["cmq A", "cmq S", "Redis", "Rabbit", "RMQ5 S", "RMQ4", "cmq A / best peer"]
+    assert header[9:] == ["cmq S / best peer", "cmq S / RMQ5 S"]  # no RocketMQ 5 ASYNC ran: no pair
+    sched = next(r for r in rows if r[1] == "msgs/s")
+    assert sched[6:8] == ["200", "400"] and sched[10] == "x1.50 ↑"  # 300 / 200
+    assert sched[8] == "x0.50 ↑"  # best peer is still Redis (1,000)
+    cpu = next(r for r in rows if r[1] == "server CPU per 1,000 scheduled")
+    assert cpu[3] == "0.050 s" and cpu[6] == "0.500 s" and cpu[10] == "x0.10 ↓"
+    first = next(r for r in rows if r[1] == "process start to first acknowledged send")
+    assert first[0] == "0 start" and first[2] == "1.0 s" and first[6] == "30.0 s"
+    idle = next(r for r in rows if r[1] == "server RSS idle")
+    assert idle[2] == "50.0 MiB" and idle[6] == "500.0 MiB"
+
+
+def test_java_table_has_the_remoting_brokers_and_says_n_a_where_a_figure_does_not_apply() -> None:
+    res = _with_rocketmq()
+    assert report.has_java(res)
+    header, rows = report.table_rows(res, java=True)
+    assert header[2:] == ["cmq A", "cmq S", "RMQ5 S", "RMQ4", "cmq S / RMQ5 S"]  # no Redis/RabbitMQ
+    timed_rate = rows[0]
+    assert timed_rate[0].startswith("timed (TIMER_DELIVER_MS)") and timed_rate[1] == "schedule msgs/s"
+    assert timed_rate[2:] == ["-", "900", "600", "n/a", "x1.50 ↑"]  # 4.9.7 has no timer
+    early = next(r for r in rows if r[1] == "early deliveries")
+    assert early[4] == "3"
+    levels_rate = next(r for r in rows if r[0].startswith("delay levels"))
+    assert levels_rate[3:6] == ["800", "error", "700"]
+    md = report.readme_section(res)
+    assert "official Java client" in md and "JVM -Xmx256m" in md
+    res["systems"]["chronomq_sync"]["workloads"]["java"] = {"skipped": "java not on PATH"}
+    res["systems"]["rocketmq5_sync"]["workloads"]["java"] = {"skipped": "java not on PATH"}
+    res["systems"]["rocketmq4"]["workloads"]["java"] = {"skipped": "java not on PATH"}
+    assert not report.has_java(res)
+    _h, rows = report.table_rows(res, java=True)
+    assert rows[0][3:6] == ["skipped", "skipped", "skipped"]
+    assert any("skipped: java not on PATH" in line for line in report.java_footer(res))
+
+
+def test_rocketmq_systems_are_named_like_chronomqs_modes(tmp_path: Path) -> None:
+    from bench.compare.__main__ import SYSTEMS
+
+    peers = {k: SYSTEMS[k](tmp_path) for k in ("rocketmq5_async", "rocketmq5_sync", "rocketmq4")}
+    assert {k: p.name for k, p in peers.items()} == {k: k for k in peers}
+    assert "timerPrecisionMs=100" in peers["rocketmq5_sync"].durability
+    assert "flushDiskType=SYNC_FLUSH" in peers["rocketmq5_sync"].durability
+    assert all("-Xmx1g" in p.durability for p in peers.values())
+    assert "delay levels only" in peers["rocketmq4"].durability
+    assert report.ROCKETMQ_PAIR == {"chronomq_async": "rocketmq5_async", "chronomq_sync": "rocketmq5_sync"}
+
+
+def test_missing_java_skips_rocketmq_with_the_exact_reason(monkeypatch: pytest.MonkeyPatch,
+                                                           tmp_path: Path) -> None:
+    from bench.compare.rocketmq_peer import RocketMQPeer
+
+    import tests.compat.reference as reference
+
+    monkeypatch.setattr(reference.shutil, "which", lambda name: None)
+    with pytest.raises(PeerUnavailable, match="need java \\(17\\) on PATH: not found"):
+        RocketMQPeer(tmp_path, "rocketmq5").check()
+    logs: list[str] = []
+    args = argparse.Namespace(mode="tiny", pending=None, systems="rocketmq5_async,rocketmq4",
+                              workloads="schedule", workdir=tmp_path, keep=False)
+    res = compare_run(args, logs.append)
+    assert {s: r["status"] for s, r in res["systems"].items()} == {"rocketmq5_async": "skipped",
+                                                                   "rocketmq4": "skipped"}
+    assert all("java (17) on PATH" in r["reason"] for r in res["systems"].values())
+
+
+def test_java_runs_are_described_to_the_driver_and_summarized() -> None:
+    from bench.compare import java_bench
+
+    a = java_bench.produce_args("ns:1", "T", "g", "cmq|r|java-timed|", 100, "timed", 5_000, 10_000, None,
+                                60, 1024)
+    assert a["op"] == "bench_produce" and a["leadMs"] == 5_000 and a["capMs"] == 60_000
+    assert "levelsMs" not in a and a["window"] == java_bench.WINDOW
+    table = list(range(1000, 49_000, 1000))
+    lv = java_bench.produce_args("ns:1", "T", "g", "p", 100, "levels", 0, 10_000, table, 60, 1024)
+    assert lv["levelsMs"] == [1000 * i for i in range(1, 11)]
+    with pytest.raises(ValueError):
+        java_bench.produce_args("ns:1", "T", "g", "p", 100, "levels", 0, 10_000, None, 60, 1024)
+    c = java_bench.consume_args("ns:1", "T", "g", "p", 100, 90, Path("/tmp/x.ready"))
+    assert c["op"] == "bench_consume" and c["expect"] == 100 and c["readyFile"] == "/tmp/x.ready"
+    assert java_bench.java_lead_ms(200) == 5_000 and java_bench.java_lead_ms(100_000) == 41_000
+    assert java_bench.last_json('log line\n{"a": 1}\n{"ok": 2}\n') == {"ok": 2}
+    with pytest.raises(RuntimeError):
+        java_bench.last_json("no json\n")
+    s = java_bench.summarize({"ok": 98, "failed": 2, "msgsPerS": 1234.5, "elapsedMs": 80,
+                              "firstDueMs": 100, "lastAckMs": 90},
+                             {"received": 97, "duplicates": 1, "early": 0, "p50Ms": 3, "p99Ms": 9,
+                              "maxMs": 12})
+    assert s["lost"] == 1 and s["failed"] == 2 and s["msgs_per_s"] == 1234.5 and s["p99_ms"] == 9
+    assert s["loaded_before_first_due"] is True and s["load_elapsed_s"] == 0.08
+
+
+def test_java_driver_runs_with_full_jit(monkeypatch: pytest.MonkeyPatch) -> None:
+    from bench.compare import java_bench
+
+    jvm = pytest.importorskip("tests.compat.jvm")
+    monkeypatch.setattr(jvm, "java_driver", lambda client: ["java", "-Xmx256m", "-XX:TieredStopAtLevel=1",
+                                                            "-cp", "x", "chronomq.compat.Driver"])
+    cmd = java_bench.jvm_command()
+    assert "-XX:TieredStopAtLevel=1" not in cmd and cmd[-1] == "chronomq.compat.Driver"
+    assert java_bench.jvm_flags(cmd) == "-Xmx256m"
+
+
+def test_first_ack_retries_until_the_server_answers(tmp_path: Path) -> None:
+    import dataclasses
+
+    class Flaky(MemPeer):
+        fails = 2
+
+        def producer(self, dest: str, payload: PayloadFn) -> Producer:
+            if self.fails:
+                self.fails -= 1
+                raise ConnectionError("not yet")
+            return super().producer(dest, payload)
+
+    peer = Flaky(tmp_path / "m")
+    peer.start()
+    try:
+        ctx = runner.Ctx(peer, dataclasses.replace(TINY), "r", lambda _m: None)
+        out = runner.first_ack(ctx, 0.0)
+        assert out["attempts"] == 3 and out["first_ack_s"] > 0
+        peer.fails = 10**6
+        bad = runner.first_ack(ctx, 0.0, timeout_s=0.3)
+        assert "no acknowledged send" in bad["error"]
+    finally:
+        peer.stop()
+
+
+def test_tree_cpu_counts_the_process_and_its_children() -> None:
+    import os
+    import subprocess
+    import sys
+    import time
+
+    child = subprocess.Popen([sys.executable, "-c", "import time\nt=time.process_time()\n"
+                              "while time.process_time() - t < 0.3: pass\ntime.sleep(5)"])
+    try:
+        time.sleep(1.5)
+        assert procs.tree_cpu_s([os.getpid()]) >= 0.25
+        assert procs.tree_cpu_s([child.pid]) >= 0.25
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_timed_messages_go_one_per_request_when_the_broker_ignores_the_timer_in_batches() -> None:
+    import asyncio
+
+    from bench.compare.chronomq_peer import ChronomqProducer
+
+    import chronomq.client as client
+
+    sent: list[Any] = []
+
+    class Fake:
+        async def send(self, msg: Any) -> None:
+            sent.append(msg)
+
+        async def send_batch(self, msgs: list[Any]) -> None:
+            raise AssertionError("no batch")
+
+    p = object.__new__(ChronomqProducer)
+    p.client, p.topic, p.levels_ms, p.producer, p.batch_timed = client, "T", None, Fake(), False
+    p.payload = lambda seq, due: make_payload("r", "w", seq, due)
+    due0 = now_ms() + 60_000
+    dues = asyncio.run(p._send_all([(i, due0 + i) for i in range(5)]))
+    assert dues == [due0 + i for i in range(5)]
+    assert sorted(m.deliver_at for m in sent) == dues and all(not m.delay_level for m in sent)

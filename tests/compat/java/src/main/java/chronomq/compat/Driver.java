@@ -59,6 +59,8 @@ public final class Driver {
         String op = args.get("op").getAsString();
         JsonObject result;
         switch (op) {
+            case "bench_produce": result = benchProduce(args); break;
+            case "bench_consume": result = benchConsume(args); break;
             case "produce": result = produce(args); break;
             case "push_consume": result = pushConsume(args); break;
             case "admin": result = admin(args); break;
@@ -174,6 +176,187 @@ public final class Driver {
         p.setVipChannelEnabled(false);
         p.setInstanceName("driver-" + ProcessHandle.current().pid());
         return p;
+    }
+
+    // ---- bench: scheduling rate and lateness as the official client sees them (bench/compare) -----------
+    /** A body "prefix seq|due|" padded with 'x' to size bytes: the consumer learns the due time from it. */
+    static byte[] benchBody(String prefix, int seq, long due, int size) {
+        byte[] head = (prefix + seq + "|" + due + "|").getBytes(StandardCharsets.UTF_8);
+        byte[] body = new byte[Math.max(size, head.length)];
+        java.util.Arrays.fill(body, (byte) 'x');
+        System.arraycopy(head, 0, body, 0, head.length);
+        return body;
+    }
+
+    /** Nearest-rank percentile of sorted values (as bench/compare/workloads.py computes it). */
+    static long benchPercentile(long[] sorted, double p) {
+        int rank = Math.max(1, (int) Math.ceil(p / 100 * sorted.length));
+        return sorted[rank - 1];
+    }
+
+    /**
+     * count messages as fast as possible, window async sends in flight. mode "timed": TIMER_DELIVER_MS
+     * spread evenly over windowMs starting leadMs after the producer started; mode "levels": delay level
+     * 1 + seq % levelsMs.length, due at send time + that level's delay. Bounded by count and capMs.
+     */
+    static JsonObject benchProduce(JsonObject args) throws Exception {
+        DefaultMQProducer p = configure(new DefaultMQProducer(args.get("group").getAsString()), args);
+        p.start();
+        String topic = args.get("topic").getAsString();
+        String prefix = args.get("prefix").getAsString();
+        int count = (int) num(args, "count", 1000);
+        int size = (int) num(args, "bodySize", 1024);
+        long timeout = num(args, "timeoutMs", 10000);
+        long capMs = num(args, "capMs", 60000);
+        boolean timed = str(args, "mode", "timed").equals("timed");
+        JsonArray levels = args.has("levelsMs") ? args.getAsJsonArray("levelsMs") : new JsonArray();
+        java.util.concurrent.Semaphore window = new java.util.concurrent.Semaphore((int) num(args, "window", 128));
+        AtomicInteger ok = new AtomicInteger();
+        AtomicInteger failed = new AtomicInteger();
+        java.util.concurrent.atomic.AtomicLong lastAck = new java.util.concurrent.atomic.AtomicLong();
+        java.util.concurrent.atomic.AtomicReference<String> firstError = new java.util.concurrent.atomic.AtomicReference<>();
+        long t0 = System.currentTimeMillis();
+        long start = t0 + num(args, "leadMs", 5000);
+        long windowMs = num(args, "windowMs", 10000);
+        long firstDue = Long.MAX_VALUE;
+        long lastDue = 0;
+        int issued = 0;
+        boolean capped = false;
+        try {
+            for (int i = 0; i < count; i++) {
+                if (System.currentTimeMillis() - t0 > capMs) {
+                    capped = true;
+                    break;
+                }
+                window.acquire();
+                long due;
+                Message msg;
+                if (timed) {
+                    due = start + i * windowMs / count;
+                    msg = new Message(topic, benchBody(prefix, i, due, size));
+                    MessageAccessor.putProperty(msg, "TIMER_DELIVER_MS", String.valueOf(due));
+                } else {
+                    int level = 1 + i % levels.size();
+                    due = System.currentTimeMillis() + levels.get(level - 1).getAsLong();
+                    msg = new Message(topic, benchBody(prefix, i, due, size));
+                    msg.setDelayTimeLevel(level);
+                }
+                firstDue = Math.min(firstDue, due);
+                lastDue = Math.max(lastDue, due);
+                issued++;
+                try {
+                    p.send(msg, new SendCallback() {
+                        public void onSuccess(SendResult r) {
+                            ok.incrementAndGet();
+                            lastAck.accumulateAndGet(System.currentTimeMillis(), Math::max);
+                            window.release();
+                        }
+
+                        public void onException(Throwable t) {
+                            failed.incrementAndGet();
+                            firstError.compareAndSet(null, String.valueOf(t));
+                            window.release();
+                        }
+                    }, timeout);
+                } catch (Exception e) {
+                    failed.incrementAndGet();
+                    firstError.compareAndSet(null, String.valueOf(e));
+                    window.release();
+                }
+            }
+            long deadline = System.currentTimeMillis() + timeout * 2 + 5000;
+            while (ok.get() + failed.get() < issued && System.currentTimeMillis() < deadline) {
+                Thread.sleep(1);
+            }
+        } finally {
+            p.shutdown();
+        }
+        long elapsed = Math.max(1, lastAck.get() - t0);
+        JsonObject out = new JsonObject();
+        out.addProperty("issued", issued);
+        out.addProperty("ok", ok.get());
+        out.addProperty("failed", failed.get());
+        out.addProperty("firstError", firstError.get());
+        out.addProperty("capped", capped);
+        out.addProperty("startedMs", t0);
+        out.addProperty("lastAckMs", lastAck.get());
+        out.addProperty("elapsedMs", elapsed);
+        out.addProperty("msgsPerS", ok.get() * 1000.0 / elapsed);
+        out.addProperty("firstDueMs", firstDue == Long.MAX_VALUE ? 0 : firstDue);
+        out.addProperty("lastDueMs", lastDue);
+        return out;
+    }
+
+    /**
+     * A push consumer counting bodies that start with prefix: first receipt time minus the due time in the
+     * body, per message; stops at expect distinct messages or after maxSeconds. Writes readyFile once
+     * started. Prints percentiles, early receipts (before the due time) and duplicates.
+     */
+    static JsonObject benchConsume(JsonObject args) throws Exception {
+        DefaultMQPushConsumer c = new DefaultMQPushConsumer(args.get("group").getAsString());
+        c.setNamesrvAddr(args.get("namesrv").getAsString());
+        c.setInstanceName("bench-" + ProcessHandle.current().pid());
+        c.setVipChannelEnabled(false);
+        c.setConsumeFromWhere(ConsumeFromWhere.CONSUME_FROM_FIRST_OFFSET);
+        c.setPullBatchSize(32);
+        c.setConsumeMessageBatchMaxSize(32);
+        c.subscribe(args.get("topic").getAsString(), "*");
+        String prefix = args.get("prefix").getAsString();
+        int expect = (int) num(args, "expect", 1);
+        Map<Integer, Long> late = new ConcurrentHashMap<>();
+        AtomicInteger receipts = new AtomicInteger();
+        AtomicInteger duplicates = new AtomicInteger();
+        AtomicInteger early = new AtomicInteger();
+        AtomicInteger foreign = new AtomicInteger();
+        java.util.concurrent.atomic.AtomicLong lastRecv = new java.util.concurrent.atomic.AtomicLong();
+        CountDownLatch enough = new CountDownLatch(1);
+        c.registerMessageListener((MessageListenerConcurrently) (ms, ctx) -> {
+            long now = System.currentTimeMillis();
+            for (MessageExt m : ms) {
+                String head = new String(m.getBody(), 0, Math.min(200, m.getBody().length), StandardCharsets.UTF_8);
+                if (!head.startsWith(prefix)) {
+                    foreign.incrementAndGet();
+                    continue;
+                }
+                String[] parts = head.substring(prefix.length()).split("\\|", 3);
+                int seq = Integer.parseInt(parts[0]);
+                long due = Long.parseLong(parts[1]);
+                receipts.incrementAndGet();
+                if (now < due) {
+                    early.incrementAndGet();
+                }
+                if (late.putIfAbsent(seq, now - due) != null) {
+                    duplicates.incrementAndGet();
+                } else {
+                    lastRecv.accumulateAndGet(now, Math::max);
+                    if (late.size() >= expect) {
+                        enough.countDown();
+                    }
+                }
+            }
+            return ConsumeConcurrentlyStatus.CONSUME_SUCCESS;
+        });
+        c.start();
+        if (args.has("readyFile")) {
+            java.nio.file.Files.writeString(java.nio.file.Path.of(args.get("readyFile").getAsString()), "ready\n");
+        }
+        enough.await(num(args, "maxSeconds", 60), TimeUnit.SECONDS);
+        c.shutdown();
+        long[] values = late.values().stream().mapToLong(Long::longValue).sorted().toArray();
+        JsonObject out = new JsonObject();
+        out.addProperty("received", values.length);
+        out.addProperty("receipts", receipts.get());
+        out.addProperty("duplicates", duplicates.get());
+        out.addProperty("early", early.get());
+        out.addProperty("foreign", foreign.get());
+        out.addProperty("lastRecvMs", lastRecv.get());
+        if (values.length > 0) {
+            out.addProperty("p50Ms", benchPercentile(values, 50));
+            out.addProperty("p99Ms", benchPercentile(values, 99));
+            out.addProperty("maxMs", values[values.length - 1]);
+            out.addProperty("minMs", values[0]);
+        }
+        return out;
     }
 
     // ---- produce ----------------------------------------------------------------------------------------
