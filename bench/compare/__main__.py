@@ -26,7 +26,7 @@ from .chronomq_peer import ChronomqPeer
 from .procs import APT_LINE, PeerUnavailable, pin
 from .rabbit_peer import RabbitPeer
 from .redis_peer import RedisPeer
-from .report import render_rich, update_readme, write_chart, write_json
+from .report import render_rich, targets_markdown, update_readme, write_chart, write_json
 from .rocketmq_peer import RocketMQPeer
 from .runner import WORKLOADS, run_system
 from .workloads import PLANS, Plan
@@ -180,6 +180,10 @@ def main(argv: list[str] | None = None) -> int:
     out: Path = args.out
     json_path = write_json(results, out / f"compare-{results['meta']['run']}.json")
     print(render_rich(results))
+    targets = targets_markdown(results)
+    if targets:
+        print("targets against Apache RocketMQ 5 (same flush mode):")
+        print(targets)
     print(f"raw results: {json_path}")
     if not args.no_chart:
         try:

@@ -368,6 +368,76 @@ def write_chart(results: dict[str, Any], path: Path) -> Path:
     return path
 
 
+# the targets against Apache RocketMQ 5 (same flush mode): (text, workload, field, chronomq / RocketMQ bound,
+# direction); "<=" means chronomq / RocketMQ must not exceed the bound, ">=" must reach it
+TARGETS = [
+    ("schedule rate of timed messages >= RocketMQ 5's", "schedule", "msgs_per_s", 1.0, ">="),
+    ("spread: lateness p99 <= 1/10 of RocketMQ 5's", "spread", "p99_ms", 0.1, "<="),
+    ("burst: last received after due <= RocketMQ 5's", "burst", "drain_ms", 1.0, "<="),
+    ("head-of-line: lateness p50 <= RocketMQ 5's", "hol", "p50_ms", 1.0, "<="),
+    ("head-of-line: lateness max <= RocketMQ 5's", "hol", "max_ms", 1.0, "<="),
+    ("RSS idle <= 1/5 of RocketMQ 5's", "startup", "rss_idle_bytes", 0.2, "<="),
+    ("RSS at pending scale <= 1/5 of RocketMQ 5's", "pending", "rss_bytes", 0.2, "<="),
+    ("process start to first acknowledged send <= 1/3 of RocketMQ 5's", "startup", "first_ack_s", 1 / 3,
+     "<="),
+    ("restart after kill -9 <= 1/3 of RocketMQ 5's", "restart", "restart_s", 1 / 3, "<="),
+]
+_UNITS = {"msgs_per_s": "rate", "rss_idle_bytes": "bytes", "rss_bytes": "bytes", "first_ack_s": "s",
+          "restart_s": "s"}
+
+
+def target_cell(results: dict[str, Any], cmq: str, rmq: str, wl: str, field: str, bound: float,
+                direction: str) -> tuple[str, bool | None]:
+    """"chronomq vs RocketMQ: xRATIO (bound): met / missed by N %" and whether it was met (None: a figure
+    is missing)."""
+    m = Metric(wl, field, "", "", "higher" if direction == ">=" else "lower", _UNITS.get(field, "ms"))
+    a, b = value(results, cmq, m), value(results, rmq, m)
+    if a is None or b is None:
+        return "-", None
+    r = ratio(a, b)
+    assert r is not None
+    met = r >= bound if direction == ">=" else r <= bound
+    head = f"{fmt(a, m.unit)} vs {fmt(b, m.unit)}: " + ("peer 0" if math.isinf(r) else f"x{r:,.2f}")
+    if met:
+        return f"{head} ({direction} x{bound:.2f}): met", True
+    if math.isinf(r):
+        return f"{head}: missed", False
+    # how far from the bound, as a share of it
+    off = (bound - r) / bound if direction == ">=" else (r - bound) / bound
+    return f"{head} ({direction} x{bound:.2f}): missed by {off:.0%}", False
+
+
+def kill9_cell(results: dict[str, Any], cmq: str, rmq: str) -> tuple[str, bool | None]:
+    def triple(s: str) -> tuple[float | None, ...]:
+        return tuple(value(results, s, Metric("restart", f, "", "", "lower", "count"))
+                     for f in ("lost", "duplicates", "early_receipts"))
+
+    mine, theirs = triple(cmq), triple(rmq)
+    if None in mine:
+        return "-", None
+    show = "/".join(f"{v:,.0f}" if v is not None else "-" for v in mine)
+    peer = "/".join(f"{v:,.0f}" if v is not None else "-" for v in theirs)
+    met = all(v == 0 for v in mine)
+    return f"{show} (RocketMQ 5: {peer}): {'met' if met else 'missed'}", met
+
+
+def targets_markdown(results: dict[str, Any]) -> str | None:
+    """The targets against RocketMQ 5 in the same flush mode, met or missed and by how much (None when no
+    chronomq/RocketMQ 5 pair ran)."""
+    pairs = rocketmq_pairs(results, systems_present(results))
+    if not pairs:
+        return None
+    labels = {s: results["systems"][s].get("system", {}).get("label", s) for c, r in pairs for s in (c, r)}
+    header = ["target", *[f"{labels[c]} vs {labels[r]}" for c, r in pairs]]
+    out = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    for text, wl, field, bound, direction in TARGETS:
+        cells = [target_cell(results, c, r, wl, field, bound, direction)[0] for c, r in pairs]
+        out.append("| " + " | ".join([text.replace("|", "/"), *cells]) + " |")
+    out.append("| " + " | ".join(["kill -9: lost / duplicates / early 0/0/0",
+                                  *[kill9_cell(results, c, r)[0] for c, r in pairs]]) + " |")
+    return "\n".join(out)
+
+
 README_START = "<!-- results:start -->"
 README_END = "<!-- results:end -->"
 
@@ -402,6 +472,10 @@ def readme_section(results: dict[str, Any]) -> str:
         if d.get("status") != "ok":
             line += f" -- **{d.get('status')}**: {d.get('reason', '')}"
         lines.append(line)
+    targets = targets_markdown(results)
+    if targets:
+        lines += ["", "The targets against Apache RocketMQ 5 in the same flush mode (this run's figures):",
+                  "", targets]
     if has_java(results):
         lines += ["", "The same brokers driven by the official Java client (4.x API):", "",
                   markdown_table(results, java=True), ""]

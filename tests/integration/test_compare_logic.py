@@ -632,7 +632,7 @@ def test_java_runs_are_described_to_the_driver_and_summarized() -> None:
         java_bench.produce_args("ns:1", "T", "g", "p", 100, "levels", 0, 10_000, None, 60, 1024)
     c = java_bench.consume_args("ns:1", "T", "g", "p", 100, 90, Path("/tmp/x.ready"))
     assert c["op"] == "bench_consume" and c["expect"] == 100 and c["readyFile"] == "/tmp/x.ready"
-    assert java_bench.java_lead_ms(200) == 5_000 and java_bench.java_lead_ms(100_000) == 41_000
+    assert java_bench.java_lead_ms(200) == 5_000 and java_bench.java_lead_ms(100_000) == 101_000
     assert java_bench.last_json('log line\n{"a": 1}\n{"ok": 2}\n') == {"ok": 2}
     with pytest.raises(RuntimeError):
         java_bench.last_json("no json\n")
@@ -720,3 +720,31 @@ def test_timed_messages_go_one_per_request_when_the_broker_ignores_the_timer_in_
     dues = asyncio.run(p._send_all([(i, due0 + i) for i in range(5)]))
     assert dues == [due0 + i for i in range(5)]
     assert sorted(m.deliver_at for m in sent) == dues and all(not m.delay_level for m in sent)
+
+
+def test_targets_against_rocketmq5_say_met_or_missed_and_by_how_much() -> None:
+    res = _with_rocketmq()
+    sync = res["systems"]["chronomq_sync"]["workloads"]
+    rmq = res["systems"]["rocketmq5_sync"]["workloads"]
+    sync.update(startup={"first_ack_s": 2.0, "rss_idle_bytes": 200 << 20}, spread={"p99_ms": 5},
+                restart={"lost": 0, "duplicates": 0, "early_receipts": 0, "restart_s": 3.0})
+    rmq.update(spread={"p99_ms": 100},
+               restart={"lost": 0, "duplicates": 1, "early_receipts": 7, "restart_s": 6.0})
+
+    def cell(wl: str, field: str, bound: float, direction: str) -> tuple[str, bool | None]:
+        return report.target_cell(res, "chronomq_sync", "rocketmq5_sync", wl, field, bound, direction)
+
+    assert cell("schedule", "msgs_per_s", 1.0, ">=") == ("300 vs 200: x1.50 (>= x1.00): met", True)
+    assert cell("spread", "p99_ms", 0.1, "<=")[1] is True
+    text, met = cell("startup", "rss_idle_bytes", 0.2, "<=")
+    assert not met and text == "200.0 MiB vs 500.0 MiB: x0.40 (<= x0.20): missed by 100%"
+    text, met = cell("restart", "restart_s", 1 / 3, "<=")
+    assert not met and "missed by 50%" in text  # x0.50 against x0.33
+    assert cell("hol", "p50_ms", 1.0, "<=") == ("-", None)
+    assert report.kill9_cell(res, "chronomq_sync", "rocketmq5_sync") == \
+        ("0/0/0 (RocketMQ 5: 0/1/7): met", True)
+    md = report.targets_markdown(res)
+    assert md is not None and md.splitlines()[0] == "| target | cmq S vs RMQ5 S |"
+    assert len(md.splitlines()) == 2 + len(report.TARGETS) + 1
+    assert "The targets against Apache RocketMQ 5" in report.readme_section(res)
+    assert report.targets_markdown(_results()) is None  # no RocketMQ 5 ran
