@@ -263,6 +263,8 @@ class RocketMQProcess:
                        "256m", [self.namesrv_port], "boot success", timeout)
             self._java("broker", "org.apache.rocketmq.broker.BrokerStartup", ["-c", str(broker_conf)],
                        self.heap, [self.broker_port], "boot success", timeout)
+            # the proxy creates its system topics on the cluster at start: the broker must be routed first
+            self._wait_registered(timeout)
             if self.proxy:
                 if not self.release.has_proxy:
                     raise ValueError(f"{self.release.name} has no proxy")
@@ -274,7 +276,6 @@ class RocketMQProcess:
                 self._java("proxy", "org.apache.rocketmq.proxy.ProxyStartup",
                            ["-pc", str(proxy_conf), "-pm", "Cluster"], "256m", [self.grpc_port],
                            "", timeout)
-            self._wait_registered(timeout)
         except BaseException:
             self.stop()
             raise

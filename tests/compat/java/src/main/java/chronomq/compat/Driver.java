@@ -18,6 +18,7 @@ import java.util.concurrent.ConcurrentHashMap;
 import java.util.concurrent.CountDownLatch;
 import java.util.concurrent.TimeUnit;
 import java.util.concurrent.atomic.AtomicInteger;
+import org.apache.rocketmq.client.consumer.DefaultLitePullConsumer;
 import org.apache.rocketmq.client.consumer.DefaultMQPushConsumer;
 import org.apache.rocketmq.client.consumer.MessageSelector;
 import org.apache.rocketmq.client.consumer.rebalance.AllocateMessageQueueAveragely;
@@ -39,6 +40,7 @@ import org.apache.rocketmq.common.consumer.ConsumeFromWhere;
 import org.apache.rocketmq.common.message.Message;
 import org.apache.rocketmq.common.message.MessageAccessor;
 import org.apache.rocketmq.common.message.MessageExt;
+import org.apache.rocketmq.common.message.MessageQueue;
 import org.apache.rocketmq.common.protocol.heartbeat.MessageModel;
 import org.apache.rocketmq.tools.admin.DefaultMQAdminExt;
 
@@ -66,6 +68,7 @@ public final class Driver {
             case "admin": result = admin(args); break;
             case "transaction": result = transaction(args); break;
             case "request_reply": result = requestReply(args); break;
+            case "lite_pull": result = litePull(args); break;
             default: throw new IllegalArgumentException("unknown op " + op);
         }
         stdout.println(GSON.toJson(result));
@@ -111,8 +114,12 @@ public final class Driver {
     }
 
     static Message message(JsonObject m) {
-        Message msg = new Message(m.get("topic").getAsString(), str(m, "tags", null), str(m, "keys", null),
-            Base64.getDecoder().decode(str(m, "body", "")));
+        byte[] body = Base64.getDecoder().decode(str(m, "body", ""));
+        if (m.has("bodySize")) {  // a large body made here: it would not fit on a command line
+            body = new byte[(int) num(m, "bodySize", 0)];
+            java.util.Arrays.fill(body, (byte) 'x');
+        }
+        Message msg = new Message(m.get("topic").getAsString(), str(m, "tags", null), str(m, "keys", null), body);
         if (m.has("delayLevel")) {
             msg.setDelayTimeLevel((int) num(m, "delayLevel", 0));
         }
@@ -364,11 +371,30 @@ public final class Driver {
         DefaultMQProducer p = configure(new DefaultMQProducer(args.get("group").getAsString(),
             null, flag(args, "trace"), null), args);
         p.start();
-        String mode = str(args, "mode", "sync");
-        JsonArray results = new JsonArray();
-        JsonArray msgs = args.getAsJsonArray("messages");
         long timeout = num(args, "timeoutMs", 10000);
+        JsonObject out = new JsonObject();
         try {
+            if (args.has("rounds")) {  // several modes, one after the other, on one producer
+                JsonArray rounds = new JsonArray();
+                for (JsonElement r : args.getAsJsonArray("rounds")) {
+                    JsonObject round = r.getAsJsonObject();
+                    rounds.add(sendRound(p, str(round, "mode", "sync"), round.getAsJsonArray("messages"), timeout));
+                }
+                out.add("rounds", rounds);
+            } else {
+                out.add("results", sendRound(p, str(args, "mode", "sync"), args.getAsJsonArray("messages"), timeout));
+            }
+        } finally {
+            drainTraces(p);
+            p.shutdown();
+        }
+        return out;
+    }
+
+    static JsonArray sendRound(DefaultMQProducer p, String mode, JsonArray msgs, long timeout)
+            throws InterruptedException {
+        JsonArray results = new JsonArray();
+        {
             if (mode.equals("batch")) {
                 List<Message> batch = new ArrayList<>();
                 for (JsonElement m : msgs) {
@@ -420,12 +446,32 @@ public final class Driver {
                     }
                 }
             }
-        } finally {
-            p.shutdown();
         }
-        JsonObject out = new JsonObject();
-        out.add("results", results);
-        return out;
+        return results;
+    }
+
+    /**
+     * With enableMsgTrace the producer hands its trace records to a background executor that sends them
+     * asynchronously; shutdown() does not wait for a send in flight. Flush, then wait (bounded) until that
+     * executor is idle, so the records are on the wire before the JVM halts.
+     */
+    static void drainTraces(DefaultMQProducer p) {
+        Object dispatcher = p.getTraceDispatcher();
+        if (dispatcher == null) {
+            return;
+        }
+        try {
+            dispatcher.getClass().getMethod("flush").invoke(dispatcher);
+            java.lang.reflect.Field f = dispatcher.getClass().getDeclaredField("traceExecutor");
+            f.setAccessible(true);
+            java.util.concurrent.ThreadPoolExecutor ex = (java.util.concurrent.ThreadPoolExecutor) f.get(dispatcher);
+            long deadline = System.currentTimeMillis() + 10000;
+            while ((ex.getActiveCount() > 0 || !ex.getQueue().isEmpty()) && System.currentTimeMillis() < deadline) {
+                Thread.sleep(5);
+            }
+        } catch (ReflectiveOperationException | InterruptedException e) {
+            System.err.println("trace drain: " + e);
+        }
     }
 
     // ---- push consume -----------------------------------------------------------------------------------
@@ -444,6 +490,7 @@ public final class Driver {
             c.setMessageModel(MessageModel.BROADCASTING);
         }
         c.setSuspendCurrentQueueTimeMillis(num(args, "suspendMs", 1000));
+        c.setAwaitTerminationMillisWhenShutdown(10000);
         String topic = args.get("topic").getAsString();
         String expr = str(args, "expression", "*");
         if (str(args, "type", "TAG").equals("SQL92")) {
@@ -453,6 +500,7 @@ public final class Driver {
         }
         int later = (int) num(args, "reconsumeLater", 0);
         int expect = (int) num(args, "expect", Integer.MAX_VALUE);
+        int expectDeliveries = (int) num(args, "expectDeliveries", Integer.MAX_VALUE);
         Map<String, AtomicInteger> seen = new ConcurrentHashMap<>();
         AtomicInteger consumed = new AtomicInteger();
         AtomicInteger deliveries = new AtomicInteger();
@@ -474,7 +522,9 @@ public final class Driver {
                     throw new RuntimeException(e);
                 }
             }
-            deliveries.incrementAndGet();
+            if (deliveries.incrementAndGet() >= expectDeliveries) {
+                enough.countDown();
+            }
             if (accept && consumed.incrementAndGet() >= expect) {
                 enough.countDown();
             }
@@ -510,9 +560,7 @@ public final class Driver {
         }
         Runtime.getRuntime().addShutdownHook(new Thread(enough::countDown));
         enough.await(num(args, "maxSeconds", 60), TimeUnit.SECONDS);
-        // a moment for the last acknowledgements (offsets, send-backs) to leave
-        Thread.sleep(num(args, "lingerMs", 0));
-        c.shutdown();
+        c.shutdown();  // waits for the listener calls in flight and their send-backs (below)
         out.close();
         res.addProperty("started", true);
         res.addProperty("consumed", consumed.get());
@@ -598,7 +646,12 @@ public final class Driver {
         JsonObject outcomes = args.getAsJsonObject("outcomes");   // keys -> COMMIT_MESSAGE | ROLLBACK_MESSAGE | UNKNOW
         JsonObject checks = args.getAsJsonObject("checks");       // keys -> the answer to a check-back
         JsonArray checked = new JsonArray();
-        CountDownLatch checksDone = new CountDownLatch((int) num(args, "expectChecks", 0));
+        // the keys whose first check-back ends the wait (a broker may also check a decided one again)
+        java.util.Set<String> awaited = java.util.concurrent.ConcurrentHashMap.newKeySet();
+        if (args.has("awaitChecks")) {
+            args.getAsJsonArray("awaitChecks").forEach(k -> awaited.add(k.getAsString()));
+        }
+        CountDownLatch checksDone = new CountDownLatch(awaited.size());
         p.setTransactionListener(new TransactionListener() {
             public LocalTransactionState executeLocalTransaction(Message msg, Object arg) {
                 return LocalTransactionState.valueOf(outcomes.get(msg.getKeys()).getAsString());
@@ -608,7 +661,9 @@ public final class Driver {
                 synchronized (checked) {
                     checked.add(msg.getKeys());
                 }
-                checksDone.countDown();
+                if (awaited.remove(msg.getKeys())) {
+                    checksDone.countDown();
+                }
                 JsonElement a = checks.get(msg.getKeys());
                 return a == null ? LocalTransactionState.UNKNOW : LocalTransactionState.valueOf(a.getAsString());
             }
@@ -696,6 +751,46 @@ public final class Driver {
         }
         JsonObject out = new JsonObject();
         out.add("results", results);
+        return out;
+    }
+
+    // ---- lite pull consumer with seek -------------------------------------------------------------------
+    static JsonObject litePull(JsonObject args) throws Exception {
+        DefaultLitePullConsumer c = new DefaultLitePullConsumer(args.get("group").getAsString());
+        c.setNamesrvAddr(args.get("namesrv").getAsString());
+        c.setInstanceName("driver-" + ProcessHandle.current().pid());
+        c.setVipChannelEnabled(false);
+        c.setAutoCommit(false);
+        c.setPollTimeoutMillis(500);
+        c.start();
+        String topic = args.get("topic").getAsString();
+        List<MessageQueue> queues = new ArrayList<>(c.fetchMessageQueues(topic));
+        queues.sort(java.util.Comparator.comparingInt(MessageQueue::getQueueId));
+        c.assign(queues);
+        long seek = num(args, "seek", 0);
+        for (MessageQueue q : queues) {
+            c.seek(q, seek);
+        }
+        int expect = (int) num(args, "expect", 1);
+        long deadline = System.currentTimeMillis() + num(args, "maxSeconds", 30) * 1000;
+        JsonArray got = new JsonArray();
+        while (got.size() < expect && System.currentTimeMillis() < deadline) {
+            for (MessageExt m : c.poll()) {
+                got.add(describe(m, System.currentTimeMillis()));
+            }
+        }
+        JsonObject committed = new JsonObject();
+        if (flag(args, "commit")) {
+            c.commitSync();
+            for (MessageQueue q : queues) {
+                committed.addProperty(String.valueOf(q.getQueueId()), c.committed(q));
+            }
+        }
+        c.shutdown();
+        JsonObject out = new JsonObject();
+        out.addProperty("queues", queues.size());
+        out.add("messages", got);
+        out.add("committed", committed);
         return out;
     }
 
