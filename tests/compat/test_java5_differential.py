@@ -11,7 +11,6 @@ creates no topic for a gRPC client and the client refuses a message whose type t
 
 from __future__ import annotations
 
-import base64
 import json
 import uuid
 from collections.abc import Callable, Iterator
@@ -30,6 +29,7 @@ from tests.compat.harness import (
     run_driver,
     start_driver,
 )
+from tests.compat.observe import assert_same, b64, text, uniq
 from tests.compat.reference import REFERENCE_POM, ROCKETMQ5, RocketMQProcess, maven_classpath
 
 pytestmark = pytest.mark.compat
@@ -56,16 +56,7 @@ class Endpoint:
     early_ms: int  # how early a timed message may be delivered: the broker's timer precision
 
 
-def uniq(prefix: str) -> str:
-    return f"{prefix}_{uuid.uuid4().hex[:8]}"
 
-
-def b64(s: str | bytes) -> str:
-    return base64.b64encode(s.encode() if isinstance(s, str) else s).decode()
-
-
-def text(rec: dict[str, Any]) -> str:
-    return base64.b64decode(rec["body"]).decode(errors="replace")
 
 
 def _java5_or_skip() -> None:
@@ -163,14 +154,6 @@ def each(brokers: dict[str, Endpoint], scenario: Callable[[Endpoint], dict[str, 
          ) -> dict[str, dict[str, Any]]:
     return {name: scenario(ep) for name, ep in brokers.items()}
 
-
-def assert_same(observed: dict[str, dict[str, Any]], what: str) -> None:
-    """Every broker's observation equals chronomq's (the first) — the differential assertion."""
-    names = list(observed)
-    base = observed[names[0]]
-    for name in names[1:]:
-        assert observed[name] == base, (f"{what}: chronomq observed\n  {base}\n{name} observed\n"
-                                        f"  {observed[name]}")
 
 
 def visible_props(rec: dict[str, Any]) -> str:

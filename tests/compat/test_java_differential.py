@@ -9,10 +9,9 @@ deliberately differs. Known differences are listed in docs/compat.md.
 
 from __future__ import annotations
 
-import base64
 import itertools
+import json
 import time
-import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
@@ -21,6 +20,7 @@ import pytest
 
 from tests.compat.conftest import FAST_DELAY_LEVELS
 from tests.compat.harness import run_driver, start_driver
+from tests.compat.observe import assert_same, b64, text, uniq
 from tests.compat.reference import RocketMQProcess
 
 pytestmark = pytest.mark.compat
@@ -41,16 +41,7 @@ class Broker(Protocol):
     def log_tail(self, limit: int = ...) -> str: ...
 
 
-def uniq(prefix: str) -> str:
-    return f"{prefix}_{uuid.uuid4().hex[:8]}"
 
-
-def b64(s: str | bytes) -> str:
-    return base64.b64encode(s.encode() if isinstance(s, str) else s).decode()
-
-
-def text(rec: dict[str, Any]) -> str:
-    return base64.b64decode(rec["body"]).decode(errors="replace")
 
 
 @pytest.fixture
@@ -87,8 +78,6 @@ def consume(client: str, broker: Broker, tmp_path: Path, topic: str, expect: int
     args = {"namesrv": broker.namesrv_addr, "group": kw.pop("group", uniq("CG")), "topic": topic,
             "expect": expect, "out": str(out), "maxSeconds": kw.pop("max_seconds", 60), **kw}
     result = run_driver(f"{client}:push_consume", args, timeout=float(args["maxSeconds"]) + 60)
-    import json
-
     records = [json.loads(line) for line in out.read_text().splitlines()] if out.exists() else []
     return result, records
 
@@ -101,14 +90,6 @@ def each(brokers: dict[str, Broker], scenario: Callable[[str, Broker], dict[str,
         print(f"{name} observed: {observed[name]}")  # shown when the test fails
     return observed
 
-
-def assert_same(observed: dict[str, dict[str, Any]], what: str) -> None:
-    """Every broker's observation equals chronomq's (the first) — the differential assertion."""
-    names = list(observed)
-    base = observed[names[0]]
-    for name in names[1:]:
-        assert observed[name] == base, (f"{what}: chronomq observed\n  {base}\n{name} observed\n"
-                                        f"  {observed[name]}")
 
 
 def visible_props(rec: dict[str, Any]) -> dict[str, str]:
