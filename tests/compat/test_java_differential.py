@@ -316,6 +316,8 @@ BAD = {
     "a topic of 128 characters": {"topic": "T" * 128},
     "the default topic's name": {"topic": "TBW102"},
     "a retry topic": {"topic": "%RETRY%someone"},
+    # past both brokers' maximum (timerMaxDelaySec: RocketMQ 3 days, chronomq 40 days)
+    "a timer delay of 41 days": {"delaySec": 41 * 86_400},
 }
 
 
@@ -326,6 +328,8 @@ def test_bad_input_gets_the_same_refusal(client: str, brokers: dict[str, Broker]
         r, = produce(client, broker, [msg], retries=0)
         return {"ok": r["ok"], "error": r.get("error") and (r["error"]["type"], r["error"]["code"])}
 
+    if "delaySec" in BAD[case]:  # 4.9.x has no timer: it takes the property for a user's
+        brokers = {k: v for k, v in brokers.items() if k != "rocketmq4"}
     assert_same(each(brokers, scenario), case)
 
 
