@@ -139,9 +139,11 @@ async def test_a_committed_message_may_wait_for_its_delay(env):
         r = await p.send_in_transaction(Message("TxLater", b"level", delay_level=1), lambda m, r: S.COMMIT)
         t = await p.send_in_transaction(Message("TxLater", b"timed", delay=1.5), lambda m, r: S.COMMIT)
     assert r.state is S.COMMIT and t.state is S.COMMIT
-    # parked, not visible yet: one under the level's schedule queue, one in the timer
-    await async_wait_for(lambda: b.timer.count() == 1 and len(stored(b, "SCHEDULE_TOPIC_XXXX")) == 1, 5)
-    assert bodies(b, "TxLater") == []
+    # parked: one under the level's schedule queue (its record stays there), one in the timer until it is
+    # due. On a loaded machine the level's 1 s can pass before this looks, so "not visible before its
+    # time" is judged by the delivered copies' store times below, not by the moment of looking.
+    await async_wait_for(lambda: len(stored(b, "SCHEDULE_TOPIC_XXXX")) == 1
+                         and (b.timer.count() == 1 or b"timed" in bodies(b, "TxLater")), 5)
     parked_ms = stored(b, "SCHEDULE_TOPIC_XXXX")[0].store_timestamp  # the commit parked it
     await async_wait_for(lambda: bodies(b, "TxLater") == [b"level", b"timed"], 10, message="when due")
     by_body = {m.body: m for m in stored(b, "TxLater")}  # stored() lists queue by queue
