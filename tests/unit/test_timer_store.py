@@ -675,23 +675,37 @@ def test_put_records_and_put_messages_store_the_same_bytes(tmp_path: Path, clock
             s.shutdown()
 
 
-def test_retention_scans_reuse_one_buffer(tmp_path: Path, clock: VirtualClock) -> None:
-    """A scan allocates no buffer of a chunk's size once the store has its own: fresh multi-MiB buffers
-    in worker threads stayed in glibc's per-thread arenas, and the heap grew at every segment scanned."""
-    import tracemalloc
+RETENTION_SCAN_PEAK = """
+import sys, tracemalloc
+from pathlib import Path
+sys.path.insert(0, sys.argv[2])
+from test_timer_store import VirtualClock, msg, open_store
+clock = VirtualClock()
+t = open_store(Path(sys.argv[1]), clock, data_segment_bytes=1 << 20)
+t.scan_chunk = 256 * 1024
+now = clock.now_ms()
+for i in range(900):
+    t.schedule(msg(f"b{i}", size=1500), now + 1000 + i)
+first = t.data.starts[0]
+assert t._scan_data_segment(first) is not None  # the buffer is made here
+tracemalloc.start()
+for _ in range(3):
+    assert t._scan_data_segment(first) is not None
+print(tracemalloc.get_traced_memory()[1])
+"""
 
-    t = open_store(tmp_path, clock, data_segment_bytes=1 << 20)
-    t.scan_chunk = 256 * 1024
-    now = clock.now_ms()
-    for i in range(900):
-        t.schedule(msg(f"b{i}", size=1500), now + 1000 + i)
-    first = t.data.starts[0]
-    assert t._scan_data_segment(first) is not None  # the buffer is made here
-    tracemalloc.start()
-    try:
-        for _ in range(3):
-            assert t._scan_data_segment(first) is not None
-        _, peak = tracemalloc.get_traced_memory()
-    finally:
-        tracemalloc.stop()
+
+def test_retention_scans_reuse_one_buffer(tmp_path: Path) -> None:
+    """A scan allocates no buffer of a chunk's size once the store has its own: fresh multi-MiB buffers
+    in worker threads stayed in glibc's per-thread arenas, and the heap grew at every segment scanned.
+    Measured in a fresh interpreter: tracemalloc's peak counts every thread of the process, and threads
+    that earlier tests left running here (a shared client loop, a session's broker) allocate too."""
+    import subprocess
+    import sys
+
+    here = str(Path(__file__).parent)
+    out = subprocess.run([sys.executable, "-c", RETENTION_SCAN_PEAK, str(tmp_path), here],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    peak = int(out.stdout.split()[-1])
     assert peak < 64 * 1024, peak
