@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import functools
+import re
 import socket
 import time
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -64,3 +67,55 @@ def queue_messages(store: Any, topic: str) -> list[Any]:
 @pytest.fixture
 def port() -> int:
     return free_port()
+
+
+
+
+# Under pytest-xdist with `--dist loadscope` (see the Makefile's PYTEST_XDIST) the tests that share a
+# fixture wider than a function stay on one worker, so that it is set up once: every module is a scope of
+# its own (its module-scoped servers), and so are two sets of modules that share a costly session fixture:
+# those of tests/spark that take the local Spark session (a JVM), and tests/web (its cluster and console).
+# Ports are free ones chosen at run time and files live under each test's tmp_path, so scopes do not disturb
+# one another; a venv or driver built on first use is built under a file lock (tests/compat/harness.py).
+# (xdist's own xdist_group marks no longer reach its scheduler under pytest 9, which does not let a plugin
+# rename a test's node id, so the scopes are chosen here.)
+_TAKES_SPARK = re.compile(r"def test_\w+\([^)]*\bspark\b")
+_ROOT = Path(__file__).resolve().parents[1]
+
+
+@functools.cache
+def xdist_scope_of_module(path: str) -> str:
+    if path.startswith("tests/web/"):
+        return "tests/web"
+    if path.startswith("tests/spark/"):
+        try:
+            if _TAKES_SPARK.search((_ROOT / path).read_text()):
+                return "tests/spark (Spark session)"
+        except OSError:
+            pass
+    return path
+
+
+def xdist_scope_of(nodeid: str) -> str:
+    return xdist_scope_of_module(nodeid.split("::", 1)[0])
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """On xdist workers, the Spark tests first: the longest scopes (a standalone cluster, spark-submit
+    runs) would otherwise start last and leave one worker idle at the end. With --no-loadscope-reorder
+    (the Makefile's PYTEST_XDIST) xdist keeps this order instead of its largest-scope-first."""
+    if getattr(config, "workerinput", None) is not None and config.getvalue("dist") == "loadscope":
+        items.sort(key=lambda item: not item.nodeid.startswith("tests/spark/"))  # stable: else as collected
+
+
+@pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist, when it is installed
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    if config.getvalue("dist") != "loadscope":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class SharedFixtureScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return xdist_scope_of(nodeid)
+
+    return SharedFixtureScheduling(config, log)
