@@ -83,7 +83,7 @@ def last_json(stdout: str) -> dict[str, Any]:
     return json.loads(lines[-1])
 
 
-def summarize(produced: dict[str, Any], consumed: dict[str, Any]) -> dict[str, Any]:
+def summarize(produced: dict[str, Any], consumed: dict[str, Any], timed: bool = True) -> dict[str, Any]:
     """The figures of one run from the two JVMs' answers."""
     ok = produced.get("ok", 0)
     out = {"sent": ok, "failed": produced.get("failed", 0), "first_error": produced.get("firstError"),
@@ -93,7 +93,7 @@ def summarize(produced: dict[str, Any], consumed: dict[str, Any]) -> dict[str, A
            "early_receipts": consumed.get("early", 0), "p50_ms": consumed.get("p50Ms"),
            "p99_ms": consumed.get("p99Ms"), "max_ms": consumed.get("maxMs"), "min_ms": consumed.get("minMs")}
     out["lost"] = max(0, ok - out["received"])
-    if produced.get("firstDueMs") and produced.get("lastAckMs"):
+    if timed and produced.get("firstDueMs") and produced.get("lastAckMs"):  # levels: due from each send
         out["loaded_before_first_due"] = produced["lastAckMs"] <= produced["firstDueMs"]
     return out
 
@@ -133,6 +133,6 @@ def run_one(cmd: list[str], workdir: Path, namesrv: str, topic: str, run: str, m
             os.killpg(consumer.pid, 9)
             consumer.wait(10)
         cons_log.close()
-    res = summarize(produced, consumed)
+    res = summarize(produced, consumed, timed=mode == "timed")
     res.update(mode=mode, count=count, lead_ms=lead, window=WINDOW)
     return res

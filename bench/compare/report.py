@@ -278,7 +278,10 @@ def render_rich(results: dict[str, Any]) -> str:
             table.add_row(*row)
         return table
 
-    console = rich_console.Console(width=240, record=True)
+    # wide enough that no column is squeezed (7 systems and 4 ratio columns make a wide table)
+    widest = max(sum(max(len(r[i]) for r in [h, *rs]) + 3 for i in range(len(h)))
+                 for h, rs in [(header, rows), table_rows(results, java=True)])
+    console = rich_console.Console(width=max(200, widest + 4), record=True)
     with console.capture() as cap:
         console.print(make(f"{TITLE} ({mode} mode, 1 KiB payloads)", header, rows))
         for line in footer_lines(results):

@@ -19,12 +19,16 @@ import contextlib
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
+from .base import Consumer, PayloadFn, Producer, Sink
 from .chronomq_peer import LEVELS, REPO, ChronomqPeer, _levels_ms
 from .procs import PeerUnavailable
+
+T = TypeVar("T")
 
 BROKER_HEAP = "1g"  # -Xms/-Xmx of the broker JVM (the distribution's script asks for 8g; a 2-core box here)
 NAMESRV_HEAP = "256m"   # what RocketMQProcess gives the name server
@@ -72,6 +76,7 @@ class RocketMQPeer(ChronomqPeer):
         self.durability = ", ".join([*conf, f"broker heap -Xms{heap} -Xmx{heap}, name server "
                                      f"-Xms{NAMESRV_HEAP} -Xmx{NAMESRV_HEAP} ({flags})"])
         self.client = "chronomq.client (asyncio Producer, PushConsumer), the 4.x remoting protocol"
+        self.route_retries = 0  # clients made again because the name server had no route (after restarts)
 
     def check(self) -> None:
         reference = _reference()
@@ -115,7 +120,8 @@ class RocketMQPeer(ChronomqPeer):
         d.update(heap={"broker": f"-Xms{self.heap} -Xmx{self.heap}",
                        "namesrv": f"-Xms{NAMESRV_HEAP} -Xmx{NAMESRV_HEAP}",
                        "flags": JVM_FLAGS if self.timer else f"{JVM_FLAGS} {OPENS_4}"},
-                 timer_precision_ms=TIMER_PRECISION_MS if self.timer else None, release=self.release_name)
+                 timer_precision_ms=TIMER_PRECISION_MS if self.timer else None, release=self.release_name,
+                 route_retries=self.route_retries)
         if not self.timer:
             d["client"] = "chronomq.client (asyncio Producer.send: one delay-level message per request; " \
                           "PushConsumer), the 4.x remoting protocol"
@@ -139,13 +145,15 @@ class RocketMQPeer(ChronomqPeer):
 
     def restart(self) -> None:
         """Start the broker again with its broker.conf (same ports and store) until it says "boot success"
-        and listens, as RocketMQProcess started it."""
+        and listens, as RocketMQProcess started it, and the name server routes its topics again (the name
+        server dropped them when the killed broker's connection closed; clients need them)."""
         if self._broker() is not None:
             return
         with self._jvm_env():
             self.proc._java("broker", "org.apache.rocketmq.broker.BrokerStartup",
                             ["-c", str(self.proc.workdir / "broker.conf")], self.heap,
                             [self.proc.broker_port], "boot success", 300)
+        self.proc._wait_registered(120)
 
     @contextlib.contextmanager
     def _jvm_env(self) -> Iterator[None]:
@@ -162,6 +170,26 @@ class RocketMQPeer(ChronomqPeer):
                 os.environ.pop("JDK_JAVA_OPTIONS", None)
             else:
                 os.environ["JDK_JAVA_OPTIONS"] = old
+
+    def producer(self, dest: str, payload: PayloadFn) -> Producer:
+        return self._routed(lambda: super(RocketMQPeer, self).producer(dest, payload))
+
+    def consumer(self, dest: str, sink: Sink) -> Consumer:
+        return self._routed(lambda: super(RocketMQPeer, self).consumer(dest, sink))
+
+    def _routed(self, make: Callable[[], T], timeout_s: float = 60.0) -> T:
+        """``make()``, retried for up to ``timeout_s`` while the name server has no route: after a broker
+        restart, RocketMQ 5's name server drops the old broker's routes in a batch of its own, which
+        under load can land after the new broker registered; the broker registers again within 30 s."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                return make()
+            except Exception as e:
+                if "no route" not in str(e).lower() or time.monotonic() > deadline:
+                    raise
+                self.route_retries += 1
+                time.sleep(1.0)
 
     def server_pids(self) -> list[int]:
         if self.proc is None:

@@ -359,6 +359,8 @@ def run_system(peer: Peer, plan: Plan, run: str, log: Log,
             log(f"[{peer.label}] {name} done in {result['timings_s'][name]:.1f}s: "
                 f"{_brief(result['workloads'][name])}")
     finally:
+        with contextlib.suppress(Exception):  # as it ended (e.g. clients made again after a restart)
+            result["system"] = peer.describe()
         try:
             peer.stop()
         except Exception as e:

@@ -642,6 +642,9 @@ def test_java_runs_are_described_to_the_driver_and_summarized() -> None:
                               "maxMs": 12})
     assert s["lost"] == 1 and s["failed"] == 2 and s["msgs_per_s"] == 1234.5 and s["p99_ms"] == 9
     assert s["loaded_before_first_due"] is True and s["load_elapsed_s"] == 0.08
+    # levels: each message is due from its own send, the load always overlaps delivery: no "*"
+    assert "loaded_before_first_due" not in java_bench.summarize({"ok": 1, "firstDueMs": 5, "lastAckMs": 9},
+                                                                 {"received": 1}, timed=False)
 
 
 def test_java_driver_runs_with_full_jit(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -748,3 +751,27 @@ def test_targets_against_rocketmq5_say_met_or_missed_and_by_how_much() -> None:
     assert len(md.splitlines()) == 2 + len(report.TARGETS) + 1
     assert "The targets against Apache RocketMQ 5" in report.readme_section(res)
     assert report.targets_markdown(_results()) is None  # no RocketMQ 5 ran
+
+
+def test_rocketmq_clients_are_made_again_while_the_name_server_has_no_route(tmp_path: Path,
+                                                                            monkeypatch: pytest.MonkeyPatch
+                                                                            ) -> None:
+    from bench.compare import rocketmq_peer
+
+    monkeypatch.setattr(rocketmq_peer.time, "sleep", lambda s: None)
+    peer = rocketmq_peer.RocketMQPeer(tmp_path, "rocketmq5", "SYNC_FLUSH")
+    calls = iter([RuntimeError("no route for topic 'TBW102': the name server does not know it"),
+                  RuntimeError("No route info of this topic"), "client"])
+
+    def make() -> str:
+        c = next(calls)
+        if isinstance(c, Exception):
+            raise c
+        return c
+
+    assert peer._routed(make) == "client" and peer.route_retries == 2
+    with pytest.raises(ValueError):  # anything else is not retried
+        peer._routed(lambda: (_ for _ in ()).throw(ValueError("boom")))
+    with pytest.raises(RuntimeError):  # bounded
+        peer._routed(lambda: (_ for _ in ()).throw(RuntimeError("no route")), timeout_s=0)
+    assert peer.describe()["route_retries"] == 2  # the bounded one gave up at once
