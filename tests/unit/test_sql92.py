@@ -379,3 +379,26 @@ def test_property_against_a_number_is_java_compare(value: str, literal: tuple[st
     if op != "=":
         want, got = outcome(f"{text} {op} a", number, value)
         assert got == want
+
+
+def test_an_unexpected_failure_in_evaluation_is_no_match_logged_once(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """RocketMQ catches every exception in the broker's filter: a message it cannot judge must not stall
+    the pulls of its queue (the exception would escape the store's read and fail every retry)."""
+
+    class Broken(dict):  # a property map whose reads fail in an unforeseen way
+        def get(self, *a: object, **k: object) -> str:
+            raise RuntimeError("unforeseen")
+
+        def __getitem__(self, key: str) -> str:
+            raise RuntimeError("unforeseen")
+
+        def __contains__(self, key: object) -> bool:
+            raise RuntimeError("unforeseen")
+
+    sel = compile_sql92("a = 'x' AND b > 3")
+    with caplog.at_level("ERROR", logger="chronomq.filter.sql92"):
+        assert sel.matches(Broken()) is False
+        assert sel.matches(Broken()) is False
+    assert sum("failed on a message's properties" in r.getMessage() for r in caplog.records) == 1
+    assert sel.matches({"a": "x", "b": "4"}) is True

@@ -39,10 +39,13 @@ parser stops at the end of the first expression and ignores the rest); nesting d
 
 from __future__ import annotations
 
+import logging
 import math
 import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final
+
+log = logging.getLogger(__name__)
 
 __all__ = ["MAX_DEPTH", "FilterEvalError", "FilterSyntaxError", "Selector", "compile_sql92", "java_compare"]
 
@@ -752,16 +755,25 @@ class Selector:
 
     def matches(self, props: Props) -> bool:
         """The broker's verdict (ExpressionMessageFilter.isMatchedByCommitLog): TRUE matches; FALSE,
-        unknown and an evaluation error do not."""
+        unknown and an evaluation error do not. Any other failure does not match either (RocketMQ
+        catches every exception there): a message the filter cannot judge must not stall its queue's
+        pulls; it is logged once per expression."""
         try:
             return self._ev(props) is True
         except FilterEvalError:
+            return False
+        except Exception:
+            if self.text not in _failed:
+                _failed.add(self.text)
+                log.exception("SQL92 filter %r failed on a message's properties; it does not match",
+                              self.text)
             return False
 
     def __repr__(self) -> str:
         return f"Selector({self.text!r})"
 
 
+_failed: set[str] = set()  # expressions whose evaluation failed unexpectedly (logged once each)
 _cache: dict[str, Selector | FilterSyntaxError] = {}  # refusals cached too, as RocketMQ's PARSE_CACHE
 
 
