@@ -87,6 +87,21 @@ def test_what_each_request_touches():
     assert resources(R.GET_ROUTEINFO_BY_TOPIC, {"topic": "T"}, None) == {}
 
 
+def test_a_reply_needs_pub_on_its_topic_like_a_send(tmp_path: Path):
+    (tmp_path / "acl.yml").write_text(ACL)
+    v = AclValidator(tmp_path / "acl.yml", VirtualClock().now_ms)
+    for code, field in ((R.SEND_REPLY_MESSAGE, "topic"), (R.SEND_REPLY_MESSAGE_V2, "b")):
+        for topic, allowed in (("TopicS", False), ("TopicA", True)):  # TopicS: SUB only
+            req = sign(RemotingCommand.request(code, {field: topic, "a": "PG"}, b"reply"), "RocketMQ",
+                       "12345678")
+            answer = refusal(v, req, "192.168.0.1:5000")
+            if allowed:
+                assert answer is None
+            else:
+                assert answer is not None and answer.code == C.NO_PERMISSION
+                assert "No default permission for topic:TopicS" in answer.remark
+
+
 @pytest.fixture
 async def acl_broker(tmp_path: Path):
     acl_file = tmp_path / "conf" / "plain_acl.yml"

@@ -45,7 +45,8 @@ def _retry(group: Any) -> str | None:
 
 
 def resources(code: int, ext: Mapping[str, Any], body: bytes | None) -> dict[str, int]:
-    """What a request touches and needs: resource -> PUB/SUB (RocketMQ's PlainAccessValidator.parse)."""
+    """What a request touches and needs: resource -> PUB/SUB (RocketMQ's PlainAccessValidator.parse).
+    A reply (324/325) is a send to the reply topic and needs what a send (10/310) with its header needs."""
     need: dict[str, int] = {}
 
     def add(res: Any, perm: int) -> None:
@@ -53,11 +54,11 @@ def resources(code: int, ext: Mapping[str, Any], body: bytes | None) -> dict[str
             need[str(res)] = need.get(str(res), 0) | perm
 
     g = ext.get
-    if code == RequestCode.SEND_MESSAGE:
+    if code in (RequestCode.SEND_MESSAGE, RequestCode.SEND_REPLY_MESSAGE):
         add(g("topic"), PUB)
         if str(g("topic", "")).startswith(RETRY_PREFIX):
             add(_retry(g("group")), SUB)
-    elif code == RequestCode.SEND_MESSAGE_V2:
+    elif code in (RequestCode.SEND_MESSAGE_V2, RequestCode.SEND_REPLY_MESSAGE_V2):
         add(g("b"), PUB)
         if str(g("b", "")).startswith(RETRY_PREFIX):
             add(_retry(g("a")), SUB)
