@@ -192,6 +192,33 @@ def test_hide_delay_source_rewrites_only_that_property() -> None:
     assert decode_record(hide_delay_source(last)).properties == {"A": "1"}
 
 
+def _stored_properties(cluster: Cluster, msg_id: str) -> dict[str, str]:
+    """The properties as the commit log holds them at a send answer's msgId (a pull would hide the marker)."""
+    raw = bytes(cluster.b.store.read_record(int(msg_id[16:], 16)))
+    return decode_record(raw).properties
+
+
+async def test_a_forged_marker_is_stripped_from_replies_and_half_messages(cluster: Cluster) -> None:
+    """Only the level service may write the marker (its crash recovery trusts it on any record outside the
+    schedule topic): a client's own is dropped on every way in, not only on an ordinary send."""
+    forged = {PROPERTY_DELAY_SOURCE: "1:0:0"}
+    c = await cluster.client(cluster.b.broker_addr)
+    await _heartbeat(c, "cid-m", "PG")
+    half = {"TRAN_MSG": "true", "PGROUP": "PG", "UNIQ_KEY": "U-half", **forged}
+    sent = await c.request(R.SEND_MESSAGE, send_ext("TxM", 0, half, sys_flag=4, group="PG"), b"h")
+    assert sent.code == C.SUCCESS, sent.remark
+    stored_half = _stored_properties(cluster, sent.ext_fields["msgId"])
+    assert stored_half["UNIQ_KEY"] == "U-half" and PROPERTY_DELAY_SOURCE not in stored_half
+    topic = "DefaultCluster_REPLY_TOPIC"
+    fut = c.start(R.SEND_REPLY_MESSAGE, send_ext(topic, 0, {"REPLY_TO_CLIENT": "cid-m", **forged}), b"r")
+    pushed = await _answer_push(c)
+    replied = await fut
+    assert replied.code == C.SUCCESS, replied.remark
+    assert PROPERTY_DELAY_SOURCE not in decode_properties(pushed["properties"])
+    stored_reply = _stored_properties(cluster, replied.ext_fields["msgId"])
+    assert stored_reply["REPLY_TO_CLIENT"] == "cid-m" and PROPERTY_DELAY_SOURCE not in stored_reply
+
+
 # --- 4. request-reply ------------------------------------------------------------------------------------
 async def _heartbeat(c: AsyncRawClient, client_id: str, group: str) -> None:
     body = json.dumps({"clientID": client_id, "producerDataSet": [{"groupName": group}],

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from typing import NamedTuple
 
 from chronomq.config import SYNC_MASTER
+from chronomq.delay.delivery import PROPERTY_DELAY_SOURCE
 from chronomq.ha import SlaveWait
 from chronomq.message import (
     DLQ_GROUP_TOPIC_PREFIX,
@@ -200,7 +201,7 @@ class SendProcessor(ProcessorBase):
                      ) -> _SendTarget | RemotingCommand:
         """The topic and queue a SEND goes to (a retry topic resent too often: its DLQ) and the
         message's properties (stamped with ``stamps``, by default CLUSTER, MSG_REGION and TRACE_ON), or
-        the refusal."""
+        the refusal. The level service's internal marker is never taken from a client."""
         topic = req.require_str("topic")
         if topic not in self._valid_topics:
             reason = validate_topic(topic)
@@ -221,6 +222,9 @@ class SendProcessor(ProcessorBase):
             props = decode_properties(req.ext_str("properties", "") or "")
         except Exception:
             return req.response(ResponseCode.MESSAGE_ILLEGAL, remark="the properties field cannot be decoded")
+        # only the level service writes this marker (its crash recovery trusts it): a client's is dropped
+        # here, where sends, replies and half messages all pass
+        props.pop(PROPERTY_DELAY_SOURCE, None)
         try:
             tc = self.topics.create_in_send(
                 topic, req.ext_str("defaultTopic"), req.ext_int("defaultTopicQueueNums", 0)
