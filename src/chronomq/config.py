@@ -298,6 +298,12 @@ class BrokerConfig:
             raise ConfigError("tlsServerNeedClientAuth=require needs tlsServerTrustCertPath "
                               "(tls.server.trustCertPath), the certificates client certificates must chain "
                               "to")
+        if self.tlsServerNeedClientAuth == "require" and self.tlsServerMode != "enforcing":
+            # permissive still serves plaintext, where no certificate is asked for (RocketMQ's proxy
+            # asks for none in permissive mode either): the requirement would be a false promise
+            raise ConfigError(f"tlsServerNeedClientAuth=require needs tlsServerMode=enforcing "
+                              f"(tls.server.mode), not {self.tlsServerMode}: a {self.tlsServerMode} port "
+                              "accepts clients without any certificate")
 
     def _validate_connection_limits(self) -> None:
         least = self.maxMessageSize + 64 * 1024  # a message of the largest size and its header

@@ -80,6 +80,10 @@ def test_rocketmq_tls_key_names_are_read_and_bad_values_refused() -> None:
     for bad, match in [({"tls.server.mode": "strict"}, "tls.server.mode"),
                        ({"tlsServerNeedClientAuth": "optional"}, "optional"),
                        ({"tlsServerNeedClientAuth": "require"}, "tlsServerTrustCertPath"),
+                       ({"tlsServerNeedClientAuth": "require", "tlsServerTrustCertPath": "/ca.pem"},
+                        "needs tlsServerMode=enforcing"),
+                       ({"tlsServerNeedClientAuth": "require", "tlsServerTrustCertPath": "/ca.pem",
+                         "tlsServerMode": "disabled"}, "needs tlsServerMode=enforcing"),
                        ({"tlsCertPath": "/c.pem"}, "both or neither"),
                        ({"tlsTestModeEnable": "false"}, "self-signed")]:
         with pytest.raises(ConfigError, match=match):
