@@ -54,6 +54,17 @@ def test_the_self_signed_certificate_loads_verifies_and_is_kept_until_it_nears_i
     assert selfsigned.ensure(tmp_path / "tls", "chronomq t", ["localhost"])[2] is True
 
 
+def test_a_self_signed_pair_that_does_not_match_is_made_anew_at_start(tmp_path: Path) -> None:
+    # a crash between the two renames: the new key beside the old certificate
+    cert, key, _ = selfsigned.ensure(tmp_path / "tls", "chronomq b", ["localhost"])
+    _, other_key, _ = selfsigned.ensure(tmp_path / "other", "chronomq b", ["localhost"])
+    old_cert = cert.read_bytes()
+    key.write_bytes(other_key.read_bytes())
+    settings = tls.load(_tls_config(tmp_path))  # what the broker's start reads
+    assert settings.self_signed and settings.cert_pem == cert.read_bytes() != old_cert
+    ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_cert_chain(cert, key)
+
+
 @needs_openssl
 def test_openssl_reads_the_self_signed_certificate_and_its_signature_verifies(tmp_path: Path) -> None:
     cert, key, _ = selfsigned.ensure(tmp_path, "chronomq", ["localhost", "127.0.0.1", "10.1.2.3"])

@@ -17,6 +17,7 @@ import hashlib
 import ipaddress
 import os
 import secrets
+import ssl
 from pathlib import Path
 
 # NIST P-256 (SEC 2 secp256r1)
@@ -200,16 +201,18 @@ def not_after(cert_pem: bytes) -> dt.datetime:
 def ensure(directory: Path, common_name: str, hosts: list[str], min_days_left: int = 30,
            now: dt.datetime | None = None) -> tuple[Path, Path, bool]:
     """(certificate path, key path, made now): ``selfsigned.crt`` and ``selfsigned.key`` in
-    ``directory``, kept from an earlier start when both read back and the certificate is valid for
-    ``min_days_left`` more days, else made anew (the key file readable by its owner only; each file
-    written to a temporary name and renamed, so a crash leaves the old pair or the new one)."""
+    ``directory``, kept from an earlier start when they load together as a pair and the certificate is
+    valid for ``min_days_left`` more days, else made anew (the key file readable by its owner only;
+    each file written to a temporary name and renamed). The two renames are not one atomic step: a
+    crash between them leaves the new key beside the old certificate, a pair that does not load, so
+    the next call makes both anew."""
     now = now or dt.datetime.now(dt.UTC)
     cert_path, key_path = directory / "selfsigned.crt", directory / "selfsigned.key"
     try:
-        key_ok = b"PRIVATE KEY-----" in key_path.read_bytes()
-        if key_ok and not_after(cert_path.read_bytes()) - now > dt.timedelta(days=min_days_left):
+        if not_after(cert_path.read_bytes()) - now > dt.timedelta(days=min_days_left):
+            ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_cert_chain(cert_path, key_path)
             return cert_path, key_path, False
-    except (OSError, ValueError):
+    except (OSError, ValueError):  # ssl.SSLError is an OSError
         pass
     cert_pem, key_pem = generate(common_name, hosts, now=now)
     directory.mkdir(parents=True, exist_ok=True)
