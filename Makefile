@@ -23,10 +23,10 @@ lint: $(STAMP)
 	$(BIN)/ruff check src tests bench scripts
 
 # The unit tests run once more on the pure-Python kernels (chronomq/store/speedups.py), then the whole suite
-# on the compiled ones. `make test PYTEST_XDIST="-n 2 --dist loadscope --no-loadscope-reorder"` runs both
-# on two pytest-xdist workers (most of the suite waits on real time, child processes and JVMs, not on the
-# CPU); tests sharing a module or session fixture then stay on one worker (tests/conftest.py).
-PYTEST_XDIST ?=
+# on the compiled ones. Both on two pytest-xdist workers: most of the suite waits on real time, child
+# processes and JVMs, not on the CPU. Tests sharing a module or session fixture stay on one worker
+# (tests/conftest.py). `make test PYTEST_XDIST=` runs them in one process.
+PYTEST_XDIST ?= -n 2 --dist loadscope --no-loadscope-reorder
 test: $(STAMP)
 	$(BIN)/ruff check src tests bench scripts
 	CHRONOMQ_PURE_PYTHON=1 $(BIN)/python -m pytest -q $(PYTEST_XDIST) tests/unit
