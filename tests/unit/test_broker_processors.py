@@ -567,6 +567,11 @@ async def test_admin_codes_and_unknown_code(env: Env) -> None:
     assert info["brokerName"] == "broker-a"
     stats = json.loads((await c.request(R.GET_TOPIC_STATS_INFO, {"topic": "Adm"})).body)
     assert len(stats["offsetTable"]) == 2
+    # the 5.x admin tools ask for one topic's config first (examineTopicStats)
+    tc = json.loads((await c.request(R.GET_TOPIC_CONFIG, {"topic": "Adm"})).body)
+    assert (tc["topicName"], tc["readQueueNums"], tc["writeQueueNums"], tc["perm"]) == ("Adm", 2, 2, 6)
+    resp = await c.request(R.GET_TOPIC_CONFIG, {"topic": "NoSuchTopic"})
+    assert resp.code == C.TOPIC_NOT_EXIST and "NoSuchTopic" in resp.remark
     resp = await c.request(R.END_TRANSACTION, {})  # a malformed one is refused with the reason
     assert resp.code == C.SYSTEM_ERROR and "commitOrRollback" in resp.remark
     resp = await c.request(R.CHECK_TRANSACTION_STATE, {})  # a client's code: a broker does not serve it

@@ -43,6 +43,7 @@ class AdminProcessor(ProcessorBase):
             RequestCode.DELETE_TOPIC_IN_BROKER: self.delete_topic,
             RequestCode.GET_BROKER_RUNTIME_INFO: self.get_runtime_info,
             RequestCode.GET_TOPIC_STATS_INFO: self.get_topic_stats,
+            RequestCode.GET_TOPIC_CONFIG: self.get_topic_config,
             RequestCode.GET_ALL_CONSUMER_OFFSET: self.get_all_consumer_offset,
             RequestCode.GET_ALL_DELAY_OFFSET: self.get_all_delay_offset,
             RequestCode.CHRONOMQ_PROMOTE: self.promote,
@@ -167,6 +168,16 @@ class AdminProcessor(ProcessorBase):
     def get_runtime_info(self, req: RemotingCommand, conn: Connection) -> RemotingCommand:
         info = self.services.runtime_info()
         return req.response(body=dump_json({"table": {k: str(v) for k, v in info.items()}}))
+
+    def get_topic_config(self, req: RemotingCommand, conn: Connection) -> RemotingCommand:
+        """GET_TOPIC_CONFIG (351), as RocketMQ 5's AdminBrokerProcessor answers it: the topic's config
+        (TopicConfigAndQueueMapping, without static-topic mapping), or TOPIC_NOT_EXIST."""
+        topic = req.require_str("topic")
+        tc = self.topics.get(topic)
+        if tc is None:
+            return req.response(ResponseCode.TOPIC_NOT_EXIST,
+                                remark=f"No topic in this broker. topic: {topic}")
+        return req.response(body=dump_json({**tc.to_json(), "attributes": {}, "mappingDetail": None}))
 
     def get_topic_stats(self, req: RemotingCommand, conn: Connection) -> RemotingCommand:
         topic = req.require_str("topic")
