@@ -1,14 +1,15 @@
 """Delay report: per-level delivery lateness of delayed messages, as a table and a PNG chart.
 
 A batch Spark job on the ``chronomq`` source. chronomq's level scheduler re-puts a due message on its
-real topic with the property ``__CHRONOMQ_DELAY_SRC = "<level>:<schedule queue offset>:<parked
-commit-log offset>"``. The parked copy is still readable in ``SCHEDULE_TOPIC_XXXX`` (queue level-1, at
-that offset), and the source gives it a ``deliver_time`` (its store time + the level's delay, from the
-broker's level table). So
+real topic keeping, as RocketMQ's does, its ``DELAY`` (the level), ``REAL_TOPIC`` and its message id
+(``UNIQ_KEY``). The parked copy is still readable in ``SCHEDULE_TOPIC_XXXX`` (queue level-1) with the same
+id and ``REAL_TOPIC``, and the source gives it a ``deliver_time`` (its store time + the level's delay, from
+the broker's level table). So
 
     lateness = store time of the re-put message (``timestamp``) - intended ``deliver_time``
 
-per delivered message, joined on (level-1, offset). The report prints count / p50 / p99 / max per level,
+per delivered message, joined on (id, level, real topic): a message retried later is parked again under
+the same id, but for its retry topic. The report prints count / p50 / p99 / max per level,
 writes ``report.csv`` and ``report.png`` (a bar chart of p50 and p99 per level).
 
     python examples/delay_report/report.py --namesrv 127.0.0.1:9876 --topic orders --out /tmp/delay_report
@@ -26,7 +27,6 @@ from pathlib import Path
 from typing import Any
 
 SCHEDULE_TOPIC = "SCHEDULE_TOPIC_XXXX"
-SRC_PROPERTY = "__CHRONOMQ_DELAY_SRC"
 
 
 def lateness_rows(spark: Any, namesrv: str, topics: str) -> list[dict[str, Any]]:
@@ -37,26 +37,21 @@ def lateness_rows(spark: Any, namesrv: str, topics: str) -> list[dict[str, Any]]
     def read(topic: str) -> Any:
         return spark.read.format("chronomq").option("namesrv", namesrv).option("subscribe", topic).load()
 
-    delivered = (
-        read(topics)
-        .where(F.col("properties").getItem(SRC_PROPERTY).isNotNull())
-        .select(
-            F.split(F.col("properties").getItem(SRC_PROPERTY), ":").alias("src"),
-            F.col("timestamp").alias("delivered_at"),
-        )
-        .select(
-            F.col("src")[0].cast("int").alias("level"),
-            F.col("src")[1].cast("long").alias("qoff"),
-            "delivered_at",
-        )
+    prop = F.col("properties").getItem
+    delivered = read(topics).where(prop("DELAY").isNotNull()).select(
+        prop("UNIQ_KEY").alias("id"),
+        prop("DELAY").cast("int").alias("level"),
+        F.col("topic").alias("real_topic"),
+        F.col("timestamp").alias("delivered_at"),
     )
     parked = read(SCHEDULE_TOPIC).select(
+        prop("UNIQ_KEY").alias("id"),
         (F.col("partition") + 1).alias("level"),
-        F.col("offset").alias("qoff"),
+        prop("REAL_TOPIC").alias("real_topic"),
         "deliver_time",
         F.col("timestamp").alias("parked_at"),
     )
-    joined = delivered.join(parked, ["level", "qoff"]).select(
+    joined = delivered.join(parked, ["id", "level", "real_topic"]).select(
         "level",
         ((F.col("deliver_time").cast("double") - F.col("parked_at").cast("double")) * 1000).alias("delay_ms"),
         ((F.col("delivered_at").cast("double") - F.col("deliver_time").cast("double")) * 1000).alias(
