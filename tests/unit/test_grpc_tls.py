@@ -25,7 +25,7 @@ from chronomq.clock import SystemClock  # noqa: E402
 from chronomq.config import BrokerConfig, ConfigError  # noqa: E402
 from chronomq.grpc import convert, selfsigned, tls  # noqa: E402
 from chronomq.grpc._proto import rocketmq_v2_pb2 as pb  # noqa: E402
-from chronomq.grpc.front import PREFACE, classify, grpc_peer  # noqa: E402
+from chronomq.grpc.front import PREFACE, PortFront, classify, grpc_peer  # noqa: E402
 from chronomq.namesrv import RouteInfoManager  # noqa: E402
 
 SERVICE = "/apache.rocketmq.v2.MessagingService/"
@@ -318,6 +318,44 @@ async def test_connection_limits_hold_on_the_grpc_port(tmp_path: Path) -> None:
                 s.close()
         await async_wait_for(lambda: b.front.open_connections == 0, message="the held connections closed")
         assert (await _route(b.plaintext())).status.code == pb.OK
+
+
+async def test_a_relayed_connection_takes_three_descriptors_of_the_process_budget() -> None:
+    """The front and the remoting servers share one open-file budget; a relayed client holds its socket,
+    the front's connection to grpc's internal port and grpc's end of it."""
+    from chronomq import netbudget
+    from chronomq.clock import VirtualClock
+    from chronomq.remoting.server import RemotingServer
+
+    async def no_answer(req: Any, conn: Any) -> None:
+        return None
+
+    clock = VirtualClock()
+    front = PortFront("127.0.0.1", 0, "permissive", plaintext_port=None, tls_port=None, clock=clock)
+    remoting = RemotingServer(no_answer, "127.0.0.1", 0)
+    await front.start()
+    await remoting.start()
+    held: list[socket.socket] = []
+    try:
+        base = netbudget.held()
+        front.budget = remoting._budget = base + 4
+        held.append(socket.create_connection(("127.0.0.1", front.port), timeout=10))
+        await async_wait_for(lambda: front.open_connections == 1, message="the relayed client admitted")
+        assert netbudget.held() == base + 3
+        assert await asyncio.to_thread(_raw, front.port, PREFACE) == b""  # 3 more do not fit
+        assert front.stats.refused_limit == 1 and front._limit_logged_at == clock.monotonic()
+        held.append(socket.create_connection(("127.0.0.1", remoting.port), timeout=10))  # 1 more does
+        await async_wait_for(lambda: len(remoting.connections()) == 1, message="the remoting client admitted")
+        assert await asyncio.to_thread(_raw, remoting.port, b"") == b""
+        assert remoting.refused == 1
+        for s in held:
+            s.close()
+        await async_wait_for(lambda: netbudget.held() == base, message="the descriptors given back")
+    finally:
+        for s in held:
+            s.close()
+        await front.stop()
+        await remoting.stop()
 
 
 async def test_stopping_the_broker_closes_relayed_connections(tmp_path: Path) -> None:

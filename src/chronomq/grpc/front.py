@@ -19,16 +19,20 @@ passed on as a half-close (TCP shutdown of writing), and when either side is gon
 grpc sees every relayed connection coming from 127.0.0.1; ``client_of`` maps the internal connection's
 address (grpc's ``peer()``) back to the client's, for what the endpoint records about clients.
 Connections are counted and limited per server and per client address (the broker's
-serverMaxConnections / serverMaxConnectionsPerIp; 0 = no limit).
+serverMaxConnections / serverMaxConnectionsPerIp; 0 = no limit), and against the process's open-file
+budget, which the remoting servers share (``chronomq.netbudget``): a relayed connection holds 3
+descriptors. Times (how often a refusal is logged) are read from the clock the front is given.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from dataclasses import dataclass
 from typing import cast
+
+from chronomq import netbudget
+from chronomq.clock import Clock, SystemClock
 
 from .tls import DISABLED, ENFORCING
 
@@ -37,6 +41,9 @@ log = logging.getLogger("chronomq.grpc")
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 WRITE_HIGH_WATER = 1024 * 1024  # bytes queued for one side before the other stops reading
 LIMIT_LOG_INTERVAL = 60.0  # s between two warnings about refused connections
+# descriptors a relayed connection holds: the client's socket, the front's connection to the internal
+# port, and grpc's end of that connection
+RELAY_DESCRIPTORS = 3
 
 
 def classify(head: bytes) -> str | None:
@@ -76,7 +83,7 @@ class PortFront:
 
     def __init__(self, host: str, port: int, mode: str, *, plaintext_port: int | None, tls_port: int | None,
                  max_connections: int = 0, max_connections_per_ip: int = 0,
-                 first_bytes_timeout: float = 30.0) -> None:
+                 first_bytes_timeout: float = 30.0, clock: Clock | None = None) -> None:
         self.host = host
         self.port = port
         self.mode = mode
@@ -85,6 +92,8 @@ class PortFront:
         self.max_connections = max_connections
         self.max_connections_per_ip = max_connections_per_ip
         self.first_bytes_timeout = first_bytes_timeout
+        self.clock: Clock = clock or SystemClock()
+        self.budget = netbudget.connection_budget()  # descriptors, shared with every listener here
         self.stats = FrontStats()
         self._server: asyncio.base_events.Server | None = None
         self._conns: set[_Client] = set()
@@ -130,9 +139,12 @@ class PortFront:
         elif self.max_connections_per_ip and self._per_ip.get(ip, 0) >= self.max_connections_per_ip:
             why = (f"{self._per_ip[ip]} connections open from {ip} "
                    f"(serverMaxConnectionsPerIp={self.max_connections_per_ip})")
+        elif not netbudget.room(RELAY_DESCRIPTORS, self.budget):
+            why = (f"connections in this process hold {netbudget.held()} descriptors: its open-file limit "
+                   "allows no more")
         if why is not None:
             self.stats.refused_limit += 1
-            now = time.monotonic()
+            now = self.clock.monotonic()
             if now - self._limit_logged_at >= LIMIT_LOG_INTERVAL:
                 more = self._limit_unlogged
                 log.warning("gRPC endpoint: connection from %s refused: %s%s", grpc_peer(conn.peer), why,
@@ -143,12 +155,14 @@ class PortFront:
             return False
         self._conns.add(conn)
         self._per_ip[ip] = self._per_ip.get(ip, 0) + 1
+        netbudget.take(RELAY_DESCRIPTORS)
         return True
 
     def _forget(self, conn: _Client) -> None:
         if conn not in self._conns:
             return
         self._conns.discard(conn)
+        netbudget.give(RELAY_DESCRIPTORS)
         ip = conn.peer[0]
         left = self._per_ip.get(ip, 0) - 1
         if left > 0:

@@ -138,6 +138,7 @@ class GrpcServer:
             max_connections=getattr(config, "serverMaxConnections", 0),
             max_connections_per_ip=getattr(config, "serverMaxConnectionsPerIp", 0),
             first_bytes_timeout=getattr(config, "serverFrameReadTimeoutMillis", 30_000) / 1000,
+            clock=self.svc.clock,
         )
         try:
             await front.start()

@@ -30,6 +30,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+from chronomq import netbudget
 from chronomq.clock import Clock, SystemClock
 
 from .codec import MAX_FRAME_SIZE, FrameDecoder, FrameError, HeaderError, RemotingCommand, encode
@@ -67,24 +68,6 @@ class ConnectionLimits:
     max_buffered_frame_bytes: int = 512 * 1024 * 1024
     write_high: int = 64 * 1024  # reading pauses above this many unsent bytes (writeBufferHighWaterMark)
     write_low: int = 32 * 1024  # and resumes below this many (writeBufferLowWaterMark)
-
-
-# connections open in this process, over every server: what the open-file limit leaves room for
-_live_connections = 0
-
-
-def connection_budget() -> int | None:
-    """How many connections this process may hold at once so that its open-file limit (RLIMIT_NOFILE)
-    keeps room for the store's files: the soft limit less a quarter of it (at least 256); None where
-    there is no such limit."""
-    try:
-        import resource
-    except ImportError:  # not on Unix
-        return None
-    soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft == resource.RLIM_INFINITY:
-        return None
-    return max(16, soft - max(256, soft // 4))
 
 
 def raise_open_file_limit() -> int | None:
@@ -474,7 +457,7 @@ class RemotingServer:
         self._per_ip: dict[str, int] = {}
         self._server: asyncio.Server | None = None
         self._sweeper: asyncio.Task[None] | None = None
-        self._budget = connection_budget()
+        self._budget = netbudget.connection_budget()
         self._buffered_total = 0  # bytes of unfinished frames over all connections
         self.requests = 0
         # what the limits did: connections refused, and closed by the sweep or the byte budget
@@ -487,7 +470,6 @@ class RemotingServer:
 
     # --- the limits -------------------------------------------------------------------------------------
     def _admit(self, conn: Connection) -> bool:
-        global _live_connections
         lim = self.limits
         ip = conn.remote[0]
         why = None
@@ -496,21 +478,21 @@ class RemotingServer:
         elif lim.max_connections_per_ip and self._per_ip.get(ip, 0) >= lim.max_connections_per_ip:
             why = (f"{self._per_ip[ip]} connections open from {ip} "
                    f"(serverMaxConnectionsPerIp={lim.max_connections_per_ip})")
-        elif self._budget is not None and _live_connections >= self._budget:
-            why = f"{_live_connections} connections open in this process: all its open-file limit allows"
+        elif not netbudget.room(1, self._budget):
+            why = (f"connections in this process hold {netbudget.held()} descriptors: all its open-file "
+                   "limit allows")
         if why is not None:
             self._note_refusal(conn, why)
             return False
         self._connections[conn.id] = conn
         self._per_ip[ip] = self._per_ip.get(ip, 0) + 1
-        _live_connections += 1
+        netbudget.take(1)
         return True
 
     def _forget(self, conn: Connection) -> None:
-        global _live_connections
         if self._connections.pop(conn.id, None) is None:
             return
-        _live_connections -= 1
+        netbudget.give(1)
         ip = conn.remote[0]
         left = self._per_ip.get(ip, 0) - 1
         if left > 0:
