@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import fcntl
 import hashlib
 import json
@@ -146,6 +147,15 @@ def _free_ports(n: int, spaced: int = 0) -> list[int]:
     raise RuntimeError("could not find free ports")
 
 
+def _die_with_parent() -> None:
+    """In the child before exec: SIGKILL when the process that started it dies (a test run killed or
+    timed out must not leave a JVM holding 1 GiB and its ports; Linux's PR_SET_PDEATHSIG)."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG = 1
+    except (OSError, AttributeError):
+        pass
+
+
 _LOGBACK = """<?xml version="1.0" encoding="UTF-8"?>
 <configuration>
   <appender name="FILE" class="ch.qos.logback.core.FileAppender">
@@ -218,7 +228,8 @@ class RocketMQProcess:
                "-cp", cp, main, *args]
         with open(log, "wb") as out:
             proc = subprocess.Popen(cmd, cwd=self.workdir, stdout=out, stderr=subprocess.STDOUT,
-                                    stdin=subprocess.DEVNULL, start_new_session=True)
+                                    stdin=subprocess.DEVNULL, start_new_session=True,
+                                    preexec_fn=_die_with_parent)
         child = _Child(name, proc, log)
         self.children.append(child)
         deadline = time.monotonic() + timeout
