@@ -35,6 +35,19 @@ def room(n: int, budget: int | None) -> bool:
     return budget is None or _held + n <= budget
 
 
+def refusal(open_now: int, max_open: int | None, ip: str, from_ip: int, max_per_ip: int | None, n: int,
+            budget: int | None) -> str | None:
+    """Why a listener with ``open_now`` connections (``from_ip`` of them from ``ip``) must refuse one more
+    holding ``n`` descriptors, or None when it may take it (a limit of 0: none)."""
+    if max_open and open_now >= max_open:
+        return f"{open_now} connections open (serverMaxConnections={max_open})"
+    if max_per_ip and from_ip >= max_per_ip:
+        return f"{from_ip} connections open from {ip} (serverMaxConnectionsPerIp={max_per_ip})"
+    if not room(n, budget):
+        return f"connections in this process hold {_held} descriptors: its open-file limit allows no more"
+    return None
+
+
 def take(n: int) -> None:
     global _held
     _held += n

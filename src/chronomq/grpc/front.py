@@ -133,15 +133,8 @@ class PortFront:
     def _admit(self, conn: _Client) -> bool:
         self.stats.accepted += 1
         ip = conn.peer[0]
-        why = None
-        if self.max_connections and len(self._conns) >= self.max_connections:
-            why = f"{len(self._conns)} connections open (serverMaxConnections={self.max_connections})"
-        elif self.max_connections_per_ip and self._per_ip.get(ip, 0) >= self.max_connections_per_ip:
-            why = (f"{self._per_ip[ip]} connections open from {ip} "
-                   f"(serverMaxConnectionsPerIp={self.max_connections_per_ip})")
-        elif not netbudget.room(RELAY_DESCRIPTORS, self.budget):
-            why = (f"connections in this process hold {netbudget.held()} descriptors: its open-file limit "
-                   "allows no more")
+        why = netbudget.refusal(len(self._conns), self.max_connections, ip, self._per_ip.get(ip, 0),
+                                self.max_connections_per_ip, RELAY_DESCRIPTORS, self.budget)
         if why is not None:
             self.stats.refused_limit += 1
             now = self.clock.monotonic()

@@ -472,15 +472,8 @@ class RemotingServer:
     def _admit(self, conn: Connection) -> bool:
         lim = self.limits
         ip = conn.remote[0]
-        why = None
-        if lim.max_connections and len(self._connections) >= lim.max_connections:
-            why = f"{len(self._connections)} connections open (serverMaxConnections={lim.max_connections})"
-        elif lim.max_connections_per_ip and self._per_ip.get(ip, 0) >= lim.max_connections_per_ip:
-            why = (f"{self._per_ip[ip]} connections open from {ip} "
-                   f"(serverMaxConnectionsPerIp={lim.max_connections_per_ip})")
-        elif not netbudget.room(1, self._budget):
-            why = (f"connections in this process hold {netbudget.held()} descriptors: all its open-file "
-                   "limit allows")
+        why = netbudget.refusal(len(self._connections), lim.max_connections, ip, self._per_ip.get(ip, 0),
+                                lim.max_connections_per_ip, 1, self._budget)
         if why is not None:
             self._note_refusal(conn, why)
             return False
