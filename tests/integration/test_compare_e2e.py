@@ -84,7 +84,9 @@ def test_tiny_run_against_rocketmq5_and_the_official_java_client(tmp_path: Path)
     for name in ("chronomq_async", "rocketmq5_async"):
         w = res["systems"][name]["workloads"]
         assert w["startup"]["first_ack_s"] > 0 and w["startup"]["rss_idle_bytes"] > 0, name
-        assert w["schedule"]["cpu_s_per_1k_scheduled"] > 0, name
+        # /proc counts CPU in clock ticks (10 ms): a tiny run's schedule step may take less than one
+        cpu = w["schedule"]["cpu_s_per_1k_scheduled"]
+        assert isinstance(cpu, float) and cpu >= 0, (name, cpu)
         assert w["spread"]["received"] == res["meta"]["plan"]["spread_count"], (name, w["spread"])
         java = w["java"]
         if "skipped" in java:
