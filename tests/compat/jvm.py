@@ -23,7 +23,7 @@ import tempfile
 from pathlib import Path
 
 from tests.compat.harness import REPO, CompatUnavailable
-from tests.compat.reference import java_tools, maven_classpath
+from tests.compat.reference import java_tools, maven_classpath, once
 
 JAVA_DIR = REPO / "tests" / "compat" / "java"
 JAVA_CACHE = REPO / ".cache" / "java"
@@ -50,16 +50,7 @@ def _sources(root: Path = JAVA_DIR) -> list[Path]:
 
 def java_driver(client: str) -> list[str]:
     """The command prefix (``java -cp ... Driver``) of the driver built for ``client`` (java4/53/5)."""
-    cached = _built.get(client)
-    if cached is None:
-        try:
-            cached = _build(*_DRIVERS[client])
-        except CompatUnavailable as e:
-            cached = e
-        _built[client] = cached
-    if isinstance(cached, CompatUnavailable):
-        raise cached
-    return cached
+    return once(_built, client, lambda: _build(*_DRIVERS[client]))
 
 
 def _build(root: Path, profile: str, main: str, log_flags: list[str]) -> list[str]:

@@ -27,8 +27,10 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 from chronomq.remoting.codes import RequestCode
 from tests.compat.harness import REPO, CompatUnavailable, RawClient, free_port
@@ -75,22 +77,31 @@ def java_tools() -> tuple[str, str]:
     return java, mvn
 
 
+T = TypeVar("T")
+K = TypeVar("K")
+
+
+def once(cache: dict[K, T | CompatUnavailable], key: K, build: Callable[[], T]) -> T:
+    """``build()`` once per ``key`` in this process: later calls get its result, or the same
+    CompatUnavailable raised again (a missing tool is not looked for twice)."""
+    cached = cache.get(key)
+    if cached is None:
+        try:
+            cached = build()
+        except CompatUnavailable as e:
+            cached = e
+        cache[key] = cached
+    if isinstance(cached, CompatUnavailable):
+        raise cached
+    return cached
+
+
 _classpaths: dict[tuple[Path, str], str | CompatUnavailable] = {}
 
 
 def maven_classpath(pom: Path, profile: str = "", timeout: float = 900) -> str:
     """The resolved class path of ``pom`` (with ``profile``), cached by the pom's content."""
-    key = (pom, profile)
-    cached = _classpaths.get(key)
-    if cached is None:
-        try:
-            cached = _resolve(pom, profile, timeout)
-        except CompatUnavailable as e:
-            cached = e
-        _classpaths[key] = cached
-    if isinstance(cached, CompatUnavailable):
-        raise cached
-    return cached
+    return once(_classpaths, (pom, profile), lambda: _resolve(pom, profile, timeout))
 
 
 def _resolve(pom: Path, profile: str, timeout: float) -> str:
