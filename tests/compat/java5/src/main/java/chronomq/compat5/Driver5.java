@@ -12,6 +12,7 @@ import java.util.ArrayList;
 import java.util.Base64;
 import java.util.Collections;
 import java.util.HashMap;
+import java.util.HashSet;
 import java.util.List;
 import java.util.Map;
 import java.util.Set;
@@ -139,7 +140,8 @@ public final class Driver5 {
      * args: endpoint, topics (declared to the producer), messages [{topic, body (b64) | bodySize, tag, keys,
      * props, group, deliveryTimestamp | deliveryDelayMs (from the moment of sending), tx: "commit" | "rollback" | "none" (send in a transaction and leave
      * it to the check)}], check {key: COMMIT | ROLLBACK | UNKNOWN} (the TransactionChecker's answers),
-     * expectChecks / maxSeconds: wait until that many checks were answered.
+     * expectChecks / maxSeconds: wait until that many checks were answered; awaitChecks [key]: wait until
+     * each of those keys was checked (a broker may check other half messages first, or again).
      */
     static JsonObject produce(JsonObject args) throws Exception {
         Map<String, String> answers = strMap(args, "check");
@@ -229,7 +231,18 @@ public final class Driver5 {
         }
         long expectChecks = num(args, "expectChecks", 0);
         long deadline = System.currentTimeMillis() + num(args, "maxSeconds", 60) * 1000;
-        while (checks.size() < expectChecks && System.currentTimeMillis() < deadline) {
+        Set<String> awaited = new HashSet<>();
+        if (args.has("awaitChecks")) {
+            args.getAsJsonArray("awaitChecks").forEach(k -> awaited.add(k.getAsString()));
+        }
+        while (System.currentTimeMillis() < deadline) {
+            Set<String> seen = new HashSet<>();
+            synchronized (checks) {
+                checks.forEach(c -> seen.add(c.get("key").getAsString()));
+            }
+            if (checks.size() >= expectChecks && seen.containsAll(awaited)) {
+                break;
+            }
             Thread.sleep(50);
         }
         result.add("results", results);
