@@ -127,6 +127,10 @@ class BrokerConfig:
     # consumers
     flushConsumerOffsetInterval: int = 5000
     longPollingEnable: bool = True
+    # one PULL_MESSAGE answer holds at most this many messages and, past its first message, this many
+    # bytes, whatever maxMsgNums asks (RocketMQ's MessageStoreConfig keys and defaults, its in-memory ones)
+    maxTransferCountOnMessageInMemory: int = 32
+    maxTransferBytesOnMessageInMemory: int = 256 * 1024
     # SQL92 subscriptions (RocketMQ's key and default): off, they are refused as RocketMQ refuses them;
     # on, pulls and gRPC receives filter by message properties (docs/filter.md)
     enablePropertyFilter: bool = False
@@ -150,6 +154,17 @@ class BrokerConfig:
     # 5.x consumer groups that consume in order (RocketMQ's group attribute "consume orderly"):
     # comma-separated names; a queue hands such a group nothing new while a message of it is in flight
     grpcFifoGroups: str = ""
+    # what the endpoint checks, with RocketMQ proxy's names and defaults (docs/grpc.md, "Limits"): a sent
+    # message's user properties (count; bytes of their names and values with its tag and keys together),
+    # its message group's bytes; a receive's invisible duration (ms); how long a receive that names no
+    # long_polling_timeout is held (ms, cut to the client's deadline)
+    maxUserPropertySize: int = 16 * 1024
+    userPropertyMaxNum: int = 128
+    maxMessageGroupSize: int = 64
+    minInvisibleTimeMillsForRecv: int = 10_000
+    maxInvisibleTimeMills: int = 12 * 3_600_000
+    grpcClientConsumerMinLongPollingTimeoutMillis: int = 5_000
+    grpcClientConsumerMaxLongPollingTimeoutMillis: int = 20_000
     # TLS on the gRPC endpoint's port (docs/grpc.md, "TLS"). RocketMQ's names are accepted too: its
     # system properties tls.server.mode, tls.test.mode.enable, tls.server.certPath, tls.server.keyPath,
     # tls.server.need.client.auth, tls.server.trustCertPath (see TLS_KEY_ALIASES)
@@ -242,6 +257,18 @@ class BrokerConfig:
                      "transactionCheckMax"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name}: must be positive")
+        for name in ("maxUserPropertySize", "userPropertyMaxNum", "maxMessageGroupSize",
+                     "maxInvisibleTimeMills", "grpcClientConsumerMinLongPollingTimeoutMillis",
+                     "maxTransferCountOnMessageInMemory", "maxTransferBytesOnMessageInMemory"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"{name}: must be positive, got {getattr(self, name)}")
+        if not 0 <= self.minInvisibleTimeMillsForRecv <= self.maxInvisibleTimeMills:
+            raise ConfigError(f"minInvisibleTimeMillsForRecv: {self.minInvisibleTimeMillsForRecv} must be "
+                              f"within 0 and maxInvisibleTimeMills ({self.maxInvisibleTimeMills})")
+        poll_min = self.grpcClientConsumerMinLongPollingTimeoutMillis
+        if self.grpcClientConsumerMaxLongPollingTimeoutMillis < poll_min:
+            raise ConfigError(f"grpcClientConsumerMaxLongPollingTimeoutMillis: must be at least "
+                              f"grpcClientConsumerMinLongPollingTimeoutMillis ({poll_min})")
         if self.slaveAutoPromoteAfterMs < 0:
             raise ConfigError("slaveAutoPromoteAfterMs: must be 0 (off) or a positive number of ms")
         if not 0 < self.accessMessageInMemoryMaxRatio <= 100:

@@ -29,7 +29,8 @@ def start_grpc_server(factory: Callable[..., ChronomqProcess], **overrides: str)
     """A fresh chronomq whose gRPC endpoint is on a free port, with the 5.x client available."""
     grpc5_python()
     port = free_port()
-    server = factory({"grpcListenPort": str(port), **overrides})
+    # invisible durations from 1 s (RocketMQ's proxy: 10 s): the redelivery tests wait for them
+    server = factory({"grpcListenPort": str(port), "minInvisibleTimeMillsForRecv": "1000", **overrides})
     server.grpc_endpoint = f"127.0.0.1:{port}"  # type: ignore[attr-defined]
     return server
 

@@ -27,7 +27,8 @@ def grpc_server(chronomq_factory: Callable[..., ChronomqProcess]) -> ChronomqPro
     """A fresh chronomq whose gRPC endpoint is on a free port, with the Node.js client installed."""
     grpc5_node()
     port = free_port()
-    server = chronomq_factory({"grpcListenPort": str(port)})
+    # invisible durations from 1 s (RocketMQ's proxy: 10 s): the redelivery test waits for them
+    server = chronomq_factory({"grpcListenPort": str(port), "minInvisibleTimeMillsForRecv": "1000"})
     server.grpc_endpoint = f"127.0.0.1:{port}"  # type: ignore[attr-defined]
     return server
 

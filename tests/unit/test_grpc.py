@@ -80,6 +80,67 @@ def test_refused_messages_answer_their_v2_code(change: dict[str, Any], code: int
     assert e.value.code == code
 
 
+def _with(props: dict[str, str] | None = None, tag: str | None = None, keys: list[str] | None = None,
+          group: str | None = None) -> pb.Message:
+    m = pb.Message(topic=pb.Resource(name="T"), body=b"hi", user_properties=props or {})
+    m.system_properties.message_id = "01AB"
+    if tag is not None:
+        m.system_properties.tag = tag
+    m.system_properties.keys.extend(keys or [])
+    if group is not None:
+        m.system_properties.message_type = pb.FIFO
+        m.system_properties.message_group = group
+    return m
+
+
+KIB16 = 16 * 1024
+
+
+@pytest.mark.parametrize("m,code,text", [
+    (_with(keys=["k\u0000"]), pb.ILLEGAL_MESSAGE_KEY, "key cannot contain control character"),
+    (_with(keys=["  "]), pb.ILLEGAL_MESSAGE_KEY, "key cannot be the char sequence of whitespace"),
+    (_with(keys=["x" * (KIB16 + 1)]), pb.MESSAGE_PROPERTIES_TOO_LARGE,
+     "the total size of user property is too large, max is 16384"),
+    (_with(tag="t\u0000"), pb.ILLEGAL_MESSAGE_TAG, "tag cannot contain control character"),
+    (_with(tag="\t\n"), pb.ILLEGAL_MESSAGE_TAG, "tag cannot be the char sequence of whitespace"),
+    (_with(tag="a|b"), pb.ILLEGAL_MESSAGE_TAG, "tag cannot contain '|'"),
+    (_with(tag="x" * (KIB16 + 1)), pb.MESSAGE_PROPERTIES_TOO_LARGE,
+     "the total size of user property is too large, max is 16384"),
+    (_with({"k": "v\u0000"}), pb.ILLEGAL_MESSAGE_PROPERTY_KEY,
+     "the value of property cannot contain control character"),
+    (_with({"k\u009f": "v"}), pb.ILLEGAL_MESSAGE_PROPERTY_KEY,
+     "the key of property cannot contain control character"),
+    (_with({"TTL": "1"}), pb.ILLEGAL_MESSAGE_PROPERTY_KEY, "property is used by system: TTL"),
+    (_with({f"p{i}": "v" for i in range(129)}), pb.MESSAGE_PROPERTIES_TOO_LARGE,
+     "too many user properties, max is 128"),
+    # 16 KiB + 1 byte together
+    (_with({"k": "x" * (KIB16 // 2)}, tag="y" * (KIB16 // 4), keys=["z" * (KIB16 // 4)]),
+     pb.MESSAGE_PROPERTIES_TOO_LARGE, "the total size of user property is too large, max is 16384"),
+    (_with(group="g\u0001"), pb.ILLEGAL_MESSAGE_GROUP, "message group cannot contain control character"),
+    (_with(group="g" * 64), pb.ILLEGAL_MESSAGE_GROUP, "message group exceed the max size 64"),
+], ids=["key-nul", "key-blank", "key-16k", "tag-nul", "tag-blank", "tag-bar", "tag-16k", "value-nul",
+        "name-c1", "system-name", "129-props", "all-16k", "group-ctl", "group-64"])
+def test_the_proxys_message_checks_answer_its_codes_and_texts(m: pb.Message, code: int, text: str) -> None:
+    with pytest.raises(convert.BadMessage) as e:
+        convert.from_v2(m, 1024)
+    assert (e.value.code, str(e.value)) == (code, text)
+
+
+def test_messages_at_the_limits_pass_and_the_limits_are_parameters() -> None:
+    at_size = _with({"k": "x" * (KIB16 // 2 - 1)}, tag="y" * (KIB16 // 4), keys=["z" * (KIB16 // 4)])
+    assert convert.from_v2(at_size, 1024).properties["TAGS"] == "y" * (KIB16 // 4)
+    assert len(convert.from_v2(_with({f"p{i}": "v" for i in range(128)}), 1024).properties) == 128 + 1
+    assert convert.from_v2(_with(group="g" * 63), 1024).group == "g" * 63
+    assert "TAGS" not in convert.from_v2(_with(tag=""), 1024).properties  # an empty tag is no tag
+    small = convert.Limits(max_property_size=10, max_property_num=1, max_group_size=4)
+    with pytest.raises(convert.BadMessage, match="max is 10"):
+        convert.from_v2(_with(keys=["k" * 11]), 1024, small)
+    with pytest.raises(convert.BadMessage, match="max is 1"):
+        convert.from_v2(_with({"a": "1", "b": "2"}), 1024, small)
+    with pytest.raises(convert.BadMessage, match="max size 4"):
+        convert.from_v2(_with(group="gggg"), 1024, small)
+
+
 def test_a_stored_message_reads_back_as_5x_with_its_digest_and_handle() -> None:
     msg = MessageExt(topic="T", body=b"body", properties={"TAGS": "t", "KEYS": "a b", "UNIQ_KEY": "01X",
                                                          "__SHARDINGKEY": "g", "u": "v", "WAIT": "true"},
@@ -161,8 +222,10 @@ class Env:
         from chronomq.broker.controller import BrokerController
 
         self.routes = RouteInfoManager()
+        # invisible durations from 1 s (RocketMQ's proxy: 10 s) so that redeliveries come back quickly
         values = {"storePathRootDir": str(tmp_path / "store"), "listenPort": str(free_port()),
-                  "haListenPort": str(free_port()), "metricsPort": "-1", "grpcListenPort": "0", **overrides}
+                  "haListenPort": str(free_port()), "metricsPort": "-1", "grpcListenPort": "0",
+                  "minInvisibleTimeMillsForRecv": "1000", **overrides}
         self.config, _ = BrokerConfig.load(None, values)
         self.broker = BrokerController(self.config, SystemClock(), local_register=self.routes.register_broker)
         self.channel: grpc.aio.Channel | None = None
@@ -185,7 +248,10 @@ class Env:
         m.system_properties.body_encoding = pb.IDENTITY
         m.system_properties.message_type = pb.NORMAL
         for k, v in sp.items():
-            setattr(m.system_properties, k, v)
+            if k == "keys":
+                m.system_properties.keys.extend(v)
+            else:
+                setattr(m.system_properties, k, v)
         r = await self.call("SendMessage", pb.SendMessageRequest(messages=[m]), pb.SendMessageResponse)
         await self.dispatched()
         return r
@@ -196,16 +262,19 @@ class Env:
         assert await asyncio.to_thread(store.wait_dispatched, store.max_phy_offset, 5)
 
     async def receive(self, topic: str, group: str = "G", *, queue: int = -1, batch: int = 16,
-                      invisible_ms: int = 30_000, poll_ms: int = 0) -> tuple[pb.Status, list[pb.Message]]:
+                      invisible_ms: int = 30_000, poll_ms: int | None = 0, timeout: float | None = None,
+                      ) -> tuple[pb.Status, list[pb.Message]]:
+        """A receive; ``poll_ms`` None sends no long_polling_timeout (as the Java client does)."""
         assert self.channel is not None
         req = pb.ReceiveMessageRequest(group=pb.Resource(name=group), batch_size=batch,
                                        message_queue=pb.MessageQueue(topic=pb.Resource(name=topic), id=queue),
                                        filter_expression=pb.FilterExpression(type=pb.TAG, expression="*"),
-                                       invisible_duration=convert.duration(invisible_ms),
-                                       long_polling_timeout=convert.duration(poll_ms))
+                                       invisible_duration=convert.duration(invisible_ms))
+        if poll_ms is not None:
+            req.long_polling_timeout.CopyFrom(convert.duration(poll_ms))
         fn = self.channel.unary_stream(SERVICE + "ReceiveMessage", request_serializer=req.SerializeToString,
                                        response_deserializer=pb.ReceiveMessageResponse.FromString)
-        items = [r async for r in fn(req, timeout=poll_ms / 1000 + 10)]
+        items = [r async for r in fn(req, timeout=timeout or (poll_ms or 0) / 1000 + 10)]
         statuses = [r.status for r in items if r.WhichOneof("content") == "status"]
         assert len(statuses) == 1 and items[-1].WhichOneof("content") == "delivery_timestamp"
         return statuses[0], [r.message for r in items if r.WhichOneof("content") == "message"]
@@ -341,6 +410,91 @@ async def test_change_invisible_duration_gives_a_new_handle(env: Env) -> None:
     assert again.status.code == pb.INVALID_RECEIPT_HANDLE  # the old handle
     _, msgs = await env.receive("TC")  # visible at once (duration 0)
     assert [m.system_properties.delivery_attempt for m in msgs] == [2]
+
+
+async def test_a_send_is_checked_as_the_proxy_checks_it_with_the_configured_limits(tmp_path: Path) -> None:
+    env = await Env(tmp_path, maxUserPropertySize="64").start()
+    try:
+        r = await env.send("TV", b"m", "01V1", keys=["k\u0000"])
+        assert (r.entries[0].status.code, r.entries[0].status.message) == \
+            (pb.ILLEGAL_MESSAGE_KEY, "key cannot contain control character")
+        r = await env.send("TV", b"m", "01V2", tag="t" * 65)
+        assert (r.entries[0].status.code, r.entries[0].status.message) == \
+            (pb.MESSAGE_PROPERTIES_TOO_LARGE, "the total size of user property is too large, max is 64")
+        assert (await env.send("TV", b"m", "01V3", tag="t" * 64)).status.code == pb.OK
+    finally:
+        await env.close()
+
+
+async def test_a_receive_invisible_duration_is_within_the_proxys_bounds(tmp_path: Path) -> None:
+    env = await Env(tmp_path, minInvisibleTimeMillsForRecv="10000").start()  # RocketMQ's default
+    try:
+        await env.send("TI", b"m", "01I1")
+        st, _ = await env.receive("TI", invisible_ms=9_999)
+        assert (st.code, st.message) == \
+            (pb.ILLEGAL_INVISIBLE_TIME, "the invisibleTime is too small. min is 10000")
+        st, _ = await env.receive("TI", invisible_ms=43_200_001)
+        assert (st.code, st.message) == \
+            (pb.ILLEGAL_INVISIBLE_TIME, "the invisibleTime is too large. max is 43200000")
+        st, msgs = await env.receive("TI", invisible_ms=10_000)
+        assert st.code == pb.OK and len(msgs) == 1
+        req = pb.ChangeInvisibleDurationRequest(group=pb.Resource(name="G"), topic=pb.Resource(name="TI"),
+                                                receipt_handle=msgs[0].system_properties.receipt_handle,
+                                                invisible_duration=convert.duration(43_200_001))
+        r = await env.call("ChangeInvisibleDuration", req, pb.ChangeInvisibleDurationResponse)
+        assert (r.status.code, r.status.message) == \
+            (pb.ILLEGAL_INVISIBLE_TIME, "the invisibleTime is too large. max is 43200000")
+    finally:
+        await env.close()
+    with pytest.raises(ConfigError, match="minInvisibleTimeMillsForRecv"):
+        BrokerConfig.load(None, {"minInvisibleTimeMillsForRecv": "-1"})
+
+
+async def test_an_expired_receipt_handle_is_refused_though_the_message_was_not_redelivered(env: Env) -> None:
+    await env.send("TE", b"late", "01X1")
+    asked = env.broker.clock.now_ms()
+    _, msgs = await env.receive("TE", invisible_ms=1000)
+    m = msgs[0]
+    await async_wait_for(lambda: env.broker.clock.now_ms() > asked + 1000, message="the invisible time ends")
+    r = await env.ack("TE", m)
+    assert (r.entries[0].status.code, r.entries[0].status.message) == \
+        (pb.INVALID_RECEIPT_HANDLE, "receipt handle is expired")
+    req = pb.ChangeInvisibleDurationRequest(group=pb.Resource(name="G"), topic=pb.Resource(name="TE"),
+                                            receipt_handle=m.system_properties.receipt_handle,
+                                            invisible_duration=convert.duration(30_000))
+    c = await env.call("ChangeInvisibleDuration", req, pb.ChangeInvisibleDurationResponse)
+    assert (c.status.code, c.status.message) == (pb.INVALID_RECEIPT_HANDLE, "receipt handle is expired")
+    _, again = await env.receive("TE")  # it comes back, and that delivery's handle acks it
+    assert [x.system_properties.delivery_attempt for x in again] == [2]
+    assert (await env.ack("TE", again[0])).status.code == pb.OK
+
+
+async def test_a_receive_without_long_polling_timeout_is_held_until_near_its_deadline(env: Env) -> None:
+    await env.send("TW", b"warm", "01W0")
+    _, msgs = await env.receive("TW")
+    await env.ack("TW", msgs[0])
+    waiting = asyncio.ensure_future(env.receive("TW", poll_ms=None, timeout=15))
+    await async_wait_for(lambda: env.broker.hold.held > 0, message="the receive is held")
+    await env.send("TW", b"later", "01W1")
+    _, msgs = await asyncio.wait_for(waiting, 10)
+    assert [m.body for m in msgs] == [b"later"]
+
+
+async def test_the_default_long_poll_is_the_deadline_less_half_the_request_timeout(env: Env) -> None:
+    svc = env.broker.grpc.svc
+
+    class Ctx:
+        def invocation_metadata(self) -> list[tuple[str, str]]:
+            return [("x-mq-client-id", "C1")]
+
+    poll = svc._default_poll_ms
+    assert poll(Ctx(), 20_000) == 20_000 - 1_500  # the Java client's default request timeout: 3 s
+    svc._request_timeouts["C1"] = 10_000  # from the client's settings
+    assert poll(Ctx(), 20_000) == 15_000  # awaitDuration 10 s + requestTimeout 10 s: held 15 s
+    assert poll(Ctx(), 60_000) == 20_000  # grpcClientConsumerMaxLongPollingTimeoutMillis
+    assert poll(Ctx(), 8_000) == 5_000  # grpcClientConsumerMinLongPollingTimeoutMillis
+    assert poll(Ctx(), 3_000) == 3_000  # never past the deadline
+    assert poll(Ctx(), None) == 20_000  # no deadline
 
 
 async def test_fifo_messages_of_one_group_share_one_queue(env: Env) -> None:

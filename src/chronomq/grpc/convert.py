@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import gzip
 import hashlib
+import re
 import zlib
 from dataclasses import dataclass
 
@@ -30,8 +31,8 @@ from chronomq.message import (
 from ._proto import rocketmq_v2_pb2 as pb
 
 PROPERTY_SHARDING_KEY = "__SHARDINGKEY"  # RocketMQ 5's message group, as a 4.x property
-# properties a 5.x client may not set as user properties: each has a field of its own or is the broker's
-RESERVED_PROPERTIES = frozenset(
+# properties that have a field of their own in a 5.x message or are the broker's
+_FIELD_PROPERTIES = frozenset(
     {
         PROPERTY_KEYS,
         PROPERTY_TAGS,
@@ -56,8 +57,20 @@ RESERVED_PROPERTIES = frozenset(
         "TRAN_PREPARED_QUEUE_OFFSET",
     }
 )
+# properties a 5.x client may not set as user properties: those, and the rest of RocketMQ's
+# MessageConst.STRING_HASH_SET, which its proxy refuses too
+RESERVED_PROPERTIES = _FIELD_PROPERTIES | frozenset((
+    "TRACE_ON", "MSG_REGION", "BUYER_ID", "TRANSFER_FLAG", "CORRECTION_FLAG", "MQ2_FLAG",
+    "CONSUME_START_TIME", "POP_CK", "POP_CK_OFFSET", "1ST_POP_TIME", "DUP_INFO", "EXTEND_UNIQ_INFO",
+    "INSTANCE_ID", "CORRELATION_ID", "REPLY_TO_CLIENT", "TTL", "ARRIVE_TIME", "PUSH_REPLY_TIME", "CLUSTER",
+    "MSG_TYPE", "INNER_MULTI_QUEUE_OFFSET", "TIMER_ENQUEUE_MS", "TIMER_DEQUEUE_MS", "TIMER_ROLL_TIMES",
+    "TIMER_OUT_MS", "TIMER_DEL_UNIQKEY", "TIMER_DELAY_LEVEL", "__BORNHOST", "BORN_TIMESTAMP",
+    "DLQ_ORIGIN_TOPIC", "DLQ_ORIGIN_MESSAGE_ID", "__CRC32#",
+))
 # what a stored message's properties carry besides the user's (never handed back as user properties)
-_SYSTEM_PROPERTIES = RESERVED_PROPERTIES | {"CLUSTER", "MSG_REGION", "TRACE_ON", "__CHRONOMQ_DELAY_SRC"}
+_SYSTEM_PROPERTIES = _FIELD_PROPERTIES | {"CLUSTER", "MSG_REGION", "TRACE_ON", "__CHRONOMQ_DELAY_SRC"}
+# Java's Character.isISOControl (Guava's CharMatcher.javaIsoControl), what the proxy refuses in names
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
 MILLIS_CUTOFF = 10**11  # a delivery "seconds" value above this is in ms (a known 5.x Python client usage)
 
 
@@ -115,7 +128,90 @@ class Outgoing:
     transactional: bool
 
 
-def from_v2(m: pb.Message, max_body: int) -> Outgoing:
+@dataclass(frozen=True)
+class Limits:
+    """What a sent message may carry besides its body (RocketMQ proxy's keys and defaults)."""
+
+    max_property_size: int = 16 * 1024  # maxUserPropertySize: UTF-8 bytes of properties, tag and keys
+    max_property_num: int = 128  # userPropertyMaxNum
+    max_group_size: int = 64  # maxMessageGroupSize: a message group's UTF-8 bytes must stay below it
+
+
+def has_control(text: str) -> bool:
+    return _CONTROL.search(text) is not None
+
+
+def check_tag(tag: str) -> None:
+    """An empty tag is no tag; else not blank, no ``|``, no control character (the proxy's checks)."""
+    if not tag:
+        return
+    if not tag.strip():
+        raise BadMessage(pb.ILLEGAL_MESSAGE_TAG, "tag cannot be the char sequence of whitespace")
+    if "|" in tag:
+        raise BadMessage(pb.ILLEGAL_MESSAGE_TAG, "tag cannot contain '|'")
+    if has_control(tag):
+        raise BadMessage(pb.ILLEGAL_MESSAGE_TAG, "tag cannot contain control character")
+
+
+def check_key(key: str) -> None:
+    """Not blank, no control character (the proxy's checks); no space either: keys are stored joined by
+    spaces (4.x KEYS), so a key holding one would read back as two."""
+    if not key.strip():
+        raise BadMessage(pb.ILLEGAL_MESSAGE_KEY, "key cannot be the char sequence of whitespace")
+    if has_control(key):
+        raise BadMessage(pb.ILLEGAL_MESSAGE_KEY, "key cannot contain control character")
+    if " " in key:
+        raise BadMessage(pb.ILLEGAL_MESSAGE_KEY, "a message key may not contain a space")
+
+
+def check_group(group: str, max_size: int) -> None:
+    if not group.strip():
+        raise BadMessage(pb.ILLEGAL_MESSAGE_GROUP, "message group cannot be the char sequence of whitespace")
+    if len(group.encode()) >= max_size:
+        raise BadMessage(pb.ILLEGAL_MESSAGE_GROUP, f"message group exceed the max size {max_size}")
+    if has_control(group):
+        raise BadMessage(pb.ILLEGAL_MESSAGE_GROUP, "message group cannot contain control character")
+
+
+def user_properties(m: pb.Message, limits: Limits) -> dict[str, str]:
+    """The message's user properties, tag and keys as 4.x properties, checked in the proxy's order: the
+    number of user properties, each name (not a system one) and value (no control character), the tag,
+    each key, then the UTF-8 bytes of all of them together."""
+    user = m.user_properties
+    if len(user) > limits.max_property_num:
+        raise BadMessage(pb.MESSAGE_PROPERTIES_TOO_LARGE,
+                         f"too many user properties, max is {limits.max_property_num}")
+    size = 0
+    props: dict[str, str] = {}
+    for k, v in user.items():
+        if k in RESERVED_PROPERTIES:
+            raise BadMessage(pb.ILLEGAL_MESSAGE_PROPERTY_KEY, f"property is used by system: {k}")
+        if has_control(k):
+            raise BadMessage(pb.ILLEGAL_MESSAGE_PROPERTY_KEY,
+                             "the key of property cannot contain control character")
+        if has_control(v):
+            raise BadMessage(pb.ILLEGAL_MESSAGE_PROPERTY_KEY,
+                             "the value of property cannot contain control character")
+        size += len(k.encode()) + len(v.encode())
+        props[k] = v
+    tag = m.system_properties.tag
+    check_tag(tag)
+    if tag:
+        props[PROPERTY_TAGS] = tag
+        size += len(tag.encode())
+    keys = [k for k in m.system_properties.keys if k]
+    for k in keys:
+        check_key(k)
+        size += len(k.encode())
+    if keys:
+        props[PROPERTY_KEYS] = " ".join(keys)
+    if size > limits.max_property_size:
+        raise BadMessage(pb.MESSAGE_PROPERTIES_TOO_LARGE,
+                         f"the total size of user property is too large, max is {limits.max_property_size}")
+    return props
+
+
+def from_v2(m: pb.Message, max_body: int, limits: Limits = Limits()) -> Outgoing:
     """The 4.x form of a sent 5.x message, or BadMessage."""
     sp = m.system_properties
     topic = m.topic.name
@@ -126,30 +222,17 @@ def from_v2(m: pb.Message, max_body: int) -> Outgoing:
         except (OSError, EOFError, zlib.error) as e:
             raise BadMessage(pb.MESSAGE_CORRUPTED, f"the body is not gzip: {e}") from None
     if not body:
-        raise BadMessage(pb.MESSAGE_BODY_EMPTY, "the message body is empty")
+        raise BadMessage(pb.MESSAGE_BODY_EMPTY, "message body cannot be empty")
     if len(body) > max_body:
-        raise BadMessage(pb.MESSAGE_BODY_TOO_LARGE, f"the message body is {len(body)} bytes, over {max_body}")
-    props: dict[str, str] = {}
-    for k, v in m.user_properties.items():
-        if k in RESERVED_PROPERTIES:
-            raise BadMessage(pb.ILLEGAL_MESSAGE_PROPERTY_KEY, f"the property {k} is reserved")
-        if "\x01" in k or "\x02" in k or "\x01" in v or "\x02" in v:
-            raise BadMessage(pb.ILLEGAL_MESSAGE_PROPERTY_KEY, f"the property {k!r} has a control character")
-        props[k] = v
-    if sp.HasField("tag"):
-        if not sp.tag.strip() or "|" in sp.tag:
-            raise BadMessage(pb.ILLEGAL_MESSAGE_TAG, f"illegal tag {sp.tag!r}")
-        props[PROPERTY_TAGS] = sp.tag
-    keys = [k for k in sp.keys if k]
-    if keys:
-        if any(" " in k for k in keys):
-            raise BadMessage(pb.ILLEGAL_MESSAGE_KEY, "a message key may not contain a space")
-        props[PROPERTY_KEYS] = " ".join(keys)
-    if not sp.message_id:
-        raise BadMessage(pb.ILLEGAL_MESSAGE_ID, "the message has no message_id")
+        raise BadMessage(pb.MESSAGE_BODY_TOO_LARGE, f"message body cannot exceed the max {max_body}")
+    props = user_properties(m, limits)
+    if not sp.message_id.strip():
+        raise BadMessage(pb.ILLEGAL_MESSAGE_ID, "message id cannot be empty")
     props[PROPERTY_UNIQ_KEY] = sp.message_id
     mtype = sp.message_type
     group = sp.message_group if sp.HasField("message_group") and sp.message_group else None
+    if group is not None:
+        check_group(group, limits.max_group_size)
     deliver = delivery_ms(sp.delivery_timestamp) if sp.HasField("delivery_timestamp") else None
     tx = mtype == pb.TRANSACTION
     if tx and (group is not None or deliver is not None):

@@ -40,8 +40,8 @@ log = logging.getLogger("chronomq.grpc")
 ALL_TYPES = (pb.NORMAL, pb.FIFO, pb.DELAY, pb.TRANSACTION)  # chronomq's topics take every kind
 MAX_BATCH = 32
 MAX_POLL_MS = 60_000
-MIN_INVISIBLE_MS = 1_000
-MAX_INVISIBLE_MS = 12 * 3600_000
+POLL_RESERVE_MS = 500  # a long poll ends this long before the call's deadline: room for the answer
+DEFAULT_REQUEST_TIMEOUT_MS = 3_000  # a client's request timeout when its settings did not say (Java's)
 AUTO_RENEW_INVISIBLE_MS = 60_000  # a push consumer's receive (auto_renew): Java's default
 DLQ_RETRY_MS = 60_000  # a dead-lettering that failed is tried again after this long
 MAX_CLIENTS = 100_000
@@ -122,6 +122,7 @@ class MessagingService:
         self._fifo_events: dict[tuple[str, str], asyncio.Event] = {}  # FIFO receives waiting for an ack
         self._filters: dict[str, TagFilter] = {}
         self._sql_filters: dict[str, SqlFilter] = {}
+        self._request_timeouts: dict[str, int] = {}  # a client's request timeout (ms), from its settings
         self._rr = itertools.count()
         self.sent = 0
         self.received = 0
@@ -264,6 +265,10 @@ class MessagingService:
                 s = cmd.settings
                 group = s.subscription.group.name if s.HasField("subscription") else ""
                 self._touch(ctx, s.client_type, group)
+                if s.HasField("request_timeout") and channel.client_id:
+                    if len(self._request_timeouts) >= MAX_CLIENTS:
+                        self._request_timeouts.clear()
+                    self._request_timeouts[channel.client_id] = convert.duration_ms(s.request_timeout)
                 if s.HasField("publishing"):
                     self._channels[channel.client_id] = channel
                     topics = [t.name for t in s.publishing.topics]
@@ -321,7 +326,7 @@ class MessagingService:
             if self.config.is_slave:
                 raise Refused(pb.FORBIDDEN, "this broker is a slave: it takes messages only from its master")
             tc = self._topic(m.topic.name, create=True)
-            out = convert.from_v2(m, self.config.maxMessageSize)
+            out = convert.from_v2(m, self.config.maxMessageSize, self._limits())
             if (
                 out.deliver_ms is not None
                 and out.deliver_ms > self.clock.now_ms() + self.config.timerMaxDelaySec * 1000
@@ -353,6 +358,10 @@ class MessagingService:
             transactional=out.transactional,
         )
         return self._send_entry(out, a)
+
+    def _limits(self) -> convert.Limits:
+        c = self.config
+        return convert.Limits(c.maxUserPropertySize, c.userPropertyMaxNum, c.maxMessageGroupSize)
 
     def _send_entry(self, out: convert.Outgoing, a: Answer) -> pb.SendResultEntry:
         if a.kind != "ok":
@@ -457,17 +466,12 @@ class MessagingService:
             raise Refused(pb.FORBIDDEN, f"topic {tc.topicName} is not readable")
         tag_filter = self._filter(req.filter_expression)
         batch = req.batch_size if 0 < req.batch_size <= MAX_BATCH else MAX_BATCH
-        if req.HasField("invisible_duration"):
-            invisible = convert.duration_ms(req.invisible_duration)
-            if not MIN_INVISIBLE_MS <= invisible <= MAX_INVISIBLE_MS:
-                raise Refused(
-                    pb.ILLEGAL_INVISIBLE_TIME,
-                    f"invisible_duration must be {MIN_INVISIBLE_MS} ms .. {MAX_INVISIBLE_MS} ms",
-                )
-        elif req.auto_renew:
+        if req.auto_renew and not req.HasField("invisible_duration"):
             invisible = AUTO_RENEW_INVISIBLE_MS
-        else:
-            raise Refused(pb.ILLEGAL_INVISIBLE_TIME, "invisible_duration is required without auto_renew")
+        else:  # none given is 0: too small; RocketMQ's proxy puts its own in an auto_renew receive's
+            invisible = convert.duration_ms(req.invisible_duration)
+            least = 1 if req.auto_renew else self.config.minInvisibleTimeMillsForRecv
+            self._check_invisible(invisible, least)
         qid = req.message_queue.id
         nread = tc.readQueueNums
         if qid >= nread:
@@ -478,15 +482,39 @@ class MessagingService:
         # belongs to, and clients rely on that (the Node.js client only ever names queue 0)
         start = next(self._rr) % max(1, nread)
         queues = [(start + i) % nread for i in range(nread)]
-        poll_ms = convert.duration_ms(req.long_polling_timeout) if req.HasField("long_polling_timeout") else 0
         remaining = ctx.time_remaining()
-        if remaining is not None:  # answer before the client's deadline, with room for the answer
-            poll_ms = min(poll_ms, int(remaining * 1000) - 500)
+        remaining_ms = None if remaining is None else int(remaining * 1000)
+        if req.HasField("long_polling_timeout"):
+            poll_ms = convert.duration_ms(req.long_polling_timeout)
+        else:
+            poll_ms = self._default_poll_ms(ctx, remaining_ms)
+        if remaining_ms is not None:  # answer before the client's deadline, with room for the answer
+            poll_ms = min(poll_ms, remaining_ms - POLL_RESERVE_MS)
         deadline = self.clock.now_ms() + max(0, min(poll_ms, MAX_POLL_MS))
         fifo = group in self.config.fifo_groups
         msgs = await self._pop(group, tc.topicName, queues, batch, invisible, tag_filter, deadline, fifo)
         self.received += len(msgs)
         return msgs
+
+    def _check_invisible(self, ms: int, least: int) -> None:
+        """The proxy's check (GrpcValidator.validateInvisibleTime) and texts."""
+        if ms < least:
+            raise Refused(pb.ILLEGAL_INVISIBLE_TIME, f"the invisibleTime is too small. min is {least}")
+        most = self.config.maxInvisibleTimeMills
+        if ms > most:
+            raise Refused(pb.ILLEGAL_INVISIBLE_TIME, f"the invisibleTime is too large. max is {most}")
+
+    def _default_poll_ms(self, ctx: grpc.aio.ServicerContext, remaining_ms: int | None) -> int:
+        """How long a receive without long_polling_timeout is held, as RocketMQ's proxy reckons it: the
+        call's time remaining less half the client's request timeout (from its settings), within
+        grpcClientConsumerMin/MaxLongPollingTimeoutMillis, and never past the deadline."""
+        least = self.config.grpcClientConsumerMinLongPollingTimeoutMillis
+        most = self.config.grpcClientConsumerMaxLongPollingTimeoutMillis
+        if remaining_ms is None:
+            return most
+        cid = _metadata(ctx).get("x-mq-client-id", "")
+        timeout = self._request_timeouts.get(cid, DEFAULT_REQUEST_TIMEOUT_MS)
+        return min(max(remaining_ms - timeout // 2, least), most, remaining_ms)
 
     def _start_offset(self, group: str, topic: str, queue_id: int) -> int:
         """Where a group's first receive from a queue starts: its committed offset (a 4.x consumer of
@@ -672,6 +700,13 @@ class MessagingService:
             raise Refused(pb.INVALID_RECEIPT_HANDLE, f"unknown receipt handle {handle!r}")
         return r, st
 
+    def _check_not_expired(self, st: QueueState, r: Receipt) -> None:
+        """A handle whose invisible time has passed is refused, as RocketMQ's proxy refuses it (its handle
+        carries the time), even while the message has not been handed out again."""
+        e = st.inflight.get(r.offset)
+        if e is not None and e.gen == r.gen and e.until_ms <= self.clock.now_ms():
+            raise Refused(pb.INVALID_RECEIPT_HANDLE, "receipt handle is expired")
+
     def _settle(self, group: str, topic: str, queue_id: int, st: QueueState) -> None:
         old = st.committed
         if st.settle() != old:
@@ -686,6 +721,7 @@ class MessagingService:
         for ent in req.entries:
             try:
                 r, st = self._receipt(group, topic, ent.receipt_handle)
+                self._check_not_expired(st, r)
                 outcome = self.pop.ack(st, r.offset, r.gen)
                 if outcome != "ok":
                     raise Refused(
@@ -718,9 +754,9 @@ class MessagingService:
     ) -> pb.ChangeInvisibleDurationResponse:
         group = self._group(req.group)
         ms = convert.duration_ms(req.invisible_duration)
-        if not 0 <= ms <= MAX_INVISIBLE_MS:
-            raise Refused(pb.ILLEGAL_INVISIBLE_TIME, f"invisible_duration must be 0 .. {MAX_INVISIBLE_MS} ms")
+        self._check_invisible(ms, 0)
         r, st = self._receipt(group, req.topic.name, req.receipt_handle)
+        self._check_not_expired(st, r)
         e = self.pop.change(st, r.offset, r.gen, self.clock.now_ms() + ms)
         if e is None:
             raise Refused(
