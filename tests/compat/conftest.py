@@ -84,7 +84,7 @@ def _reference(tmp_path_factory: pytest.TempPathFactory, release: Release) -> It
     except RuntimeError as e:
         pytest.fail(f"the reference {release.name} did not start: {e}")
     yield proc
-    proc.stop()
+    proc.discard()  # its store goes with the run's tmp dir
 
 
 @pytest.fixture(scope="session")

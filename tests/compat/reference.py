@@ -326,6 +326,17 @@ class RocketMQProcess:
                     child.proc.wait(10)
         self.children.clear()
 
+    def discard(self) -> None:
+        """Kill every process at once: for a run whose store is thrown away, where an orderly shutdown (the
+        broker's takes seconds) would only cost time."""
+        for child in self.children:
+            if child.proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(child.proc.pid, signal.SIGKILL)
+        for child in self.children:
+            child.proc.wait(10)
+        self.children.clear()
+
     def log_tail(self, limit: int = 4000) -> str:
         parts = []
         for path in [*(self.workdir.glob("*.out")), self.log_dir() / "broker.log"]:

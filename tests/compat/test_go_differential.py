@@ -13,7 +13,7 @@ import pytest
 from tests.compat.conftest import DIFFERENTIAL_CONF, FAST_DELAY_LEVELS
 from tests.compat.golang import go_driver
 from tests.compat.harness import ChronomqProcess
-from tests.compat.observe import assert_same
+from tests.compat.observe import assert_same, each
 from tests.compat.reference import RocketMQProcess
 from tests.compat.test_go_client import scenario_delay, scenario_push_consume, scenario_retry, scenario_send
 
@@ -38,11 +38,11 @@ def test_the_go_client_observes_the_same_on_both_brokers(
         brokers.append(("rocketmq4", request.getfixturevalue("rocketmq4").namesrv_addr))
     except pytest.skip.Exception as e:
         print(f"rocketmq4 reference not run: {e}")
-    observed = {}
-    for broker, addr in brokers:
+
+    def scenario(broker: str, addr: str) -> dict[str, Any]:
         (tmp_path / broker).mkdir()
         obs = SCENARIOS[name](addr, tmp_path / broker)
-        specific = obs.pop("broker_specific", None)
-        print(f"{broker}: {obs}\n  broker specific: {specific}")
-        observed[broker] = obs
-    assert_same(observed, name)
+        print(f"{broker} broker specific: {obs.pop('broker_specific', None)}")
+        return obs
+
+    assert_same(each(dict(brokers), scenario), name)

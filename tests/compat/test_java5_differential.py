@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 
+from tests.compat import observe
 from tests.compat.conftest import DIFFERENTIAL_CONF
 from tests.compat.harness import (
     ChronomqProcess,
@@ -92,7 +93,7 @@ def rocketmq5_proxy(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rocket
     if proc is None or not proc.children:
         pytest.fail(f"the reference {ROCKETMQ5.name} with its proxy did not start: {errors[-1]}")
     yield proc
-    proc.stop()
+    proc.discard()
 
 
 @pytest.fixture
@@ -152,8 +153,7 @@ def key(rec: dict[str, Any]) -> str:
 
 def each(brokers: dict[str, Endpoint], scenario: Callable[[Endpoint], dict[str, Any]]
          ) -> dict[str, dict[str, Any]]:
-    return {name: scenario(ep) for name, ep in brokers.items()}
-
+    return observe.each(brokers, lambda _name, ep: scenario(ep))
 
 
 def visible_props(rec: dict[str, Any]) -> str:
@@ -273,15 +273,16 @@ def test_transactions_commit_rollback_and_check_back(brokers: dict[str, Endpoint
                 {"topic": topic, "body": b64("rollback"), "keys": ["R"], "tx": "rollback"},
                 {"topic": topic, "body": b64("checked-commit"), "keys": ["KC"], "tx": "none"},
                 {"topic": topic, "body": b64("checked-rollback"), "keys": ["KR"], "tx": "none"}]
-        sent = produce(ep, msgs, topics=[topic], check={"KC": "COMMIT", "KR": "ROLLBACK"}, awaitChecks=["KC", "KR"],
-                       maxSeconds=60)
+        sent = produce(ep, msgs, topics=[topic], check={"KC": "COMMIT", "KR": "ROLLBACK"},
+                       awaitChecks=["KC", "KR"], maxSeconds=60)
         got = simple_consume(ep, topic, 2, lingerMs=3000)
         print(f"{ep.name}: checks {[(c['key'], c['answer']) for c in sent['checks']]}")
         tx_ids[ep.name] = {key(r): r["props"].pop("__transactionId__", None) == r["messageId"]
                            for r in got["records"]}
         return {"sent": sent_ok(sent),
                 # the undecided ones; RocketMQ may also check the one rolled back (op messages in batches)
-                "checks": sorted({(c["key"], c["answer"]) for c in sent["checks"] if c["key"] in ("KC", "KR")}),
+                "checks": sorted({(c["key"], c["answer"]) for c in sent["checks"]
+                                  if c["key"] in ("KC", "KR")}),
                 "received": sorted((key(r), text(r), r["deliveryAttempt"], visible_props(r))
                                    for r in got["records"])}
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 import itertools
 import json
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -20,7 +19,7 @@ import pytest
 
 from tests.compat.conftest import FAST_DELAY_LEVELS
 from tests.compat.harness import run_driver, start_driver
-from tests.compat.observe import assert_same, b64, text, uniq
+from tests.compat.observe import assert_same, b64, each, text, uniq
 from tests.compat.reference import RocketMQProcess
 
 pytestmark = pytest.mark.compat
@@ -80,16 +79,6 @@ def consume(client: str, broker: Broker, tmp_path: Path, topic: str, expect: int
     result = run_driver(f"{client}:push_consume", args, timeout=float(args["maxSeconds"]) + 60)
     records = [json.loads(line) for line in out.read_text().splitlines()] if out.exists() else []
     return result, records
-
-
-def each(brokers: dict[str, Broker], scenario: Callable[[str, Broker], dict[str, Any]]
-         ) -> dict[str, dict[str, Any]]:
-    observed = {}
-    for name, b in brokers.items():
-        observed[name] = scenario(name, b)
-        print(f"{name} observed: {observed[name]}")  # shown when the test fails
-    return observed
-
 
 
 def visible_props(rec: dict[str, Any]) -> dict[str, str]:

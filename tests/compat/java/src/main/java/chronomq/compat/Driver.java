@@ -475,6 +475,10 @@ public final class Driver {
     }
 
     // ---- push consume -----------------------------------------------------------------------------------
+    /**
+     * Stops at expect accepted messages, expectDeliveries deliveries, quietMs without a delivery once one
+     * came, or after maxSeconds, whichever is first.
+     */
     static JsonObject pushConsume(JsonObject args) throws Exception {
         DefaultMQPushConsumer c = new DefaultMQPushConsumer(args.get("group").getAsString(), null,
             new AllocateMessageQueueAveragely(), flag(args, "trace"), null);
@@ -504,6 +508,7 @@ public final class Driver {
         Map<String, AtomicInteger> seen = new ConcurrentHashMap<>();
         AtomicInteger consumed = new AtomicInteger();
         AtomicInteger deliveries = new AtomicInteger();
+        java.util.concurrent.atomic.AtomicLong lastDelivery = new java.util.concurrent.atomic.AtomicLong();
         CountDownLatch enough = new CountDownLatch(1);
         Writer out = new FileWriter(args.get("out").getAsString(), StandardCharsets.UTF_8, true);
         Object lock = new Object();
@@ -522,6 +527,7 @@ public final class Driver {
                     throw new RuntimeException(e);
                 }
             }
+            lastDelivery.set(now);
             if (deliveries.incrementAndGet() >= expectDeliveries) {
                 enough.countDown();
             }
@@ -559,6 +565,15 @@ public final class Driver {
             return res;
         }
         Runtime.getRuntime().addShutdownHook(new Thread(enough::countDown));
+        long quietMs = num(args, "quietMs", 0);
+        if (quietMs > 0) {  // stop once deliveries began and none came for quietMs
+            long deadline = System.currentTimeMillis() + num(args, "maxSeconds", 60) * 1000;
+            while (enough.getCount() > 0 && System.currentTimeMillis() < deadline
+                   && !(deliveries.get() > 0 && System.currentTimeMillis() - lastDelivery.get() >= quietMs)) {
+                Thread.sleep(50);
+            }
+            enough.countDown();
+        }
         enough.await(num(args, "maxSeconds", 60), TimeUnit.SECONDS);
         c.shutdown();  // waits for the listener calls in flight and their send-backs (below)
         out.close();
