@@ -1,7 +1,7 @@
 """The broker's request dispatcher (protocol.md section 2): ``BrokerProcessor`` maps each request code to
 its handler; the handlers live in ``broker/processors/``, one module per kind of request, as mixins of
-this class (send.py, reply.py, pull.py, client_manage.py, consumer_manage.py, admin.py, query.py,
-transaction.py), and the timer codes 9001-9004 in ``broker/timer_processor.py``.
+this class (send.py, reply.py, pull.py, client_manage.py, consumer_manage.py, admin.py, groups.py,
+broker_config.py, query.py, transaction.py), and the timer codes 9001-9004 in ``broker/timer_processor.py``.
 
 Most requests are answered inline (``handle_sync``: no task, no await). Two need to wait:
 - a PULL with the suspend flag and nothing to return: ``handle_sync`` returns None and the async
@@ -12,6 +12,7 @@ Most requests are answered inline (``handle_sync``: no task, no await). Two need
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from chronomq.acl import AclValidator, refusal
@@ -21,13 +22,16 @@ from chronomq.remoting.server import Connection, UnsupportedCode
 
 from .processors.admin import AdminProcessor
 from .processors.base import Handler
+from .processors.broker_config import BrokerConfigProcessor
 from .processors.client_manage import ClientManageProcessor
 from .processors.consumer_manage import ConsumerManageProcessor
+from .processors.groups import GroupProcessor
 from .processors.pull import PullProcessor
 from .processors.query import QueryMessageProcessor
 from .processors.reply import ReplyProcessor
 from .processors.send import SendProcessor
 from .processors.transaction import TransactionProcessor
+from .subgroups import SubscriptionGroupManager
 
 if TYPE_CHECKING:
     from .services import BrokerServices
@@ -42,6 +46,8 @@ class BrokerProcessor(
     ConsumerManageProcessor,
     QueryMessageProcessor,
     AdminProcessor,
+    GroupProcessor,
+    BrokerConfigProcessor,
     TransactionProcessor,
 ):
     """The 4.x request codes, answered from the broker's services; the timer codes and the parking of
@@ -56,6 +62,10 @@ class BrokerProcessor(
         self.delay = services.delay
         self.timers = timers
         self.acl: AclValidator | None = None  # set when aclEnable (the controller loads the accounts)
+        if services.subgroups is None:
+            services.subgroups = SubscriptionGroupManager(
+                Path(self.config.storePathRootDir) / "config", self.clock.now_ms,
+                lambda: self.config.autoCreateSubscriptionGroup)
         self._sync: dict[int, Handler] = {}
         self._sync.update(self._init_send())
         self._sync.update(self._init_reply())  # after the send's: it reads its stamps
@@ -64,6 +74,8 @@ class BrokerProcessor(
         self._sync.update(self._init_consumer_manage())
         self._sync.update(self._init_query())
         self._sync.update(self._init_admin())
+        self._sync.update(self._init_groups())
+        self._sync.update(self._init_broker_config())
         self._sync.update(self._init_transaction())
         self._sync.update(timers.handlers())  # 9001-9004: broker/timer_processor.py
 

@@ -29,6 +29,7 @@ from .clients import ConsumerManager, ProducerManager, QueueLockManager
 from .dedup import SendDedup
 from .longpoll import PullHoldService
 from .offsets import ConsumerOffsetManager
+from .subgroups import SubscriptionGroupConfig, SubscriptionGroupManager
 from .topics import TopicConfigManager
 from .transaction import TransactionService
 
@@ -105,3 +106,9 @@ class BrokerServices:
     transactions: TransactionService | None = None  # half messages, END_TRANSACTION and the check
     loop: asyncio.AbstractEventLoop | None = None
     stopping: bool = False
+    subgroups: SubscriptionGroupManager | None = None  # BrokerProcessor's (config/subscriptionGroup.json)
+
+    def subscription_group(self, name: str) -> SubscriptionGroupConfig | None:
+        """The subscription group's config (``consumeMessageOrderly``, ``retryMaxTimes``, ...), or None
+        when this broker has no such group."""
+        return self.subgroups.get(name) if self.subgroups is not None else None

@@ -44,6 +44,7 @@ class RequestCode(IntEnum):
     GET_ALL_SUBSCRIPTIONGROUP_CONFIG = 201
     GET_TOPIC_STATS_INFO = 202
     GET_TOPIC_CONFIG = 351  # 5.x admin tools: one topic's config (what examineTopicStats checks first)
+    GET_SUBSCRIPTIONGROUP_CONFIG = 352  # 5.x admin tools: one subscription group's config
     GET_CONSUMER_CONNECTION_LIST = 203
     GET_PRODUCER_CONNECTION_LIST = 204
     WIPE_WRITE_PERM_OF_BROKER = 205
@@ -60,6 +61,7 @@ class RequestCode(IntEnum):
     GET_CONSUMER_RUNNING_INFO = 307
     CONSUME_MESSAGE_DIRECTLY = 309
     SEND_MESSAGE_V2 = 310
+    VIEW_BROKER_STATS_DATA = 315
     SEND_BATCH_MESSAGE = 320
     SEND_REPLY_MESSAGE = 324
     SEND_REPLY_MESSAGE_V2 = 325

@@ -1,8 +1,9 @@
 """HEART_BEAT (34), UNREGISTER_CLIENT (35) and CHECK_CLIENT_CONFIG (46): producers and consumers coming
 and going, and whether this broker can serve a consumer's subscription (RocketMQ's ClientManageProcessor).
 
-Rules: a heartbeat registers each consumer group (creating its retry topic when clustering) and each
-producer group; a change in a group's consumers is told through ``services.notify_consumer_ids_changed``.
+Rules: a heartbeat registers each consumer group (creating its subscription group when
+autoCreateSubscriptionGroup is on, and its retry topic when clustering) and each producer group; a
+change in a group's consumers is told through ``services.notify_consumer_ids_changed``.
 CHECK_CLIENT_CONFIG answers as RocketMQ's broker: SUCCESS for a TAG subscription (or none); for any
 other expression type, SYSTEM_ERROR with enablePropertyFilter=false, else SUCCESS for a SQL92 expression
 that compiles and SUBSCRIPTION_PARSE_FAILED (the compiler's words: where, and what was expected) for
@@ -47,8 +48,10 @@ class ClientManageProcessor(ProcessorBase):
             if not isinstance(cd, dict) or not cd.get("groupName"):
                 continue
             group = str(cd["groupName"])
+            sub_group = self.services.subgroups.find(group) if self.services.subgroups is not None else None
             if message_model_is_clustering(cd.get("messageModel", 1)):
-                self.topics.create_system(RETRY_GROUP_TOPIC_PREFIX + group, 1)
+                retry_queues = sub_group.retryQueueNums if sub_group is not None else 1
+                self.topics.create_system(RETRY_GROUP_TOPIC_PREFIX + group, max(1, retry_queues))
             info = ClientInfo(client_id, conn, now, req.language, req.version)
             if self.services.consumers.register(group, info, cd):
                 log.info("consumer %s joined group %s", client_id, group)
