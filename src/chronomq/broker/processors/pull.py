@@ -4,7 +4,9 @@ Rules: ``pull_message`` answers inline unless the queue had nothing, the request
 flag and ``longPollingEnable`` is on; then it returns None and the dispatcher's async ``handle`` runs
 ``pull_message_held``, which waits on ``services.hold`` (PullHoldService) until an arrival or the
 deadline. Tags are filtered in the store through ``TagFilter``; with enablePropertyFilter, a SQL92
-subscription filters each record read by its properties (``_filters_for``, chronomq.filter).
+subscription filters each record read by its properties (``_filters_for``, chronomq.filter). An answer
+holds at most maxTransferCountOnMessageInMemory messages and, past its first,
+maxTransferBytesOnMessageInMemory bytes, as RocketMQ's store answers, whatever maxMsgNums asks.
 """
 
 from __future__ import annotations
@@ -39,8 +41,7 @@ from chronomq.store.types import GetResult, GetStatus
 
 from .base import Handler, ProcessorBase, no_filter_remark
 
-MAX_PULL_MSGS = 256
-MAX_PULL_BYTES = 4 * 1024 * 1024
+MAX_PULL_BYTES = 4 * 1024 * 1024  # a gRPC receive's read (a PULL answer: maxTransferBytesOnMessageInMemory)
 MAX_SUSPEND_MS = 60_000
 
 
@@ -179,7 +180,8 @@ class PullProcessor(ProcessorBase):
         topic = req.require_str("topic")
         queue_id = req.ext_int("queueId")
         offset = req.ext_int("queueOffset")
-        max_msgs = max(1, min(req.ext_int("maxMsgNums", 32), MAX_PULL_MSGS))
+        # RocketMQ's caps on one answer, whatever maxMsgNums asks: clients pull again from nextBeginOffset
+        max_msgs = max(1, min(req.ext_int("maxMsgNums", 32), self.config.maxTransferCountOnMessageInMemory))
         sys_flag = req.ext_int("sysFlag", 0)
         tc = self.topics.get(topic)
         if tc is not None:
@@ -205,7 +207,8 @@ class PullProcessor(ProcessorBase):
         else:
             tag_filter = self._filter(req, group, topic, sys_flag)
         r: GetResult = self.store.get_message(
-            topic, queue_id, offset, max_msgs, max_bytes=MAX_PULL_BYTES, tag_filter=tag_filter,
+            topic, queue_id, offset, max_msgs, max_bytes=self.config.maxTransferBytesOnMessageInMemory,
+            tag_filter=tag_filter,
             record_filter=records,
         )
         st = r.status
