@@ -1,7 +1,8 @@
 """``chronomq admin``: the administration verbs, each a thin shell over ``chronomq.client.Admin`` (one
 admin client for the CLI and for programs; see admin_session.py). This module holds the cluster, topic,
-route, broker-status, promote, consumer-progress and delay-stats verbs and the argument parsers; the timer
-store's verbs (cancel, reschedule, pending) live in admin_timer.py, shared output helpers in output.py.
+route, broker-status, promote, consumer-progress, reset-offset and delay-stats verbs and the argument
+parsers; the timer store's verbs (cancel, reschedule, pending) live in admin_timer.py, shared output
+helpers in output.py.
 
 Exit codes: 0 done, 1 an error (printed as one line on stderr), 2 a usage error; cancel and reschedule
 also 3 (see their --help).
@@ -19,7 +20,7 @@ from chronomq.client.admin import NotANameServer
 
 from .admin_session import open_admin, targets
 from .admin_timer import add_timer_parsers, run_timer_verb, timer_stats_text
-from .output import AdminError, fmt_ms, table
+from .output import AdminError, fmt_epoch_ms, fmt_ms, parse_time_ms, table
 
 __all__ = ["AdminError", "add_admin_parsers", "delay_stats_table", "run_admin"]
 
@@ -97,6 +98,14 @@ def _run_verb(args: argparse.Namespace) -> int:
                 print(f"no committed offsets for group {args.group}")
             else:
                 print(table(rows, ["broker", "topic", "queue", "max", "committed", "lag", "online"]))
+        elif verb == "reset-offset":
+            ts = parse_time_ms(args.timestamp, "--timestamp")
+            moved = admin.reset_offsets_by_time(args.group, args.topic, ts, force=not args.only_back,
+                                                broker_addr=args.broker)
+            print(f"group {args.group}, topic {args.topic}: offsets reset to the first message stored at or "
+                  f"after {fmt_epoch_ms(ts)}; the group's online consumers were told")
+            print(table([[mq.broker_name, str(mq.queue_id), str(off)] for mq, off in moved.items()],
+                        ["broker", "queue", "offset"]))
         elif verb == "promote":
             if not args.broker:
                 raise AdminError("promote needs the slave's address: -b HOST:PORT")
@@ -170,4 +179,14 @@ def add_admin_parsers(p: argparse.ArgumentParser) -> None:
     sp = sub.add_parser("consumer-progress", help="committed offsets and lag of a consumer group")
     common(sp)
     sp.add_argument("-g", "--group", required=True)
+    sp = sub.add_parser("reset-offset", help="move a consumer group's offsets on a topic to a point in time",
+                        description="Each broker serving the topic moves the group's offset on each queue to "
+                        "the first message stored at or after --timestamp, commits it and tells the group's "
+                        "online consumers, which start again from there (RocketMQ's resetOffsetByTime).")
+    common(sp)
+    sp.add_argument("-g", "--group", required=True)
+    sp.add_argument("-t", "--topic", required=True)
+    sp.add_argument("--timestamp", required=True, help="ISO-8601 (naive = UTC) or epoch milliseconds")
+    sp.add_argument("--only-back", action="store_true",
+                    help="move a queue only if that goes back (RocketMQ's force=false)")
     add_timer_parsers(sub, common)

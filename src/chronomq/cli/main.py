@@ -4,7 +4,7 @@
 - ``chronomq namesrv`` and ``chronomq broker -n HOST:PORT`` for separate processes;
 - ``chronomq dashboard``: the web console (``chronomq start --dashboard`` embeds it);
 - ``chronomq admin <verb>``: delay-stats, cluster, topics, route, update-topic, broker-status,
-  consumer-progress, and for the timer store cancel, reschedule, pending (cli/admin_timer.py).
+  consumer-progress, reset-offset, and for the timer store cancel, reschedule, pending (cli/admin_timer.py).
 
 The event loop is uvloop when installed (the ``fast`` extra) unless CHRONOMQ_LOOP=asyncio; see
 ``run.choose_loop`` for the measurement behind that default.

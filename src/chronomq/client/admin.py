@@ -404,14 +404,41 @@ class Admin(SyncContextMixin):
 
     async def reset_offsets(self, group: str, topic: str, timestamp_ms: int) -> dict[MessageQueue, int]:
         """Set the group's committed offset on every queue of ``topic`` to the first message stored at or
-        after ``timestamp_ms``. Stop the group's consumers first: a running consumer commits its own
-        position every few seconds and would overwrite the reset."""
+        after ``timestamp_ms``, from this client. Stop the group's consumers first: a running consumer
+        commits its own position every few seconds and would overwrite the reset (``reset_offsets_by_time``
+        tells running consumers instead)."""
         out: dict[MessageQueue, int] = {}
         for mq in await self.queues(topic):
             off = await ops.offset_for_timestamp(self._instance, mq, timestamp_ms)
             await ops.update_consumer_offset(self._instance, group, mq, off)
             out[mq] = off
         return out
+
+    async def reset_offsets_by_time(self, group: str, topic: str, timestamp_ms: int, *, force: bool = True,
+                                    broker_addr: str | None = None) -> dict[MessageQueue, int]:
+        """Ask each broker serving ``topic`` (or only the one at ``broker_addr``) to move the group's
+        offsets on its queues to the first message stored at or after ``timestamp_ms`` (-1: the end of
+        each queue); without ``force`` a queue only moves back. The broker commits the offsets and tells
+        the group's online consumers, which start again from there (INVOKE_BROKER_TO_RESET_OFFSET, as
+        RocketMQ's mqadmin resetOffsetByTime). Returns the new offset per queue."""
+        if broker_addr is not None:
+            targets = [broker_addr]
+        else:
+            route = await self.route(topic)
+            targets = sorted({a for name in route.broker_addrs if (a := route.master_addr(name))})
+            if not targets:
+                raise NoRouteError(f"no master broker serves topic {topic!r}")
+        ext = {"topic": topic, "group": group, "timestamp": timestamp_ms, "offset": -1,
+               "isForce": "true" if force else "false"}
+        out: dict[MessageQueue, int] = {}
+        for addr in targets:
+            what = f"reset offsets of group {group!r} on topic {topic!r} at {addr}"
+            resp = await self._instance.invoke_ok(
+                addr, self._instance.request(RequestCode.INVOKE_BROKER_TO_RESET_OFFSET, ext), what=what)
+            for key, offset in (_json_body(resp.body, what, addr).get("offsetTable") or {}).items():
+                q = json.loads(key)
+                out[MessageQueue(str(q["topic"]), str(q["brokerName"]), int(q["queueId"]))] = int(offset)
+        return dict(sorted(out.items()))
 
     # --- messages --------------------------------------------------------------------------------------
     async def get_message(self, msg_id: str, topic: str | None = None) -> ReceivedMessage:

@@ -117,8 +117,9 @@ class ConsumeService(ConsumerState):
                 pq, msg = ready.popleft()
                 if ready:
                     self._wake()  # more work: let another worker take the next message if this one awaits
-                if pq.dropped and pq.mq not in self._pqs:
-                    continue  # not started: stays uncommitted, delivered again (to the queue's new owner)
+                if pq.dropped and self._pqs.get(pq.mq) is not pq:
+                    continue  # not started: stays uncommitted, delivered again (by the queue's new owner
+                    # or, after an offset reset, from the reset point)
                 if not busy:
                     busy = True
                     self._busy += 1

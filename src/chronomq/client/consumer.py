@@ -4,7 +4,8 @@ bounded concurrency; offsets committed every 5 s and on close; automatic %RETRY%
 and send-back of failed messages; orderly consumption with queue locks; flow control per queue.
 
 This module is the facade, as RocketMQ's DefaultMQPushConsumerImpl: construction, start/close, the
-heartbeat and server requests. Its concerns are base classes sharing its state: the rebalance
+heartbeat and server requests (NOTIFY_CONSUMER_IDS_CHANGED, RESET_CONSUMER_CLIENT_OFFSET,
+GET_CONSUMER_RUNNING_INFO). Its concerns are base classes sharing its state: the rebalance
 (rebalance.py), the pull loop (pull.py), the consume services (consume.py), the offset commit
 (offsets.py) and the queue locks (locks.py); ProcessQueue is in process_queue.py."""
 
@@ -15,12 +16,15 @@ import collections
 import concurrent.futures
 import contextlib
 import inspect
+import json
 import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from chronomq import __version__
 from chronomq import message as m
 from chronomq.clock import Clock, SystemClock
+from chronomq.remoting import fastjson
 from chronomq.remoting.codec import RemotingCommand
 from chronomq.remoting.codes import (
     RequestCode,
@@ -255,8 +259,58 @@ class PushConsumer(Rebalance, PullPath, ConsumeService, OffsetCommit, QueueLocks
             if self._rebalance_now is not None:
                 self._rebalance_now.set()
             return None
+        if cmd.code == RequestCode.RESET_CONSUMER_CLIENT_OFFSET:
+            self._on_reset_offset(addr, cmd)
+            return None
+        if cmd.code == RequestCode.GET_CONSUMER_RUNNING_INFO:
+            return cmd.response(body=json.dumps(self.running_info(), separators=(",", ":")).encode())
         return cmd.response(ResponseCode.REQUEST_CODE_NOT_SUPPORTED,
                             remark=f"request code {cmd.code} not supported by chronomq.client")
+
+    def _on_reset_offset(self, addr: str, cmd: RemotingCommand) -> None:
+        """RESET_CONSUMER_CLIENT_OFFSET (oneway): ResetOffsetBody {"offsetTable": {queue: offset}}, or the
+        list form a broker sends C++ clients; the queues named are restarted at their offsets."""
+        topic, group = cmd.ext_str("topic") or "", cmd.ext_str("group") or ""
+        if group != self.group or not self._started or self._stopping:
+            return
+        try:
+            table = fastjson.loads(cmd.body).get("offsetTable") or {}
+            rows = ([(json.loads(k), v) for k, v in table.items()] if isinstance(table, dict)
+                    else [(r, r.get("offset")) for r in table])
+            offsets = {MessageQueue(str(q["topic"]), str(q["brokerName"]), int(q["queueId"])): int(v)
+                       for q, v in rows}
+        except (ValueError, TypeError, KeyError, AttributeError) as e:
+            log.warning("%s: offset reset from %s not understood: %s", self.group, addr, e)
+            return
+        self._instance.spawn(self.reset_offsets(topic, offsets), "offset-reset")
+
+    def running_info(self) -> dict[str, Any]:
+        """What GET_CONSUMER_RUNNING_INFO answers (RocketMQ's ConsumerRunningInfo): properties, the
+        subscriptions and, per assigned queue, its ProcessQueueInfo."""
+        hb = self._heartbeat_body()["consumerDataSet"][0]
+        now = self._clock.now_ms()
+        mq_table = {}
+        for mq, pq in sorted(self._pqs.items()):
+            offsets = sorted(pq.msgs)
+            key = json.dumps(mq.to_json(), separators=(",", ":"))
+            mq_table[key] = {
+                "commitOffset": self._committed.get(mq, self._offsets.get(mq, pq.next_offset)),
+                "cachedMsgMinOffset": offsets[0] if offsets else 0,
+                "cachedMsgMaxOffset": offsets[-1] if offsets else 0, "cachedMsgCount": len(offsets),
+                "cachedMsgSizeInMiB": sum(len(msg.body) for msg in pq.msgs.values()) >> 20,
+                "transactionMsgMinOffset": 0, "transactionMsgMaxOffset": 0, "transactionMsgCount": 0,
+                "locked": pq.locked, "tryUnlockTimes": 0, "lastLockTimestamp": 0, "droped": pq.dropped,
+                "lastPullTimestamp": now, "lastConsumeTimestamp": now,
+            }
+        props = {"PROP_NAMESERVER_ADDR": ";".join(self._instance.namesrv_addrs),
+                 "PROP_THREADPOOL_CORE_SIZE": str(self.concurrency),
+                 "PROP_CONSUMEORDERLY": "true" if self.orderly else "false",
+                 "PROP_CONSUME_TYPE": hb["consumeType"], "PROP_CLIENT_VERSION": f"chronomq {__version__}",
+                 "PROP_CONSUMER_START_TIMESTAMP": str(self._sub_version),
+                 "consumerGroup": self.group, "messageModel": hb["messageModel"],
+                 "consumeFromWhere": hb["consumeFromWhere"]}
+        return {"properties": props, "subscriptionSet": hb["subscriptionDataSet"], "mqTable": mq_table,
+                "mqPopTable": {}, "statusTable": {}, "userConsumerInfo": {}, "jstack": None}
 
     # --- heartbeat ------------------------------------------------------------------------------------
     def _heartbeat_body(self) -> dict[str, Any]:

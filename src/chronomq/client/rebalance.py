@@ -2,7 +2,8 @@
 AllocateMessageQueueAveragely: every rebalance_interval (or at once when the broker says the group
 changed) each subscribed topic's read queues are split among the group's consumer ids; queues no longer
 this consumer's are dropped (their offset stored, their lock released), new ones are taken from the
-stored offset (else per consume_from). Rules: broadcasting takes every queue and stores no offsets; an
+stored offset (else per consume_from); the broker's offset reset (RESET_CONSUMER_CLIENT_OFFSET) restarts
+the queues it names at their new offsets. Rules: broadcasting takes every queue and stores no offsets; an
 orderly consumer takes a queue only once the broker has locked it for it.
 """
 
@@ -117,20 +118,25 @@ class Rebalance(ConsumerState):
             except ClientError as e:
                 log.debug("%s: cannot take %s yet: %s", self.group, mq, e)
                 continue
-            pq = ProcessQueue(mq=mq, expression=expr, next_offset=start, high=start,
-                              locked=self.orderly and not self.broadcasting, tags=tag_set(expr))
-            pq.space.set()
-            self._pqs[mq] = pq
-            self._offsets[mq] = start
-            pq.puller = self._instance.spawn(self._pull_loop(pq), f"pull-{mq}")
-            if self.orderly:
-                pq.worker = self._instance.spawn(self._orderly_worker(pq), f"orderly-{mq}")
-            log.info("%s: %s now consumes %s from offset %d", self.group, self.client_id, mq, start)
+            self._take(mq, expr, start)
 
-    async def _drop(self, mq: MessageQueue) -> None:
+    def _take(self, mq: MessageQueue, expr: str, start: int) -> None:
+        """Start consuming ``mq`` at ``start`` (a fresh ProcessQueue, its pull task and orderly worker)."""
+        pq = ProcessQueue(mq=mq, expression=expr, next_offset=start, high=start,
+                          locked=self.orderly and not self.broadcasting, tags=tag_set(expr))
+        pq.space.set()
+        self._pqs[mq] = pq
+        self._offsets[mq] = start
+        pq.puller = self._instance.spawn(self._pull_loop(pq), f"pull-{mq}")
+        if self.orderly:
+            pq.worker = self._instance.spawn(self._orderly_worker(pq), f"orderly-{mq}")
+        log.info("%s: %s now consumes %s from offset %d", self.group, self.client_id, mq, start)
+
+    async def _stop_queue(self, mq: MessageQueue) -> ProcessQueue | None:
+        """Stop consuming ``mq``: its pull task and orderly worker end; messages not yet started are not."""
         pq = self._pqs.pop(mq, None)
         if pq is None:
-            return
+            return None
         pq.dropped = True
         pq.space.set()
         pq.arrived.set()
@@ -138,6 +144,37 @@ class Rebalance(ConsumerState):
             if t is not None:
                 t.cancel()
         await asyncio.gather(*(t for t in (pq.puller, pq.worker) if t is not None), return_exceptions=True)
+        return pq
+
+    async def reset_offsets(self, topic: str, offsets: dict[MessageQueue, int]) -> list[MessageQueue]:
+        """The broker's RESET_CONSUMER_CLIENT_OFFSET: each queue of ``topic`` this consumer holds starts
+        again at its new offset (stored on the broker first); messages pulled and not yet started are
+        dropped, listener calls already running finish uncommitted. Returns the queues moved."""
+        moved = []
+        for mq, offset in sorted(offsets.items()):
+            if mq.topic != topic or mq not in self._pqs or self._stopping:
+                continue
+            pq = await self._stop_queue(mq)
+            if pq is None:
+                continue
+            while mq in self._pqs:  # a rebalance took it again meanwhile
+                await self._stop_queue(mq)
+            self._offsets[mq] = offset
+            if not self.broadcasting:
+                with contextlib.suppress(ClientError):
+                    await ops.update_consumer_offset(self._instance, self.group, mq, offset)
+                self._committed[mq] = offset
+            self._take(mq, pq.expression, offset)
+            moved.append(mq)
+        if moved:
+            log.info("%s: offsets of %s reset by the broker: %s", self.group, topic,
+                     {str(mq): offsets[mq] for mq in moved})
+        return moved
+
+    async def _drop(self, mq: MessageQueue) -> None:
+        pq = await self._stop_queue(mq)
+        if pq is None:
+            return
         offset = self._offsets.pop(mq, None)
         if offset is not None and not self.broadcasting:
             with contextlib.suppress(ClientError):
