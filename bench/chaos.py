@@ -1,21 +1,22 @@
 """The kill loop: a `chronomq start` under SYNC_FLUSH and load, SIGKILLed N times and restarted on its data.
 
 Load (bench/workload.py): our client sends immediate messages, delay levels 1-2, deliver times with
-cancels and batches; the official 4.x client (PyPI rocketmq 0.4.4, in .venv-compat) sends immediate and
-delay-level messages; our push consumer reads everything. Small commit-log segments and short persist
-intervals make the kills land in rolls and file writes. Some starts arm a fault point
+cancels and reschedules, and batches; the official 4.x client (PyPI rocketmq 0.4.4, in .venv-compat)
+sends immediate and delay-level messages; our push consumer reads everything. Small commit-log segments
+and short persist intervals make the kills land in rolls and file writes. Some starts arm a fault point
 (chronomq.store.faults) so the broker kills itself in the middle of a segment roll, a timer retention
 pass, or a consumer-offset or delay-offset write. After the kills a clean restart (SIGTERM) with delayed
 messages pending shows that neither the timer nor the level service stores a copy twice then.
 
-A kill can cut the answer of a cancel or of a send. After the kills, every cancel whose answer never came
-is asked again, and its definite answer settles it (bench/workload.py); the verdict counts each answer. A
+A kill can cut the answer of a cancel, a reschedule or a send. After the kills, every cancel and
+reschedule whose answer never came is asked again, and its definite answer settles it
+(bench/workload.py); the verdict counts each answer. A
 send whose answer never came was not acknowledged: when it was delivered all the same it is counted
 apart (unacknowledged_delivered), neither as a loss nor as a duplicate.
 
 Exits non-zero when an invariant breaks: an acknowledged message lost, a corrupt body, a delivery before
-its time, a cancelled message delivered, a cancel still undecided after the settling, a copy stored twice
-after the clean restart. The last line holds the figures.
+its time (a rescheduled one: before its new time), a cancelled message delivered, a cancel still
+undecided after the settling, a copy stored twice after the clean restart. The last line holds the figures.
 
     .venv/bin/python bench/chaos.py --quick      # 10 kills (in the test suite)
     .venv/bin/python bench/chaos.py --full       # 100 kills (docs/reliability.md)
@@ -130,7 +131,8 @@ async def chaos(args: argparse.Namespace) -> int:
         async with Producer("chaos-producer", namesrv=ns, send_timeout=3) as producer, \
                 PushConsumer("chaos-consumer", TOPIC, handle, namesrv=ns, consume_from="first",
                              rebalance_interval=1, long_poll_timeout=2, offset_commit_interval=1):
-            mix = Mix(ledger, ns, TOPIC, size=args.size, max_delay_s=8, cancel_every=5, seed=args.seed)
+            mix = Mix(ledger, ns, TOPIC, size=args.size, max_delay_s=8, cancel_every=5,
+                      reschedule_every=7, seed=args.seed)
             stop = asyncio.Event()
             load = asyncio.create_task(mix.run(producer, admin, args.rate, 10**6, stop))
             for k in range(args.kills):
@@ -161,10 +163,12 @@ async def chaos(args: argparse.Namespace) -> int:
                 result = await asyncio.to_thread(official.stop, 60)
                 official_sent = int(result.get("sent", 0))
                 read_official_acks(work / "official-acks.jsonl", ledger, TOPIC, lambda i: 0)
-            # the kills are over: every cancel whose answer a kill cut gets its definite answer now
+            # the kills are over: every cancel or reschedule whose answer a kill cut gets its definite answer
             unsettled = await mix.settle(admin, args.settle)
             print(f"undecided cancels: {len(ledger.undecided)}, asked again: "
-                  f"{dict(collections.Counter(ledger.settled.values())) or 'none'}; "
+                  f"{dict(collections.Counter(ledger.settled.values())) or 'none'}; undecided reschedules: "
+                  f"{len(ledger.reschedules_undecided)}, asked again: "
+                  f"{dict(collections.Counter(ledger.reschedules_settled.values())) or 'none'}; "
                   f"still without an answer after {args.settle:g} s: {unsettled}", flush=True)
             # a clean restart with delayed messages pending: no copy may be stored twice across it
             final: set[str] = set()
@@ -191,7 +195,8 @@ async def chaos(args: argparse.Namespace) -> int:
     v = ledger.verdict()
     clean = ledger.verdict(final)
     print(f"our sends: {mix.stats.attempts} attempted, {mix.stats.acked} acknowledged, errors "
-          f"{mix.stats.errors or 'none'}; cancels asked {mix.stats.cancel_asked}; official sends attempted "
+          f"{mix.stats.errors or 'none'}; cancels asked {mix.stats.cancel_asked}; reschedules asked "
+          f"{mix.stats.reschedule_asked}; official sends attempted "
           f"{official_sent}")
     print(f"fault points reached: {faults_hit or 'none'}; not reached in {args.fault_wait:g} s: "
           f"{faults_missed or 'none'}")
@@ -217,7 +222,8 @@ def main() -> int:
     ap.add_argument("--fault-wait", type=float, default=20.0, help="seconds an armed broker has to die")
     ap.add_argument("--drain", type=float, default=90.0, help="seconds to wait for the last deliveries")
     ap.add_argument("--settle", type=float, default=60.0,
-                    help="seconds to get a definite answer to every cancel a kill left undecided")
+                    help="seconds to get a definite answer to every cancel or reschedule a kill left "
+                         "undecided")
     ap.add_argument("--seed", type=int, default=20261125)
     ap.add_argument("--no-official", action="store_true", help="our client only")
     ap.add_argument("--allow-no-official", action="store_true",

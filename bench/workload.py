@@ -10,8 +10,11 @@ it splits duplicates into re-reads of one stored copy (same queue and offset) an
 A kill can cut an answer. A cancel whose answer never came is undecided: the broker may have cancelled
 the message or not. ``Mix.settle`` asks it again once the broker is back, and the definite answer decides
 (CANCELLED or ALREADY_CANCELLED: cancelled; ALREADY_DELIVERED, UNKNOWN, FAILED: it must have been
-received). A send whose answer never came was not acknowledged, so it is never a loss; when it was stored
-and delivered anyway it is counted apart, not as a duplicate.
+received). A reschedule (always to a later time) answered RESCHEDULED moves the message's earliest time to
+the new one; an undecided one is asked again the same way (RESCHEDULED: the new time holds; otherwise the
+message was delivered, no earlier than its first time). A send whose answer never came was not
+acknowledged, so it is never a loss; when it was stored and delivered anyway it is counted apart, not as a
+duplicate.
 """
 
 from __future__ import annotations
@@ -79,6 +82,9 @@ class Verdict:
     undecided: int = 0  # cancels whose answer never came
     settled: dict[str, int] = field(default_factory=dict)  # their answers when asked again: outcome -> count
     unsettled: int = 0  # of those, still without an answer and not received: neither lost nor cancelled
+    rescheduled: int = 0  # reschedules answered RESCHEDULED (at once or when asked again)
+    reschedules_undecided: int = 0  # reschedules whose answer never came
+    reschedules_settled: dict[str, int] = field(default_factory=dict)  # their answers when asked again
     unacknowledged: int = 0  # delivered though their send was never acknowledged (the answer was lost)
     examples: dict[str, list[str]] = field(default_factory=dict)
 
@@ -94,7 +100,10 @@ class Verdict:
                 + (f": {self.restored_by_kind}" if self.restored_by_kind else "") + ") "
                 f"undecided={self.undecided} settled="
                 + (",".join(f"{k}:{n}" for k, n in sorted(self.settled.items())) or "none")
-                + f" unsettled={self.unsettled} unacknowledged_delivered={self.unacknowledged}")
+                + f" unsettled={self.unsettled} rescheduled={self.rescheduled} reschedules_undecided="
+                f"{self.reschedules_undecided} reschedules_settled="
+                + (",".join(f"{k}:{n}" for k, n in sorted(self.reschedules_settled.items())) or "none")
+                + f" unacknowledged_delivered={self.unacknowledged}")
 
 
 class Ledger:
@@ -105,6 +114,9 @@ class Ledger:
         self.cancelled: set[str] = set()
         self.undecided: set[str] = set()  # cancels whose answer never came
         self.settled: dict[str, str] = {}  # undecided cancel -> the definite answer when asked again
+        self.rescheduled: dict[str, int] = {}  # msg id -> the later time a reschedule was answered for
+        self.reschedules_undecided: dict[str, int] = {}  # msg id -> the time asked, the answer never came
+        self.reschedules_settled: dict[str, str] = {}  # undecided reschedule -> the answer when asked again
         self.receipts: list[Receipt] = []
         self.corrupt: list[tuple[str, str]] = []  # (msg id, where)
         self.outstanding: dict[str, int] = {}  # acknowledged, not received yet: msg id -> not_before_ms
@@ -128,6 +140,22 @@ class Ledger:
         self.settled[msg_id] = outcome
         if outcome in CANCELLED_OUTCOMES:
             self.cancel(msg_id)
+
+    def reschedule(self, msg_id: str, deliver_ms: int) -> None:
+        """A reschedule of ``msg_id`` to the later ``deliver_ms`` was answered RESCHEDULED."""
+        self.rescheduled[msg_id] = deliver_ms
+        if msg_id in self.outstanding:
+            self.outstanding[msg_id] = deliver_ms
+
+    def reschedule_undecided(self, msg_id: str, deliver_ms: int) -> None:
+        """A reschedule was asked and no answer came: the message is due at its first time or at this one."""
+        self.reschedules_undecided[msg_id] = deliver_ms
+
+    def settle_reschedule(self, msg_id: str, outcome: str) -> None:
+        """The definite answer of asking an undecided reschedule again (to the same time)."""
+        self.reschedules_settled[msg_id] = outcome
+        if outcome == "RESCHEDULED":
+            self.reschedule(msg_id, self.reschedules_undecided[msg_id])
 
     def receive(self, msg_id: str, topic: str, queue_id: int, offset: int, body: bytes,
                 at_ms: int) -> Receipt:
@@ -161,8 +189,10 @@ class Ledger:
         for r in self.receipts:
             if only is not None and r.msg_id not in only:
                 continue
-            if r.due_ms and r.at_ms < r.due_ms:
-                early.append(f"{r.msg_id} {r.due_ms - r.at_ms} ms early")
+            due = max(r.due_ms, self.rescheduled.get(r.msg_id, 0))
+            if due and r.at_ms < due:
+                early.append(f"{r.msg_id} {due - r.at_ms} ms early"
+                             + (" (rescheduled)" if due > r.due_ms else ""))
             if r.msg_id not in self.acked and r.kind != "?":
                 unacknowledged.add(r.msg_id)  # its send's answer was lost: neither a loss nor a duplicate
                 continue
@@ -184,6 +214,12 @@ class Ledger:
             if m in self.settled:
                 v.settled[self.settled[m]] = v.settled.get(self.settled[m], 0) + 1
         unsettled = [m for m in undecided if m not in self.settled and m not in where_by_id]
+        in_scope = (lambda m: True) if only is None else only.__contains__
+        v.rescheduled = sum(1 for m in self.rescheduled if in_scope(m))
+        v.reschedules_undecided = sum(1 for m in self.reschedules_undecided if in_scope(m))
+        for m, outcome in self.reschedules_settled.items():
+            if in_scope(m):
+                v.reschedules_settled[outcome] = v.reschedules_settled.get(outcome, 0) + 1
         v.unsettled = len(unsettled)
         lost = [m for m in acked if m not in where_by_id and m not in self.cancelled and m not in unsettled]
         v.lost = len(lost)
@@ -218,6 +254,7 @@ class MixStats:
     acked: int = 0
     failed: int = 0
     cancel_asked: int = 0
+    reschedule_asked: int = 0
     errors: dict[str, int] = field(default_factory=dict)
 
     def error(self, e: BaseException) -> None:
@@ -229,13 +266,15 @@ class MixStats:
 class Mix:
     """Our client's share of the load: sends at a fixed rate, one kind after another (immediate, delay
     level 1 or 2, a deliver time 0.2..``max_delay_s`` ahead, a batch of ``batch`` immediate messages),
-    and a cancel of every ``cancel_every``-th timed message while it is pending."""
+    a cancel of every ``cancel_every``-th timed message while it is pending, and a reschedule 1..3 s later
+    of every ``reschedule_every``-th one that is not cancelled."""
 
     def __init__(self, ledger: Ledger, namesrv: str, topic: str, *, source: str = "ours", size: int = 256,
-                 batch: int = 8, max_delay_s: float = 8.0, cancel_every: int = 10, seed: int = 1,
-                 send_timeout: float = 3.0) -> None:
+                 batch: int = 8, max_delay_s: float = 8.0, cancel_every: int = 10, reschedule_every: int = 0,
+                 seed: int = 1, send_timeout: float = 3.0) -> None:
         self.ledger, self.namesrv, self.topic, self.source = ledger, namesrv, topic, source
         self.size, self.batch, self.max_delay_s, self.cancel_every = size, batch, max_delay_s, cancel_every
+        self.reschedule_every = reschedule_every
         self.send_timeout = send_timeout
         self.rng = random.Random(seed)
         self.seq = 0
@@ -280,8 +319,12 @@ class Mix:
         self.stats.acked += 1
         if kind == "timed":
             self.timed += 1
-            if self.cancel_every and self.timed % self.cancel_every == 0 and nb - now_ms() > 500:
+            if nb - now_ms() <= 500:
+                return
+            if self.cancel_every and self.timed % self.cancel_every == 0:
                 await self._cancel(admin, res.msg_id)
+            elif self.reschedule_every and self.timed % self.reschedule_every == 0:
+                await self._reschedule(admin, res.msg_id, nb + self.rng.randint(1_000, 3_000))
 
     async def _cancel(self, admin: Admin, msg_id: str) -> None:
         self.stats.cancel_asked += 1
@@ -294,20 +337,43 @@ class Mix:
         if any(str(r.outcome) in CANCELLED_OUTCOMES for r in results):
             self.ledger.cancel(msg_id)
 
+    async def _reschedule(self, admin: Admin, msg_id: str, deliver_ms: int) -> None:
+        self.stats.reschedule_asked += 1
+        try:
+            results = await admin.reschedule(msg_id, deliver_ms)
+        except Exception as e:  # no answer (or not a definite one): the reschedule may have taken effect
+            self.stats.error(e)
+            self.ledger.reschedule_undecided(msg_id, deliver_ms)
+            return
+        if any(str(r.outcome) == "RESCHEDULED" for r in results):
+            self.ledger.reschedule(msg_id, deliver_ms)
+
     async def settle(self, admin: Admin, timeout: float = 60.0) -> int:
-        """Ask every undecided cancel again until each has a definite answer or ``timeout`` s have passed
-        (a broker still starting, a cut connection: ask again). Returns how many remain undecided."""
+        """Ask every undecided cancel and reschedule again until each has a definite answer or ``timeout`` s
+        have passed (a broker still starting, a cut connection: ask again). Returns how many remain
+        undecided."""
         deadline = time.monotonic() + timeout
-        todo = sorted(self.ledger.undecided - self.ledger.settled.keys())
+        todo = [("cancel", m) for m in sorted(self.ledger.undecided - self.ledger.settled.keys())]
+        todo += [("reschedule", m) for m in sorted(self.ledger.reschedules_undecided.keys()
+                                                    - self.ledger.reschedules_settled.keys())]
         while todo and time.monotonic() < deadline:
+            op, msg_id = todo[0]
             try:
-                results = await admin.cancel(todo[0])
+                if op == "cancel":
+                    results = await admin.cancel(msg_id)
+                else:
+                    results = await admin.reschedule(msg_id, self.ledger.reschedules_undecided[msg_id])
             except Exception:
                 await asyncio.sleep(0.2)  # no answer yet: ask again, within the deadline
                 continue
+            todo.pop(0)
             outcomes = [str(r.outcome) for r in results]
-            self.ledger.settle(todo.pop(0), next((o for o in outcomes if o in CANCELLED_OUTCOMES),
-                                                 outcomes[0] if outcomes else "UNKNOWN"))
+            decisive = CANCELLED_OUTCOMES if op == "cancel" else ("RESCHEDULED",)
+            outcome = next((o for o in outcomes if o in decisive), outcomes[0] if outcomes else "UNKNOWN")
+            if op == "cancel":
+                self.ledger.settle(msg_id, outcome)
+            else:
+                self.ledger.settle_reschedule(msg_id, outcome)
         return len(todo)
 
     async def run(self, producer: Producer, admin: Admin, rate: float, seconds: float,

@@ -97,6 +97,41 @@ def test_an_undecided_cancel_is_judged_by_its_answer_when_asked_again() -> None:
     assert led.verdict().cancelled_delivered == 1  # a cancel that took effect is still held to it
 
 
+def test_a_reschedule_holds_the_message_to_its_new_time_and_an_undecided_one_to_its_answer() -> None:
+    led = Ledger()
+    due, later = 1_000_000, 1_002_000
+    for mid in ("moved", "cut-moved", "cut-delivered", "cut-unanswered"):
+        led.ack(mid, "T", due)
+    led.reschedule("moved", later)
+    for mid in ("cut-moved", "cut-delivered", "cut-unanswered"):
+        led.reschedule_undecided(mid, later)  # a kill cut each reschedule's answer
+    assert led.lag(due) == 3  # the moved one is not due yet
+    names = ("moved", "cut-moved", "cut-delivered", "cut-unanswered")
+    body = {m: make_body("t", i, "timed", due, 64) for i, m in enumerate(names)}  # bodies say the first time
+    led.receive("moved", "T", 0, 1, body["moved"], later - 1)  # after its first time, 1 ms before its new one
+    led.receive("cut-delivered", "T", 0, 2, body["cut-delivered"], due + 1)
+    led.receive("cut-unanswered", "T", 0, 3, body["cut-unanswered"], due + 1)  # its first time bounds it
+    led.settle_reschedule("cut-moved", "RESCHEDULED")  # still pending at the second ask: the new time holds
+    led.settle_reschedule("cut-delivered", "ALREADY_DELIVERED")
+    led.receive("cut-moved", "T", 0, 4, body["cut-moved"], later - 5)
+    v = led.verdict()
+    assert (v.early, sorted(x.split()[0] for x in v.examples["early"])) == (2, ["cut-moved", "moved"])
+    assert "(rescheduled)" in v.examples["early"][0]
+    assert (v.rescheduled, v.reschedules_undecided, v.reschedules_settled, v.lost) == (
+        2, 3, {"ALREADY_DELIVERED": 1, "RESCHEDULED": 1}, 0)
+    assert "rescheduled=2 reschedules_undecided=3 reschedules_settled=ALREADY_DELIVERED:1,RESCHEDULED:1" \
+        in v.line()
+    on_time = Ledger()
+    on_time.ack("m", "T", due)
+    on_time.reschedule("m", later)
+    on_time.receive("m", "T", 0, 1, make_body("t", 1, "timed", due, 64), later)
+    assert on_time.verdict().ok
+    missing = Ledger()
+    missing.ack("m", "T", due)
+    missing.reschedule_undecided("m", later)  # a reschedule never removes the message: no answer, no excuse
+    assert missing.verdict().lost == 1
+
+
 def test_a_send_whose_answer_was_lost_is_neither_lost_nor_a_duplicate_when_delivered() -> None:
     led = Ledger()
     led.ack("acked", "T", 0)
