@@ -40,8 +40,20 @@ def grpc_server(chronomq_factory: Callable[..., ChronomqProcess]) -> ChronomqPro
     return start_grpc_server(chronomq_factory)
 
 
+def create_topic(server: ChronomqProcess, topic: str) -> None:
+    """The topic, made on the broker (UPDATE_AND_CREATE_TOPIC; an existing one keeps its 4 queues): as
+    RocketMQ's proxy, the endpoint routes only topics that exist, so a 5.x client started on another
+    fails to start."""
+    with RawClient(server.broker_addr) as c:
+        r = c.call(17, {"topic": topic, "defaultTopic": "TBW102", "readQueueNums": "4", "writeQueueNums": "4",
+                        "perm": "6", "topicFilterType": "SINGLE_TAG", "topicSysFlag": "0", "order": "false"})
+    assert r.code == 0, f"creating {topic}: {r.code} {r.remark}"
+
+
 def v5(server: ChronomqProcess, mode: str, timeout: float = 90, **args: Any) -> dict[str, Any]:
+    """The Python driver's ``mode`` on ``args["topic"]``, created first."""
     endpoint = server.grpc_endpoint  # type: ignore[attr-defined]
+    create_topic(server, args["topic"])
     return run_driver("v5_client", {"endpoint": endpoint, "mode": mode, **args}, timeout=timeout)
 
 
@@ -195,3 +207,18 @@ def test_5x_push_consumer_receives_acks_and_retries_a_failure(grpc_server: Chron
     assert done == [f"push-{i}" for i in range(5)]  # QueryAssignment + receives from every queue
     retried = [(m["attempt"], m["result"]) for m in got["messages"] if m["body"] == "push-2"]
     assert retried == [(1, "FAILURE"), (2, "SUCCESS")]  # the failure came back with attempt 2
+
+
+def test_5x_producer_on_a_missing_topic_gets_no_route(grpc_server: ChronomqProcess) -> None:
+    """As with RocketMQ's proxy: the route of a topic that does not exist is TOPIC_NOT_FOUND, with
+    autoCreateTopicEnable on (chronomq's default) too, and nothing is created (the Java client fails to
+    start so: RocketMQ's e2e ProducerInitTest.testSetNotExistTopic)."""
+    missing = uniq("V5Missing")
+    endpoint = grpc_server.grpc_endpoint  # type: ignore[attr-defined]
+    res = run_driver("v5_client", {"endpoint": endpoint, "mode": "produce", "topic": missing,
+                                   "messages": [{"body": "x"}]}, timeout=90)
+    # the Python client (unlike the Java one) starts all the same; its send finds no route
+    assert res["results"] == [] and [e["index"] for e in res["errors"]] == [0]
+    assert f"failed to fetch topic:{missing} route" in res["errors"][0]["error"]
+    with RawClient(grpc_server.broker_addr) as raw:
+        assert raw.max_offset(missing, 0) <= 0

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from tests.compat.harness import ChronomqProcess, RawClient, free_port, grpc5_node, run_driver
+from tests.compat.test_grpc_compat import create_topic
 
 pytestmark = pytest.mark.compat
 
@@ -35,6 +36,7 @@ def grpc_server(chronomq_factory: Callable[..., ChronomqProcess]) -> ChronomqPro
 
 def node(server: ChronomqProcess, mode: str, **args: Any) -> dict[str, Any]:
     endpoint = server.grpc_endpoint  # type: ignore[attr-defined]
+    create_topic(server, args["topic"])  # the endpoint routes only topics that exist, as RocketMQ's proxy
     timeout = float(args.get("deadline_s", 60)) + 45  # the driver's own deadline, startup and shutdown
     return run_driver("v5_client.mjs", {"endpoint": endpoint, "mode": mode, **args}, timeout=timeout)
 

@@ -306,10 +306,15 @@ async def test_unknown_rpcs_answer_unimplemented_and_refusals_a_v2_status(env: E
     r = await env.call("QueryRoute", pb.QueryRouteRequest(topic=pb.Resource(name="bad topic!")),
                        pb.QueryRouteResponse)
     assert r.status.code == pb.ILLEGAL_TOPIC
-    env.config.autoCreateTopicEnable = False
+
+
+async def test_a_route_to_a_missing_topic_is_not_found_and_creates_nothing(env: Env) -> None:
+    assert env.config.autoCreateTopicEnable  # RocketMQ's proxy answers so with it on too
     r = await env.call("QueryRoute", pb.QueryRouteRequest(topic=pb.Resource(name="Nope")),
                        pb.QueryRouteResponse)
-    assert r.status.code == pb.TOPIC_NOT_FOUND
+    assert (r.status.code, r.status.message) == \
+        (pb.TOPIC_NOT_FOUND, "No topic route info in name server for the topic: Nope")
+    assert env.broker.topics.get("Nope") is None and not r.message_queues
 
 
 async def test_system_topics_are_refused_as_illegal_topics_like_rocketmqs_proxy(env: Env) -> None:
@@ -321,12 +326,14 @@ async def test_system_topics_are_refused_as_illegal_topics_like_rocketmqs_proxy(
     msg.topic.name = "TBW102"
     r = await env.call("SendMessage", pb.SendMessageRequest(messages=[msg]), pb.SendMessageResponse)
     assert [e.status.code for e in r.entries] == [pb.ILLEGAL_TOPIC]
+    env.broker.topics.create_in_send("%RETRY%G", None, 0)
     r = await env.call("QueryRoute", pb.QueryRouteRequest(topic=pb.Resource(name="%RETRY%G")),
                        pb.QueryRouteResponse)
     assert r.status.code == pb.OK  # retry topics are not system topics
 
 
 async def test_route_points_at_this_endpoint_and_settings_are_completed(env: Env) -> None:
+    env.broker.topics.create_in_send("TR", None, 0)
     r = await env.call("QueryRoute", pb.QueryRouteRequest(topic=pb.Resource(name="TR")),
                        pb.QueryRouteResponse)
     assert r.status.code == pb.OK and len(r.message_queues) == env.config.defaultTopicQueueNums

@@ -141,8 +141,8 @@ class MessagingService:
         tc = self.services.topics.get(name)
         if tc is None and create and self.config.autoCreateTopicEnable:
             tc = self.services.topics.create_in_send(name, None, 0)
-        if tc is None:
-            raise Refused(pb.TOPIC_NOT_FOUND, f"topic {name} does not exist")
+        if tc is None:  # the name server's words, which RocketMQ's proxy passes on
+            raise Refused(pb.TOPIC_NOT_FOUND, f"No topic route info in name server for the topic: {name}")
         return tc
 
     @staticmethod
@@ -192,7 +192,9 @@ class MessagingService:
     async def query_route(
         self, req: pb.QueryRouteRequest, ctx: grpc.aio.ServicerContext
     ) -> pb.QueryRouteResponse:
-        tc = self._topic(req.topic.name, create=True)
+        # never created here, whatever autoCreateTopicEnable says: RocketMQ's proxy answers TOPIC_NOT_FOUND
+        # (so a 5.x producer or consumer started on a topic that does not exist fails to start)
+        tc = self._topic(req.topic.name)
         n = max(tc.readQueueNums, tc.writeQueueNums)
         queues = []
         for q in range(n):
