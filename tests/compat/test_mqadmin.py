@@ -26,7 +26,7 @@ from tests.conftest import wait_for
 pytestmark = pytest.mark.compat
 
 MAIN = "org.apache.rocketmq.tools.command.MQAdminStartup"
-PARALLEL = 6  # commands at once: each spends most of its ~4 s waiting, not on the CPU
+PARALLEL = 7  # commands at once: each spends most of its ~4 s waiting, not on the CPU
 
 
 class MQAdmin:
@@ -174,17 +174,20 @@ def test_groups_connections_progress_and_stats(server: ChronomqProcess, mqadmin:
                              for r in admin.group_progress("MqaGroup", "MqaFlow")) == 4,
                  message="4 consumed and committed")
         wait_for(lambda: _online_producers(server, "MqaPG2"), message="the producer's heartbeat")
-        progress, with_ip, connections, producers, stats, deleted = mqadmin.run_all([
-            ("consumerProgress", "-g", "MqaGroup"), ("consumerProgress", "-g", "MqaGroup", "-s", "true"),
-            ("consumerConnection", "-g", "MqaGroup"), ("producerConnection", "-g", "MqaPG2", "-t", "MqaFlow"),
-            ("statsAll", "-t", "MqaFlow"), ("deleteSubGroup", "-c", "DefaultCluster", "-g", "MqaGone")])
         client_id = consumer.client_id
+        progress, with_ip, connections, status, producers, stats, deleted = mqadmin.run_all([
+            ("consumerProgress", "-g", "MqaGroup"), ("consumerProgress", "-g", "MqaGroup", "-s", "true"),
+            ("consumerConnection", "-g", "MqaGroup"), ("consumerStatus", "-g", "MqaGroup", "-i", client_id),
+            ("producerConnection", "-g", "MqaPG2", "-t", "MqaFlow"), ("statsAll", "-t", "MqaFlow"),
+            ("deleteSubGroup", "-c", "DefaultCluster", "-g", "MqaGone")])
     rows = _columns(_ok(progress), "MqaFlow")
     assert sum(int(r[3]) for r in rows) == 4 and sum(int(r[4]) for r in rows) == 4  # broker, consumer offsets
     assert {r[5] for r in _columns(_ok(with_ip), "MqaFlow")} == {client_id.split("@")[0]}
     assert [r[2] for r in _columns(_ok(connections), client_id)] == ["PYTHON"]
     assert "MessageModel: CLUSTERING" in connections
     assert "ConsumeFromWhere: CONSUME_FROM_FIRST_OFFSET" in connections
+    assert "#Consumer Properties#" in _ok(status) and "PROP_CONSUMEORDERLY" in status
+    assert len([r for r in _columns(status, "MqaFlow") if "ProcessQueueInfo" in r[3]]) == 4  # its queues
     assert "PYTHON" in _ok(producers)
     row = _columns(_ok(stats), "MqaFlow")[0]
     assert row[1] == "MqaGroup" and row[-2:] == ["4", "4"]  # in and out since the broker started
