@@ -80,8 +80,9 @@ class ChronomqProcess:
     def __init__(self, data_dir: Path, overrides: dict[str, str] | None = None) -> None:
         self.data_dir = Path(data_dir)
         # no /metrics and no gRPC endpoint unless asked: their default ports (+ 2, 8081) are not ones
-        # free_port reserved
-        self.overrides = {"metricsPort": "-1", "grpcListenPort": "-1", **(overrides or {})}
+        # free_port reserved; the HA port on one it did (its default, the broker port + 1, may be taken)
+        self.overrides = {"metricsPort": "-1", "grpcListenPort": "-1", "haListenPort": str(free_port()),
+                          **(overrides or {})}
         self.env: dict[str, str] = {}  # extra environment of the next start (e.g. CHRONOMQ_FAULTS)
         self.host = "127.0.0.1"
         self.namesrv_port = free_port()
