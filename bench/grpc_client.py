@@ -232,11 +232,13 @@ def main() -> int:
             endpoint = f"127.0.0.1:{port}"
             run = uuid.uuid4().hex[:6]
             topic, timed_topic = f"BenchGrpc{run}", f"BenchGrpcTimed{run}"
+            # created first: the endpoint answers a route query of a missing topic with TOPIC_NOT_FOUND
             with RawClient(server.broker_addr) as raw:  # the timed topic: one queue, read by one long poll
-                r = raw.call(17, {"topic": timed_topic, "readQueueNums": "1", "writeQueueNums": "1",
-                                  "perm": "6"})
-                if r.code != 0:
-                    raise RuntimeError(f"cannot create {timed_topic}: {r.remark}")
+                for name, queues in ((topic, "4"), (timed_topic, "1")):
+                    r = raw.call(17, {"topic": name, "readQueueNums": queues, "writeQueueNums": queues,
+                                      "perm": "6"})
+                    if r.code != 0:
+                        raise RuntimeError(f"cannot create {name}: {r.remark}")
             base = {"endpoint": endpoint, "deadline_s": 240}
             sent = run_driver(py, "send", {**base, "topic": topic, "count": a.count, "window": a.window}, 300)
             got = run_driver(py, "receive", {**base, "topic": topic, "group": f"BenchG{run}",
