@@ -20,7 +20,15 @@ from chronomq.client import SUCCESS, Admin, Message, Producer, PushConsumer, Rec
 from chronomq.remoting import fastjson
 from chronomq.remoting.codes import RequestCode
 from tests.compat.harness import ChronomqProcess, CompatUnavailable, RawClient
-from tests.compat.reference import REFERENCE_POM, ROCKETMQ5, java_tools, maven_classpath
+from tests.compat.reference import (
+    _LOGBACK,
+    REFERENCE_POM,
+    ROCKETMQ4,
+    ROCKETMQ5,
+    Release,
+    java_tools,
+    maven_classpath,
+)
 from tests.conftest import wait_for
 
 pytestmark = pytest.mark.compat
@@ -34,9 +42,11 @@ class MQAdmin:
 
     def __init__(self, java: str, classpath: str, namesrv: str, home: Path) -> None:
         self.namesrv = namesrv
+        (home / "conf").mkdir(parents=True, exist_ok=True)  # 4.x reads its logging setup from there
+        (home / "conf" / "logback_tools.xml").write_text(_LOGBACK.format(file=home / "logs" / "tools.log"))
         self.cmd = [java, "-Xms64m", "-Xmx256m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1",
-                    "-XX:-UsePerfData", f"-Duser.home={home}", f"-Drocketmq.client.logRoot={home / 'logs'}",
-                    "-cp", classpath, MAIN]
+                    "-XX:-UsePerfData", f"-Duser.home={home}", f"-Drocketmq.home.dir={home}",
+                    f"-Drocketmq.client.logRoot={home / 'logs'}", "-cp", classpath, MAIN]
 
     def run(self, command: str, *args: str) -> str:
         r = subprocess.run([*self.cmd, command, "-n", self.namesrv, *args], capture_output=True, text=True,
@@ -63,14 +73,18 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ChronomqProcess
         p.stop()
 
 
-@pytest.fixture(scope="module")
-def mqadmin(server: ChronomqProcess, tmp_path_factory: pytest.TempPathFactory) -> MQAdmin:
+def _mqadmin(release: Release, server: ChronomqProcess, tmp_path_factory: pytest.TempPathFactory) -> MQAdmin:
     try:
         java, _ = java_tools()
-        cp = maven_classpath(REFERENCE_POM, ROCKETMQ5.profile)
+        cp = maven_classpath(REFERENCE_POM, release.profile)
     except CompatUnavailable as e:
         pytest.skip(str(e))
-    return MQAdmin(java, cp, server.namesrv_addr, tmp_path_factory.mktemp("mqadmin-home"))
+    return MQAdmin(java, cp, server.namesrv_addr, tmp_path_factory.mktemp(f"mqadmin-{release.name}"))
+
+
+@pytest.fixture(scope="module")
+def mqadmin(server: ChronomqProcess, tmp_path_factory: pytest.TempPathFactory) -> MQAdmin:
+    return _mqadmin(ROCKETMQ5, server, tmp_path_factory)
 
 
 def _broker_config(server: ChronomqProcess) -> dict[str, str]:
@@ -224,3 +238,39 @@ def test_reset_offset_by_time_moves_an_online_consumer(server: ChronomqProcess, 
     assert "start reset consumer offset by specified, group[MqaResetG], topic[MqaReset]" in _ok(reset)
     assert len(_columns(reset, "broker-a")) == 4
     assert "CODE: 26  DESC: Group MqaNoGroup does not exist" in unknown
+
+
+# --- the 4.9.7 tool --------------------------------------------------------------------------------------
+def test_rocketmq4_tool_cluster_config_groups_progress_and_reset(
+        server: ChronomqProcess, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """mqadmin of rocketmq-tools 4.9.7: the commands whose requests or output differ from 5.3's."""
+    mqadmin4 = _mqadmin(ROCKETMQ4, server, tmp_path_factory)
+    got: list[bytes] = []
+
+    def on(msg: ReceivedMessage) -> Any:
+        got.append(msg.body)
+        return SUCCESS
+
+    with Producer("Mqa4PG", server.namesrv_addr) as p:
+        for i in range(3):
+            p.send(Message("Mqa4T", f"m{i}".encode()))
+    with Admin(server.namesrv_addr) as admin, \
+            PushConsumer("Mqa4G", {"Mqa4T": "*"}, on, server.namesrv_addr, consume_from="first",
+                         offset_commit_interval=0.2, rebalance_interval=0.5):
+        wait_for(lambda: len(got) == 3 and sum(max(0, r.consumer_offset)
+                                               for r in admin.group_progress("Mqa4G", "Mqa4T")) == 3,
+                 message="3 consumed and committed")
+        clusters, config, group, progress, stats = mqadmin4.run_all([
+            ("clusterList",), ("getBrokerConfig", "-b", server.broker_addr),
+            ("updateSubGroup", "-b", server.broker_addr, "-g", "Mqa4Other"),
+            ("consumerProgress", "-g", "Mqa4G"), ("statsAll", "-t", "Mqa4T")])
+        reset = mqadmin4.run("resetOffsetByTime", "-g", "Mqa4G", "-t", "Mqa4T", "-s", "0")
+        wait_for(lambda: len(got) == 6, message="the 3 messages again after the reset")
+    assert [r[:4] for r in _columns(_ok(clusters), "DefaultCluster")] == [
+        ["DefaultCluster", "broker-a", "0", server.broker_addr]]
+    assert any(line.split() == ["brokerName", "=", "broker-a"] for line in _ok(config).splitlines())
+    assert "create subscription group to" in _ok(group)
+    assert sum(int(r[4]) for r in _columns(_ok(progress), "Mqa4T")) == 3
+    assert _columns(_ok(stats), "Mqa4T")[0][-2:] == ["3", "3"]
+    assert "rollback consumer offset by specified group[Mqa4G]" in _ok(reset)
+    assert sorted(got[3:]) == [b"m0", b"m1", b"m2"]

@@ -240,7 +240,7 @@ async def test_broker_config_read_and_changed_at_run_time_only_where_safe(env: E
     assert version["counter"] == 1
 
 
-async def test_broker_stats_data_counts_since_start(env: Env) -> None:
+async def test_broker_stats_and_runtime_figures_count_since_start(env: Env) -> None:
     c = await env.client()
     await _send(env, c, "T", 4)
     await env.clock.advance(2000)
@@ -248,6 +248,11 @@ async def test_broker_stats_data_counts_since_start(env: Env) -> None:
     assert stats["statsDay"]["sum"] == 4 and stats["statsMinute"]["tps"] == 2.0
     out = await c.request(R.VIEW_BROKER_STATS_DATA, {"statsName": "GROUP_GET_NUMS", "statsKey": "T@G"})
     assert out.code == C.SYSTEM_ERROR and out.remark == "The stats <GROUP_GET_NUMS> <T@G> not exist"
+    # the runtime keys RocketMQ's clusterList reads (4.9's fails without putTps)
+    table = _ok(await c.request(R.GET_BROKER_RUNTIME_INFO))["table"]
+    assert table["putTps"] == "2.00 2.00 2.00" and table["getTransferedTps"] == "0.00 0.00 0.00"
+    assert table["sendThreadPoolQueueSize"] == "0" and table["brokerActive"] == "true"
+    assert int(table["earliestMessageTimeStamp"]) == env.clock.now_ms() - 2000
 
 
 # --- an online PushConsumer jumps ----------------------------------------------------------------------

@@ -31,6 +31,7 @@ class AdminProcessor(ProcessorBase):
 
     def _init_admin(self) -> dict[int, Handler]:
         self._promotions: set[asyncio.Future[None]] = set()
+        self._admin_started_ms = self.clock.now_ms()
         return {
             RequestCode.GET_MAX_OFFSET: self.get_max_offset,
             RequestCode.GET_MIN_OFFSET: self.get_min_offset,
@@ -166,8 +167,30 @@ class AdminProcessor(ProcessorBase):
         return req.response()
 
     def get_runtime_info(self, req: RemotingCommand, conn: Connection) -> RemotingCommand:
-        info = self.services.runtime_info()
+        info = {**self._rocketmq_runtime_keys(), **self.services.runtime_info()}
         return req.response(body=dump_json({"table": {k: str(v) for k, v in info.items()}}))
+
+    def _rocketmq_runtime_keys(self) -> dict[str, Any]:
+        """The keys of RocketMQ's runtime table that its mqadmin reads (clusterList, brokerStatus), from
+        what chronomq counts: the TPS figures are averages since the broker started (chronomq keeps no
+        per-window history), its thread-pool queues are 0 (requests are answered inline, not queued)."""
+        now = self.clock.now_ms()
+        uptime_s = max(1.0, (now - self._admin_started_ms) / 1000)
+        traffic = self.services.traffic
+        put = self.services.put_stats.count
+        got = sum(v[0] for v in list(traffic.consumed.values()))
+        earliest = now
+        if self.store.max_phy_offset > self.store.min_phy_offset:
+            first = self.store.look_message_by_offset(self.store.min_phy_offset)
+            if first is not None:
+                earliest = first.store_timestamp
+        put_tps, get_tps = f"{put / uptime_s:.2f}", f"{got / uptime_s:.2f}"
+        return {"putTps": " ".join([put_tps] * 3), "getTransferedTps": " ".join([get_tps] * 3),
+                "getTransferredTps": " ".join([get_tps] * 3), "sendThreadPoolQueueSize": 0,
+                "sendThreadPoolQueueHeadWaitTimeMills": 0, "pullThreadPoolQueueSize": 0,
+                "pullThreadPoolQueueHeadWaitTimeMills": 0, "pageCacheLockTimeMills": 0,
+                "earliestMessageTimeStamp": earliest, "brokerActive": "true", "msgPutTotalTodayNow": put,
+                "msgGetTotalTodayNow": got}
 
     def get_topic_config(self, req: RemotingCommand, conn: Connection) -> RemotingCommand:
         """GET_TOPIC_CONFIG (351), as RocketMQ 5's AdminBrokerProcessor answers it: the topic's config
