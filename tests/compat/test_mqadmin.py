@@ -94,6 +94,14 @@ def _broker_config(server: ChronomqProcess) -> dict[str, str]:
     return dict(line.split("=", 1) for line in resp.body.decode().splitlines() if "=" in line)
 
 
+def _collect(got: list[bytes]) -> Any:
+    """A consumer listener that keeps the bodies it is given."""
+    def on(msg: ReceivedMessage) -> Any:
+        got.append(msg.body)
+        return SUCCESS
+    return on
+
+
 def _online_producers(server: ChronomqProcess, group: str) -> bool:
     with RawClient(server.broker_addr) as c:
         return c.call(RequestCode.GET_PRODUCER_CONNECTION_LIST, {"producerGroup": group}).code == 0
@@ -173,11 +181,7 @@ def test_groups_connections_progress_and_stats(server: ChronomqProcess, mqadmin:
     assert "create subscription group to" in _ok(kept) and "groupName=MqaGone" in _ok(gone)
     assert "retryMaxTimes=3" in gone
     got: list[bytes] = []
-
-    def on(msg: ReceivedMessage) -> Any:
-        got.append(msg.body)
-        return SUCCESS
-
+    on = _collect(got)
     ns = server.namesrv_addr
     with Producer("MqaPG2", ns, heartbeat_interval=0.2) as p, Admin(ns) as admin, \
             PushConsumer("MqaGroup", {"MqaFlow": "*"}, on, server.namesrv_addr, consume_from="first",
@@ -215,11 +219,7 @@ def test_groups_connections_progress_and_stats(server: ChronomqProcess, mqadmin:
 # --- reset by time ---------------------------------------------------------------------------------------
 def test_reset_offset_by_time_moves_an_online_consumer(server: ChronomqProcess, mqadmin: MQAdmin) -> None:
     got: list[bytes] = []
-
-    def on(msg: ReceivedMessage) -> Any:
-        got.append(msg.body)
-        return SUCCESS
-
+    on = _collect(got)
     with Producer("MqaPG3", server.namesrv_addr) as p:
         for i in range(3):
             p.send(Message("MqaReset", f"old{i}".encode()))
@@ -246,11 +246,7 @@ def test_rocketmq4_tool_cluster_config_groups_progress_and_reset(
     """mqadmin of rocketmq-tools 4.9.7: the commands whose requests or output differ from 5.3's."""
     mqadmin4 = _mqadmin(ROCKETMQ4, server, tmp_path_factory)
     got: list[bytes] = []
-
-    def on(msg: ReceivedMessage) -> Any:
-        got.append(msg.body)
-        return SUCCESS
-
+    on = _collect(got)
     with Producer("Mqa4PG", server.namesrv_addr) as p:
         for i in range(3):
             p.send(Message("Mqa4T", f"m{i}".encode()))
