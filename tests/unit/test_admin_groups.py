@@ -197,6 +197,9 @@ async def test_reset_offset_by_time_commits_answers_and_pushes_to_online_clients
     # one queue to an offset (mqadmin resetOffsetByTime -b -q -o)
     body = _ok(await c.request(R.INVOKE_BROKER_TO_RESET_OFFSET, {**ext, "queueId": 0, "offset": 1}))
     assert list(body["offsetTable"].values()) == [1]
+    body = _ok(await c.request(R.INVOKE_BROKER_TO_RESET_OFFSET, {**ext, "queueId": 0, "offset": 4,
+                                                                 "isForce": "false"}))
+    assert list(body["offsetTable"].values()) == [4]  # a given offset moves forward too
     out = await c.request(R.INVOKE_BROKER_TO_RESET_OFFSET, {**ext, "queueId": 0, "offset": 9})
     assert out.code == C.SYSTEM_ERROR and "not in consume queue range [0-5]" in (out.remark or "")
     out = await c.request(R.INVOKE_BROKER_TO_RESET_OFFSET, {**ext, "topic": "Nope"})

@@ -178,8 +178,8 @@ class GroupProcessor(ProcessorBase):
     def invoke_reset_offset(self, req: RemotingCommand, conn: Connection) -> RemotingCommand:
         """INVOKE_BROKER_TO_RESET_OFFSET: each queue of the topic (or the queueId given) moves to the first
         message stored at or after ``timestamp`` (-1: the queue's end; an ``offset`` given with a
-        queueId: that offset); without isForce a queue only moves back. The offsets are committed and
-        pushed to the group's online clients; the answer is ResetOffsetBody."""
+        queueId: that offset, whatever isForce); without isForce a queue only moves back. The offsets
+        are committed and pushed to the group's online clients; the answer is ResetOffsetBody."""
         topic = req.require_str("topic")
         group = req.require_str("group")
         timestamp = req.ext_int("timestamp", -1)
@@ -209,7 +209,8 @@ class GroupProcessor(ProcessorBase):
             else:
                 target = max(0, self.store.get_offset_in_queue_by_time(topic, q, timestamp))
             committed = self.services.offsets.query(group, topic, q)
-            offsets[q] = target if force or committed < 0 or target < committed else committed
+            explicit = queue_id >= 0 and offset >= 0
+            offsets[q] = target if explicit or force or committed < 0 or target < committed else committed
         for q, off in offsets.items():
             self.services.offsets.commit(group, topic, q, off)
         table = {mq_key(topic, self.config.brokerName, q): off for q, off in sorted(offsets.items())}
