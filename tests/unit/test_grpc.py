@@ -647,3 +647,23 @@ async def test_a_fifo_group_gets_a_queues_next_message_only_after_the_one_in_fli
         assert [(m.body, m.system_properties.delivery_attempt) for m in msgs] == [(b"h1", 2), (b"h2", 1)]
     finally:
         await env.close()
+
+
+async def test_a_subscription_group_made_orderly_is_a_fifo_group(tmp_path: Path) -> None:
+    from chronomq.broker.subgroups import SubscriptionGroupConfig
+
+    env = await Env(tmp_path).start()
+    try:
+        assert env.broker.services.subgroups is not None
+        env.broker.services.subgroups.update(SubscriptionGroupConfig("OG", consumeMessageOrderly=True))
+        for i in range(2):
+            await env.send("TO", f"o{i}".encode(), f"01O{i}", message_type=pb.FIFO, message_group="g1")
+        _, msgs = await env.receive("TO", group="OG", batch=1)
+        assert [m.body for m in msgs] == [b"o0"]
+        st, held = await env.receive("TO", group="OG")
+        assert st.code == pb.MESSAGE_NOT_FOUND and held == []  # o1 waits for o0, as in a grpcFifoGroups group
+        env.broker.services.subgroups.update(SubscriptionGroupConfig("OG2"))
+        _, plain = await env.receive("TO", group="OG2")  # a group that is not orderly is not held back
+        assert [m.body for m in plain] == [b"o0", b"o1"]
+    finally:
+        await env.close()

@@ -298,7 +298,7 @@ class MessagingService:
             )
         else:
             sub = out.subscription
-            sub.fifo = sub.group.name in self.config.fifo_groups
+            sub.fifo = self._is_fifo(sub.group.name)
             sub.receive_batch_size = MAX_BATCH
             if not sub.HasField("long_polling_timeout") or convert.duration_ms(sub.long_polling_timeout) <= 0:
                 sub.long_polling_timeout.CopyFrom(convert.duration(20_000))
@@ -493,7 +493,7 @@ class MessagingService:
         if remaining_ms is not None:  # answer before the client's deadline, with room for the answer
             poll_ms = min(poll_ms, remaining_ms - POLL_RESERVE_MS)
         deadline = self.clock.now_ms() + max(0, min(poll_ms, MAX_POLL_MS))
-        fifo = group in self.config.fifo_groups
+        fifo = self._is_fifo(group)
         msgs = await self._pop(group, tc.topicName, queues, batch, invisible, tag_filter, deadline, fifo)
         self.received += len(msgs)
         return msgs
@@ -555,6 +555,14 @@ class MessagingService:
             unblocked = self._fifo_event(group, topic) if fifo else None
             await self._wait(topic, states, max(wake, now + 1), unblocked)
         return []
+
+    def _is_fifo(self, group: str) -> bool:
+        """A FIFO group: named in ``grpcFifoGroups``, or its subscription group is ``consumeMessageOrderly``
+        (as RocketMQ's proxy decides, from the group made with UPDATE_AND_CREATE_SUBSCRIPTIONGROUP)."""
+        if group in self.config.fifo_groups:
+            return True
+        cfg = self.services.subscription_group(group)
+        return cfg is not None and cfg.consumeMessageOrderly
 
     def _fifo_event(self, group: str, topic: str) -> asyncio.Event:
         """Set when a message of a FIFO group's topic is acked (or its invisibility changed): a queue held
