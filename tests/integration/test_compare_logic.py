@@ -687,12 +687,13 @@ def test_tree_cpu_counts_the_process_and_its_children() -> None:
     import os
     import subprocess
     import sys
-    import time
 
+    # the child burns 0.3 s of CPU, says so, then sleeps: on a busy machine that may take seconds of wall time
     child = subprocess.Popen([sys.executable, "-c", "import time\nt=time.process_time()\n"
-                              "while time.process_time() - t < 0.3: pass\ntime.sleep(5)"])
+                              "while time.process_time() - t < 0.3: pass\nprint('burnt', flush=True)\n"
+                              "time.sleep(30)"], stdout=subprocess.PIPE, text=True)
     try:
-        time.sleep(1.5)
+        assert child.stdout is not None and child.stdout.readline() == "burnt\n"
         assert procs.tree_cpu_s([os.getpid()]) >= 0.25
         assert procs.tree_cpu_s([child.pid]) >= 0.25
     finally:

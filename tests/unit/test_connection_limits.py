@@ -327,6 +327,9 @@ async def test_a_broker_keeps_a_held_pull_longer_than_its_idle_limit(tmp_path: P
         assert (lim.max_idle, lim.max_connections_per_ip, lim.frame_read_timeout) == (1, 64, 30.0)
         c = await AsyncRawClient.connect(broker.server.address)
         assert (await c.send_message("HeldT", b"one")).code == ResponseCode.SUCCESS
+        # dispatched (a pull before it would be told its offset moved, as RocketMQ's would)
+        await async_wait_for(lambda: broker.store.get_max_offset_in_queue("HeldT", 0) == 1,
+                             message="dispatch")
         # a long poll at the queue's end, held 2.5 s: more than the 1 s idle limit, and not cut
         pull = pull_ext("G", "HeldT", 0, 1, suspend_ms=2500)
         resp = await c.request(RequestCode.PULL_MESSAGE, pull, timeout=20)
