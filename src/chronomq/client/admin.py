@@ -1,6 +1,7 @@
 """Admin: the cluster, topics and routes, group progress and lag, broker runtime figures, message lookup
-by id and key, offset reset by timestamp, dead-letter redrive, chronomq delay statistics (request code
-9001), and chronomq's timer store: cancel (9002), reschedule (9003) and the pending index (9004).
+by id and key, message traces, offset reset by timestamp, dead-letter redrive, chronomq delay statistics
+(request code 9001), and chronomq's timer store: cancel (9002), reschedule (9003) and the pending index
+(9004).
 
 Cluster-wide calls ask every master broker the name server knows; the ``broker_*`` calls and the
 ``broker_addr=`` keyword ask one broker by address, without the name server. Times come from the
@@ -13,8 +14,9 @@ import asyncio
 import base64
 import binascii
 import json
+import logging
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from typing import Any
@@ -29,6 +31,9 @@ from .blocking import SyncContextMixin
 from .errors import BrokerError, ClientClosed, ClientError, NoRouteError, NotSupported, error_for_code
 from .instance import ClientInstance
 from .model import Message, MessageQueue, ReceivedMessage, TopicRoute, deliver_time_ms
+from .trace import TRACE_TOPIC, TraceDecodeError, TraceRecord, TraceType, decode_trace_body
+
+log = logging.getLogger("chronomq.client")
 
 _SKIP_ON_REDRIVE = {m.PROPERTY_UNIQ_KEY, m.PROPERTY_WAIT_STORE_MSG_OK, m.PROPERTY_DELAY_TIME_LEVEL,
                     m.PROPERTY_REAL_TOPIC, m.PROPERTY_REAL_QUEUE_ID, m.PROPERTY_RETRY_TOPIC,
@@ -191,6 +196,10 @@ def _json_body(body: bytes, what: str, addr: str) -> dict[str, Any]:
         raise BrokerError(f"{what}: {addr} answered {type(data).__name__}, not a JSON object")
     return data
 
+
+# the order of a message's trace records of the same millisecond
+_TRACE_ORDER = {TraceType.PUB: 0, TraceType.END_TRANSACTION: 1, TraceType.SUB_BEFORE: 2,
+                TraceType.SUB_AFTER: 3, TraceType.RECALL: 4}
 
 BROWSE_GROUP = "CHRONOMQ_BROWSE"  # the consumer group named by read-only pulls (it never commits)
 MAX_BROWSE = 1_000
@@ -502,6 +511,43 @@ class Admin(SyncContextMixin):
                     continue
                 seen[msg.offset_msg_id] = msg
         return sorted(seen.values(), key=lambda x: (x.store_timestamp, x.commit_log_offset))[:max_num]
+
+    async def message_trace(self, msg_id: str, topic: str | None = None) -> list[TraceRecord]:
+        """The trace of a message, by its id (SendResult.msg_id / ReceivedMessage.id: the UNIQ_KEY that
+        RocketMQ clients with message trace on write into their trace records): every record of it in the
+        trace topic (``topic``, default RMQ_SYS_TRACE_TOPIC; a client's customizedTraceTopic otherwise),
+        found by key as RocketMQ's dashboard finds them, oldest first. [] when there is none or the trace
+        topic does not exist. A record without a client host gets the trace message's born host (where
+        the dashboard reads it); a SubAfter without a group gets its SubBefore's (same request id). Trace
+        messages whose body does not decode are skipped."""
+        trace_topic = topic if topic is not None else TRACE_TOPIC
+        self._check_ident(msg_id)
+        try:
+            found = await self.query_messages(trace_topic, msg_id, 64)
+        except NoRouteError:
+            return []
+        rows: list[tuple[int, int, TraceRecord]] = []
+        for msg in found:
+            try:
+                records = decode_trace_body(msg.body)
+            except TraceDecodeError as e:
+                log.debug("trace message %s in %s skipped: %s", msg.offset_msg_id, trace_topic, e)
+                continue
+            for r in records:
+                if r.msg_id != msg_id:
+                    continue
+                if r.client_host is None:
+                    r = replace(r, client_host=msg.born_host[0])
+                when = r.timestamp if r.timestamp is not None else msg.born_timestamp
+                rows.append((when, _TRACE_ORDER.get(r.type, 9), r))
+        groups = {r.request_id: r.group for _, _, r in rows
+                  if r.type == TraceType.SUB_BEFORE and r.request_id}
+        out = []
+        for _, _, r in sorted(rows, key=lambda x: (x[0], x[1])):
+            if r.type == TraceType.SUB_AFTER and r.group is None and r.request_id in groups:
+                r = replace(r, group=groups[r.request_id])
+            out.append(r)
+        return out
 
     async def redrive_dlq(self, group: str, max_messages: int | None = None, *,
                           producer_group: str = "CHRONOMQ_DLQ_REDRIVE") -> int:

@@ -287,7 +287,12 @@ class Console:
             raise BadInput("which message? (?id=<offset message id>)")
         msg = await self.admin.get_message(msg_id)
         text, is_text = _body_text(msg.body)
-        return {"msg": msg, "body": text, "is_text": is_text,
+        trace, trace_error = [], None
+        try:  # the message is shown whatever becomes of its trace
+            trace = await self.admin.message_trace(msg.id)
+        except (ClientError, OSError) as e:
+            trace_error = str(e)
+        return {"msg": msg, "body": text, "is_text": is_text, "trace": trace, "trace_error": trace_error,
                 "dead_letter": msg.raw_topic.startswith(m.DLQ_GROUP_TOPIC_PREFIX)}
 
     async def _delayed(self, request: Request, session: Session) -> dict[str, Any]:
