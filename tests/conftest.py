@@ -73,13 +73,15 @@ def port() -> int:
 
 # Under pytest-xdist with `--dist loadscope` (see the Makefile's PYTEST_XDIST) the tests that share a
 # fixture wider than a function stay on one worker, so that it is set up once: every module is a scope of
-# its own (its module-scoped servers), and so are two sets of modules that share a costly session fixture:
-# those of tests/spark that take the local Spark session (a JVM), and tests/web (its cluster and console).
+# its own (its module-scoped servers), and so are three sets of modules that share a costly session fixture:
+# those of tests/spark that take the local Spark session (a JVM), tests/web (its cluster and console), and
+# those of tests/compat that take a reference Apache RocketMQ (three or four JVMs, started once).
 # Ports are free ones chosen at run time and files live under each test's tmp_path, so scopes do not disturb
 # one another; a venv or driver built on first use is built under a file lock (tests/compat/harness.py).
 # (xdist's own xdist_group marks no longer reach its scheduler under pytest 9, which does not let a plugin
 # rename a test's node id, so the scopes are chosen here.)
 _TAKES_SPARK = re.compile(r"def test_\w+\([^)]*\bspark\b")
+_TAKES_REFERENCE = re.compile(r"def \w+\([^)]*\brocketmq[45]\b")
 _ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -87,6 +89,12 @@ _ROOT = Path(__file__).resolve().parents[1]
 def xdist_scope_of_module(path: str) -> str:
     if path.startswith("tests/web/"):
         return "tests/web"
+    if path.startswith("tests/compat/"):
+        try:
+            if _TAKES_REFERENCE.search((_ROOT / path).read_text()):
+                return "tests/compat (reference RocketMQ)"
+        except OSError:
+            pass
     if path.startswith("tests/spark/"):
         try:
             if _TAKES_SPARK.search((_ROOT / path).read_text()):
@@ -101,11 +109,13 @@ def xdist_scope_of(nodeid: str) -> str:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """On xdist workers, the Spark tests first: the longest scopes (a standalone cluster, spark-submit
-    runs) would otherwise start last and leave one worker idle at the end. With --no-loadscope-reorder
-    (the Makefile's PYTEST_XDIST) xdist keeps this order instead of its largest-scope-first."""
+    """On xdist workers, the Spark tests first, then those on the reference RocketMQ: the longest scopes (a
+    standalone cluster, spark-submit runs, the differential tests) would otherwise start last and leave one
+    worker idle at the end. With --no-loadscope-reorder (the Makefile's PYTEST_XDIST) xdist keeps this order
+    instead of its largest-scope-first."""
     if getattr(config, "workerinput", None) is not None and config.getvalue("dist") == "loadscope":
-        items.sort(key=lambda item: not item.nodeid.startswith("tests/spark/"))  # stable: else as collected
+        items.sort(key=lambda item: (not item.nodeid.startswith("tests/spark/"),  # stable: else as collected
+                                     xdist_scope_of(item.nodeid) != "tests/compat (reference RocketMQ)"))
 
 
 @pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist, when it is installed

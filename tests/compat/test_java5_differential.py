@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,19 +31,15 @@ from tests.compat.harness import (
     start_driver,
 )
 from tests.compat.observe import assert_same, b64, text, uniq
-from tests.compat.reference import REFERENCE_POM, ROCKETMQ5, RocketMQProcess, maven_classpath
+from tests.compat.reference import RocketMQProcess
 
 pytestmark = pytest.mark.compat
 
-# DIFFERENTIAL_CONF checks undecided transactions within seconds; the reference's first checks can miss the
-# producer while its proxy has not yet told the broker about it, so neither gives up after the default 15
-TX_CONF = {"transactionCheckMax": "100"}
 # properties a broker fills with its own values: compared by presence
 BROKER_VALUED = {"TRANSACTION_CHECK_TIMES"}
 # the reference delivers a timed message within its timer precision (timerPrecisionMs in reference.py)
 REFERENCE_TIMER_PRECISION_MS = 100
-# a consumer group that consumes in order: RocketMQ's subscription group "consumeMessageOrderly", chronomq's
-# grpcFifoGroups (it keeps no subscription groups for the 5.x endpoint)
+# a consumer group that consumes in order: its subscription group says "consumeMessageOrderly" on both
 FIFO_GROUP = f"J5Fifo_{uuid.uuid4().hex[:8]}"
 
 
@@ -69,41 +65,14 @@ def _java5_or_skip() -> None:
         pytest.skip(str(e))
 
 
-@pytest.fixture(scope="module")
-def rocketmq5_proxy(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RocketMQProcess]:
-    """Apache RocketMQ 5.3.x with its proxy in Cluster mode (gRPC), for this module."""
-    try:
-        maven_classpath(REFERENCE_POM, ROCKETMQ5.profile)
-    except CompatUnavailable as e:
-        pytest.skip(str(e))
-    _java5_or_skip()
-    errors = []
-    for _ in range(3):  # the proxy exits when the broker has not registered its cluster yet: start afresh
-        proc = RocketMQProcess(tmp_path_factory.mktemp("rocketmq5-proxy"), ROCKETMQ5,
-                               {**DIFFERENTIAL_CONF, **TX_CONF}, proxy=True)
-        try:
-            proc.start()
-            break
-        except RuntimeError as e:
-            errors.append(str(e))
-            if "failed on cluster" not in str(e):
-                break
-    else:
-        proc = None
-    if proc is None or not proc.children:
-        pytest.fail(f"the reference {ROCKETMQ5.name} with its proxy did not start: {errors[-1]}")
-    yield proc
-    proc.discard()
-
-
 @pytest.fixture
-def brokers(chronomq_factory: Callable[..., ChronomqProcess], rocketmq5_proxy: RocketMQProcess
+def brokers(chronomq_factory: Callable[..., ChronomqProcess], rocketmq5: RocketMQProcess
             ) -> dict[str, Endpoint]:
+    _java5_or_skip()
     port = free_port()
-    server = chronomq_factory({"grpcListenPort": str(port), "grpcFifoGroups": FIFO_GROUP, **DIFFERENTIAL_CONF,
-                               **TX_CONF})
+    server = chronomq_factory({"grpcListenPort": str(port), **DIFFERENTIAL_CONF})
     return {"chronomq": Endpoint("chronomq", f"127.0.0.1:{port}", server.broker_addr, 0),
-            "rocketmq5": Endpoint("rocketmq5", rocketmq5_proxy.proxy_endpoint, rocketmq5_proxy.broker_addr,
+            "rocketmq5": Endpoint("rocketmq5", rocketmq5.proxy_endpoint, rocketmq5.broker_addr,
                                   REFERENCE_TIMER_PRECISION_MS)}
 
 
@@ -119,9 +88,7 @@ def create_topic(ep: Endpoint, message_type: str, queues: int = 4) -> str:
 
 
 def create_fifo_group(ep: Endpoint, group: str) -> None:
-    """On the reference: the subscription group, consuming in order (UPDATE_AND_CREATE_SUBSCRIPTIONGROUP)."""
-    if ep.name != "rocketmq5":
-        return  # chronomq: grpcFifoGroups
+    """The subscription group, consuming in order (UPDATE_AND_CREATE_SUBSCRIPTIONGROUP)."""
     config = {"groupName": group, "consumeEnable": True, "consumeFromMinEnable": True,
               "consumeBroadcastEnable": True, "consumeMessageOrderly": True, "retryQueueNums": 1,
               "retryMaxTimes": 16, "brokerId": 0, "whichBrokerWhenConsumeSlowly": 1,
