@@ -162,7 +162,7 @@ def _sub_before(f: _Fields) -> TraceRecord:
 
 def _sub_after(f: _Fields) -> TraceRecord:
     f.need(6)
-    # 4.x before 4.9.3 ends at the context code; then the timestamp came, and the consumer group
+    # older clients end at the keys or the context code; newer ones add the timestamp, then the group
     return TraceRecord(
         TraceType.SUB_AFTER, f.text(2, "msg id"), request_id=f.text(1, "request id"),
         cost_ms=f.number(3, "cost time"), success=f.boolean(f.text(4, "success")), keys=f.text(5, "keys"),
