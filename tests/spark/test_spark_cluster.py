@@ -105,11 +105,12 @@ def test_batch_write_with_per_row_delay_and_deliver_time(cluster: Cluster, broke
     assert result["timed"] == 200 and result["early"] == 0  # 100 by delay, 100 by deliver time, none early
 
 
-STREAM = """
+PER_TRIGGER = 500  # 3,000 messages: six micro-batches, the first driver killed after its third
+STREAM = f"""
     import json, time
     ns, checkpoint, table = sys.argv[1], sys.argv[2], sys.argv[3]
     q = (spark.readStream.format("chronomq").option("namesrv", ns).option("subscribe", "ClusterS")
-         .option("startingOffsets", "earliest").option("maxOffsetsPerTrigger", "200").load()
+         .option("startingOffsets", "earliest").option("maxOffsetsPerTrigger", "{PER_TRIGGER}").load()
          .selectExpr("CAST(value AS STRING) AS v", "msg_id", "partition", "offset")
          .writeStream.format("parquet").option("path", table).option("checkpointLocation", checkpoint)
          .trigger(processingTime="500 milliseconds").start())
@@ -141,7 +142,7 @@ def test_stream_to_parquet_survives_a_killed_driver_exactly_once(cluster: Cluste
     finally:
         os.killpg(first.pid, signal.SIGKILL)  # the driver (Python and JVM) dies between or inside batches
         first.wait(30)
-    assert committed_batches() < n // 200, "the first driver had already read everything"
+    assert committed_batches() < n // PER_TRIGGER, "the first driver had already read everything"
     second = driver(cluster, STREAM, tmp_path, "stream2", broker.namesrv_addr, str(checkpoint), str(table))
     try:
         def all_in_table() -> bool:
