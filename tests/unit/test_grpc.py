@@ -466,6 +466,8 @@ async def test_an_expired_receipt_handle_is_refused_though_the_message_was_not_r
     r = await env.ack("TE", m)
     assert (r.entries[0].status.code, r.entries[0].status.message) == \
         (pb.INVALID_RECEIPT_HANDLE, "receipt handle is expired")
+    # the answer's own status names the code, as the proxy's: the Java client's exception text is read there
+    assert (r.status.code, r.status.message) == (pb.INVALID_RECEIPT_HANDLE, "INVALID_RECEIPT_HANDLE")
     req = pb.ChangeInvisibleDurationRequest(group=pb.Resource(name="G"), topic=pb.Resource(name="TE"),
                                             receipt_handle=m.system_properties.receipt_handle,
                                             invisible_duration=convert.duration(30_000))
@@ -667,3 +669,17 @@ async def test_a_subscription_group_made_orderly_is_a_fifo_group(tmp_path: Path)
         assert [m.body for m in plain] == [b"o0", b"o1"]
     finally:
         await env.close()
+
+
+def test_a_batch_answers_status_is_its_entries_code_by_name() -> None:
+    from chronomq.grpc.service import overall_status
+
+    def entry(code: int, text: str) -> pb.AckMessageResultEntry:
+        return pb.AckMessageResultEntry(status=pb.Status(code=code, message=text))
+
+    one = overall_status([entry(pb.OK, "fine"), entry(pb.OK, "also")], "ack")
+    assert (one.code, one.message) == (pb.OK, "OK")
+    mixed = overall_status([entry(pb.OK, "fine"), entry(pb.INVALID_RECEIPT_HANDLE, "expired")], "ack")
+    assert (mixed.code, mixed.message) == (pb.MULTIPLE_RESULTS, "MULTIPLE_RESULTS")
+    empty = overall_status([], "ack")
+    assert (empty.code, empty.message) == (pb.INTERNAL_SERVER_ERROR, "ack message result is empty")

@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import itertools
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -59,6 +59,18 @@ _SEND_CODES = {
     "error": pb.INTERNAL_ERROR,
 }
 
+
+
+def overall_status(entries: Sequence[Any], what: str) -> pb.Status:
+    """A batch answer's own status, as RocketMQ's proxy sets it: the entries' one code with its name as the
+    text (clients build their exception from it; each entry keeps its detailed text), MULTIPLE_RESULTS
+    when the codes differ, INTERNAL_SERVER_ERROR when there is no entry."""
+    codes = {e.status.code for e in entries}
+    if len(codes) > 1:
+        return status(pb.MULTIPLE_RESULTS)
+    if codes:
+        return status(codes.pop())
+    return status(pb.INTERNAL_SERVER_ERROR, f"{what} message result is empty")
 
 class Refused(Exception):
     """A request answered with ``code`` (a v2 Code) and ``message``."""
@@ -319,9 +331,7 @@ class MessagingService:
         if not req.messages:
             raise Refused(pb.BAD_REQUEST, "no message to send")
         entries = [await self._send_one(m, ctx) for m in req.messages]
-        codes = {e.status.code for e in entries}
-        top = entries[0].status if len(codes) == 1 else status(pb.MULTIPLE_RESULTS)
-        return pb.SendMessageResponse(status=top, entries=entries)
+        return pb.SendMessageResponse(status=overall_status(entries, "send"), entries=entries)
 
     async def _send_one(self, m: pb.Message, ctx: grpc.aio.ServicerContext) -> pb.SendResultEntry:
         try:
@@ -755,9 +765,7 @@ class MessagingService:
         except OSError as e:
             log.error("cannot persist the in-flight table after an ack (written later): %s", e)
         self._wake_fifo(group, topic)
-        codes = {e.status.code for e in entries}
-        top = entries[0].status if len(codes) == 1 else status(pb.MULTIPLE_RESULTS)
-        return pb.AckMessageResponse(status=top if entries else status(OK), entries=entries)
+        return pb.AckMessageResponse(status=overall_status(entries, "ack"), entries=entries)
 
     async def change_invisible_duration(
         self, req: pb.ChangeInvisibleDurationRequest, ctx: grpc.aio.ServicerContext
