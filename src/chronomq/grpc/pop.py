@@ -75,12 +75,13 @@ class PopTable:
     def get(self, group: str, topic: str, queue_id: int) -> QueueState | None:
         return self.queues.get((group, topic, queue_id))
 
-    def deliver(self, st: QueueState, offset: int, until_ms: int) -> Inflight:
-        """Hand out the message at ``offset`` (fresh when at or past ``next``, else a redelivery)."""
+    def deliver(self, st: QueueState, offset: int, until_ms: int, attempt: int = 1) -> Inflight:
+        """Hand out the message at ``offset`` (fresh when at or past ``next``, else a redelivery; one
+        already acked is in flight again, as delivery ``attempt``)."""
         self.seq += 1
         e = st.inflight.get(offset)
         if e is None:
-            e = st.inflight[offset] = Inflight(until_ms, 1, self.seq)
+            e = st.inflight[offset] = Inflight(until_ms, attempt, self.seq)
         else:
             e.until_ms, e.attempt, e.gen = until_ms, e.attempt + 1, self.seq
         if offset >= st.next:

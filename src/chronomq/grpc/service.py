@@ -638,7 +638,8 @@ class MessagingService:
         until = now + invisible
         out: list[pb.Message] = []
         max_attempts = self.config.maxReconsumeTimes
-        for offset in st.due(now, limit):
+        redo = self._fifo_again(topic, q, st, limit, now, tag_filter) if fifo else st.due(now, limit)
+        for offset in redo:
             m = self._read(topic, q, offset)
             e = st.inflight.get(offset)
             if m is None or e is None:  # cleaned from the store meanwhile: nothing left to deliver
@@ -656,6 +657,30 @@ class MessagingService:
         if st.settle() != old:
             self.services.offsets.commit(group, topic, q, st.committed)
         return out
+
+    def _fifo_again(self, topic: str, q: int, st: QueueState, limit: int, now: int,
+                    tag_filter: TagFilter | SqlFilter) -> list[int]:
+        """RocketMQ's orderly pop, once nothing of the queue is invisible: the queue is read again from its
+        first message not acked, and those after it that were acked (an ack within a batch does not
+        commit) are in flight again with it; up to ``limit`` offsets, oldest first."""
+        if not st.inflight:
+            return []
+        first = min(st.inflight)
+        again = max(e.attempt for e in st.inflight.values())  # the batch's deliveries so far
+        records = tag_filter.records if isinstance(tag_filter, SqlFilter) else None
+        r = self.store.get_message(topic, q, first, limit, max_bytes=MAX_PULL_BYTES,
+                                   tag_filter=tag_filter.predicate(), record_filter=records)
+        matched = set()
+        for rec in r.messages if r.status is GetStatus.FOUND else ():
+            m = decode_record(rec)
+            if m.queue_offset < st.next and (tag_filter.tags is None
+                                              or m.properties.get(PROPERTY_TAGS) in tag_filter.tags):
+                matched.add(m.queue_offset)
+        redo = sorted(matched | {o for o in st.inflight if o < first + limit})[:limit]
+        for offset in redo:
+            if offset not in st.inflight:
+                self.pop.deliver(st, offset, now, again)  # in flight again, due now
+        return redo
 
     def _fresh(
         self, topic: str, q: int, st: QueueState, room: int, until: int, invisible: int,
