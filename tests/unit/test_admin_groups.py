@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from tests.conftest import async_wait_for
 from tests.integration.rawclient import AsyncRawClient, heartbeat_body
+from tests.unit import test_broker_processors, test_rocketmq_parity
 from tests.unit.test_broker_processors import Env, _dispatched
 from tests.unit.test_rocketmq_parity import Cluster
 
@@ -28,21 +29,8 @@ from chronomq.remoting.codec import encode
 from chronomq.remoting.codes import RequestCode as R
 from chronomq.remoting.codes import ResponseCode as C
 
-
-@pytest.fixture
-async def env(tmp_path: Path):
-    e = Env(tmp_path)
-    await e.broker.start()
-    yield e
-    await e.close()
-
-
-@pytest.fixture
-async def cluster(tmp_path: Path):
-    c = Cluster(tmp_path)
-    await c.start()
-    yield c
-    await c.close()
+env = test_broker_processors.env  # the fixtures of those modules, shared
+cluster = test_rocketmq_parity.cluster
 
 
 def _ok(resp: Any) -> Any:
