@@ -65,12 +65,8 @@ def _ok(out: str) -> str:
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ChronomqProcess]:
-    p = ChronomqProcess(tmp_path_factory.mktemp("mqadmin") / "data")
-    p.start()
-    try:
+    with ChronomqProcess(tmp_path_factory.mktemp("mqadmin") / "data") as p:
         yield p
-    finally:
-        p.stop()
 
 
 def _mqadmin(release: Release, server: ChronomqProcess, tmp_path_factory: pytest.TempPathFactory) -> MQAdmin:
