@@ -31,4 +31,6 @@ def test_chaos_quick_keeps_every_acknowledged_message() -> None:
     settled = {} if figures["settled"] == "none" else \
         {k: int(n) for k, n in (x.split(":") for x in figures["settled"].split(","))}
     assert figures["unsettled"] == "0" and sum(settled.values()) == int(figures["undecided"]), last
-    assert "fault points reached: {'commitlog.roll'" in proc.stdout, proc.stdout[-2000:]
+    # the armed restarts reached the fault points (a roll reached while recovering counts, under its own name)
+    reached = next(line for line in proc.stdout.splitlines() if line.startswith("fault points reached: "))
+    assert "'commitlog.roll" in reached.split("; not reached")[0], proc.stdout[-2000:]

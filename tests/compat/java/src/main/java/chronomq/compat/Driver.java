@@ -385,7 +385,7 @@ public final class Driver {
                 out.add("results", sendRound(p, str(args, "mode", "sync"), args.getAsJsonArray("messages"), timeout));
             }
         } finally {
-            drainTraces(p);
+            drainTraces(p.getTraceDispatcher());
             p.shutdown();
         }
         return out;
@@ -451,12 +451,12 @@ public final class Driver {
     }
 
     /**
-     * With enableMsgTrace the producer hands its trace records to a background executor that sends them
-     * asynchronously; shutdown() does not wait for a send in flight. Flush, then wait (bounded) until that
-     * executor is idle, so the records are on the wire before the JVM halts.
+     * With enableMsgTrace a producer or consumer hands its trace records to a background executor that
+     * sends them asynchronously; shutdown() does not wait for a send in flight (and stops the trace
+     * producer). Flush, then wait (bounded) until that executor is idle, so the records are on the wire
+     * before the client shuts down and the JVM halts.
      */
-    static void drainTraces(DefaultMQProducer p) {
-        Object dispatcher = p.getTraceDispatcher();
+    static void drainTraces(Object dispatcher) {
         if (dispatcher == null) {
             return;
         }
@@ -575,7 +575,11 @@ public final class Driver {
             enough.countDown();
         }
         enough.await(num(args, "maxSeconds", 60), TimeUnit.SECONDS);
-        c.shutdown();  // waits for the listener calls in flight and their send-backs (below)
+        // the consumer first: it waits for the listener calls in flight and their send-backs (below), whose
+        // consume traces (SubAfter) are queued as each call returns; then those traces; then the rest
+        c.getDefaultMQPushConsumerImpl().shutdown(c.getAwaitTerminationMillisWhenShutdown());
+        drainTraces(c.getTraceDispatcher());
+        c.shutdown();
         out.close();
         res.addProperty("started", true);
         res.addProperty("consumed", consumed.get());
@@ -635,6 +639,18 @@ public final class Driver {
                         case "viewById": {
                             MessageExt m = a.viewMessage(s.get("topic").getAsString(), s.get("id").getAsString());
                             r.add("message", describe(m, System.currentTimeMillis()));
+                            break;
+                        }
+                        case "resetOffsetByTime": {  // mqadmin resetOffsetByTime: the group's online consumers jump
+                            Map<org.apache.rocketmq.common.message.MessageQueue, Long> moved =
+                                a.resetOffsetByTimestamp(s.get("topic").getAsString(), s.get("group").getAsString(),
+                                    num(s, "timestamp", 0), true);
+                            long sum = 0;
+                            for (long o : moved.values()) {
+                                sum += o;
+                            }
+                            r.addProperty("queues", moved.size());
+                            r.addProperty("offsetSum", sum);
                             break;
                         }
                         default: throw new IllegalArgumentException("unknown admin step " + s.get("do"));
