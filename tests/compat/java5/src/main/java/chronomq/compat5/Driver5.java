@@ -255,7 +255,8 @@ public final class Driver5 {
 
     // ---- simple_consume ---------------------------------------------------------------------------------
     /**
-     * args: endpoint, group, topic, filter (tag expression, "*"), expect (messages to ack), invisibleMs,
+     * args: endpoint, group, topic, filter (tag expression, "*"; a SQL92 one with filterType SQL92), expect
+     * (messages to ack), invisibleMs,
      * awaitMs (long polling), batch, change {key: invisibleMs} (the first receipt of that key is not acked but
      * its invisible duration changed, so it comes back), maxSeconds, lingerMs (keep receiving that long after
      * the expected acks). One record per receipt, with "action"
@@ -265,7 +266,8 @@ public final class Driver5 {
         Map<String, String> change = strMap(args, "change");
         Set<String> changed = ConcurrentHashMap.newKeySet();
         String topic = args.get("topic").getAsString();
-        FilterExpression filter = new FilterExpression(str(args, "filter", "*"), FilterExpressionType.TAG);
+        FilterExpression filter = new FilterExpression(str(args, "filter", "*"),
+            FilterExpressionType.valueOf(str(args, "filterType", "TAG")));
         JsonObject result = new JsonObject();
         JsonArray records = new JsonArray();
         SimpleConsumer consumer;
@@ -342,7 +344,8 @@ public final class Driver5 {
             }
         }
         String topic = args.get("topic").getAsString();
-        FilterExpression filter = new FilterExpression(str(args, "filter", "*"), FilterExpressionType.TAG);
+        FilterExpression filter = new FilterExpression(str(args, "filter", "*"),
+            FilterExpressionType.valueOf(str(args, "filterType", "TAG")));
         List<JsonObject> records = Collections.synchronizedList(new ArrayList<>());
         JsonObject result = new JsonObject();
         PushConsumer consumer;
