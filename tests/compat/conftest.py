@@ -81,7 +81,9 @@ def _reference(tmp_path_factory: pytest.TempPathFactory, release: Release) -> It
     except CompatUnavailable as e:
         pytest.skip(str(e))
     errors = []
-    for _ in range(3):  # the proxy exits when the broker has not registered its cluster yet: start afresh
+    # started afresh on new ports when the proxy exits because the broker has not registered its cluster
+    # yet, or when a port chosen free was taken before the JVM bound it
+    for _ in range(3):
         proc = RocketMQProcess(tmp_path_factory.mktemp(release.name), release, dict(DIFFERENTIAL_CONF),
                                proxy=release.has_proxy)
         try:
@@ -89,7 +91,7 @@ def _reference(tmp_path_factory: pytest.TempPathFactory, release: Release) -> It
             break
         except RuntimeError as e:
             errors.append(str(e))
-            if "failed on cluster" not in str(e):
+            if "failed on cluster" not in str(e) and "Address already in use" not in str(e):
                 break
     if not proc.children:
         pytest.fail(f"the reference {release.name} did not start: {errors[-1]}")

@@ -138,24 +138,32 @@ def _listening(port: int) -> bool:
         return s.connect_ex(("127.0.0.1", port)) == 0
 
 
-def _free_ports(n: int, spaced: int = 0) -> list[int]:
-    """``n`` distinct free ports; with ``spaced``, each port p also has p - spaced free (the broker's
-    fast channel listens on listenPort - 2)."""
+def _free_ports(n: int, neighbours: tuple[int, ...] = ()) -> list[int]:
+    """``n`` distinct free ports; each port p also has p + d free for every d of ``neighbours`` (a broker
+    listens on listenPort - 2 for its fast channel and, on 4.x, on listenPort + 1 for HA whatever
+    haListenPort says)."""
     out: list[int] = []
     for _ in range(200):
         p = free_port()
-        if p in out or (spaced and (p - spaced in out or p - spaced < 1024)):
+        taken = {q for o in out for q in (o, *(o + d for d in neighbours))}
+        near = [p + d for d in neighbours]
+        if p in taken or any(q in taken or not 1024 <= q < 65536 for q in near):
             continue
-        if spaced:
-            with socket.socket() as s:
-                try:
-                    s.bind(("127.0.0.1", p - spaced))
-                except OSError:
-                    continue
+        if not all(map(_bindable, near)):
+            continue
         out.append(p)
         if len(out) == n:
             return out
     raise RuntimeError("could not find free ports")
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
 
 
 def _die_with_parent() -> None:
@@ -263,8 +271,11 @@ class RocketMQProcess:
             (self.home / "conf" / f"logback_{server}.xml").write_text(_LOGBACK.format(
                 file=self.log_dir() / f"{server}.log"))
         store = self.workdir / "store"
-        self.broker_port, = _free_ports(1, spaced=2)
+        self.broker_port, = _free_ports(1, neighbours=(-2, 1))
         self.namesrv_port, ha_port, self.grpc_port, remoting_proxy = _free_ports(4)
+        while {self.broker_port - 2, self.broker_port, self.broker_port + 1} & {
+                self.namesrv_port, ha_port, self.grpc_port, remoting_proxy}:
+            self.namesrv_port, ha_port, self.grpc_port, remoting_proxy = _free_ports(4)
         ns_conf = self.workdir / "namesrv.conf"
         ns_conf.write_text(f"listenPort={self.namesrv_port}\nbindAddress=127.0.0.1\n")
         conf = {
