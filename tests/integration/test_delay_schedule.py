@@ -490,6 +490,10 @@ async def test_offsets_persisted_every_interval(tmp_path: Path, clock: VirtualCl
         snap = await async_wait_for(lambda: OffsetFile(tmp_path).load(), message="delayOffset.json")
         assert snap.offsets == {1: 5, 2: 5}
         assert snap.scan_from_phy == env.store.max_phy_offset
+        # the file is written before the persister sleeps again: moving the clock before that sleep is set
+        # would put its next snapshot 10 s after the new time, past the end of this test
+        next_due = clock.now_ms() + 10_000
+        await async_wait_for(lambda: next_due in clock.pending_deadlines(), message="the next snapshot set")
         for i in range(10, 13):
             env.put(f"p{i}", 1)
         await env.run_until(clock.now_ms() + 10_000)
