@@ -89,18 +89,14 @@ _ROOT = Path(__file__).resolve().parents[1]
 def xdist_scope_of_module(path: str) -> str:
     if path.startswith("tests/web/"):
         return "tests/web"
-    if path.startswith("tests/compat/"):
-        try:
-            if _TAKES_REFERENCE.search((_ROOT / path).read_text()):
-                return "tests/compat (reference RocketMQ)"
-        except OSError:
-            pass
-    if path.startswith("tests/spark/"):
-        try:
-            if _TAKES_SPARK.search((_ROOT / path).read_text()):
-                return "tests/spark (Spark session)"
-        except OSError:
-            pass
+    for folder, takes, scope in (("tests/compat/", _TAKES_REFERENCE, "tests/compat (reference RocketMQ)"),
+                                 ("tests/spark/", _TAKES_SPARK, "tests/spark (Spark session)")):
+        if path.startswith(folder):
+            try:
+                if takes.search((_ROOT / path).read_text()):
+                    return scope
+            except OSError:
+                pass
     return path
 
 
