@@ -257,7 +257,7 @@ class BrokerController:
                       "answer SLAVE_NOT_AVAILABLE", self.bind_host, self.config.ha_port, e)
 
     async def _start_grpc(self) -> None:
-        """The 5.x endpoint on grpcListenPort; off at -1, without the grpc extra, or with aclEnable (it has
+        """The 5.x endpoint on grpcListenPort; off at -1, without grpcio/protobuf, or with aclEnable (it has
         no authentication yet). A port that cannot be bound is logged, not fatal."""
         port = self.config.grpcListenPort
         if port < 0:
@@ -269,7 +269,8 @@ class BrokerController:
         try:
             from chronomq.grpc import GrpcServer, MessagingService
         except ImportError as e:
-            log.error("gRPC endpoint: off, it needs the grpc extra (pip install 'chronomq[grpc]'): %s", e)
+            log.error("gRPC endpoint: off, its packages (dependencies of chronomq) cannot be imported; "
+                      "reinstall chronomq, or set grpcListenPort=-1: %s", e)
             return
         svc = MessagingService(self.services, LocalCalls(self.processor), (self.config.brokerIP1, port))
         server = GrpcServer(svc, self.bind_host, port)

@@ -7,7 +7,8 @@
   consumer-progress, reset-offset, and for the timer store cancel, reschedule, pending (cli/admin_timer.py).
 
 The event loop is uvloop when installed (the ``fast`` extra) unless CHRONOMQ_LOOP=asyncio; see
-``run.choose_loop`` for the measurement behind that default.
+``run.choose_loop`` for the measurement behind that default. ``--version`` and the start's first line say
+which hot-path kernels run (compiled, or pure Python: chronomq/store/speedups.py).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from chronomq.config import BrokerConfig, ConfigError, parse_properties
 
 from .dashboard import add_console_args
 from .dashboard import add_parser as add_dashboard_parser
-from .run import choose_loop, run_until_signal
+from .run import choose_loop, kernels_text, run_until_signal, runtime_line
 
 log = logging.getLogger("chronomq")
 
@@ -214,7 +215,7 @@ def cmd_start(args: argparse.Namespace) -> int:
                 line += f" grpc={broker.grpc_addr}"
             return line + (f" console={console.url}" if console is not None else "")
 
-        log.info("event loop: %s", loop_name)
+        log.info("%s", runtime_line(loop_name))
         await run_until_signal(start, stop, ready)
 
     asyncio.run(main())
@@ -257,7 +258,7 @@ def cmd_namesrv(args: argparse.Namespace) -> int:
 
 def cmd_broker(args: argparse.Namespace) -> int:
     config = load_config(args, args.namesrv)
-    choose_loop()
+    log.info("%s", runtime_line(choose_loop()))
     from chronomq.broker.controller import BrokerController
     from chronomq.remoting.server import raise_open_file_limit
 
@@ -281,7 +282,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.version or not args.command:
         from chronomq import __version__
 
-        print(f"chronomq {__version__}")
+        print(f"chronomq {__version__}, hot-path kernels {kernels_text()}")
         return 0
     logging.basicConfig(
         level=getattr(logging, str(args.log_level).upper(), logging.INFO),

@@ -1,5 +1,6 @@
-"""What every long-running ``chronomq`` command shares: the event loop it runs on (``choose_loop``) and
-running until SIGTERM or SIGINT (``run_until_signal``: start, print the ready line, wait, stop)."""
+"""What every long-running ``chronomq`` command shares: the event loop it runs on (``choose_loop``), the
+line saying which loop and kernels run (``runtime_line``) and running until SIGTERM or SIGINT
+(``run_until_signal``: start, print the ready line, wait, stop)."""
 
 from __future__ import annotations
 
@@ -36,6 +37,26 @@ def choose_loop() -> str:
         return "asyncio"
     asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
     return "uvloop"
+
+
+def kernels_text() -> str:
+    """Which hot-path kernels this install runs (compiled or pure Python, and why)."""
+    from chronomq.store.speedups import describe
+
+    return describe()
+
+
+def runtime_line(loop_name: str) -> str:
+    """The start's INFO line on what runs: the event loop and the kernels; an optional part that is
+    absent is named with how to get it."""
+    loop = loop_name
+    if loop_name != "uvloop":
+        forced = os.environ.get("CHRONOMQ_LOOP", "").lower() == "asyncio"
+        loop += " (CHRONOMQ_LOOP=asyncio)" if forced else " (uvloop is faster: pip install 'chronomq[fast]')"
+    kernels = kernels_text()
+    if kernels.endswith("(not built)"):
+        kernels += "; pip builds the compiled ones where a C compiler and Python's headers are installed"
+    return f"event loop: {loop}; hot-path kernels: {kernels}"
 
 
 async def run_until_signal(
