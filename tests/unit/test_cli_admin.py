@@ -1,5 +1,6 @@
 """``chronomq admin`` without a server: the cancel/reschedule exit codes in --help, the delay-stats text
-(which counters restart with the broker) and the CLI modules' import graph (no cycle)."""
+(which counters restart with the broker), how times print (ISO-8601 UTC, or epoch ms with --epoch-ms) and
+the CLI modules' import graph (no cycle)."""
 
 from __future__ import annotations
 
@@ -9,8 +10,9 @@ from pathlib import Path
 import pytest
 
 from chronomq.cli import admin_timer
-from chronomq.cli.admin import delay_stats_table
-from chronomq.cli.main import main
+from chronomq.cli.admin import broker_status_text, delay_stats_table
+from chronomq.cli.main import build_parser, main
+from chronomq.cli.output import fmt_epoch_ms, parse_time_ms
 
 CLI_DIR = Path(admin_timer.__file__).parent
 
@@ -49,6 +51,43 @@ def test_delay_stats_labels_the_counters_kept_in_memory() -> None:
     timer_head = next(line for line in lines if line.startswith("timer:"))
     assert "pending=5" in timer_head and "since start" not in timer_head and "disk=4096 B" in timer_head
     assert lines[-1].split()[:3] == ["T", "5", "9"]
+
+
+DUE_MS = 1_795_787_057_461
+DUE_ISO = "2026-11-27T13:44:17.461Z"
+
+
+def test_times_print_as_iso_utc_with_ms_or_as_epoch_ms() -> None:
+    assert fmt_epoch_ms(DUE_MS) == DUE_ISO and fmt_epoch_ms(str(DUE_MS)) == DUE_ISO
+    assert parse_time_ms(DUE_ISO) == DUE_MS  # what a table shows, --at/--from/--to read back
+    assert fmt_epoch_ms(DUE_MS, epoch_ms=True) == str(DUE_MS)
+    assert fmt_epoch_ms(1_000) == "1970-01-01T00:00:01.000Z"
+    for none in (None, -1, "", "-", True):
+        assert fmt_epoch_ms(none) == "-" and fmt_epoch_ms(none, epoch_ms=True) == "-"
+
+
+def test_delay_stats_and_broker_status_show_times_for_people_or_scripts() -> None:
+    stats = {"levels": [{"level": 1, "delay_ms": 1000, "pending": 1, "oldest_pending_deliver_ms": DUE_MS}],
+             "timer": {"pending": 1, "next_due_ms": DUE_MS}}
+    lines = delay_stats_table(stats).splitlines()
+    assert lines[0].split()[3] == "oldest_deliver" and lines[1].split()[3] == DUE_ISO
+    assert f"next_due={DUE_ISO}" in next(line for line in lines if line.startswith("timer:"))
+    lines = delay_stats_table(stats, epoch_ms=True).splitlines()
+    assert lines[0].split()[3] == "oldest_deliver_ms" and lines[1].split()[3] == str(DUE_MS)
+    assert f"next_due_ms={DUE_MS}" in next(line for line in lines if line.startswith("timer:"))
+    info = {"bootTimestamp": str(DUE_MS), "earliestMessageTimeStamp": "1000", "putMessageTimesTotal": "5"}
+    assert broker_status_text(info).split() == ["bootTimestamp", DUE_ISO, "earliestMessageTimeStamp",
+                                                "1970-01-01T00:00:01.000Z", "putMessageTimesTotal", "5"]
+    assert broker_status_text(info, epoch_ms=True).split()[1] == str(DUE_MS)
+
+
+@pytest.mark.parametrize("verb", [["delay-stats"], ["pending"], ["cancel", "X"], ["reschedule", "X"],
+                                  ["broker-status"],
+                                  ["reset-offset", "-g", "G", "-t", "T", "--timestamp", "0"]])
+def test_every_verb_printing_a_time_takes_epoch_ms(verb: list[str]) -> None:
+    parser = build_parser()
+    assert parser.parse_args(["admin", *verb]).epoch_ms is False
+    assert parser.parse_args(["admin", *verb, "--epoch-ms"]).epoch_ms is True
 
 
 def _cli_imports(path: Path) -> set[str]:

@@ -4,8 +4,9 @@ route, broker-status, promote, consumer-progress, reset-offset and delay-stats v
 parsers; the timer store's verbs (cancel, reschedule, pending) live in admin_timer.py, shared output
 helpers in output.py.
 
-Exit codes: 0 done, 1 an error (printed as one line on stderr), 2 a usage error; cancel and reschedule
-also 3 (see their --help).
+Times print as ISO-8601 UTC with milliseconds, or as epoch ms with --epoch-ms (output.fmt_epoch_ms); --json
+keeps epoch ms. Exit codes: 0 done, 1 an error (printed as one line on stderr), 2 a usage error; cancel and
+reschedule also 3 (see their --help).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from chronomq.client.admin import NotANameServer
 
 from .admin_session import open_admin, targets
 from .admin_timer import add_timer_parsers, run_timer_verb, timer_stats_text
-from .output import AdminError, fmt_epoch_ms, fmt_ms, parse_time_ms, table
+from .output import AdminError, add_epoch_ms_arg, fmt_epoch_ms, fmt_ms, parse_time_ms, table, time_name
 
 __all__ = ["AdminError", "add_admin_parsers", "delay_stats_table", "run_admin"]
 
@@ -29,17 +30,16 @@ __all__ = ["AdminError", "add_admin_parsers", "delay_stats_table", "run_admin"]
 SINCE_START_KEYS = ("early_deliveries", "recovered_skips")
 
 
-def delay_stats_table(stats: dict[str, Any]) -> str:
+def delay_stats_table(stats: dict[str, Any], epoch_ms: bool = False) -> str:
     rows = []
     for lv in stats.get("levels") or []:
         lat = lv.get("lateness_ms") or {}
-        oldest = lv.get("oldest_pending_deliver_ms")
         rows.append([str(lv.get("level", "")), fmt_ms(lv.get("delay_ms")), str(lv.get("pending", 0)),
-                     "-" if oldest in (None, -1) else str(oldest), str(lv.get("delivered", 0)),
+                     fmt_epoch_ms(lv.get("oldest_pending_deliver_ms"), epoch_ms), str(lv.get("delivered", 0)),
                      str(lat.get("count", 0)), str(lat.get("p50", "-")), str(lat.get("p99", "-")),
                      str(lat.get("max", "-"))])
-    header = ["level", "delay", "pending", "oldest_deliver_ms", "delivered", "n", "late_p50", "late_p99",
-              "late_max"]
+    header = ["level", "delay", "pending", time_name("oldest_deliver", epoch_ms), "delivered", "n",
+              "late_p50", "late_p99", "late_max"]
     extra = {k: v for k, v in stats.items() if k not in ("levels", "timer")}
     lines = [table(rows, header)]
     other = [f"{k}={v}" for k, v in extra.items() if k not in SINCE_START_KEYS]
@@ -47,7 +47,7 @@ def delay_stats_table(stats: dict[str, Any]) -> str:
         lines.append("  ".join(other))
     lines.append("since start (restart from 0 with the broker): delivered, n and late_* above; "
                  + "  ".join(f"{k}={v}" for k, v in extra.items() if k in SINCE_START_KEYS))
-    timer = timer_stats_text(stats.get("timer"))
+    timer = timer_stats_text(stats.get("timer"), epoch_ms)
     return "\n".join(lines) + ("\n" + timer if timer else "")
 
 
@@ -72,7 +72,7 @@ def _run_verb(args: argparse.Namespace) -> int:
                     print(json.dumps({"broker": name, "addr": addr, "stats": stats}))
                 else:
                     print(f"broker {name} ({addr})")
-                    print(delay_stats_table(stats))
+                    print(delay_stats_table(stats, args.epoch_ms))
         elif verb == "cluster":
             rows = [[cluster, name, str(bid), addr, *_replication_cells(admin, addr)]
                     for cluster, brokers in sorted(admin.cluster().items())
@@ -103,7 +103,7 @@ def _run_verb(args: argparse.Namespace) -> int:
             moved = admin.reset_offsets_by_time(args.group, args.topic, ts, force=not args.only_back,
                                                 broker_addr=args.broker)
             print(f"group {args.group}, topic {args.topic}: offsets reset to the first message stored at or "
-                  f"after {fmt_epoch_ms(ts)}; the group's online consumers were told")
+                  f"after {fmt_epoch_ms(ts, args.epoch_ms)}; the group's online consumers were told")
             print(table([[mq.broker_name, str(mq.queue_id), str(off)] for mq, off in moved.items()],
                         ["broker", "queue", "offset"]))
         elif verb == "promote":
@@ -112,14 +112,19 @@ def _run_verb(args: argparse.Namespace) -> int:
             print(admin.promote(args.broker, args.role))
         elif verb == "broker-status":
             for name, addr in targets(admin, args):
-                info = admin.broker_runtime_info(addr)
                 print(f"broker {name} ({addr})")
-                for k, v in sorted(info.items()):
-                    print(f"  {k:28s} {v}")
+                print(broker_status_text(admin.broker_runtime_info(addr), args.epoch_ms))
         else:
             print(f"unknown admin verb {verb!r}", file=sys.stderr)
             return 2
     return 0
+
+
+def broker_status_text(info: dict[str, str], epoch_ms: bool = False) -> str:
+    """A broker's runtime figures, one ``key value`` line each; its times (the keys ending in
+    "timestamp": bootTimestamp, earliestMessageTimeStamp) formatted like every admin time."""
+    return "\n".join(f"  {k:28s} {fmt_epoch_ms(v, epoch_ms) if k.lower().endswith('timestamp') else v}"
+                     for k, v in sorted(info.items()))
 
 
 def _replication_cells(admin: Any, addr: str) -> list[str]:
@@ -161,7 +166,8 @@ def add_admin_parsers(p: argparse.ArgumentParser) -> None:
 
     sp = sub.add_parser("delay-stats", help="per-level delay statistics of every master broker")
     common(sp)
-    sp.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    sp.add_argument("--json", action="store_true", help="print JSON instead of a table (times in epoch ms)")
+    add_epoch_ms_arg(sp)
     common(sub.add_parser("cluster", help="brokers registered with the name server"), broker=False)
     common(sub.add_parser("topics", help="topics known to the name server"), broker=False)
     sp = sub.add_parser("route", help="the route of a topic")
@@ -172,7 +178,9 @@ def add_admin_parsers(p: argparse.ArgumentParser) -> None:
     sp.add_argument("topic")
     sp.add_argument("--queues", type=int, default=4)
     sp.add_argument("--perm", type=int, default=6)
-    common(sub.add_parser("broker-status", help="runtime figures of the broker(s)"))
+    sp = sub.add_parser("broker-status", help="runtime figures of the broker(s)")
+    common(sp)
+    add_epoch_ms_arg(sp)
     sp = sub.add_parser("promote", help="make a slave the master of its broker name (the old master is down)")
     common(sp)
     sp.add_argument("--role", choices=["ASYNC_MASTER", "SYNC_MASTER"], default="ASYNC_MASTER")
@@ -189,4 +197,5 @@ def add_admin_parsers(p: argparse.ArgumentParser) -> None:
     sp.add_argument("--timestamp", required=True, help="ISO-8601 (naive = UTC) or epoch milliseconds")
     sp.add_argument("--only-back", action="store_true",
                     help="move a queue only if that goes back (RocketMQ's force=false)")
+    add_epoch_ms_arg(sp)
     add_timer_parsers(sub, common)

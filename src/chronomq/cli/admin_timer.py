@@ -24,7 +24,15 @@ from typing import Any
 from chronomq.client import TimerOpResult, TimerOutcome
 
 from .admin_session import open_admin, targets
-from .output import AdminError, fmt_epoch_ms, parse_in_seconds, parse_time_ms, table
+from .output import (
+    AdminError,
+    add_epoch_ms_arg,
+    fmt_epoch_ms,
+    parse_in_seconds,
+    parse_time_ms,
+    table,
+    time_name,
+)
 
 Common = Callable[..., None]
 
@@ -43,19 +51,20 @@ def _result_dict(r: TimerOpResult) -> dict[str, Any]:
             "broker": r.broker}
 
 
-def _print_results(results: list[TimerOpResult], as_json: bool, done: TimerOutcome) -> int:
-    if as_json:
+def _print_results(results: list[TimerOpResult], args: argparse.Namespace, done: TimerOutcome) -> int:
+    if args.json:
         print(json.dumps([_result_dict(r) for r in results]))
     elif results:
-        print(table([[str(r.broker), str(r.outcome), r.msg_id, r.topic or "-", fmt_epoch_ms(r.deliver_ms)]
-                     for r in results], ["broker", "outcome", "msg_id", "topic", "deliver_time"]))
+        print(table([[str(r.broker), str(r.outcome), r.msg_id, r.topic or "-",
+                      fmt_epoch_ms(r.deliver_ms, args.epoch_ms)] for r in results],
+                    ["broker", "outcome", "msg_id", "topic", time_name("deliver_time", args.epoch_ms)]))
     return 0 if any(r.outcome == done for r in results) else EXIT_NOTHING_CHANGED
 
 
 def cmd_cancel(args: argparse.Namespace) -> int:
     with open_admin(args) as admin:
         results = admin.cancel(args.id, args.key, broker_addr=args.broker)
-    return _print_results(results, args.json, TimerOutcome.CANCELLED)
+    return _print_results(results, args, TimerOutcome.CANCELLED)
 
 
 def cmd_reschedule(args: argparse.Namespace) -> int:
@@ -69,7 +78,7 @@ def cmd_reschedule(args: argparse.Namespace) -> int:
         when = {"delay": timedelta(milliseconds=parse_in_seconds(args.in_s))}
     with open_admin(args) as admin:
         results = admin.reschedule(args.id, by_key=args.key, broker_addr=args.broker, **when)
-    return _print_results(results, args.json, TimerOutcome.RESCHEDULED)
+    return _print_results(results, args, TimerOutcome.RESCHEDULED)
 
 
 def pending_filters(args: argparse.Namespace) -> dict[str, Any]:
@@ -112,14 +121,16 @@ def cmd_pending(args: argparse.Namespace) -> int:
         print(json.dumps({"items": items, "truncated": bool(more)}))
         return 0
     rows = [[str(i["broker"]), str(i["msg_id"]), str(i["topic"]), str(i["queue_id"]), str(i["tags"] or "-"),
-             ",".join(i["keys"]) or "-", fmt_epoch_ms(i["deliver_ms"]), str(i["body_size"])] for i in items]
-    print(table(rows, ["broker", "msg_id", "topic", "queue", "tags", "keys", "deliver_time", "bytes"]))
+             ",".join(i["keys"]) or "-", fmt_epoch_ms(i["deliver_ms"], args.epoch_ms), str(i["body_size"])]
+            for i in items]
+    print(table(rows, ["broker", "msg_id", "topic", "queue", "tags", "keys",
+                       time_name("deliver_time", args.epoch_ms), "bytes"]))
     if more:
         print(f"(more pending messages on {', '.join(more)}: raise --limit or narrow the filters)")
     return 0
 
 
-def timer_stats_text(timer: Any) -> str:
+def timer_stats_text(timer: Any, epoch_ms: bool = False) -> str:
     """The ``timer`` part of CHRONOMQ_DELAY_STATS, for ``chronomq admin delay-stats``. The timer store
     keeps its counters and lateness histograms in memory: they are labelled "since start" (they restart
     from 0 with the broker); pending, due_undelivered, next_due and disk come from the store itself."""
@@ -129,7 +140,7 @@ def timer_stats_text(timer: Any) -> str:
         return f"timer: {timer['error']}"
     lat = timer.get("lateness_ms") or {}
     head = (f"timer: pending={timer.get('pending', 0)} due_undelivered={timer.get('due_undelivered', 0)} "
-            f"next_due={fmt_epoch_ms(timer.get('next_due_ms'))} "
+            f"{time_name('next_due', epoch_ms)}={fmt_epoch_ms(timer.get('next_due_ms'), epoch_ms)} "
             f"disk={(timer.get('disk_bytes') or {}).get('total', '-')} B\n"
             f"       since start: delivered={timer.get('delivered', 0)} "
             f"cancelled={timer.get('cancelled', 0)} rescheduled={timer.get('rescheduled', 0)} "
@@ -167,7 +178,8 @@ def add_timer_parsers(sub: Any, common: Common) -> None:
     common(sp)
     sp.add_argument("id", help="message id (UNIQ_KEY or offset msg id), or a key with --key")
     sp.add_argument("--key", action="store_true", help="ID is a key: cancel every pending message with it")
-    sp.add_argument("--json", action="store_true", help="print JSON")
+    sp.add_argument("--json", action="store_true", help="print JSON (times in epoch ms)")
+    add_epoch_ms_arg(sp)
     sp = sub.add_parser("reschedule", help="move a pending timed message to a new deliver time",
                         epilog=timer_exit_codes("RESCHEDULED"))
     common(sp)
@@ -176,7 +188,8 @@ def add_timer_parsers(sub: Any, common: Common) -> None:
     sp.add_argument("--in", dest="in_s", metavar="SECONDS",
                     help="new deliver time: this many seconds from now")
     sp.add_argument("--key", action="store_true", help="ID is a key: move every pending message with it")
-    sp.add_argument("--json", action="store_true", help="print JSON")
+    sp.add_argument("--json", action="store_true", help="print JSON (times in epoch ms)")
+    add_epoch_ms_arg(sp)
     sp = sub.add_parser("pending", help="messages waiting in the timer store")
     common(sp)
     sp.add_argument("--topic")
@@ -186,4 +199,5 @@ def add_timer_parsers(sub: Any, common: Common) -> None:
     sp.add_argument("--to", metavar="TIME", help="deliver time at or before (ISO or epoch ms)")
     sp.add_argument("--limit", type=int, default=100, help="at most this many (1..1000, default 100)")
     sp.add_argument("--count", action="store_true", help="print only how many are pending")
-    sp.add_argument("--json", action="store_true", help="print JSON")
+    sp.add_argument("--json", action="store_true", help="print JSON (times in epoch ms)")
+    add_epoch_ms_arg(sp)

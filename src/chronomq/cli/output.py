@@ -1,5 +1,5 @@
 """What ``chronomq admin`` prints and reads: right-aligned tables, durations and epoch times (formatting and
-parsing), and AdminError.
+parsing; ``--epoch-ms``), and AdminError.
 
 Rules: nothing here talks to a server; a bad value a user typed raises AdminError with a message naming
 the option, which the verb prints as one line on stderr (exit 1).
@@ -7,6 +7,7 @@ the option, which the verb prints as one line on stderr (exit 1).
 
 from __future__ import annotations
 
+import argparse
 from datetime import UTC, datetime
 from typing import Any
 
@@ -40,11 +41,27 @@ def fmt_ms(v: Any) -> str:
     return f"{ms}ms"
 
 
-def fmt_epoch_ms(ms: Any) -> str:
-    """Epoch ms as ISO-8601 UTC with milliseconds; "-" for none."""
-    if not isinstance(ms, int) or ms < 0:
+def fmt_epoch_ms(ms: Any, epoch_ms: bool = False) -> str:
+    """A time given in epoch ms, as every admin verb prints it: ISO-8601 UTC with milliseconds
+    (2026-11-27T14:04:50.292Z, which --at, --from and --to read back), or with ``epoch_ms`` (the
+    --epoch-ms flag) the number itself; "-" for none."""
+    if isinstance(ms, str) and ms.isdigit():
+        ms = int(ms)
+    if not isinstance(ms, int) or isinstance(ms, bool) or ms < 0:
         return "-"
+    if epoch_ms:
+        return str(ms)
     return datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%dT%H:%M:%S.") + f"{ms % 1000:03d}Z"
+
+
+def time_name(name: str, epoch_ms: bool = False) -> str:
+    """The name of a time column or field: ``name``, or ``name_ms`` where it holds epoch ms."""
+    return f"{name}_ms" if epoch_ms else name
+
+
+def add_epoch_ms_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--epoch-ms", action="store_true",
+                   help="print times as epoch milliseconds (for scripts) instead of ISO-8601 UTC")
 
 
 def parse_time_ms(text: str, what: str = "time") -> int:
