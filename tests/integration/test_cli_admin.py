@@ -1,11 +1,13 @@
 """``chronomq admin`` against a real ``chronomq start`` on 127.0.0.1: the verbs no other test drives
-(topics, route, update-topic, broker-status, -b), and -n given a broker's address instead of the name
-server's (the client Admin raises NotANameServer; the CLI says what -n takes)."""
+(topics, route, update-topic, broker-status, -b; times as ISO-8601 UTC or --epoch-ms), and -n given a
+broker's address instead of the name server's (the client Admin raises NotANameServer; the CLI says what
+-n takes)."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -56,8 +58,12 @@ def test_topic_verbs_and_broker_status(server: ChronomqProcess) -> None:
     b = server.broker_addr
     out = _cli("admin", "broker-status", "-b", b)  # no name server involved
     assert out.returncode == 0 and out.stdout.startswith(f"broker {b} ({b})")
+    boot = dict(ln.split(maxsplit=1) for ln in out.stdout.splitlines()[1:])["bootTimestamp"]
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", boot), boot  # ISO-8601 UTC, ms
+    out = _cli("admin", "broker-status", "-b", b, "--epoch-ms")
+    assert dict(ln.split(maxsplit=1) for ln in out.stdout.splitlines()[1:])["bootTimestamp"].isdigit()
     out = _cli("admin", "delay-stats", "-b", server.broker_addr)
-    assert out.returncode == 0 and "since start" in out.stdout
+    assert out.returncode == 0 and "since start" in out.stdout and " oldest_deliver " in out.stdout
     out = _cli("admin", "consumer-progress", "-n", ns, "-g", "NoSuchGroup")
     assert out.returncode == 0 and out.stdout.strip() == "no committed offsets for group NoSuchGroup"
 
