@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-grpc = pytest.importorskip("grpc", reason="the grpc extra (grpcio, protobuf) is not installed")
+grpc = pytest.importorskip("grpc", reason="grpcio and protobuf (chronomq dependencies) are not installed")
 
 from tests.conftest import async_wait_for, free_port  # noqa: E402
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-grpc = pytest.importorskip("grpc", reason="the grpc extra (grpcio, protobuf) is not installed")
+grpc = pytest.importorskip("grpc", reason="grpcio and protobuf (chronomq dependencies) are not installed")
 
 from tests.unit.test_grpc import SERVICE, Env  # noqa: E402
 
