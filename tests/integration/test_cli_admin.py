@@ -10,6 +10,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -66,6 +67,30 @@ def test_topic_verbs_and_broker_status(server: ChronomqProcess) -> None:
     assert out.returncode == 0 and "since start" in out.stdout and " oldest_deliver " in out.stdout
     out = _cli("admin", "consumer-progress", "-n", ns, "-g", "NoSuchGroup")
     assert out.returncode == 0 and out.stdout.strip() == "no committed offsets for group NoSuchGroup"
+
+
+def test_consumer_progress_shows_when_the_last_committed_message_was_stored(server: ChronomqProcess) -> None:
+    from chronomq.client import Message, Producer
+
+    ns = server.namesrv_addr
+    with Admin(ns) as admin:
+        admin.create_topic("CliProgress", 1)
+    before = int(time.time() * 1000)
+    with Producer("cli_progress_p", ns) as p:
+        for i in range(2):
+            p.send(Message("CliProgress", f"m{i}"))
+    after = int(time.time() * 1000)
+    with Admin(ns) as admin:  # the offset past both: the last committed message is the second
+        assert set(admin.reset_offsets("CliGroup", "CliProgress", after + 3_600_000).values()) == {2}
+    out = _cli("admin", "consumer-progress", "-n", ns, "-g", "CliGroup")
+    assert out.returncode == 0, out.stderr
+    header, row = out.stdout.splitlines()[0].split(), out.stdout.splitlines()[-1].split()
+    assert header == ["broker", "topic", "queue", "max", "committed", "lag", "last_consumed", "online"]
+    assert row[:6] == ["broker-a", "CliProgress", "0", "2", "2", "0"]
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", row[6]), row
+    out = _cli("admin", "consumer-progress", "-n", ns, "-g", "CliGroup", "--epoch-ms")
+    header, row = out.stdout.splitlines()[0].split(), out.stdout.splitlines()[-1].split()
+    assert header[6] == "last_consumed_ms" and before <= int(row[6]) <= after
 
 
 @pytest.mark.parametrize("verb", [["cluster"], ["topics"], ["route", "T"], ["delay-stats"], ["pending"],

@@ -92,12 +92,15 @@ def _run_verb(args: argparse.Namespace) -> int:
             for name, addr in targets(admin, args):
                 online = len(admin.broker_consumer_ids(addr, args.group))
                 rows += [[name, p.queue.topic, str(p.queue.queue_id), str(p.broker_offset),
-                          str(p.consumer_offset), str(p.lag), str(online)]
+                          str(p.consumer_offset), str(p.lag),
+                          fmt_epoch_ms(p.last_consumed_ms or None, args.epoch_ms),
+                          str(online)]
                          for p in admin.broker_group_progress(addr, args.group, name)]
             if not rows:
                 print(f"no committed offsets for group {args.group}")
             else:
-                print(table(rows, ["broker", "topic", "queue", "max", "committed", "lag", "online"]))
+                print(table(rows, ["broker", "topic", "queue", "max", "committed", "lag",
+                                   time_name("last_consumed", args.epoch_ms), "online"]))
         elif verb == "reset-offset":
             ts = parse_time_ms(args.timestamp, "--timestamp")
             moved = admin.reset_offsets_by_time(args.group, args.topic, ts, force=not args.only_back,
@@ -186,6 +189,7 @@ def add_admin_parsers(p: argparse.ArgumentParser) -> None:
     sp.add_argument("--role", choices=["ASYNC_MASTER", "SYNC_MASTER"], default="ASYNC_MASTER")
     sp = sub.add_parser("consumer-progress", help="committed offsets and lag of a consumer group")
     common(sp)
+    add_epoch_ms_arg(sp)
     sp.add_argument("-g", "--group", required=True)
     sp = sub.add_parser("reset-offset", help="move a consumer group's offsets on a topic to a point in time",
                         description="Each broker serving the topic moves the group's offset on each queue to "

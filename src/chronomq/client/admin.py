@@ -48,6 +48,7 @@ class QueueProgress:
     broker_offset: int          # max offset of the queue
     consumer_offset: int        # the group's committed offset (-1: none)
     lag: int                    # broker_offset - consumer_offset (all of the queue when none)
+    last_consumed_ms: int = 0   # store time of the last message the group committed (0: none or unknown)
 
 
 class TimerOutcome(StrEnum):
@@ -376,14 +377,35 @@ class Admin(SyncContextMixin):
             topic, _, owner = str(key).rpartition("@")
             if owner != group:
                 continue
+            last = await self._last_consumed(addr, group, topic)
             for q, committed in sorted(queues.items(), key=lambda kv: int(kv[0])):
                 mq = MessageQueue(topic, broker_name or addr, int(q))
                 resp = await self._instance.invoke_ok(
                     addr, self._instance.request(RequestCode.GET_MAX_OFFSET, {"topic": topic, "queueId": q}),
                     what=f"max offset of {mq}")
                 hi = resp.ext_int("offset", 0)
-                rows.append(QueueProgress(mq, hi, int(committed), max(0, hi - int(committed))))
+                rows.append(QueueProgress(mq, hi, int(committed), max(0, hi - int(committed)),
+                                          last.get(int(q), 0)))
         return rows
+
+    async def _last_consumed(self, addr: str, group: str, topic: str) -> dict[int, int]:
+        """Per queue id, the store time of the last message ``group`` committed on ``topic`` at ``addr``
+        (GET_CONSUME_STATS's lastTimestamp); empty where the broker keeps no statistics for it."""
+        resp = await self._instance.invoke(
+            addr, self._instance.request(RequestCode.GET_CONSUME_STATS,
+                                         {"consumerGroup": group, "topic": topic}))
+        if resp.code != ResponseCode.SUCCESS:
+            return {}
+        table = _json_body(resp.body, f"consume stats of group {group!r}", addr).get("offsetTable") or {}
+        out: dict[int, int] = {}
+        for key, row in table.items():
+            try:
+                mq, ts = json.loads(key), int(row.get("lastTimestamp") or 0)
+                if mq.get("topic") == topic:
+                    out[int(mq["queueId"])] = ts
+            except (ValueError, TypeError, KeyError, AttributeError):
+                continue  # a row this reader does not understand: its time stays unknown
+        return out
 
     async def queues(self, topic: str) -> list[MessageQueue]:
         return (await self.route(topic)).read_queues()
