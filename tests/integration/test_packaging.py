@@ -104,7 +104,8 @@ def dist(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     pytest.importorskip("build", reason="the build package is not installed (it is in the dev extra)")
     tmp = tmp_path_factory.mktemp("packaging")
     src = _source_copy(tmp / "src")
-    _run([sys.executable, "-m", "build", "--outdir", str(tmp / "dist"), str(src)], "python -m build")
+    _run([sys.executable, "-m", "build", "--outdir", str(tmp / "dist"), str(src)], "python -m build",
+         env=_env())
     [sdist] = (tmp / "dist").glob("chronomq-*.tar.gz")
     [wheel] = (tmp / "dist").glob("chronomq-*.whl")
     return {"sdist": sdist, "wheel": wheel}
@@ -112,11 +113,12 @@ def dist(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 def _venv(path: Path, *requirements: str, env: dict[str, str] | None = None) -> Path:
     """A fresh venv at ``path`` holding ``requirements``, installed by this pip (pip's cache reused); its
-    python."""
+    python. The install runs without PYTHONPATH (the suite's Spark tests put the checkout's src/ there):
+    pip would see that chronomq as installed already and install nothing."""
     _run([sys.executable, "-m", "venv", "--without-pip", str(path)], "python -m venv", timeout=120)
     py = path / "bin" / "python"
     _run([sys.executable, "-m", "pip", "--python", str(py), "install", "-q", *requirements],
-         f"pip install {' '.join(Path(r).name for r in requirements)}", timeout=480, env=env)
+         f"pip install {' '.join(Path(r).name for r in requirements)}", timeout=480, env=env or _env())
     return py
 
 
@@ -219,7 +221,7 @@ def test_wheel_in_a_fresh_venv_starts_quietly_and_delivers_a_timed_message(
 
 def test_the_grpc_extra_still_installs(wheel_venv: Path, dist: dict[str, Path]) -> None:
     r = _run([sys.executable, "-m", "pip", "--python", str(wheel_venv), "install", f"{dist['wheel']}[grpc]"],
-             "pip install chronomq[grpc]", timeout=300)
+             "pip install chronomq[grpc]", timeout=300, env=_env())
     assert "does not provide the extra" not in r.stdout + r.stderr
 
 
