@@ -104,14 +104,23 @@ def xdist_scope_of(nodeid: str) -> str:
     return xdist_scope_of_module(nodeid.split("::", 1)[0])
 
 
+_FIRST = ("tests/compat (reference RocketMQ)", "tests/spark/", "tests/compat/", "tests/integration/")
+
+
+def _rank(nodeid: str) -> int:
+    scope = xdist_scope_of(nodeid)
+    return next((i for i, start in enumerate(_FIRST) if scope.startswith(start)), len(_FIRST))
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """On xdist workers, the Spark tests first, then those on the reference RocketMQ: the longest scopes (a
-    standalone cluster, spark-submit runs, the differential tests) would otherwise start last and leave one
-    worker idle at the end. With --no-loadscope-reorder (the Makefile's PYTEST_XDIST) xdist keeps this order
-    instead of its largest-scope-first."""
-    if getattr(config, "workerinput", None) is not None and config.getvalue("dist") == "loadscope":
-        items.sort(key=lambda item: (not item.nodeid.startswith("tests/spark/"),  # stable: else as collected
-                                     xdist_scope_of(item.nodeid) != "tests/compat (reference RocketMQ)"))
+    """On xdist workers, the longest scopes first: those on the reference RocketMQ, then Spark's (a
+    standalone cluster, spark-submit runs, the Spark session), then the other compat and integration
+    modules, then the quick ones; otherwise a long scope starting last leaves the other workers idle at the
+    end. xdist schedules scopes in the order its workers collected them (--no-loadscope-reorder, the
+    Makefile's PYTEST_XDIST, keeps it); on a worker xdist has set the dist option to "no", so the sort is
+    made on every worker, the same on each."""
+    if getattr(config, "workerinput", None) is not None:
+        items.sort(key=lambda item: _rank(item.nodeid))  # stable: else as collected
 
 
 @pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist, when it is installed
