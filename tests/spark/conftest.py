@@ -15,6 +15,14 @@ os.environ["PYSPARK_PYTHON"] = sys.executable
 os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
 _SRC = str(Path(__file__).resolve().parents[2] / "src")
 os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [_SRC, os.environ.get("PYTHONPATH")]))
+# The drivers' JVMs (this session's, and those of every Spark process a test starts: spark-submit reads
+# SPARK_SUBMIT_OPTS) and the standalone cluster's executors (QUICK_JVM_OPTIONS as their extraJavaOptions)
+# run with the serial collector and the client compiler only: the same results for about a quarter less
+# CPU on test-sized jobs (measured: 95 -> 72 CPU-s for the batch, stream and example modules, the same wall
+# time), and the suite's 2-core machine is CPU bound. Long-lived servers keep both compilers: there C1-only
+# code costs more than it saves (measured on the reference RocketMQ).
+QUICK_JVM_OPTIONS = "-XX:+UseSerialGC -XX:TieredStopAtLevel=1"
+os.environ.setdefault("SPARK_SUBMIT_OPTS", QUICK_JVM_OPTIONS)
 
 
 def _java_available() -> str | None:

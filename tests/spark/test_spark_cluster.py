@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import wait_for
+from tests.spark.conftest import QUICK_JVM_OPTIONS
 from tests.spark.standalone import StandaloneCluster as Cluster
 from tests.spark.standalone import pyspark_home
 
@@ -46,6 +47,7 @@ SESSION = textwrap.dedent("""
              .config("spark.pyspark.python", sys.executable)      # the executors' interpreter: this one
              .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "2")
              .config("spark.executor.memory", "512m").config("spark.sql.session.timeZone", "UTC")
+             .config("spark.executor.extraJavaOptions", {quick!r})
              .getOrCreate())
     spark.sparkContext.setLogLevel("ERROR")
     register(spark)
@@ -55,7 +57,8 @@ SESSION = textwrap.dedent("""
 def driver(cluster: Cluster, body: str, tmp_path: Path, name: str, *args: str) -> subprocess.Popen[bytes]:
     """A driver process (output in <name>.out / <name>.err: a pipe left unread could block it)."""
     script = tmp_path / f"{name}.py"
-    script.write_text(SESSION.format(master=cluster.url, app=name) + textwrap.dedent(body))
+    script.write_text(SESSION.format(master=cluster.url, app=name, quick=QUICK_JVM_OPTIONS)
+                      + textwrap.dedent(body))
     with (tmp_path / f"{name}.out").open("wb") as out, (tmp_path / f"{name}.err").open("wb") as err:
         # a session of its own: the driver is the Python process and its JVM, killed together
         return subprocess.Popen([sys.executable, str(script), *args], stdout=out, stderr=err, cwd=tmp_path,
@@ -193,6 +196,7 @@ def test_order_timeout_example_with_spark_submit(cluster: Cluster, broker, tmp_p
     out = subprocess.run(
         [str(submit), "--master", cluster.url, "--conf", f"spark.pyspark.python={sys.executable}",
          "--conf", "spark.executor.memory=512m", "--conf", "spark.ui.enabled=false",
+         "--conf", f"spark.executor.extraJavaOptions={QUICK_JVM_OPTIONS}",
          str(REPO / "examples" / "order_timeout" / "pipeline.py"), "all", "--namesrv", broker.namesrv_addr,
          "--workdir", str(work), "--orders", "400", "--delay-level", "2", "--topic", "cluster_checks"],
         capture_output=True, text=True, timeout=400, env=cluster.env(), cwd=REPO)
