@@ -99,16 +99,18 @@ def _reference(tmp_path_factory: pytest.TempPathFactory, release: Release) -> It
     proc.discard()  # its store goes with the run's tmp dir
 
 
-@pytest.fixture(scope="session")
+# Package scope: started once for the modules that take them (tests/conftest.py keeps those on one xdist
+# worker, one after the other) and killed when that worker's run leaves tests/compat, not at the end of the
+# whole run: idle, the five JVMs still take about 10 CPU-seconds a minute from the other tests.
+@pytest.fixture(scope="package")
 def rocketmq5(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RocketMQProcess]:
-    """Apache RocketMQ 5.3.x (name server + broker, timer wheel on, and the proxy for gRPC clients), shared
-    by the whole run (tests/conftest.py keeps the modules that take it on one xdist worker)."""
+    """Apache RocketMQ 5.3.x (name server + broker, timer wheel on, and the proxy for gRPC clients)."""
     yield from _reference(tmp_path_factory, ROCKETMQ5)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def rocketmq4(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RocketMQProcess]:
-    """Apache RocketMQ 4.9.x (name server + broker), shared by the whole run (on one xdist worker)."""
+    """Apache RocketMQ 4.9.x (name server + broker)."""
     yield from _reference(tmp_path_factory, ROCKETMQ4)
 
 

@@ -1,5 +1,5 @@
-"""One local[2] SparkSession for the whole run (starting a JVM costs seconds), with the ``chronomq``
-format registered, and a chronomq broker per test module that needs one."""
+"""One local[2] SparkSession for the Spark tests of a run (starting a JVM costs seconds), with the
+``chronomq`` format registered, and one chronomq broker for them."""
 
 from __future__ import annotations
 
@@ -33,7 +33,10 @@ def _java_available() -> str | None:
     return "no Java runtime (java on PATH or JAVA_HOME) for PySpark"
 
 
-@pytest.fixture(scope="session")
+# Package scope: the session and the broker are made once (the modules that take the session run one after
+# the other, on one xdist worker) and stopped when that worker's run leaves tests/spark, so that their JVM
+# and process do not idle beside the rest of the suite.
+@pytest.fixture(scope="package")
 def spark() -> Iterator[object]:
     pytest.importorskip("pyspark", reason="pyspark is not installed (pip install -e '.[spark]')")
     reason = _java_available()
@@ -59,9 +62,9 @@ def spark() -> Iterator[object]:
     session.stop()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
-    """One ``chronomq start`` for the run (short delay levels so delayed rows arrive fast); every test
+    """One ``chronomq start`` for the Spark tests (short delay levels so delayed rows arrive fast); every test
     uses its own topics."""
     from tests.compat.harness import ChronomqProcess
 
