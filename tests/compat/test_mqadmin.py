@@ -257,12 +257,16 @@ def test_rocketmq4_tool_cluster_config_groups_progress_and_reset(
             ("updateSubGroup", "-b", server.broker_addr, "-g", "Mqa4Other"),
             ("consumerProgress", "-g", "Mqa4G"), ("statsAll", "-t", "Mqa4T")])
         reset = mqadmin4.run("resetOffsetByTime", "-g", "Mqa4G", "-t", "Mqa4T", "-s", "0")
-        wait_for(lambda: len(got) == 6, message="the 3 messages again after the reset")
+        assert "rollback consumer offset by specified group[Mqa4G]" in _ok(reset)
+        try:
+            wait_for(lambda: len(got) == 6, timeout=30, message="the 3 messages again after the reset")
+        except BaseException:  # what the tool printed and what the broker did, to tell which side missed
+            print(reset, server.log_tail(6000), sep="\n--- broker log ---\n")
+            raise
     assert [r[:4] for r in _columns(_ok(clusters), "DefaultCluster")] == [
         ["DefaultCluster", "broker-a", "0", server.broker_addr]]
     assert any(line.split() == ["brokerName", "=", "broker-a"] for line in _ok(config).splitlines())
     assert "create subscription group to" in _ok(group)
     assert sum(int(r[4]) for r in _columns(_ok(progress), "Mqa4T")) == 3
     assert _columns(_ok(stats), "Mqa4T")[0][-2:] == ["3", "3"]
-    assert "rollback consumer offset by specified group[Mqa4G]" in _ok(reset)
     assert sorted(got[3:]) == [b"m0", b"m1", b"m2"]
