@@ -16,7 +16,8 @@ pwrites measured 0.1-0.5 us per record cheaper in most runs (under 10% of a put,
 in Python), but it needs a second copy, a flush point before readers and the dispatcher may see a
 record, and reads served from the buffer; with mmap every reader slices the same mapping with no
 syscall. Durability is fdatasync on the segment's descriptor (see mapped.py for why not mmap.flush).
-Blocks are fallocate'd ahead in 4 MiB steps so a full disk is an error, not a SIGBUS.
+Disk blocks are given ahead of the writer (allocate.py: zeros written ALLOCATE_AHEAD, 16 MiB, ahead; see
+mapped.py for why zeros and not fallocate), so a full disk is an error, not a SIGBUS.
 """
 
 from __future__ import annotations
