@@ -22,24 +22,15 @@ run: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check src tests bench scripts
 
-# The unit tests run once more on the pure-Python kernels (chronomq/store/speedups.py), in one process beside
-# the whole suite on the compiled ones: the suite's first half waits on JVM starts and delays with the cores
-# a third idle (docs/testing.md), which the pure pass fills. Its log is .pure-unit.log, shown whole when it
-# fails. The suite runs on two pytest-xdist workers (more gain little: it is CPU bound); tests sharing a
-# module or wider fixture stay on one worker (tests/conftest.py). `make test PYTEST_XDIST=` runs the suite
-# in one process.
+# The unit tests run once more on the pure-Python kernels (chronomq/store/speedups.py), then the whole suite
+# on the compiled ones. Both on two pytest-xdist workers (three gain little: the suite is CPU bound, and
+# the pure pass run beside the suite gained nothing either; docs/testing.md). Tests sharing a module or
+# wider fixture stay on one worker (tests/conftest.py). `make test PYTEST_XDIST=` runs them in one process.
 PYTEST_XDIST ?= -n 2 --dist loadscope --no-loadscope-reorder
-PURE_LOG := .pure-unit.log
 test: $(STAMP)
 	$(BIN)/ruff check src tests bench scripts
-	@echo "the unit tests on the pure-Python kernels run beside the suite (log: $(PURE_LOG))"
-	@CHRONOMQ_PURE_PYTHON=1 $(BIN)/python -m pytest -q -p no:cacheprovider tests/unit >$(PURE_LOG) 2>&1 & \
-	pure=$$!; \
-	$(BIN)/python -m pytest $(PYTEST_XDIST) --durations=10; suite=$$?; \
-	wait $$pure; unit=$$?; \
-	echo "== the unit tests on the pure-Python kernels (CHRONOMQ_PURE_PYTHON=1):"; \
-	if [ $$unit = 0 ]; then tail -n 1 $(PURE_LOG); else cat $(PURE_LOG); fi; \
-	[ $$suite = 0 ] && [ $$unit = 0 ]
+	CHRONOMQ_PURE_PYTHON=1 $(BIN)/python -m pytest -q $(PYTEST_XDIST) tests/unit
+	$(BIN)/python -m pytest $(PYTEST_XDIST) --durations=10
 
 clean:
 	rm -rf $(VENV) build *.egg-info src/*.egg-info
