@@ -21,6 +21,7 @@ run: $(STAMP)
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests bench scripts
+	$(BIN)/mypy
 
 # The unit tests run once more on the pure-Python kernels (chronomq/store/speedups.py), then the whole suite
 # on the compiled ones. Both on two pytest-xdist workers (three gain little: the suite is CPU bound, and
