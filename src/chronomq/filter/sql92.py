@@ -1,40 +1,11 @@
-"""RocketMQ's SQL92 message selector: its grammar, its type checks, its evaluation.
+"""RocketMQ's SQL92 message selector: its grammar, its compile-time type checks, its evaluation.
 
-The grammar is RocketMQ 5.x's ``filter/.../parser/SelectorParser.jj`` (ActiveMQ's JMS selector without
-LIKE, ESCAPE, arithmetic, hex and octal literals), which is 4.9's plus CONTAINS, STARTSWITH and ENDSWITH
-(and their NOT forms), lowest precedence first::
-
-    selector    := or
-    or          := and ( OR and )*
-    and         := equality ( AND equality )*
-    equality    := comparison ( '=' comparison | '<>' comparison | IS NULL | IS NOT NULL )*
-    comparison  := unary ( ('>' | '>=' | '<' | '<=') unary
-                         | [NOT] (CONTAINS | STARTSWITH | ENDSWITH) string
-                         | [NOT] BETWEEN unary AND unary
-                         | [NOT] IN '(' string ( ',' string )* ')' )*
-    unary       := '+' unary | '-' unary | NOT unary | primary
-    primary     := literal | identifier | '(' or ')'
-    literal     := string | decimal | float | TRUE | FALSE | NULL
-
-Keywords are case-insensitive; identifiers are ``[A-Za-z_$][A-Za-z0-9_$]*`` and name message properties
-(``TAGS`` is the tag, a property like any other). Strings are single-quoted, ``''`` is a quote. A decimal
-literal (``0`` or ``[1-9][0-9]*``, optional ``L``) is a Java int when it fits 32 bits, else a long
-(past 64 bits it is refused); a float literal is a double. ``--`` comments run to a line end, ``/* */``
-comments are skipped.
-
-NOT binds tighter than the comparisons, as in RocketMQ: ``NOT a = 'x'`` is ``(NOT a) = 'x'``; write
-``NOT (a = 'x')``.
-
-Evaluation follows RocketMQ's expression classes (``ComparisonExpression``, ``LogicExpression``,
-``UnaryExpression``) value for value: properties are strings or missing (null); a comparison with a
-missing side is unknown (null), AND / OR / NOT use three-valued logic, and only TRUE matches. A string
-compared with a number converts to the number's Java type (``Integer.valueOf``, ``Long.valueOf``,
-``Double.valueOf``); two strings compared by ``<``/``>`` both convert to double. A conversion that fails
-is an evaluation error, which the broker counts as no match (``ExpressionMessageFilter``).
-
-Differences from RocketMQ, each on purpose: text after a complete expression is refused (RocketMQ's
-parser stops at the end of the first expression and ignores the rest); nesting deeper than
-``MAX_DEPTH`` is refused (RocketMQ would overflow its stack).
+The parser follows RocketMQ 5.x's ``SelectorParser.jj`` (the grammar is in docs/filter.md); evaluation
+follows its ``ComparisonExpression``, ``LogicExpression`` and ``UnaryExpression`` value for value:
+properties are strings or missing (null), logic is three-valued and only TRUE matches, a string compared
+with a number converts to that number's Java type, and a conversion that fails raises FilterEvalError
+(the broker counts it as no match). On purpose unlike RocketMQ, text after a complete expression and
+nesting deeper than ``MAX_DEPTH`` are refused. ``compile_sql92`` compiles each text once (cached).
 """
 
 from __future__ import annotations
@@ -157,44 +128,47 @@ def java_compare(lv: Value, rv: Value) -> int:
     """ComparisonExpression.__compare with convertStringExpressions on (as SelectorParser.parse sets
     it): values of different types convert up (int -> long -> double; a string to the other side's
     type); pairs it does not convert compare as -1. Raises FilterEvalError where Java throws."""
-    lt, rt = type(lv), type(rv)
-    if lt is not rt:
-        if lt is bool:
-            if rt is str:  # Java casts the Boolean to String: ClassCastException
-                raise FilterEvalError(f"a boolean cannot be compared with the string {rv!r}")
-            return -1
-        if lt is int or lt is _Long:
-            if rt is float:
-                lv = float(lv)  # type: ignore[arg-type]
-            elif rt is str:
-                rv = _java_int(rv, _INT_MIN, _INT_MAX) if lt is int else _java_int(rv, _LONG_MIN, _LONG_MAX)  # type: ignore[arg-type]
-            elif rt is not int and rt is not _Long:
-                return -1
-        elif lt is float:
-            if rt is int or rt is _Long:
-                rv = float(rv)  # type: ignore[arg-type]
-            elif rt is str:
-                rv = _java_double(rv)  # type: ignore[arg-type]
-            else:
-                return -1
-        elif lt is str:
-            if rt is bool:
-                lv = lv.lower() == "true"  # type: ignore[union-attr]  # Boolean.valueOf
-            elif rt is int:
-                lv = _java_int(lv, _INT_MIN, _INT_MAX)  # type: ignore[arg-type]
-            elif rt is _Long:
-                lv = _java_int(lv, _LONG_MIN, _LONG_MAX)  # type: ignore[arg-type]
-            elif rt is float:
-                lv = _java_double(lv)  # type: ignore[arg-type]
-            else:
-                return -1
-        else:
-            return -1
-    if type(lv) is float:
-        return _double_compare(lv, rv)  # type: ignore[arg-type]
     if type(lv) is str:
-        return _string_compare(lv, rv)  # type: ignore[arg-type]
-    return (lv > rv) - (lv < rv)  # type: ignore[operator]
+        if type(rv) is str:
+            return _string_compare(lv, rv)
+        if type(rv) is bool:
+            lb = lv.lower() == "true"  # Boolean.valueOf
+            return (lb > rv) - (lb < rv)
+        if type(rv) is int:
+            li = _java_int(lv, _INT_MIN, _INT_MAX)
+            return (li > rv) - (li < rv)
+        if type(rv) is _Long:
+            li = _java_int(lv, _LONG_MIN, _LONG_MAX)
+            return (li > rv) - (li < rv)
+        if type(rv) is float:
+            return _double_compare(_java_double(lv), rv)
+        return -1
+    if type(lv) is float:
+        if type(rv) is float:
+            return _double_compare(lv, rv)
+        if type(rv) is int or type(rv) is _Long:
+            return _double_compare(lv, float(rv))
+        if type(rv) is str:
+            return _double_compare(lv, _java_double(rv))
+        return -1
+    if type(lv) is int or type(lv) is _Long:
+        if type(rv) is int or type(rv) is _Long:
+            return (lv > rv) - (lv < rv)
+        if type(rv) is float:
+            return _double_compare(float(lv), rv)
+        if type(rv) is str:
+            ri = _java_int(rv, _INT_MIN, _INT_MAX) if type(lv) is int else _java_int(rv, _LONG_MIN, _LONG_MAX)
+            return (lv > ri) - (lv < ri)
+        return -1
+    if type(lv) is bool:
+        if type(rv) is bool:
+            return (lv > rv) - (lv < rv)
+        if type(rv) is str:  # Java casts the Boolean to String: ClassCastException
+            raise FilterEvalError(f"a boolean cannot be compared with the string {rv!r}")
+        return -1
+    if rv is None:
+        raise TypeError("null has no order")  # callers answer unknown before comparing a null
+    return -1
 
 
 def _java_equal(lv: Value, rv: Value) -> bool:
@@ -314,6 +288,14 @@ class _Node:
         return self.kind == _BCONST or self.kind == _BOOL
 
 
+def _number_constant(n: _Node) -> int | float | None:
+    """A constant node's value when it is a number (Integer, Long or Double), else None."""
+    v = n.value
+    if n.kind == _CONST and not isinstance(v, bool) and isinstance(v, (int, float)):
+        return v
+    return None
+
+
 def _const_ev(value: Value) -> Eval:
     return lambda p: value
 
@@ -327,13 +309,12 @@ def _prop_ev(name: str) -> Eval:
 def _negate_ev(f: Eval) -> Eval:
     def ev(p: Props) -> Value:
         v = f(p)
-        t = type(v)
-        if t is int:
-            return v if v == _INT_MIN else -v  # type: ignore[operator]
-        if t is _Long:
-            return v if v == _LONG_MIN else _Long(-v)  # type: ignore[operator]
-        if t is float:
-            return -v  # type: ignore[operator]
+        if type(v) is int:
+            return v if v == _INT_MIN else -v
+        if type(v) is _Long:
+            return v if v == _LONG_MIN else _Long(-v)
+        if type(v) is float:
+            return -v
         return None  # null, or not a number
     return ev
 
@@ -431,7 +412,7 @@ def _prop_number_ev(name: str, number: int | float, pred: Callable[[int], bool],
             return _java_int(s, lo, hi)
 
         def cmp(a: Any, b: Any) -> int:
-            return (a > b) - (a < b)  # type: ignore[no-any-return]
+            return (a > b) - (a < b)
 
     def ev(p: Props) -> Value:
         v = p.get(name)
@@ -461,7 +442,7 @@ def _string_op_ev(f: Eval, op: str, search: str, negated: bool) -> Eval:
         v = f(p)
         if type(v) is not str:
             return False  # missing or not a string: FALSE, not null, for the NOT forms too
-        return test(v) != negated  # type: ignore[arg-type]
+        return test(v) != negated
     return ev
 
 
@@ -586,9 +567,9 @@ class _Parser:
         if left.is_constant and right.is_constant and left.is_boolean and not right.is_boolean:
             raise self.refuse(f"'{self.src(left)}' cannot be compared with '{self.src(right)}'", op.pos)
         if left.kind == _PROP and right.kind == _CONST and type(right.value) is str:
-            ev = _prop_equals_string_ev(self.text[left.start:left.end], right.value)  # type: ignore[arg-type]
-        elif left.kind == _PROP and right.kind == _CONST and type(right.value) in (int, _Long, float):
-            ev = _prop_number_ev(self.text[left.start:left.end], right.value, _equals_zero, False)  # type: ignore[arg-type]
+            ev = _prop_equals_string_ev(self.text[left.start:left.end], right.value)
+        elif left.kind == _PROP and (number := _number_constant(right)) is not None:
+            ev = _prop_number_ev(self.text[left.start:left.end], number, _equals_zero, False)
         else:
             ev = _equal_ev(left.ev, right.ev)
         return self.node(ev, _BOOL, left.start, right.end, (left, right))
@@ -602,10 +583,10 @@ class _Parser:
         self.check_comparable(left)
         self.check_comparable(right)
         pred = _PREDICATES[op]
-        if left.kind == _PROP and right.kind == _CONST:
-            ev = _prop_number_ev(self.text[left.start:left.end], right.value, pred, False)  # type: ignore[arg-type]
-        elif left.kind == _CONST and right.kind == _PROP:
-            ev = _prop_number_ev(self.text[right.start:right.end], left.value, pred, True)  # type: ignore[arg-type]
+        if left.kind == _PROP and (number := _number_constant(right)) is not None:
+            ev = _prop_number_ev(self.text[left.start:left.end], number, pred, False)
+        elif right.kind == _PROP and (number := _number_constant(left)) is not None:
+            ev = _prop_number_ev(self.text[right.start:right.end], number, pred, True)
         else:
             ev = _compare_ev(left.ev, right.ev, pred)
         return self.node(ev, _BOOL, left.start, right.end, (left, right))
@@ -751,7 +732,10 @@ class Selector:
 
     def evaluate(self, props: Props) -> bool | None:
         """TRUE, FALSE or None (unknown); raises FilterEvalError where RocketMQ's evaluation throws."""
-        return self._ev(props)  # type: ignore[return-value]
+        v = self._ev(props)
+        if v is None or type(v) is bool:
+            return v
+        raise TypeError(f"{self.text!r} evaluated to {v!r}, not a boolean")  # the parser casts to boolean
 
     def matches(self, props: Props) -> bool:
         """The broker's verdict (ExpressionMessageFilter.isMatchedByCommitLog): TRUE matches; FALSE,
