@@ -131,10 +131,10 @@ class Connection:
 
     async def _handle(self, cmd: RemotingCommand) -> None:
         assert self._handler is not None
+        resp: RemotingCommand | None
         try:
-            resp = self._handler(self.addr, cmd)
-            if asyncio.iscoroutine(resp) or isinstance(resp, asyncio.Future):
-                resp = await resp
+            answer = self._handler(self.addr, cmd)
+            resp = answer if answer is None or isinstance(answer, RemotingCommand) else await answer
         except Exception as e:  # a handler bug must not kill the connection
             log.exception("handler for server request %s failed", cmd.code)
             resp = cmd.response(ResponseCode.SYSTEM_ERROR, remark=f"client handler failed: {e}")

@@ -142,7 +142,7 @@ def _json_header(cmd: RemotingCommand) -> bytes:
 # JSON strings with every non-ASCII character \u-escaped: the header is plain ASCII, and text that is not
 # valid Unicode (a lone surrogate) still makes a header any JSON reader takes, instead of bytes that are
 # not UTF-8, on which a reader can only give up the connection
-_jstr = json.encoder.encode_basestring_ascii  # type: ignore[attr-defined]
+_jstr = json.encoder.encode_basestring_ascii
 _json_decode = json.JSONDecoder().decode
 
 

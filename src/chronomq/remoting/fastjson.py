@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import re
-from json.decoder import scanstring
 from typing import Any
 
 __all__ = ["canonical_key", "loads"]
@@ -23,6 +22,13 @@ _WS = re.compile(r"[ \t\n\r]*")
 _NUMBER = re.compile(r"-?(?:0|[1-9]\d*)(\.\d+)?([eE][-+]?\d+)?")
 _BARE = re.compile(r"[A-Za-z_$][A-Za-z0-9_$]*")
 _LITERALS = {"true": True, "false": False, "null": None}
+_decode_at = json.JSONDecoder().raw_decode  # (text, index) -> (value, index after it), as json.loads reads
+
+
+def _string_at(text: str, pos: int) -> tuple[str, int]:
+    """The JSON string whose opening quote is at ``pos``, and the index after its closing quote."""
+    s, end = _decode_at(text, pos)
+    return s, end
 
 
 def canonical_key(value: Any) -> str:
@@ -59,7 +65,9 @@ class _Lenient:
         return ValueError(f"{what} at char {self.pos}")
 
     def skip(self) -> None:
-        self.pos = _WS.match(self.text, self.pos).end()  # type: ignore[union-attr]  # matches empty
+        m = _WS.match(self.text, self.pos)
+        assert m is not None  # a run of zero or more: it matches the empty string too
+        self.pos = m.end()
 
     def value(self) -> Any:
         try:
@@ -78,7 +86,7 @@ class _Lenient:
         if c == "[":
             return self._array()
         if c == '"':
-            s, self.pos = scanstring(text, pos + 1)
+            s, self.pos = _string_at(text, pos)
             return s
         m = _NUMBER.match(text, pos)
         if m:
@@ -94,7 +102,7 @@ class _Lenient:
         self.skip()
         text, pos = self.text, self.pos
         if pos < len(text) and text[pos] == '"':
-            s, self.pos = scanstring(text, pos + 1)
+            s, self.pos = _string_at(text, pos)
             return s
         if pos < len(text) and text[pos] in "{[":
             return canonical_key(self._value())

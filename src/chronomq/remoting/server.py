@@ -28,7 +28,7 @@ import logging
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from chronomq import netbudget
 from chronomq.clock import Clock, SystemClock
@@ -117,7 +117,8 @@ class Connection(asyncio.Protocol):
 
     # --- asyncio.Protocol ---------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
+        stream = cast(asyncio.Transport, transport)  # a TCP server's transports are stream transports
+        self.transport = stream
         self._loop = asyncio.get_running_loop()
         peer = transport.get_extra_info("peername")
         if isinstance(peer, tuple) and len(peer) >= 2:
@@ -129,7 +130,7 @@ class Connection(asyncio.Protocol):
         self._registered = True
         lim = self.server.limits
         with contextlib.suppress(AttributeError, NotImplementedError):
-            self.transport.set_write_buffer_limits(high=lim.write_high, low=lim.write_low)
+            stream.set_write_buffer_limits(high=lim.write_high, low=lim.write_low)
         # a new connection's first frame is on the clock from the moment it is accepted
         self._last_in = self._last_out = self._frame_since = self.server.clock.monotonic()
 
