@@ -92,6 +92,7 @@ class ConsumeService(ConsumerState):
         loop = asyncio.get_running_loop()
         ready = self._ready
         listener = self.listener
+        assert listener is not None  # start() refuses a consumer without one
         direct = self._executor is None and inspect.iscoroutinefunction(listener)
         busy = False  # counted in self._busy from the first message taken until the worker sleeps again
         try:

@@ -22,7 +22,11 @@ if TYPE_CHECKING:
 class ConsumerState:
     # settings
     group: str
-    client_id: str
+
+    @property
+    def client_id(self) -> str:  # read-only: PushConsumer's client instance's id
+        raise NotImplementedError
+
     subscriptions: dict[str, str]
     listener: Listener | None
     broadcasting: bool

@@ -588,7 +588,7 @@ class TopicRoute:
 
     def read_queues(self, topic: str | None = None) -> list[MessageQueue]:
         t = topic or self.topic
-        out = []
+        out: list[MessageQueue] = []
         for q in sorted(self.queue_datas, key=lambda q: q.broker_name):
             if q.perm & PERM_READ:
                 out.extend(MessageQueue(t, q.broker_name, i) for i in range(q.read_queue_nums))

@@ -5,6 +5,7 @@ through TBW102 (protocol.md 2.3)."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import logging
 import os
@@ -54,7 +55,7 @@ log = logging.getLogger("chronomq.client")
 
 QueueSelector = Callable[[list[MessageQueue], Message, Any], MessageQueue]
 
-_DEGRADED = {ResponseCode.FLUSH_DISK_TIMEOUT: SendStatus.FLUSH_DISK_TIMEOUT,
+_DEGRADED: dict[int, SendStatus] = {ResponseCode.FLUSH_DISK_TIMEOUT: SendStatus.FLUSH_DISK_TIMEOUT,
              ResponseCode.FLUSH_SLAVE_TIMEOUT: SendStatus.FLUSH_SLAVE_TIMEOUT,
              ResponseCode.SLAVE_NOT_AVAILABLE: SendStatus.SLAVE_NOT_AVAILABLE}
 
@@ -360,7 +361,7 @@ class Producer(SyncContextMixin):
                 if not isinstance(mq, MessageQueue) or mq not in queues:
                     raise InvalidMessage(f"the queue selector returned {mq!r}, not one of the topic's queues")
                 target = mq
-                resp = await self._send_to(target, route, lambda qid, b=target.broker_name: make(b, qid),
+                resp = await self._send_to(target, route, functools.partial(make, target.broker_name),
                                            remaining, what)
                 if auto:
                     self._instance.routes.pop(topic, None)  # pick up the real route next time
@@ -393,7 +394,7 @@ class Producer(SyncContextMixin):
 
     @staticmethod
     def _result(mq: MessageQueue, resp: RemotingCommand, msg_ids: list[str]) -> SendResult:
-        status = _DEGRADED.get(resp.code, SendStatus.OK)  # type: ignore[call-overload]
+        status = _DEGRADED.get(resp.code, SendStatus.OK)
         try:
             offset = resp.ext_int("queueOffset", -1)
             qid = resp.ext_int("queueId", mq.queue_id)

@@ -107,6 +107,7 @@ class TransactionProducer(Producer):
         if mq.broker_name not in self._announced:  # so that its checks can find this producer at once
             self._announced.add(mq.broker_name)
             await self._instance.send_heartbeat()
+        error: str | None
         if result.status != SendStatus.OK:
             state, error = LocalTransactionState.ROLLBACK, f"the half message was answered {result.status}"
         else:
