@@ -22,6 +22,7 @@ import itertools
 import logging
 from collections import deque
 from dataclasses import dataclass
+from typing import Any
 
 from chronomq.clock import Clock
 from chronomq.config import BrokerConfig
@@ -244,7 +245,8 @@ class HAService:
             # new bytes, the slave's side ending (a closed connection is seen at once), or a heartbeat
             waiter = asyncio.ensure_future(wake.wait())
             try:
-                done, _ = await asyncio.wait({waiter, reading}, timeout=heartbeat_s,
+                watched: set[asyncio.Future[Any]] = {waiter, reading}
+                done, _ = await asyncio.wait(watched, timeout=heartbeat_s,
                                              return_when=asyncio.FIRST_COMPLETED)
             finally:
                 waiter.cancel()

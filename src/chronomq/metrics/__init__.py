@@ -199,7 +199,7 @@ class MetricsServer:
     def __init__(self, snapshot: Callable[[], dict[str, Any]], host: str, port: int,
                  to_families: Callable[[dict[str, Any]], Iterator[Metric]] = families) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
-        self.registry.register(_Collector(snapshot, to_families))  # type: ignore[arg-type]
+        self.registry.register(_Collector(snapshot, to_families))
         self._server = make_server(host, port, make_wsgi_app(self.registry), _Server, _QuietHandler)
         self.port = int(self._server.server_address[1])
         self.host = host

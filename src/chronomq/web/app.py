@@ -152,7 +152,7 @@ class Console:
             raise BadInput(f"the form cannot be read: {e}") from None
         return {k: v[-1] for k, v in fields.items()}
 
-    def page(self, template: str, handler: Callable[[Request, Session], Awaitable[dict[str, Any]]],
+    def page(self, template: str, handler: Callable[[Request, Session], Awaitable[dict[str, Any] | Response]],
              *, post: bool = False) -> Callable[[Request], Awaitable[Response]]:
         """An endpoint: session and login check, CSRF check for a POST, the handler's context rendered
         into ``template``, and errors turned into an error page. A handler may return a Response."""

@@ -79,18 +79,18 @@ def load_users(path: str | Path) -> dict[str, str]:
     if not isinstance(entries, list) or not entries:
         raise UsersFileError(f"{path}: expected a non-empty list under 'users:'")
     users: dict[str, str] = {}
-    for i, e in enumerate(entries):
-        if not isinstance(e, dict) or not isinstance(e.get("name"), str) or not e["name"].strip():
+    for i, entry in enumerate(entries):
+        if not isinstance(entry, dict) or not isinstance(entry.get("name"), str) or not entry["name"].strip():
             raise UsersFileError(f"{path}: users[{i}] needs a 'name'")
-        h = e.get("password_hash")
+        h = entry.get("password_hash")
         if not isinstance(h, str):
-            raise UsersFileError(f"{path}: user {e['name']!r} needs a 'password_hash' "
+            raise UsersFileError(f"{path}: user {entry['name']!r} needs a 'password_hash' "
                                  "(never a clear password)")
         try:
             _parse_hash(h)
         except ValueError as err:
-            raise UsersFileError(f"{path}: user {e['name']!r}: {err}") from None
-        users[e["name"].strip()] = h
+            raise UsersFileError(f"{path}: user {entry['name']!r}: {err}") from None
+        users[entry["name"].strip()] = h
     return users
 
 

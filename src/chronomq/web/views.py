@@ -83,9 +83,9 @@ class ClusterView:
     async def topics(self, show_system: bool) -> list[dict[str, Any]]:
         hidden: set[str] = set()
         if not show_system:  # brokers register topics named after their cluster and themselves
-            for cluster, names in (await self.admin.cluster()).items():
+            for cluster, brokers in (await self.admin.cluster()).items():
                 hidden.add(cluster)
-                hidden.update(names)
+                hidden.update(brokers)
         names = [t for t in await self.admin.list_topics()
                  if show_system or not (is_system_topic(t) or t in hidden)][:MAX_ROWS]
 
@@ -107,9 +107,9 @@ class ClusterView:
         offsets = await self.admin.topic_offsets(topic)
         queues = [{"broker": mq.broker_name, "queue_id": mq.queue_id, "min": lo, "max": hi}
                   for mq, lo, hi in sorted(offsets, key=lambda x: (x[0].broker_name, x[0].queue_id))]
-        total = sum(q["max"] for q in queues)
-        return {"queues": queues, "brokers": sorted(route.broker_addrs), "messages": sum(q["max"] - q["min"]
-                                                                                        for q in queues),
+        total = sum(hi for _mq, _lo, hi in offsets)
+        return {"queues": queues, "brokers": sorted(route.broker_addrs),
+                "messages": sum(hi - lo for _mq, lo, hi in offsets),
                 "tps": self.tps.rate(f"topic:{topic}", total)}
 
     async def _clients(self, group: str) -> list[str]:
@@ -146,8 +146,8 @@ class ClusterView:
     async def delay(self) -> dict[str, Any]:
         """Delay levels and the timer, summed over the master brokers."""
         levels: dict[int, dict[str, Any]] = {}
-        timer = {"pending": 0, "delivered": 0, "cancelled": 0, "rescheduled": 0, "early": 0, "next_due": None,
-                 "due_undelivered": 0}
+        timer: dict[str, Any] = {"pending": 0, "delivered": 0, "cancelled": 0, "rescheduled": 0, "early": 0,
+                                 "next_due": None, "due_undelivered": 0}
         by_topic: dict[str, int] = {}
         buckets: dict[int, int] = {}
         lateness_count = 0
