@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import functools
 import logging
 import re
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -267,7 +268,7 @@ PULLS_IN_FLIGHT = 3  # pulls of one queue range outstanding at once (without a t
 
 
 async def range_batches(consumer: Any, settings: ReadSettings, qr: QueueRange,
-                        schema: pa.Schema) -> AsyncIterator[pa.RecordBatch]:
+                        schema: pa.Schema) -> AsyncGenerator[pa.RecordBatch, None]:
     """``read_range``'s batches, on the event loop. Without a tag filter, up to PULLS_IN_FLIGHT pulls of
     consecutive offset windows are outstanding while an answer is converted; an answer that ends before
     its window (a broker that returns fewer a pull, a gap) drops the pulls after it and the next ones start
@@ -438,7 +439,7 @@ def row_fields(batch: pa.RecordBatch, topic_option: str | None) -> RowFields:
     if topic_option:
         row_topics = [topic_option] * n
     else:
-        row_topics = topics if topics is not None else [None] * n
+        row_topics = topics if topics is not None else [""] * n  # "": no topic, refused below
         for i, t in enumerate(row_topics):
             if not t:
                 raise ValueError(f"row {i}: no topic (the 'topic' column is null and no 'topic' option is "
@@ -455,7 +456,7 @@ def row_fields(batch: pa.RecordBatch, topic_option: str | None) -> RowFields:
                 more = kv.split(" ") if isinstance(kv, str) else [str(x) for x in kv if x is not None]
                 ks.extend(x for x in more if x and x not in ks)
             keys_text[i] = " ".join(x for x in ks if x) or None
-    return RowFields(row_topics, values, keys_text, _column(batch, "tags"),  # type: ignore[arg-type]
+    return RowFields(row_topics, values, keys_text, _column(batch, "tags"),
                      _column(batch, "properties"))
 
 
@@ -559,7 +560,7 @@ def write_rows(opts: WriteOptions, batches: Iterator[pa.RecordBatch], query_id: 
                                        dedup=opts.dedup, row_numbers=[first_row + j for j in sel])
                 except InvalidMessage as e:
                     raise ChronomqSparkError(f"chronomq write: a row cannot be sent as a message: {e}") from e
-                submit(lambda t=topic, d=data, i=ids: producer.send_encoded_batch(t, d, i))
+                submit(functools.partial(producer.send_encoded_batch, topic, data, ids))
 
     def send_messages(items: list[tuple[Message, bool]], uniq: list[str]) -> None:
         """Rows of a batch that has deliver times: delayed rows one by one, the others batched per topic."""
@@ -570,16 +571,16 @@ def write_rows(opts: WriteOptions, batches: Iterator[pa.RecordBatch], query_id: 
             stats.topics[msg.topic] = stats.topics.get(msg.topic, 0) + 1
             # (the producer validates each message; an invalid one fails the task with its reason)
             if delayed:
-                submit(lambda m=msg: producer.send(m))
+                submit(functools.partial(producer.send, msg))
                 continue
             ms = per_topic.setdefault(msg.topic, [])
             ms.append(msg)
             if len(ms) >= opts.batch_size:
-                submit(lambda b=ms: producer.send_batch(b))
+                submit(functools.partial(producer.send_batch, ms))
                 per_topic[msg.topic] = []
         for ms in per_topic.values():
             if ms:
-                submit(lambda b=ms: producer.send_batch(b))
+                submit(functools.partial(producer.send_batch, ms))
 
     try:
         row = 0

@@ -112,7 +112,7 @@ def records_to_batch(parts: Sequence[RecordColumns], topic: str, broker: str, qu
     with a deliver time or without a UNIQ_KEY."""
     def chained(name: str) -> list[Any]:
         if len(parts) == 1:
-            return getattr(parts[0], name)  # type: ignore[no-any-return]
+            return getattr(parts[0], name)
         return list(itertools.chain.from_iterable(getattr(p, name) for p in parts))
 
     texts = chained("properties")

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import logging
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+import pyarrow as pa
 from pyspark.sql.datasource import (
     DataSource,
     DataSourceArrowWriter,
@@ -39,6 +41,9 @@ from .options import (
     read_mode,
 )
 from .schema import PENDING_SCHEMA, READ_SCHEMA, WriteSchemaError, arrow_schema, validate_write_schema
+
+if TYPE_CHECKING:
+    from pyspark import TaskContext
 
 log = logging.getLogger("chronomq.spark")
 
@@ -126,7 +131,7 @@ class ChronomqBatchReader(DataSourceReader):
     def partitions(self) -> list[InputPartition]:
         return [RangePartition(r, self.settings) for r in self.ranges]
 
-    def read(self, partition: InputPartition):  # type: ignore[no-untyped-def]
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         if not isinstance(partition, RangePartition):
             return iter(())  # Spark plans one empty partition when there is nothing to read
         return read_range(partition.settings, partition.range, arrow_schema())
@@ -142,7 +147,7 @@ class ChronomqPendingReader(DataSourceReader):
     def partitions(self) -> list[InputPartition]:
         return [PendingPartition(self.opts)]
 
-    def read(self, partition: InputPartition):  # type: ignore[no-untyped-def]
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         opts = partition.opts if isinstance(partition, PendingPartition) else self.opts
         return read_pending(opts, arrow_schema(PENDING_SCHEMA))
 
@@ -220,7 +225,7 @@ class ChronomqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         settings = self.settings()
         return [RangePartition(r, settings) for r in plan_ranges(begin, stop, self.opts.min_partitions)]
 
-    def read(self, partition: InputPartition):  # type: ignore[no-untyped-def]
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, RangePartition)
         return read_range(partition.settings, partition.range, arrow_schema())
 
@@ -241,13 +246,13 @@ class ChronomqCommitMessage(WriterCommitMessage):
     topics: dict[str, int] = field(default_factory=dict)
 
 
-def _task_ids() -> tuple[int, Any]:
+def _task_ids() -> tuple[int, TaskContext | None]:
     from pyspark import TaskContext
 
-    tc = TaskContext.get()
-    if tc is None:  # not inside a Spark task (direct call in a test)
+    task = TaskContext.get()
+    if task is None:  # not inside a Spark task (direct call in a test)
         return 0, None
-    return tc.partitionId(), tc
+    return task.partitionId(), task
 
 
 class ChronomqBatchWriter(DataSourceArrowWriter):
@@ -257,7 +262,7 @@ class ChronomqBatchWriter(DataSourceArrowWriter):
         # across re-runs of the whole job
         self.write_id = opts.write_id or uuid.uuid4().hex
 
-    def write(self, iterator):  # type: ignore[no-untyped-def]
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> ChronomqCommitMessage:
         pid, _ = _task_ids()
         stats = write_rows(self.opts, iterator, self.write_id, 0, pid)
         return ChronomqCommitMessage(pid, stats.rows, stats.topics)
@@ -276,10 +281,10 @@ class ChronomqStreamWriter(DataSourceStreamArrowWriter):
     def __init__(self, opts: Any) -> None:
         self.opts = opts
 
-    def write(self, iterator):  # type: ignore[no-untyped-def]
-        pid, tc = _task_ids()
-        query_id = (tc.getLocalProperty("sql.streaming.queryId") if tc is not None else None) or "unknown"
-        raw_batch = tc.getLocalProperty("streaming.sql.batchId") if tc is not None else None
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> ChronomqCommitMessage:
+        pid, task = _task_ids()
+        query_id = (task.getLocalProperty("sql.streaming.queryId") if task is not None else None) or "unknown"
+        raw_batch = task.getLocalProperty("streaming.sql.batchId") if task is not None else None
         try:
             batch_id = int(raw_batch) if raw_batch is not None else 0
         except ValueError:
