@@ -98,9 +98,9 @@ class RouteInfoManager:
                 self._replace_topics(broker_name, topic_configs)
             elif broker_id == MASTER_ID and topic_configs is not None:
                 # same data version: only add what is missing (cheap refresh)
-                for name, tc in topic_configs.items():
+                for name, topic_config in topic_configs.items():
                     if broker_name not in self.topic_queues.get(name, {}):
-                        self._put_queue(broker_name, name, tc)
+                        self._put_queue(broker_name, name, topic_config)
             result = {"masterAddr": "", "haServerAddr": ""}
             if broker_id != MASTER_ID:
                 master = bd.brokerAddrs.get(MASTER_ID)
@@ -110,18 +110,18 @@ class RouteInfoManager:
                     result["haServerAddr"] = live.ha_server_addr if live else ""
             return result
 
-    def _put_queue(self, broker_name: str, topic: str, tc: dict[str, Any]) -> None:
+    def _put_queue(self, broker_name: str, topic: str, topic_config: dict[str, Any]) -> None:
         self.topic_queues.setdefault(topic, {})[broker_name] = QueueData(
             broker_name,
-            int(tc.get("readQueueNums", 0)),
-            int(tc.get("writeQueueNums", 0)),
-            int(tc.get("perm", 6)),
-            int(tc.get("topicSysFlag", 0)),
+            int(topic_config.get("readQueueNums", 0)),
+            int(topic_config.get("writeQueueNums", 0)),
+            int(topic_config.get("perm", 6)),
+            int(topic_config.get("topicSysFlag", 0)),
         )
 
     def _replace_topics(self, broker_name: str, topic_configs: dict[str, dict[str, Any]]) -> None:
-        for name, tc in topic_configs.items():
-            self._put_queue(broker_name, name, tc)
+        for name, topic_config in topic_configs.items():
+            self._put_queue(broker_name, name, topic_config)
         for name in list(self.topic_queues):
             if name not in topic_configs:
                 self._drop_queue(name, broker_name)
