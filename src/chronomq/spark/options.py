@@ -1,38 +1,11 @@
 """Option parsing and validation for the ``chronomq`` data source (pure Python, no Spark, no sockets).
 
-The read options follow Spark's Kafka source, which Spark users already know:
-
-==========================  ==========================================================================
-``namesrv`` / ``nameServer``  name server address(es), ``host:port[;host:port]`` (required)
-``subscribe``                comma-separated topics                        } exactly one of
-``subscribePattern``         a regular expression over topic names         } these three
-``assign``                   JSON ``{"topic": {"brokerName": [queueIds]}}``  }
-``startingOffsets``          ``earliest`` | ``latest`` | JSON ``{"topic": {"broker": {"qid": off}}}``
-                             (-2 = earliest, -1 = latest); default earliest (batch) / latest (stream)
-``endingOffsets``            batch only: ``latest`` (default) | ``earliest`` | JSON as above
-``startingTimestamp``        epoch ms: start each queue at its first message stored at or after it
-``maxOffsetsPerTrigger``     streaming only: at most this many messages per micro-batch, split over
-                             the queues in proportion to their backlog
-``failOnDataLoss``           ``true`` (default): fail when requested offsets were cleaned away;
-                             ``false``: skip ahead to the oldest retained message and log it
-``tagExpression``            server-side tag filter, ``*`` (default) or ``tagA || tagB``
-``minPartitions``            split large queue ranges so there are at least this many Spark partitions
-``pullBatchSize``            messages per pull request (default 256, 1..1024; brokers may cap it)
-``requestTimeoutMs``         client request timeout (default 10000)
-``mode``                     ``messages`` (default: the rows of topics, as above) or ``pending``
-``accessKey`` / ``secretKey``  ACL credentials for a cluster with aclEnable (every mode, reads and writes)
-==========================  ==========================================================================
-
-``mode=pending`` (batch only) reads the brokers' timer stores instead: one row per message waiting for
-its deliver time (PENDING_SCHEMA), with its own options ``topic``, ``key``, ``tag``, ``deliverFrom`` /
-``deliverTo`` (epoch ms or ISO 8601; without an offset UTC; both inclusive), ``pageSize`` (1..1000,
-default 1000) besides ``namesrv`` and ``requestTimeoutMs``. The queue options above do not apply there.
-
-Write options: ``namesrv``, ``topic`` (overrides a ``topic`` column, like Kafka), ``producerGroup``,
-``batchSize`` (messages per batched send, default 64), ``maxInFlight`` (concurrent batched sends per task,
-default 8), ``writeId`` (a stable id for batch writes, part of each row's UNIQ_KEY), ``requestTimeoutMs``,
-``dedup`` (``true`` by default: ask the broker to store each row's UNIQ_KEY once, so a retried task's
-rows are not stored twice).
+``OPTIONS`` is the one table of the options: how users spell each one, where it applies (a batch or a
+streaming read of topics, a read of the pending index, a write), how its value reads and its default.
+The known-keys sets and the checks of plain values (integers in range, booleans) come from it; the
+parsers below check what the table cannot say (exactly one of subscribe / subscribePattern / assign,
+offsets JSON, time windows). docs/spark.md explains each option; tests/unit/test_spark_options.py holds
+its tables and this one to the same keys.
 
 Keys are case-insensitive (Spark lower-cases them). Unknown keys are refused with the list of known ones
 so that a typo (``startingOffset``) fails loudly instead of silently reading from the wrong place.
@@ -56,33 +29,85 @@ class OptionError(ValueError):
     """A data source option that cannot be used; the message names the option and what is expected."""
 
 
+# where an option applies: a batch read of topics, a streaming read of topics, mode=pending, a write
+BATCH, STREAM, PENDING, WRITE = "batch", "stream", "pending", "write"
+_READ = frozenset({BATCH, STREAM})
+_EVERYWHERE = frozenset({BATCH, STREAM, PENDING, WRITE})
+
+
+@dataclass(frozen=True)
+class Option:
+    """One option: its spelling, where it applies, its value's type (str, int or bool), its default
+    (None: no value), an integer's bounds, and what it means in a line."""
+
+    name: str
+    applies: frozenset[str]
+    meaning: str
+    kind: type = str
+    default: str | int | None = None
+    minimum: int | None = None
+    maximum: int | None = None
+
+    @property
+    def key(self) -> str:
+        """The key as Spark hands it over: lower-cased."""
+        return self.name.lower()
+
+
+OPTIONS: tuple[Option, ...] = (
+    Option("namesrv", _EVERYWHERE, "name server address(es), host:port[;host:port]; required"),
+    Option("nameServer", _EVERYWHERE, "alias of namesrv"),
+    Option("subscribe", _READ, "comma-separated topics (one of subscribe, subscribePattern, assign)"),
+    Option("subscribePattern", _READ, "a regular expression over topic names"),
+    Option("assign", _READ, 'JSON {"topic": {"brokerName": [queueIds]}}'),
+    Option("startingOffsets", _READ, "earliest (batch default) | latest (stream default) | JSON per queue"),
+    Option("endingOffsets", frozenset({BATCH}), "latest (default) | JSON per queue"),
+    Option("startingTimestamp", _READ, "epoch ms: each queue starts at its first message stored since",
+           int, minimum=0),
+    Option("maxOffsetsPerTrigger", frozenset({STREAM}), "at most this many messages per micro-batch",
+           int, minimum=1),
+    Option("failOnDataLoss", _READ, "fail (true) or skip ahead (false) when offsets were cleaned away",
+           bool, True),
+    Option("tagExpression", _READ, "server-side tag filter: * or tagA || tagB", str, "*"),
+    Option("minPartitions", _READ, "split queue ranges into at least this many Spark partitions",
+           int, minimum=1),
+    Option("pullBatchSize", _READ, "messages per pull request", int, 256, 1, 1024),
+    Option("requestTimeoutMs", _EVERYWHERE, "client request timeout", int, 10_000, 100),
+    Option("mode", _READ | {PENDING}, "messages (default: the rows of topics) or pending (the timer stores)"),
+    Option("accessKey", _EVERYWHERE, "ACL access key (with secretKey)"),
+    Option("secretKey", _EVERYWHERE, "ACL secret key (with accessKey)"),
+    Option("topic", frozenset({PENDING, WRITE}),
+           "pending: only messages for this topic; write: the topic, over a topic column"),
+    Option("key", frozenset({PENDING}), "only messages with this key or message id"),
+    Option("tag", frozenset({PENDING}), "only messages with this tag"),
+    Option("deliverFrom", frozenset({PENDING}), "deliver times from (inclusive): epoch ms or ISO 8601"),
+    Option("deliverTo", frozenset({PENDING}), "deliver times up to (inclusive): epoch ms or ISO 8601"),
+    Option("pageSize", frozenset({PENDING}), "items per request to a broker", int, 1000, 1, 1000),
+    Option("producerGroup", frozenset({WRITE}), "the producer group", str, "chronomq_spark_producer"),
+    Option("batchSize", frozenset({WRITE}), "messages per batched send", int, 64, 1, 4096),
+    Option("maxInFlight", frozenset({WRITE}), "concurrent batched sends per task", int, 8, 1, 1024),
+    Option("writeId", frozenset({WRITE}), "a stable id for batch writes, part of each row's UNIQ_KEY"),
+    Option("dedup", frozenset({WRITE}), "ask the broker to store each row's UNIQ_KEY once", bool, True),
+)
+_BY_NAME = {o.name: o for o in OPTIONS}
+_SPELLING = {o.key: o.name for o in OPTIONS}  # for error messages
+
+
+def keys_for(*where: str) -> frozenset[str]:
+    """The (lower-case) keys of the options that apply to any of ``where``."""
+    return frozenset(o.key for o in OPTIONS if o.applies.intersection(where))
+
+
 # Options Spark itself adds, or that belong to the engine, which the source accepts and ignores.
 _ENGINE_KEYS = {"path", "checkpointlocation", "queryname"}
 
-READ_KEYS = {
-    "namesrv", "nameserver", "subscribe", "subscribepattern", "assign", "startingoffsets",
-    "endingoffsets", "startingtimestamp", "maxoffsetspertrigger", "failondataloss", "tagexpression",
-    "minpartitions", "pullbatchsize", "requesttimeoutms", "mode", "accesskey", "secretkey",
-}
-PENDING_KEYS = {"namesrv", "nameserver", "mode", "topic", "key", "tag", "deliverfrom", "deliverto",
-                "pagesize", "requesttimeoutms", "accesskey", "secretkey"}
+READ_KEYS = keys_for(BATCH, STREAM)
+PENDING_KEYS = keys_for(PENDING)
+WRITE_KEYS = keys_for(WRITE)
 # read modes: the rows of topics (default) / the timer stores' pending index
 MODE_MESSAGES = "messages"
 MODE_PENDING = "pending"
 READ_MODES = (MODE_MESSAGES, MODE_PENDING)
-# the spelling users write, for error messages (Spark lower-cases option keys)
-_SPELLING = {
-    "namesrv": "namesrv", "nameserver": "nameServer", "subscribe": "subscribe",
-    "subscribepattern": "subscribePattern", "assign": "assign", "startingoffsets": "startingOffsets",
-    "endingoffsets": "endingOffsets", "startingtimestamp": "startingTimestamp",
-    "maxoffsetspertrigger": "maxOffsetsPerTrigger", "failondataloss": "failOnDataLoss",
-    "tagexpression": "tagExpression", "minpartitions": "minPartitions", "pullbatchsize": "pullBatchSize",
-    "requesttimeoutms": "requestTimeoutMs", "mode": "mode", "topic": "topic", "key": "key", "tag": "tag",
-    "deliverfrom": "deliverFrom", "deliverto": "deliverTo", "pagesize": "pageSize",
-    "accesskey": "accessKey", "secretkey": "secretKey",
-}
-WRITE_KEYS = {"namesrv", "nameserver", "topic", "producergroup", "batchsize", "maxinflight", "writeid",
-              "requesttimeoutms", "accesskey", "secretkey", "dedup"}
 
 # Offsets per queue: {topic: {broker_name: {queue_id: offset}}} (queue ids as ints inside Python).
 QueueOffsets = dict[str, dict[str, dict[int, int]]]
@@ -153,7 +178,7 @@ def _lower(options: Mapping[str, str]) -> dict[str, str]:
     return out
 
 
-def _check_unknown(opts: dict[str, str], known: set[str], what: str) -> None:
+def _check_unknown(opts: dict[str, str], known: frozenset[str], what: str) -> None:
     unknown = sorted(k for k in opts if k not in known and k not in _ENGINE_KEYS
                      and not k.startswith("spark."))
     if unknown:
@@ -181,7 +206,7 @@ def _namesrv(opts: dict[str, str]) -> str:
 
 
 def _credentials(opts: dict[str, str]) -> tuple[str, str] | None:
-    ak, sk = (opts.get("accesskey") or "").strip(), (opts.get("secretkey") or "").strip()
+    ak, sk = _text(opts, "accessKey"), _text(opts, "secretKey")
     if not ak and not sk:
         return None
     if not ak or not sk:
@@ -189,32 +214,59 @@ def _credentials(opts: dict[str, str]) -> tuple[str, str] | None:
     return ak, sk
 
 
-def _int(opts: dict[str, str], key: str, name: str, *, minimum: int | None = None,
-         maximum: int | None = None) -> int | None:
-    raw = opts.get(key)
+def _option(name: str, kind: type) -> Option:
+    option = _BY_NAME[name]
+    if option.kind is not kind:
+        raise TypeError(f"option {name!r} is of type {option.kind.__name__}, not {kind.__name__}")
+    return option
+
+
+def _int(opts: dict[str, str], name: str) -> int | None:
+    """An integer option: the value given, checked against its bounds, else its default (maybe None)."""
+    option = _option(name, int)
+    raw = opts.get(option.key)
     if raw is None or raw.strip() == "":
-        return None
+        return None if option.default is None else int(option.default)
     try:
         value = int(raw.strip())
     except ValueError:
         raise OptionError(f"option '{name}': {raw!r} is not an integer") from None
-    if minimum is not None and value < minimum:
-        raise OptionError(f"option '{name}': {value} must be >= {minimum}")
-    if maximum is not None and value > maximum:
-        raise OptionError(f"option '{name}': {value} must be <= {maximum}")
+    if option.minimum is not None and value < option.minimum:
+        raise OptionError(f"option '{name}': {value} must be >= {option.minimum}")
+    if option.maximum is not None and value > option.maximum:
+        raise OptionError(f"option '{name}': {value} must be <= {option.maximum}")
     return value
 
 
-def _bool(opts: dict[str, str], key: str, name: str, default: bool) -> bool:
-    raw = opts.get(key)
+def _count(opts: dict[str, str], name: str) -> int:
+    """An integer option that has a default."""
+    value = _int(opts, name)
+    if value is None:
+        raise TypeError(f"option {name!r} has no default")
+    return value
+
+
+def _timeout_s(opts: dict[str, str]) -> float:
+    return _count(opts, "requestTimeoutMs") / 1000
+
+
+def _bool(opts: dict[str, str], name: str) -> bool:
+    option = _option(name, bool)
+    raw = opts.get(option.key)
     if raw is None or raw.strip() == "":
-        return default
+        return bool(option.default)
     v = raw.strip().lower()
     if v == "true":
         return True
     if v == "false":
         return False
     raise OptionError(f"option '{name}': {raw!r} must be true or false")
+
+
+def _text(opts: dict[str, str], name: str) -> str:
+    """A text option, stripped: the value given, else its default ("" when it has none)."""
+    option = _option(name, str)
+    return opts.get(option.key, "").strip() or str(option.default or "")
 
 
 def _topic(name: str, where: str) -> str:
@@ -286,8 +338,8 @@ def parse_offsets_json(raw: str, name: str) -> QueueOffsets:
     return out
 
 
-def _offset_spec(opts: dict[str, str], key: str, name: str, default: str) -> OffsetSpec:
-    raw = opts.get(key, "").strip()
+def _offset_spec(opts: dict[str, str], name: str, default: str) -> OffsetSpec:
+    raw = _text(opts, name)
     if not raw:
         return OffsetSpec(default)
     low = raw.lower()
@@ -311,7 +363,7 @@ def read_mode(options: Mapping[str, str]) -> str:
     return raw
 
 
-def _names(keys: set[str]) -> str:
+def _names(keys: frozenset[str]) -> str:
     return ", ".join(sorted(_SPELLING.get(k, k) for k in keys))
 
 
@@ -359,10 +411,10 @@ def parse_read_options(options: Mapping[str, str], streaming: bool) -> ReadOptio
     else:
         assign = parse_assign(opts["assign"])
 
-    starting = _offset_spec(opts, "startingoffsets", "startingOffsets", "latest" if streaming else "earliest")
-    if streaming and opts.get("endingoffsets", "").strip():
+    starting = _offset_spec(opts, "startingOffsets", "latest" if streaming else "earliest")
+    if streaming and _text(opts, "endingOffsets"):
         raise OptionError("option 'endingOffsets' is for batch queries only (a stream has no end)")
-    ending = _offset_spec(opts, "endingoffsets", "endingOffsets", "latest")
+    ending = _offset_spec(opts, "endingOffsets", "latest")
     if not streaming:
         if starting.kind == "latest":
             raise OptionError("option 'startingOffsets': 'latest' is not allowed in a batch query "
@@ -373,8 +425,8 @@ def parse_read_options(options: Mapping[str, str], streaming: bool) -> ReadOptio
             raise OptionError("option 'startingOffsets': -1 (latest) is not allowed in a batch query")
         if ending.kind == "json" and _any_value(ending.offsets, EARLIEST):
             raise OptionError("option 'endingOffsets': -2 (earliest) is not allowed in a batch query")
-    starting_ts = _int(opts, "startingtimestamp", "startingTimestamp", minimum=0)
-    if starting_ts is not None and opts.get("startingoffsets", "").strip():
+    starting_ts = _int(opts, "startingTimestamp")
+    if starting_ts is not None and _text(opts, "startingOffsets"):
         raise OptionError("give either 'startingTimestamp' or 'startingOffsets', not both")
     for spec, name in ((starting, "startingOffsets"), (ending, "endingOffsets")):
         if spec.kind == "json" and assign is not None:
@@ -383,11 +435,11 @@ def parse_read_options(options: Mapping[str, str], streaming: bool) -> ReadOptio
             extra = sorted(set(spec.offsets or {}) - set(subscribe))
             if extra:
                 raise OptionError(f"option '{name}' names topic(s) {extra} that are not subscribed")
-    max_per_trigger = _int(opts, "maxoffsetspertrigger", "maxOffsetsPerTrigger", minimum=1)
+    max_per_trigger = _int(opts, "maxOffsetsPerTrigger")
     if max_per_trigger is not None and not streaming:
         raise OptionError("option 'maxOffsetsPerTrigger' is for streaming queries only; bound a batch "
                           "read with 'endingOffsets'")
-    tag_expr = opts.get("tagexpression", "").strip() or "*"
+    tag_expr = _text(opts, "tagExpression")
     if "\x01" in tag_expr or "\x02" in tag_expr:
         raise OptionError("option 'tagExpression' contains control characters")
     return ReadOptions(
@@ -399,11 +451,11 @@ def parse_read_options(options: Mapping[str, str], streaming: bool) -> ReadOptio
         ending=ending,
         starting_timestamp=starting_ts,
         max_offsets_per_trigger=max_per_trigger,
-        fail_on_data_loss=_bool(opts, "failondataloss", "failOnDataLoss", True),
+        fail_on_data_loss=_bool(opts, "failOnDataLoss"),
         tag_expression=tag_expr,
-        min_partitions=_int(opts, "minpartitions", "minPartitions", minimum=1),
-        pull_batch_size=_int(opts, "pullbatchsize", "pullBatchSize", minimum=1, maximum=1024) or 256,
-        request_timeout_s=(_int(opts, "requesttimeoutms", "requestTimeoutMs", minimum=100) or 10_000) / 1000,
+        min_partitions=_int(opts, "minPartitions"),
+        pull_batch_size=_count(opts, "pullBatchSize"),
+        request_timeout_s=_timeout_s(opts),
         streaming=streaming,
         credentials=_credentials(opts),
     )
@@ -456,14 +508,11 @@ def parse_time_ms(raw: str, name: str) -> int:
     return ms
 
 
-def _filter_text(opts: dict[str, str], key: str, name: str) -> str | None:
-    raw = opts.get(key)
-    if raw is None or not raw.strip():
-        return None
-    value = raw.strip()
+def _filter_text(opts: dict[str, str], name: str) -> str | None:
+    value = _text(opts, name)
     if "\x01" in value or "\x02" in value:
         raise OptionError(f"option '{name}' contains control characters")
-    return value
+    return value or None
 
 
 def parse_pending_options(options: Mapping[str, str], streaming: bool) -> PendingOptions:
@@ -476,25 +525,25 @@ def parse_pending_options(options: Mapping[str, str], streaming: bool) -> Pendin
                           "what waits in the timer stores, not a stream; use spark.read...load(), or stream "
                           "the delivered messages with the default mode (subscribe=...)")
     _check_mode_keys(opts, MODE_PENDING)
-    topic = _filter_text(opts, "topic", "topic")
+    topic = _filter_text(opts, "topic")
     if topic is not None:
         _topic(topic, "option 'topic'")
     start = end = None
-    if (raw := opts.get("deliverfrom", "").strip()):
+    if (raw := _text(opts, "deliverFrom")):
         start = parse_time_ms(raw, "deliverFrom")
-    if (raw := opts.get("deliverto", "").strip()):
+    if (raw := _text(opts, "deliverTo")):
         end = parse_time_ms(raw, "deliverTo")
     if start is not None and end is not None and end < start:
         raise OptionError(f"option 'deliverTo' ({end}) is before 'deliverFrom' ({start})")
     return PendingOptions(
         namesrv=_namesrv(opts),
         topic=topic,
-        key=_filter_text(opts, "key", "key"),
-        tag=_filter_text(opts, "tag", "tag"),
+        key=_filter_text(opts, "key"),
+        tag=_filter_text(opts, "tag"),
         deliver_from_ms=start,
         deliver_to_ms=end,
-        page_size=_int(opts, "pagesize", "pageSize", minimum=1, maximum=1000) or 1000,
-        request_timeout_s=(_int(opts, "requesttimeoutms", "requestTimeoutMs", minimum=100) or 10_000) / 1000,
+        page_size=_count(opts, "pageSize"),
+        request_timeout_s=_timeout_s(opts),
         credentials=_credentials(opts),
     )
 
@@ -502,19 +551,19 @@ def parse_pending_options(options: Mapping[str, str], streaming: bool) -> Pendin
 def parse_write_options(options: Mapping[str, str]) -> WriteOptions:
     opts = _lower(options)
     _check_unknown(opts, WRITE_KEYS, "write")
-    topic = opts.get("topic", "").strip() or None
+    topic = _text(opts, "topic") or None
     if topic is not None:
         _topic(topic, "option 'topic'")
-    group = opts.get("producergroup", "").strip() or "chronomq_spark_producer"
-    write_id = opts.get("writeid", "").strip() or None
+    group = _text(opts, "producerGroup")
+    write_id = _text(opts, "writeId") or None
     return WriteOptions(
         namesrv=_namesrv(opts),
         topic=topic,
         producer_group=group,
-        batch_size=_int(opts, "batchsize", "batchSize", minimum=1, maximum=4096) or 64,
-        max_in_flight=_int(opts, "maxinflight", "maxInFlight", minimum=1, maximum=1024) or 8,
+        batch_size=_count(opts, "batchSize"),
+        max_in_flight=_count(opts, "maxInFlight"),
         write_id=write_id,
-        request_timeout_s=(_int(opts, "requesttimeoutms", "requestTimeoutMs", minimum=100) or 10_000) / 1000,
+        request_timeout_s=_timeout_s(opts),
         credentials=_credentials(opts),
-        dedup=_bool(opts, "dedup", "dedup", True),
+        dedup=_bool(opts, "dedup"),
     )
