@@ -6,8 +6,8 @@
 - ``chronomq admin <verb>``: delay-stats, cluster, topics, route, update-topic, broker-status,
   consumer-progress, reset-offset, and for the timer store cancel, reschedule, pending (cli/admin_timer.py).
 
-The event loop is uvloop when installed (the ``fast`` extra) unless CHRONOMQ_LOOP=asyncio; see
-``run.choose_loop`` for the measurement behind that default. ``--version`` and the start's first line say
+The event loop is uvloop when installed (the ``fast`` extra) unless CHRONOMQ_LOOP=asyncio (docs/latency.md,
+"The event loop", has the measurement behind that default). ``--version`` and the start's first line say
 which hot-path kernels run (compiled, or pure Python: chronomq/store/speedups.py).
 """
 

