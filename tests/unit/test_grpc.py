@@ -19,7 +19,7 @@ from chronomq.clock import SystemClock  # noqa: E402
 from chronomq.config import BrokerConfig, ConfigError  # noqa: E402
 from chronomq.grpc import convert  # noqa: E402
 from chronomq.grpc._proto import rocketmq_v2_pb2 as pb  # noqa: E402
-from chronomq.grpc.pop import PopTable  # noqa: E402
+from chronomq.grpc.pop import AckOutcome, PopTable  # noqa: E402
 from chronomq.message import MessageExt  # noqa: E402
 from chronomq.namesrv import RouteInfoManager  # noqa: E402
 
@@ -191,6 +191,14 @@ async def test_in_flight_table_advances_over_contiguous_done_offsets_and_persist
     assert back is not None
     assert (back.committed, back.next, back.inflight[7].until_ms, back.inflight[7].attempt) == (7, 8, 5000, 2)
     assert json.loads((tmp_path / "popInflight.json").read_text())["seq"] == t.seq
+
+
+def test_an_ack_answers_a_typed_outcome(tmp_path: Path) -> None:
+    t = PopTable(tmp_path)
+    st = t.state("G", "T", 0, 0)
+    e = t.deliver(st, 0, 1000)
+    assert t.ack(st, 0, e.gen + 1) is AckOutcome.STALE and t.ack(st, 0, e.gen) is AckOutcome.OK
+    assert t.ack(st, 5, 1) is AckOutcome.UNKNOWN
 
 
 def test_grpc_listen_port_is_checked() -> None:

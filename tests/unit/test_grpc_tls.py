@@ -25,7 +25,7 @@ from chronomq.clock import SystemClock  # noqa: E402
 from chronomq.config import BrokerConfig, ConfigError  # noqa: E402
 from chronomq.grpc import convert, selfsigned, tls  # noqa: E402
 from chronomq.grpc._proto import rocketmq_v2_pb2 as pb  # noqa: E402
-from chronomq.grpc.front import PREFACE, PortFront, classify, grpc_peer  # noqa: E402
+from chronomq.grpc.front import PREFACE, Greeting, PortFront, classify, grpc_peer  # noqa: E402
 from chronomq.namesrv import RouteInfoManager  # noqa: E402
 
 SERVICE = "/apache.rocketmq.v2.MessagingService/"
@@ -135,6 +135,8 @@ def test_first_bytes_tell_tls_from_http2_from_junk() -> None:
     assert [classify(PREFACE[:n]) for n in (1, 10, 23)] == [None, None, None]
     assert classify(PREFACE) == classify(PREFACE + b"\x00\x00") == "plaintext"
     assert classify(b"GET / HTTP/1.1\r\n") == classify(b"\x16\x02\x00") == classify(b"PRX") == "junk"
+    assert classify(hello) is Greeting.TLS and classify(PREFACE) is Greeting.PLAINTEXT
+    assert classify(b"PRX") is Greeting.JUNK
     assert grpc_peer(("10.0.0.1", 5)) == "ipv4:10.0.0.1:5" and grpc_peer(("::1", 6, 0, 0)) == "ipv6:[::1]:6"
 
 

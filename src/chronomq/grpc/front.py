@@ -27,6 +27,7 @@ descriptors. Times (how often a refusal is logged) are read from the clock the f
 from __future__ import annotations
 
 import asyncio
+import enum
 import logging
 from dataclasses import dataclass
 from typing import cast
@@ -46,18 +47,35 @@ LIMIT_LOG_INTERVAL = 60.0  # s between two warnings about refused connections
 RELAY_DESCRIPTORS = 3
 
 
-def classify(head: bytes) -> str | None:
-    """'tls', 'plaintext', 'junk', or None when more bytes are needed to tell."""
+class Greeting(enum.StrEnum):
+    """What a connection's first bytes say it is."""
+
+    TLS = "tls"
+    PLAINTEXT = "plaintext"  # the HTTP/2 client preface
+    JUNK = "junk"  # neither
+
+
+class _State(enum.Enum):
+    """A client connection's life: sniff -> connecting -> relay -> closed."""
+
+    SNIFF = enum.auto()
+    CONNECTING = enum.auto()
+    RELAY = enum.auto()
+    CLOSED = enum.auto()
+
+
+def classify(head: bytes) -> Greeting | None:
+    """What the first bytes are, or None when more bytes are needed to tell."""
     if not head:
         return None
     if head[0] == 0x16:  # TLS record: handshake
         if len(head) < 3:
             return None
-        return "tls" if head[1] == 0x03 and head[2] <= 0x04 else "junk"
+        return Greeting.TLS if head[1] == 0x03 and head[2] <= 0x04 else Greeting.JUNK
     n = min(len(head), len(PREFACE))
     if head[:n] != PREFACE[:n]:
-        return "junk"
-    return "plaintext" if n == len(PREFACE) else None
+        return Greeting.JUNK
+    return Greeting.PLAINTEXT if n == len(PREFACE) else None
 
 
 def grpc_peer(addr: tuple) -> str:
@@ -189,7 +207,7 @@ class _Client(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.peer: tuple = ("?", 0)
         self.head = bytearray()
-        self.state = "sniff"  # sniff -> connecting -> relay -> closed
+        self.state = _State.SNIFF
         self.upstream: _Upstream | None = None
         self.internal_port: int | None = None
         self.eof_from_client = False
@@ -201,7 +219,7 @@ class _Client(asyncio.Protocol):
         self.transport = cast(asyncio.Transport, transport)  # uvloop's are not asyncio.Transport instances
         self.peer = transport.get_extra_info("peername") or ("?", 0)
         if not self.front._admit(self):
-            self.state = "closed"
+            self.state = _State.CLOSED
             self.transport.abort()
             return
         self.transport.set_write_buffer_limits(high=WRITE_HIGH_WATER)
@@ -210,11 +228,11 @@ class _Client(asyncio.Protocol):
             self._timer = loop.call_later(self.front.first_bytes_timeout, self._first_bytes_late)
 
     def data_received(self, data: bytes) -> None:
-        if self.state == "relay":
+        if self.state is _State.RELAY:
             assert self.upstream is not None and self.upstream.transport is not None
             _write(self.upstream.transport, data)
             return
-        if self.state != "sniff":
+        if self.state is not _State.SNIFF:
             self.head += data  # not expected while connecting (reading is paused), kept for the relay
             return
         self.head += data
@@ -222,31 +240,31 @@ class _Client(asyncio.Protocol):
         if kind is None:
             return
         self._cancel_timer()
-        if kind == "junk":
-            self._refuse("junk", f"neither TLS nor HTTP/2 (first bytes {bytes(self.head[:8])!r})")
+        if kind is Greeting.JUNK:
+            self._refuse(f"neither TLS nor HTTP/2 (first bytes {bytes(self.head[:8])!r})")
             return
         mode = self.front.mode
-        if kind == "tls" and mode == DISABLED:
-            self._refuse("mode", "TLS refused: tls.server.mode is disabled (plaintext only)")
+        if kind is Greeting.TLS and mode == DISABLED:
+            self._refuse("TLS refused: tls.server.mode is disabled (plaintext only)", by_mode=True)
             return
-        if kind == "plaintext" and mode == ENFORCING:
-            self._refuse("mode", "plaintext refused: tls.server.mode is enforcing (TLS only)")
+        if kind is Greeting.PLAINTEXT and mode == ENFORCING:
+            self._refuse("plaintext refused: tls.server.mode is enforcing (TLS only)", by_mode=True)
             return
-        port = self.front.tls_port if kind == "tls" else self.front.plaintext_port
+        port = self.front.tls_port if kind is Greeting.TLS else self.front.plaintext_port
         assert port is not None
-        if kind == "tls":
+        if kind is Greeting.TLS:
             self.front.stats.tls += 1
         else:
             self.front.stats.plaintext += 1
-        self.state = "connecting"
+        self.state = _State.CONNECTING
         assert self.transport is not None
         self.transport.pause_reading()
         self._task = asyncio.get_running_loop().create_task(self._connect(port))  # a reference keeps it
 
     def eof_received(self) -> bool | None:
-        if self.state != "relay":
-            if self.state == "sniff":
-                self._refuse("junk", f"closed after {len(self.head)} bytes, before it was TLS or HTTP/2")
+        if self.state is not _State.RELAY:
+            if self.state is _State.SNIFF:
+                self._refuse(f"closed after {len(self.head)} bytes, before it was TLS or HTTP/2")
                 return None
             self.eof_from_client = True  # connecting: passed on once connected
             return True
@@ -261,7 +279,7 @@ class _Client(asyncio.Protocol):
         return True
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self.state = "closed"
+        self.state = _State.CLOSED
         self._cancel_timer()
         if self.upstream is not None and self.upstream.transport is not None:
             self.upstream.transport.close()  # what the client sent before is flushed first
@@ -283,22 +301,23 @@ class _Client(asyncio.Protocol):
 
     def _first_bytes_late(self) -> None:
         self._timer = None
-        if self.state == "sniff":
-            self._refuse("junk", f"{len(self.head)} bytes in {self.front.first_bytes_timeout:g} s, not yet "
+        if self.state is _State.SNIFF:
+            self._refuse(f"{len(self.head)} bytes in {self.front.first_bytes_timeout:g} s, not yet "
                                  "TLS or HTTP/2")
 
-    def _refuse(self, why: str, text: str) -> None:
-        if why == "mode":
+    def _refuse(self, text: str, *, by_mode: bool = False) -> None:
+        """Closed: junk, or (``by_mode``) a kind of connection the TLS mode refuses."""
+        if by_mode:
             self.front.stats.refused_mode += 1
         else:
             self.front.stats.junk += 1
         log.debug("gRPC endpoint: connection from %s closed: %s", grpc_peer(self.peer), text)
-        self.state = "closed"
+        self.state = _State.CLOSED
         if self.transport is not None:
             self.transport.abort()  # nothing to flush; no lingering half-open socket
 
     def abort(self) -> None:
-        self.state = "closed"
+        self.state = _State.CLOSED
         if self.upstream is not None and self.upstream.transport is not None:
             self.upstream.transport.abort()
         if self.transport is not None:
@@ -321,14 +340,13 @@ class _Client(asyncio.Protocol):
             if self.transport is not None:
                 self.transport.abort()
             return
-        transport = cast(asyncio.Transport, transport)
-        if self.state != "connecting":  # the client went away meanwhile
+        if self.state is not _State.CONNECTING:  # the client went away meanwhile
             transport.abort()
             return
         self.internal_port = transport.get_extra_info("sockname")[1]
         self.front._clients[self.internal_port] = grpc_peer(self.peer)
         transport.set_write_buffer_limits(high=WRITE_HIGH_WATER)
-        self.state = "relay"
+        self.state = _State.RELAY
         if self.head:
             transport.write(bytes(self.head))
             self.head = bytearray()

@@ -15,6 +15,7 @@ threaded: used on the broker's event loop only.
 from __future__ import annotations
 
 import asyncio
+import enum
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,14 @@ from chronomq.broker.persist import read_json, write_json_atomic
 
 FILE_NAME = "popInflight.json"
 MAX_INFLIGHT_PER_QUEUE = 10_000  # a queue with this many messages in flight hands out no new ones
+
+
+class AckOutcome(enum.StrEnum):
+    """What an ack did."""
+
+    OK = "ok"  # acked now or before
+    STALE = "stale"  # the handle is not the current delivery's
+    UNKNOWN = "unknown"  # never delivered
 
 
 @dataclass
@@ -100,16 +109,15 @@ class PopTable:
         if st.inflight.pop(offset, None) is not None:
             self._dirty = True
 
-    def ack(self, st: QueueState, offset: int, gen: int) -> str:
-        """ "ok" (acked now or before), "stale" (the handle is not the current delivery's) or "unknown"
-        (never delivered)."""
+    def ack(self, st: QueueState, offset: int, gen: int) -> AckOutcome:
+        """The message at ``offset`` acked through the handle of delivery ``gen``."""
         e = st.inflight.get(offset)
         if e is None:
-            return "ok" if offset < st.next else "unknown"
+            return AckOutcome.OK if offset < st.next else AckOutcome.UNKNOWN
         if e.gen != gen:
-            return "stale"
+            return AckOutcome.STALE
         self.done(st, offset)
-        return "ok"
+        return AckOutcome.OK
 
     def change(self, st: QueueState, offset: int, gen: int, until_ms: int) -> Inflight | None:
         """A new invisibility end for the current delivery; None when ``gen`` is not current."""

@@ -182,7 +182,7 @@ def not_after(cert_pem: bytes) -> dt.datetime:
     der = base64.b64decode(text.split(begin, 1)[1].split(end, 1)[0])
     _, pos, _ = _read(der, 0)  # Certificate
     _, pos, tbs_end = _read(der, pos)  # TBSCertificate
-    items = []
+    items: list[tuple[int, int, int]] = []
     while pos < tbs_end and len(items) < 5:
         tag, start, stop = _read(der, pos)
         items.append((tag, start, stop))

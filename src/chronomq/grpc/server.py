@@ -34,7 +34,9 @@ MAX_MESSAGE_BYTES = 130 * 1024 * 1024  # a 5.x client allows bodies up to 128 Mi
 UnaryFn = Callable[[Any, grpc.aio.ServicerContext], Awaitable[Any]]
 
 
-def _unary(fn: UnaryFn, req_type: type, resp_type: type) -> grpc.RpcMethodHandler:
+def _unary(fn: UnaryFn, req_type: Any, resp_type: Any) -> grpc.RpcMethodHandler:
+    """``fn`` served for requests of the generated message class ``req_type`` (the generated classes read
+    as Any), answering ``resp_type``."""
     async def call(req: Any, ctx: grpc.aio.ServicerContext) -> Any:
         try:
             return await fn(req, ctx)
