@@ -5,9 +5,9 @@ and send-back of failed messages; orderly consumption with queue locks; flow con
 
 This module is the facade, as RocketMQ's DefaultMQPushConsumerImpl: construction, start/close, the
 heartbeat and server requests (NOTIFY_CONSUMER_IDS_CHANGED, RESET_CONSUMER_CLIENT_OFFSET,
-GET_CONSUMER_RUNNING_INFO). Its concerns are base classes sharing its state: the rebalance
-(rebalance.py), the pull loop (pull.py), the consume services (consume.py), the offset commit
-(offsets.py) and the queue locks (locks.py); ProcessQueue is in process_queue.py."""
+GET_CONSUMER_RUNNING_INFO). The hot path is two base classes sharing its state: the pull loop (pull.py)
+and the consume services (consume.py). The rest are objects it holds: the rebalance (rebalance.py), the
+offset commit (offsets.py) and the queue locks (locks.py); ProcessQueue is in process_queue.py."""
 
 from __future__ import annotations
 
@@ -40,7 +40,7 @@ from .model import MessageQueue, ReceivedMessage, tag_set
 from .offsets import OffsetCommit
 from .process_queue import ProcessQueue
 from .pull import MAX_BACKLOG_PULL, PullPath
-from .rebalance import Rebalance, allocate_average
+from .rebalance import Rebalancer, allocate_average
 
 __all__ = ["LATER", "MAX_BACKLOG_PULL", "SUCCESS", "ConsumeResult", "Listener", "ProcessQueue",
            "PushConsumer", "allocate_average"]
@@ -75,7 +75,7 @@ def _checked_subscriptions(group: str, subscriptions: Mapping[str, str] | Sequen
     return subs
 
 
-class PushConsumer(Rebalance, PullPath, ConsumeService, OffsetCommit, QueueLocks, SyncContextMixin):
+class PushConsumer(PullPath, ConsumeService, SyncContextMixin):
     """``PushConsumer(group, subscriptions={"Topic": "tagA || tagB"}, listener=fn, namesrv=...)``.
 
     A pull asks for ``pull_batch_size`` messages; while the broker reports a backlog on the queue (its
@@ -141,9 +141,12 @@ class PushConsumer(Rebalance, PullPath, ConsumeService, OffsetCommit, QueueLocks
         self._idle: asyncio.Event | None = None
         self._sem: asyncio.Semaphore | None = None
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
-        self._rebalance_now: asyncio.Event | None = None
         self._known_brokers: set[str] = set()
         self._need_heartbeat = False
+        self._locks = QueueLocks(self._instance, group, self._pqs, lock_interval)
+        self._offset_commit = OffsetCommit(self._instance, group, self._offsets, self._committed,
+                                           offset_commit_interval, broadcasting, self._ask_heartbeat)
+        self._rebalancer = Rebalancer(self)
         self._started = False
         self._closed = False
         self._stopping = False
@@ -170,7 +173,6 @@ class PushConsumer(Rebalance, PullPath, ConsumeService, OffsetCommit, QueueLocks
             loop = asyncio.get_running_loop()
             self._workers = [loop.create_task(self._worker(), name="chronomq-consume")
                              for _ in range(self.concurrency)]
-        self._rebalance_now = asyncio.Event()
         if not inspect.iscoroutinefunction(self.listener):
             self._executor = concurrent.futures.ThreadPoolExecutor(
                 max_workers=self.concurrency, thread_name_prefix=f"chronomq-consume-{self.group}")
@@ -181,17 +183,17 @@ class PushConsumer(Rebalance, PullPath, ConsumeService, OffsetCommit, QueueLocks
                 with contextlib.suppress(ClientError):
                     await self._instance.get_route(topic)
             await self._heartbeat()
-            await self._rebalance()  # errors here are retried by the rebalance loop
+            await self._rebalancer.rebalance()  # errors here are retried by the rebalance loop
         except ClientError as e:
             log.warning("%s: first rebalance failed (retrying every %.1fs): %s", self.group,
                         self.rebalance_interval, e)
         except BaseException:
             await self.close()
             raise
-        self._instance.spawn(self._rebalance_loop(), "rebalance")
-        self._instance.spawn(self._commit_loop(), "offset-commit")
+        self._instance.spawn(self._rebalancer.run(), "rebalance")
+        self._instance.spawn(self._offset_commit.run(), "offset-commit")
         if self.orderly and not self.broadcasting:
-            self._instance.spawn(self._lock_loop(), "lock")
+            self._instance.spawn(self._locks.run(), "lock")
 
     async def close(self) -> None:
         if self._closed:
@@ -231,12 +233,12 @@ class PushConsumer(Rebalance, PullPath, ConsumeService, OffsetCommit, QueueLocks
         await asyncio.gather(*self._workers, *pending, return_exceptions=True)
         self._workers = []
         try:
-            await asyncio.wait_for(self.commit_offsets(), 5.0)
+            await asyncio.wait_for(self._offset_commit.commit(), 5.0)
         except (TimeoutError, Exception) as e:
             log.warning("%s: final offset commit failed: %s", self.group, e)
         if self.orderly and not self.broadcasting:
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(self._unlock([pq.mq for pq in pqs]), 3.0)
+                await asyncio.wait_for(self._locks.unlock([pq.mq for pq in pqs]), 3.0)
         with contextlib.suppress(Exception):
             await asyncio.wait_for(self._instance.unregister(consumer_group=self.group), 3.0)
         await self._instance.close()
@@ -244,6 +246,17 @@ class PushConsumer(Rebalance, PullPath, ConsumeService, OffsetCommit, QueueLocks
             # a listener thread that never returns cannot be stopped: do not hang on it
             self._executor.shutdown(wait=not stuck, cancel_futures=True)
         self._pqs.clear()
+
+    # --- offsets ---------------------------------------------------------------------------------------
+    async def commit_offsets(self) -> None:
+        """Store the consumed offsets now (also runs every offset_commit_interval and on close)."""
+        await self._offset_commit.commit()
+
+    async def reset_offsets(self, topic: str, offsets: dict[MessageQueue, int]) -> list[MessageQueue]:
+        """The broker's RESET_CONSUMER_CLIENT_OFFSET: each queue of ``topic`` this consumer holds starts
+        again at its new offset (stored on the broker first); messages pulled and not yet started are
+        dropped, listener calls already running finish uncommitted. Returns the queues moved."""
+        return await self._rebalancer.reset_offsets(topic, offsets)
 
     # --- introspection --------------------------------------------------------------------------------
     def assigned_queues(self) -> list[MessageQueue]:
@@ -256,8 +269,7 @@ class PushConsumer(Rebalance, PullPath, ConsumeService, OffsetCommit, QueueLocks
     # --- server requests ------------------------------------------------------------------------------
     async def _on_server_request(self, addr: str, cmd: RemotingCommand) -> RemotingCommand | None:
         if cmd.code == RequestCode.NOTIFY_CONSUMER_IDS_CHANGED:
-            if self._rebalance_now is not None:
-                self._rebalance_now.set()
+            self._rebalancer.wake()
             return None
         if cmd.code == RequestCode.RESET_CONSUMER_CLIENT_OFFSET:
             self._on_reset_offset(addr, cmd)
@@ -327,6 +339,9 @@ class PushConsumer(Rebalance, PullPath, ConsumeService, OffsetCommit, QueueLocks
                                      "messageModel": "BROADCASTING" if self.broadcasting else "CLUSTERING",
                                      "consumeFromWhere": where, "unitMode": False,
                                      "subscriptionDataSet": subs}]}
+
+    def _ask_heartbeat(self) -> None:
+        self._need_heartbeat = True  # the next rebalance sends one first
 
     async def _heartbeat(self) -> None:
         self._known_brokers = {a for addrs in self._instance.broker_addrs.values() for a in addrs.values()}

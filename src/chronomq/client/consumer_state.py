@@ -1,7 +1,7 @@
-"""The state PushConsumer's parts share: an annotations-only base class of every part (rebalance.py,
-pull.py, consume.py, offsets.py, locks.py), naming the attributes they read and write and the entry
-points they call on each other. No behaviour and no values live here; ``PushConsumer.__init__`` and
-``start`` set them. Everything runs on the consumer's event loop.
+"""The state PushConsumer's parts share: an annotations-only base class of its hot-path parts (pull.py,
+consume.py) and the type the rebalance (rebalance.py) works on, naming the attributes they read and
+write and the entry points they call on each other. No behaviour and no values live here;
+``PushConsumer.__init__`` and ``start`` set them. Everything runs on the consumer's event loop.
 """
 
 from __future__ import annotations
@@ -15,7 +15,9 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from .consume import Listener
     from .instance import ClientInstance
+    from .locks import QueueLocks
     from .model import MessageQueue, ReceivedMessage
+    from .offsets import OffsetCommit
     from .process_queue import ProcessQueue
 
 
@@ -54,7 +56,8 @@ class ConsumerState:
     _idle: asyncio.Event | None
     _sem: asyncio.Semaphore | None
     _executor: concurrent.futures.ThreadPoolExecutor | None
-    _rebalance_now: asyncio.Event | None
+    _locks: QueueLocks
+    _offset_commit: OffsetCommit
     _known_brokers: set[str]
     _need_heartbeat: bool
     _stopping: bool
@@ -64,5 +67,4 @@ class ConsumerState:
     _heartbeat: Callable[[], Coroutine[Any, Any, None]]
     _pull_loop: Callable[[ProcessQueue], Coroutine[Any, Any, None]]
     _orderly_worker: Callable[[ProcessQueue], Coroutine[Any, Any, None]]
-    _unlock: Callable[[list[MessageQueue]], Coroutine[Any, Any, None]]
     _wake: Callable[[], None]

@@ -1,10 +1,11 @@
-"""The rebalance of PushConsumer (a base class of it, sharing its state), as RocketMQ's RebalanceImpl with
-AllocateMessageQueueAveragely: every rebalance_interval (or at once when the broker says the group
-changed) each subscribed topic's read queues are split among the group's consumer ids; queues no longer
-this consumer's are dropped (their offset stored, their lock released), new ones are taken from the
-stored offset (else per consume_from); the broker's offset reset (RESET_CONSUMER_CLIENT_OFFSET) restarts
-the queues it names at their new offsets. Rules: broadcasting takes every queue and stores no offsets; an
-orderly consumer takes a queue only once the broker has locked it for it.
+"""The rebalance of PushConsumer (an object the consumer holds, working on its state), as RocketMQ's
+RebalanceImpl with AllocateMessageQueueAveragely: every rebalance_interval (or at once when the broker
+says the group changed) each subscribed topic's read queues are split among the group's consumer ids;
+queues no longer this consumer's are dropped (their offset stored, their lock released), new ones are
+taken from the stored offset (else per consume_from); the broker's offset reset
+(RESET_CONSUMER_CLIENT_OFFSET) restarts the queues it names at their new offsets. Rules: broadcasting
+takes every queue and stores no offsets; an orderly consumer takes a queue only once the broker has
+locked it for it.
 """
 
 from __future__ import annotations
@@ -13,14 +14,17 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from chronomq import message as m
 
 from . import ops
-from .consumer_state import ConsumerState
 from .errors import ClientError, NoRouteError
 from .model import MessageQueue, TopicRoute, tag_set
 from .process_queue import ProcessQueue
+
+if TYPE_CHECKING:
+    from .consumer_state import ConsumerState
 
 log = logging.getLogger("chronomq.client")
 
@@ -45,96 +49,110 @@ def allocate_average(mqs: Sequence[MessageQueue], cids: Sequence[str], cid: str)
     return [mqs[(start + i) % n] for i in range(max(0, count))]
 
 
-class Rebalance(ConsumerState):
-    async def _rebalance_loop(self) -> None:
-        assert self._rebalance_now is not None
+class Rebalancer:
+    """Which queues ``consumer`` consumes: it takes and drops them in the consumer's queue table (its
+    ``_pqs`` and ``_offsets``), through the consumer's queue locks and offset commit."""
+
+    def __init__(self, consumer: ConsumerState) -> None:
+        self.consumer = consumer
+        self._now = asyncio.Event()  # set: rebalance at once (the broker said the group changed)
+
+    def wake(self) -> None:
+        """Rebalance now rather than at the next interval."""
+        self._now.set()
+
+    async def run(self) -> None:
+        """Rebalance every rebalance_interval, or when woken (until cancelled)."""
+        c = self.consumer
         while True:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._rebalance_now.wait(), self.rebalance_interval)
-            self._rebalance_now.clear()
+                await asyncio.wait_for(self._now.wait(), c.rebalance_interval)
+            self._now.clear()
             try:
-                await self._rebalance()
+                await self.rebalance()
             except asyncio.CancelledError:
                 raise
             except Exception as e:
-                log.warning("%s: rebalance failed: %s", self.group, e)
+                log.warning("%s: rebalance failed: %s", c.group, e)
 
-    async def _rebalance(self) -> None:
-        brokers = {a for addrs in self._instance.broker_addrs.values() for a in addrs.values()}
-        if self._need_heartbeat or brokers - self._known_brokers:
-            await self._heartbeat()
-        for topic, expr in list(self.subscriptions.items()):
-            if self._stopping:
+    async def rebalance(self) -> None:
+        c = self.consumer
+        brokers = {a for addrs in c._instance.broker_addrs.values() for a in addrs.values()}
+        if c._need_heartbeat or brokers - c._known_brokers:
+            await c._heartbeat()
+        for topic, expr in list(c.subscriptions.items()):
+            if c._stopping:
                 return
             try:
-                route = await self._instance.get_route(topic, refresh=topic not in self._instance.routes)
+                route = await c._instance.get_route(topic, refresh=topic not in c._instance.routes)
             except NoRouteError:
                 continue
             except ClientError as e:
-                log.debug("%s: route of %s unavailable: %s", self.group, topic, e)
+                log.debug("%s: route of %s unavailable: %s", c.group, topic, e)
                 continue
-            if brokers != {a for addrs in self._instance.broker_addrs.values() for a in addrs.values()}:
-                await self._heartbeat()
+            if brokers != {a for addrs in c._instance.broker_addrs.values() for a in addrs.values()}:
+                await c._heartbeat()
             mqs = route.read_queues()
-            if self.broadcasting:
+            if c.broadcasting:
                 mine = mqs
             else:
                 cids = await self._consumer_ids(route)
                 if cids is None:
                     continue
-                mine = allocate_average(mqs, cids, self.client_id)
+                mine = allocate_average(mqs, cids, c.client_id)
             await self._apply(topic, expr, set(mine))
 
     async def _consumer_ids(self, route: TopicRoute) -> list[str] | None:
+        c = self.consumer
         # each broker's master, or its slave while the master is down (it knows the group from heartbeats)
         addrs = sorted({a for name in route.broker_addrs
-                        if (a := self._instance.read_target(name)[0]) is not None})
+                        if (a := c._instance.read_target(name)[0]) is not None})
         for addr in addrs:
             try:
-                cids = await ops.consumer_ids(self._instance, self.group, addr)
-                if self.client_id not in cids:
-                    await self._heartbeat()
-                    cids = await ops.consumer_ids(self._instance, self.group, addr)
-                if self.client_id in cids:
+                cids = await ops.consumer_ids(c._instance, c.group, addr)
+                if c.client_id not in cids:
+                    await c._heartbeat()
+                    cids = await ops.consumer_ids(c._instance, c.group, addr)
+                if c.client_id in cids:
                     return cids
             except ClientError as e:
-                log.debug("%s: consumer list from %s failed: %s", self.group, addr, e)
+                log.debug("%s: consumer list from %s failed: %s", c.group, addr, e)
         return None
 
     async def _apply(self, topic: str, expr: str, mine: set[MessageQueue]) -> None:
-        current = {mq for mq in self._pqs if mq.topic == topic}
+        c = self.consumer
+        current = {mq for mq in c._pqs if mq.topic == topic}
         for mq in sorted(current - mine):
             await self._drop(mq)
         for mq in sorted(mine - current):
-            if self._stopping:
+            if c._stopping:
                 return
             try:
-                if self.orderly and not self.broadcasting:
-                    addr = await self._instance.broker_addr(mq.broker_name, mq.topic)
-                    if mq not in await ops.lock_queues(self._instance, self.group, addr, [mq]):
-                        log.debug("%s: %s is still locked by another consumer", self.group, mq)
-                        continue
+                if c.orderly and not c.broadcasting and not await c._locks.lock(mq):
+                    log.debug("%s: %s is still locked by another consumer", c.group, mq)
+                    continue
                 start = await self._start_offset(mq)
             except ClientError as e:
-                log.debug("%s: cannot take %s yet: %s", self.group, mq, e)
+                log.debug("%s: cannot take %s yet: %s", c.group, mq, e)
                 continue
             self._take(mq, expr, start)
 
     def _take(self, mq: MessageQueue, expr: str, start: int) -> None:
         """Start consuming ``mq`` at ``start`` (a fresh ProcessQueue, its pull task and orderly worker)."""
+        c = self.consumer
         pq = ProcessQueue(mq=mq, expression=expr, next_offset=start, high=start,
-                          locked=self.orderly and not self.broadcasting, tags=tag_set(expr))
+                          locked=c.orderly and not c.broadcasting, tags=tag_set(expr))
         pq.space.set()
-        self._pqs[mq] = pq
-        self._offsets[mq] = start
-        pq.puller = self._instance.spawn(self._pull_loop(pq), f"pull-{mq}")
-        if self.orderly:
-            pq.worker = self._instance.spawn(self._orderly_worker(pq), f"orderly-{mq}")
-        log.info("%s: %s now consumes %s from offset %d", self.group, self.client_id, mq, start)
+        c._pqs[mq] = pq
+        c._offsets[mq] = start
+        pq.puller = c._instance.spawn(c._pull_loop(pq), f"pull-{mq}")
+        if c.orderly:
+            pq.worker = c._instance.spawn(c._orderly_worker(pq), f"orderly-{mq}")
+        log.info("%s: %s now consumes %s from offset %d", c.group, c.client_id, mq, start)
 
     async def _stop_queue(self, mq: MessageQueue) -> ProcessQueue | None:
         """Stop consuming ``mq``: its pull task and orderly worker end; messages not yet started are not."""
-        pq = self._pqs.pop(mq, None)
+        pq = self.consumer._pqs.pop(mq, None)
         if pq is None:
             return None
         pq.dropped = True
@@ -147,52 +165,53 @@ class Rebalance(ConsumerState):
         return pq
 
     async def reset_offsets(self, topic: str, offsets: dict[MessageQueue, int]) -> list[MessageQueue]:
-        """The broker's RESET_CONSUMER_CLIENT_OFFSET: each queue of ``topic`` this consumer holds starts
-        again at its new offset (stored on the broker first); messages pulled and not yet started are
-        dropped, listener calls already running finish uncommitted. Returns the queues moved."""
+        """PushConsumer.reset_offsets."""
+        c = self.consumer
         moved = []
         for mq, offset in sorted(offsets.items()):
-            if mq.topic != topic or mq not in self._pqs or self._stopping:
+            if mq.topic != topic or mq not in c._pqs or c._stopping:
                 continue
             pq = await self._stop_queue(mq)
             if pq is None:
                 continue
-            while mq in self._pqs:  # a rebalance took it again meanwhile
+            while mq in c._pqs:  # a rebalance took it again meanwhile
                 await self._stop_queue(mq)
-            self._offsets[mq] = offset
-            if not self.broadcasting:
+            c._offsets[mq] = offset
+            if not c.broadcasting:
                 with contextlib.suppress(ClientError):
-                    await ops.update_consumer_offset(self._instance, self.group, mq, offset)
-                self._committed[mq] = offset
+                    await c._offset_commit.store(mq, offset)
+                c._committed[mq] = offset
             self._take(mq, pq.expression, offset)
             moved.append(mq)
         if moved:
-            log.info("%s: offsets of %s reset by the broker: %s", self.group, topic,
+            log.info("%s: offsets of %s reset by the broker: %s", c.group, topic,
                      {str(mq): offsets[mq] for mq in moved})
         return moved
 
     async def _drop(self, mq: MessageQueue) -> None:
+        c = self.consumer
         pq = await self._stop_queue(mq)
         if pq is None:
             return
-        offset = self._offsets.pop(mq, None)
-        if offset is not None and not self.broadcasting:
+        offset = c._offsets.pop(mq, None)
+        if offset is not None and not c.broadcasting:
             with contextlib.suppress(ClientError):
-                await ops.update_consumer_offset(self._instance, self.group, mq, pq.commit_offset())
-        self._committed.pop(mq, None)
-        if self.orderly and not self.broadcasting:
+                await c._offset_commit.store(mq, pq.commit_offset())
+        c._committed.pop(mq, None)
+        if c.orderly and not c.broadcasting:
             with contextlib.suppress(ClientError):
-                await self._unlock([mq])
-        log.info("%s: %s released %s", self.group, self.client_id, mq)
+                await c._locks.unlock([mq])
+        log.info("%s: %s released %s", c.group, c.client_id, mq)
 
     async def _start_offset(self, mq: MessageQueue) -> int:
-        if not self.broadcasting:
-            stored = await ops.query_consumer_offset(self._instance, self.group, mq)
+        c = self.consumer
+        if not c.broadcasting:
+            stored = await ops.query_consumer_offset(c._instance, c.group, mq)
             if stored is not None and stored >= 0:
                 return stored
-        if mq.topic.startswith(m.RETRY_GROUP_TOPIC_PREFIX) or self.consume_from == "first":
-            return await ops.min_offset(self._instance, mq)
-        if self.consume_from == "timestamp":
-            assert self.consume_timestamp is not None
-            return await ops.offset_for_timestamp(self._instance, mq, self.consume_timestamp)
-        return await ops.max_offset(self._instance, mq)
+        if mq.topic.startswith(m.RETRY_GROUP_TOPIC_PREFIX) or c.consume_from == "first":
+            return await ops.min_offset(c._instance, mq)
+        if c.consume_from == "timestamp":
+            assert c.consume_timestamp is not None
+            return await ops.offset_for_timestamp(c._instance, mq, c.consume_timestamp)
+        return await ops.max_offset(c._instance, mq)
