@@ -172,13 +172,13 @@ class TopicConfigManager:
 
         threading.Thread(target=run, name="topics-persist", daemon=True).start()
 
-    def _changed(self, tc: TopicConfig) -> None:
+    def _changed(self, topic_config: TopicConfig) -> None:
         self.data_version = {"timestamp": self._now_ms(), "counter": self.data_version["counter"] + 1}
         self._dirty = True
         self._persist_soon()
         for cb in self.on_change:
             try:
-                cb(tc)
+                cb(topic_config)
             except Exception:
                 log.exception("topic change callback failed")
 
@@ -196,25 +196,25 @@ class TopicConfigManager:
             return {n: t.to_json() for n, t in self.table.items()}
 
     # --- creation -----------------------------------------------------------------------------------------
-    def update(self, tc: TopicConfig) -> TopicConfig:
-        reason = validate_topic(tc.topicName)
+    def update(self, topic_config: TopicConfig) -> TopicConfig:
+        reason = validate_topic(topic_config.topicName)
         if reason:
             raise TopicError(reason)
         with self._lock:
-            old = self.table.get(tc.topicName)
-            if old == tc:
+            old = self.table.get(topic_config.topicName)
+            if old == topic_config:
                 return old
-            self.table[tc.topicName] = tc
-            self._changed(tc)
+            self.table[topic_config.topicName] = topic_config
+            self._changed(topic_config)
             log.info(
                 "topic %s %s: %d/%d queues, perm %d",
-                tc.topicName,
+                topic_config.topicName,
                 "updated" if old else "created",
-                tc.readQueueNums,
-                tc.writeQueueNums,
-                tc.perm,
+                topic_config.readQueueNums,
+                topic_config.writeQueueNums,
+                topic_config.perm,
             )
-            return tc
+            return topic_config
 
     def replace_all(self, configs: dict[str, TopicConfig], data_version: dict[str, int]) -> list[TopicConfig]:
         """A slave takes its master's whole table and data version (slave_sync.py); the system topics stay
@@ -225,28 +225,28 @@ class TopicConfigManager:
             for name in self.builtin:
                 if name not in new and name in self.table:
                     new[name] = self.table[name]
-            changed = [tc for name, tc in new.items() if self.table.get(name) != tc]
-            changed += [tc for name, tc in self.table.items() if name not in new]
+            changed = [cfg for name, cfg in new.items() if self.table.get(name) != cfg]
+            changed += [cfg for name, cfg in self.table.items() if name not in new]
             self.table = new
             self.data_version = {"timestamp": int(data_version["timestamp"]),
                                  "counter": int(data_version["counter"])}
             self._dirty = True
         if changed:
             log.info("topic config taken from the master: %d topics, %d changed", len(new), len(changed))
-        for tc in changed[:1]:  # one call is enough: the callbacks re-register the whole table
+        for cfg in changed[:1]:  # one call is enough: the callbacks re-register the whole table
             for cb in self.on_change:
                 try:
-                    cb(tc)
+                    cb(cfg)
                 except Exception:
                     log.exception("topic change callback failed")
         return changed
 
     def delete(self, topic: str) -> bool:
         with self._lock:
-            tc = self.table.pop(topic, None)
-            if tc is None:
+            topic_config = self.table.pop(topic, None)
+            if topic_config is None:
                 return False
-            self._changed(tc)
+            self._changed(topic_config)
             return True
 
     def create_in_send(
@@ -259,13 +259,13 @@ class TopicConfigManager:
         that the default topic cannot create gets one queue, as RocketMQ's send-back creates it; when the
         default topic can, it is created from it like any other (a producer that resends to a retry
         topic picks its queue from the default topic's route)."""
-        tc = self.table.get(topic)
-        if tc is not None:
-            return tc
+        topic_config = self.table.get(topic)
+        if topic_config is not None:
+            return topic_config
         with self._lock:
-            tc = self.table.get(topic)
-            if tc is not None:
-                return tc
+            topic_config = self.table.get(topic)
+            if topic_config is not None:
+                return topic_config
             default = self.table.get(default_topic or DEFAULT_TOPIC)
             if default is not None and default.perm & PERM_INHERIT and (
                     default.topicName != DEFAULT_TOPIC or self.auto_create):
@@ -276,11 +276,11 @@ class TopicConfigManager:
         return None
 
     def create_system(self, topic: str, queue_nums: int, perm: int = PERM_RW) -> TopicConfig:
-        tc = self.table.get(topic)
-        if tc is not None:
-            return tc
+        topic_config = self.table.get(topic)
+        if topic_config is not None:
+            return topic_config
         with self._lock:
-            tc = self.table.get(topic)
-            if tc is not None:
-                return tc
+            topic_config = self.table.get(topic)
+            if topic_config is not None:
+                return topic_config
             return self.update(TopicConfig(topic, queue_nums, queue_nums, perm))
