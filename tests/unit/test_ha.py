@@ -381,8 +381,9 @@ async def test_with_slave_read_enabled_a_far_behind_consumer_reads_from_the_slav
     await slave.start()
     got: list[bytes] = []
     try:
-        assert master.processor.slave_read_behind_bytes > 1 << 20  # 40 % of this machine's RAM
-        master.processor.slave_read_behind_bytes = slave.processor.slave_read_behind_bytes = -1  # all behind
+        assert master.processor.pull.slave_read_behind_bytes > 1 << 20  # 40 % of this machine's RAM
+        for b in (master, slave):
+            b.processor.pull.slave_read_behind_bytes = -1  # all behind
         async with Producer("PG_sre", ns.address) as p:
             for i in range(40):
                 await p.send(Message("SlaveRead", f"r{i}".encode()))

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
-from chronomq.remoting.server import Connection
+from chronomq.remoting.codec import RemotingCommand
 
 CLIENT_EXPIRE_MS = 120_000
 LOCK_EXPIRE_MS = 60_000
@@ -40,10 +40,27 @@ def consume_type_name(v: Any) -> str:
     return "CONSUME_PASSIVELY" if str(v) == "1" else "CONSUME_ACTIVELY"
 
 
+class ClientConnection(Protocol):
+    """A client's connection as the managers keep it: a 4.x client's ``remoting.server.Connection``, a 5.x
+    client's Telemetry stream (grpc/telemetry.py) or an in-process caller's (broker/inproc.py). The broker
+    sends it commands oneway, or as requests whose answer it awaits (a 5.x stream and an in-process
+    caller answer none: their ``invoke`` raises ConnectionError)."""
+
+    @property
+    def remote_addr(self) -> str: ...
+
+    @property
+    def closed(self) -> bool: ...
+
+    def send_oneway(self, cmd: RemotingCommand) -> bool | None: ...
+
+    async def invoke(self, cmd: RemotingCommand, timeout: float = ...) -> RemotingCommand: ...
+
+
 @dataclass
 class ClientInfo:
     client_id: str
-    conn: Connection | None
+    conn: ClientConnection | None
     last_update_ms: int
     language: str = ""
     version: int = 0
@@ -94,13 +111,13 @@ class ConsumerManager:
         g = self.groups.get(group)
         return sorted(g.clients) if g else []
 
-    def connections(self, group: str) -> list[Connection]:
+    def connections(self, group: str) -> list[ClientConnection]:
         g = self.groups.get(group)
         if g is None:
             return []
         return [c.conn for c in g.clients.values() if c.conn is not None and not c.conn.closed]
 
-    def drop_connection(self, conn: Connection) -> list[str]:
+    def drop_connection(self, conn: ClientConnection) -> list[str]:
         """Remove every client registered through conn; returns the groups that changed."""
         return self._drop_where(lambda c: c.conn is conn)
 
@@ -139,7 +156,7 @@ class ProducerManager:
             if not g:
                 del self.groups[group]
 
-    def find_connection(self, client_id: str) -> Connection | None:
+    def find_connection(self, client_id: str) -> ClientConnection | None:
         """The connection of a producer by its client id, in any group (RocketMQ's
         ProducerManager.findChannel: where a reply to its request is pushed)."""
         for g in self.groups.values():
@@ -148,7 +165,7 @@ class ProducerManager:
                 return c.conn
         return None
 
-    def drop_connection(self, conn: Connection) -> None:
+    def drop_connection(self, conn: ClientConnection) -> None:
         for name, g in list(self.groups.items()):
             for cid in [cid for cid, c in g.items() if c.conn is conn]:
                 del g[cid]

@@ -1,5 +1,6 @@
-"""The broker: wires the store, the delay service, the request processors and the remoting server, and
-runs the periodic services (offset persistence, client housekeeping, name-server registration)."""
+"""The broker: wires its services (built whole by ``services.build_services``: the store, the delay
+service, the managers), the request processors and the remoting server, and runs the periodic services
+(offset persistence, client housekeeping, name-server registration)."""
 
 from __future__ import annotations
 
@@ -16,9 +17,7 @@ from chronomq import __version__
 from chronomq.acl import AclConfigError, AclValidator
 from chronomq.clock import Clock, SystemClock
 from chronomq.config import ASYNC_MASTER, SYNC_MASTER, BrokerConfig, ConfigError
-from chronomq.delay import DelayService
 from chronomq.delay.histogram import Histogram
-from chronomq.delay.timer import TimerError, TimerService
 from chronomq.delay.timer.journal import JOURNAL_TOPIC, TimerFollower, TimerJournal
 from chronomq.ha import HAClient, HAService
 from chronomq.metrics import LATENESS_BUCKETS_MS, MetricsServer
@@ -26,21 +25,15 @@ from chronomq.remoting.client import RemotingClient
 from chronomq.remoting.codec import RemotingCommand
 from chronomq.remoting.codes import RequestCode
 from chronomq.remoting.server import Connection, ConnectionLimits, RemotingServer
-from chronomq.store import MessageStore
 from chronomq.store.atomicfile import write_atomic
 
-from .clients import ConsumerManager, ProducerManager, QueueLockManager
-from .dedup import SendDedup
 from .inproc import LocalCalls
-from .longpoll import PullHoldService
 from .nsclient import NamesrvClient
-from .offsets import ConsumerOffsetManager
 from .processor import BrokerProcessor
-from .services import BrokerServices, PromoteError
+from .services import PromoteError, build_services
 from .slave_sync import SlaveSynchronize
 from .timer_processor import TimerProcessor
-from .topics import TopicConfig, TopicConfigManager
-from .transaction import TransactionService
+from .topics import TopicConfig
 
 log = logging.getLogger("chronomq.broker")
 
@@ -92,50 +85,23 @@ class BrokerController:
         self.store_host = (config.brokerIP1, config.listenPort)
         self.root = Path(config.storePathRootDir)
         self._apply_promotion()
-        self.store = MessageStore(config, self.clock, self.store_host)
-        self.delay = DelayService(self.store, config, self.clock)
-        try:  # the timer store (its settings are broker keys: timerMaxDelaySec, ...)
-            self.timer = TimerService(self.store, config, self.clock, store_host=self.store_host)
-        except TimerError as e:
-            raise ConfigError(str(e)) from None
-        self.topics = TopicConfigManager(
-            self.root / "config",
-            config.defaultTopicQueueNums,
-            config.autoCreateTopicEnable,
-            self.delay.schedule_topic_queue_nums,
-            self.clock.now_ms,
-            cluster_name=config.brokerClusterName,
-            broker_name=config.brokerName,
-            cluster_topic_enable=config.clusterTopicEnable,
-            broker_topic_enable=config.brokerTopicEnable,
-        )
-        self.offsets = ConsumerOffsetManager(self.root / "config")
-        self.consumers = ConsumerManager(config.clientChannelMaxIdleTimeSeconds * 1000)
-        self.producers = ProducerManager(config.clientChannelMaxIdleTimeSeconds * 1000)
-        self.locks = QueueLockManager()
-        self.hold = PullHoldService(self.clock)
-        self.services = BrokerServices(
-            config=config,
-            clock=self.clock,
-            store_host=self.store_host,
-            store=self.store,
-            delay=self.delay,
-            timer=self.timer,
-            topics=self.topics,
-            offsets=self.offsets,
-            consumers=self.consumers,
-            producers=self.producers,
-            locks=self.locks,
-            hold=self.hold,
+        self.services = build_services(
+            config, self.clock, self.store_host,
             notify_consumer_ids_changed=self.notify_consumer_ids_changed,
             runtime_info=self.runtime_info,
             promote=self.promote,
         )
-        self.transactions = TransactionService(config, self.clock, self.store, self.delay, self.timer,
-                                               self.offsets, self.producers, self.store_host)
-        self.services.transactions = self.transactions
-        if config.dedupWindowSec > 0:
-            self.services.dedup = SendDedup(self.store, self.timer, config, self.clock, self.store_host)
+        services = self.services
+        self.store = services.store
+        self.delay = services.delay
+        self.timer = services.timer
+        self.topics = services.topics
+        self.offsets = services.offsets
+        self.consumers = services.consumers
+        self.producers = services.producers
+        self.locks = services.locks
+        self.hold = services.hold
+        self.transactions = services.transactions
         self.timers = TimerProcessor(self.services)
         self.processor = BrokerProcessor(self.services, self.timers)
         if config.aclEnable:
@@ -184,9 +150,10 @@ class BrokerController:
 
     # --- lifecycle ---------------------------------------------------------------------------------------
     async def start(self) -> None:
-        self.services.loop = asyncio.get_running_loop()
+        loop = asyncio.get_running_loop()
+        self.services.bind_loop(loop)
         slave = self.config.is_slave
-        self.hold.bind(self.services.loop)
+        self.hold.bind(loop)
         self.started_at = self.clock.now_ms()
         self.store.start()
         self.store.add_arrival_listener(self.hold.on_arrival)
@@ -249,7 +216,7 @@ class BrokerController:
     async def _start_ha_service(self) -> None:
         """A master's end of the slaves' link; a port that cannot be bound is logged, not fatal."""
         self.ha = HAService(self.config, self.store, self.clock)
-        self.services.ha = self.ha
+        self.services.set_ha(self.ha)
         try:
             await self.ha.start(self.bind_host)
         except OSError as e:
@@ -457,7 +424,7 @@ class BrokerController:
     async def shutdown(self) -> None:
         if self.stopping:
             return
-        self.services.stopping = True
+        self.services.mark_stopping()
         self.hold.wake_all()
         for t in self._tasks:
             t.cancel()
@@ -546,7 +513,7 @@ class BrokerController:
             self._register_event.clear()
             await self.register_all()
 
-    def _topic_changed(self, tc: TopicConfig) -> None:
+    def _topic_changed(self, topic_config: TopicConfig) -> None:
         # a new topic must be routable at once (the producer that auto-created it asks again soon)
         if self.local_register is not None:
             self._register_local()

@@ -10,6 +10,7 @@ processors does not apply (the caller authenticates its own clients).
 from __future__ import annotations
 
 import asyncio
+import enum
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -32,8 +33,9 @@ if TYPE_CHECKING:
 
 
 class LocalConnection:
-    """What the processors use of a ``Connection`` (its peer address and ``reply`` for a deferred answer),
-    for one in-process request."""
+    """The connection of one in-process request, as the processors use a ``Connection`` (its peer
+    address, ``reply`` for a deferred answer): the caller is not a 4.x client, so commands to it go
+    nowhere."""
 
     def __init__(self, remote: tuple[str, int], loop: asyncio.AbstractEventLoop) -> None:
         self.remote = remote
@@ -51,27 +53,44 @@ class LocalConnection:
     def send_oneway(self, cmd: RemotingCommand) -> None:
         """Server-to-client commands have no in-process client to reach."""
 
+    async def invoke(self, cmd: RemotingCommand, timeout: float = 3.0) -> RemotingCommand:
+        """Server-to-client requests reach no in-process client either."""
+        raise ConnectionError(f"{self.remote_addr} is an in-process caller: it answers no request")
 
-# how a 4.x answer reads for another protocol
-ANSWER_KINDS = {
-    ResponseCode.SUCCESS: "ok",
-    ResponseCode.FLUSH_DISK_TIMEOUT: "flush_timeout",
-    ResponseCode.FLUSH_SLAVE_TIMEOUT: "slave_timeout",
-    ResponseCode.SLAVE_NOT_AVAILABLE: "slave_timeout",
-    ResponseCode.MESSAGE_ILLEGAL: "illegal",
-    ResponseCode.TOPIC_NOT_EXIST: "topic_not_found",
-    ResponseCode.NO_PERMISSION: "forbidden",
-    ResponseCode.SERVICE_NOT_AVAILABLE: "unavailable",
-    ResponseCode.SYSTEM_BUSY: "busy",
+
+class AnswerKind(enum.StrEnum):
+    """How a 4.x answer reads for another protocol."""
+
+    OK = "ok"
+    FLUSH_TIMEOUT = "flush_timeout"  # stored, not yet on disk in time
+    SLAVE_TIMEOUT = "slave_timeout"  # stored, not yet on a slave in time (or no slave)
+    ILLEGAL = "illegal"
+    TOPIC_NOT_FOUND = "topic_not_found"
+    FORBIDDEN = "forbidden"
+    UNAVAILABLE = "unavailable"
+    BUSY = "busy"
+    ERROR = "error"  # any other code
+
+
+ANSWER_KINDS: dict[int, AnswerKind] = {
+    ResponseCode.SUCCESS: AnswerKind.OK,
+    ResponseCode.FLUSH_DISK_TIMEOUT: AnswerKind.FLUSH_TIMEOUT,
+    ResponseCode.FLUSH_SLAVE_TIMEOUT: AnswerKind.SLAVE_TIMEOUT,
+    ResponseCode.SLAVE_NOT_AVAILABLE: AnswerKind.SLAVE_TIMEOUT,
+    ResponseCode.MESSAGE_ILLEGAL: AnswerKind.ILLEGAL,
+    ResponseCode.TOPIC_NOT_EXIST: AnswerKind.TOPIC_NOT_FOUND,
+    ResponseCode.NO_PERMISSION: AnswerKind.FORBIDDEN,
+    ResponseCode.SERVICE_NOT_AVAILABLE: AnswerKind.UNAVAILABLE,
+    ResponseCode.SYSTEM_BUSY: AnswerKind.BUSY,
 }
+STORED_KINDS = frozenset({AnswerKind.OK, AnswerKind.FLUSH_TIMEOUT, AnswerKind.SLAVE_TIMEOUT})
 
 
 @dataclass
 class Answer:
-    """A 4.x answer, protocol-neutral: ``kind`` is "ok", "flush_timeout", "slave_timeout", "illegal",
-    "topic_not_found", "forbidden", "unavailable", "busy" or "error"."""
+    """A 4.x answer, protocol-neutral."""
 
-    kind: str
+    kind: AnswerKind
     remark: str = ""
     msg_id: str = ""  # a send: the offset message id (the timer's for a timed message)
     queue_id: int = -1
@@ -81,7 +100,7 @@ class Answer:
     @property
     def stored(self) -> bool:
         """The message is stored (perhaps not yet on disk or on a slave)."""
-        return self.kind in ("ok", "flush_timeout", "slave_timeout")
+        return self.kind in STORED_KINDS
 
 
 def _answer(resp: RemotingCommand) -> Answer:
@@ -94,7 +113,7 @@ def _answer(resp: RemotingCommand) -> Answer:
             return -1
 
     return Answer(
-        ANSWER_KINDS.get(resp.code, "error"),
+        ANSWER_KINDS.get(resp.code, AnswerKind.ERROR),
         resp.remark or "",
         str(ext.get("msgId", "")),
         num("queueId"),
@@ -115,13 +134,13 @@ class LocalCalls:
     ) -> RemotingCommand:
         req = RemotingCommand.request(code, fields, body)
         conn = LocalConnection(remote, asyncio.get_running_loop())
-        fn = self.processor._sync.get(code)
+        fn = self.processor.handler(code)
         if fn is None:
             raise ValueError(f"request code {code} has no handler")
         try:
-            resp = fn(req, conn)  # type: ignore[arg-type]
+            resp = fn(req, conn)
             if resp is None:  # a handler that waits (a held PULL)
-                resp = await self.processor.handle(req, conn)  # type: ignore[arg-type]
+                resp = await self.processor.handle(req, conn)
         except Exception as e:  # what the remoting server answers for a handler's error
             return req.response(ResponseCode.SYSTEM_ERROR, remark=f"{type(e).__name__}: {e}")
         if resp is DEFERRED or resp is None:

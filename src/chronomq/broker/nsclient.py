@@ -31,8 +31,9 @@ class RemotingClientConnection:
         if self._writer is not None and not self._writer.is_closing():
             return
         host, _, port = self.addr.rpartition(":")
-        self._reader, self._writer = await asyncio.wait_for(asyncio.open_connection(host, int(port)), 3)
-        self._read_task = asyncio.create_task(self._read_loop(self._reader))
+        reader, self._writer = await asyncio.wait_for(asyncio.open_connection(host, int(port)), 3)
+        self._reader = reader
+        self._read_task = asyncio.create_task(self._read_loop(reader))
 
     async def _read_loop(self, reader: asyncio.StreamReader) -> None:
         dec = FrameDecoder()

@@ -1,12 +1,14 @@
-"""The services a broker's request processors work with, built once by the controller.
+"""The services a broker's request processors work with, built whole by ``build_services``.
 
-``BrokerServices`` holds the store, the delay and timer services, the topic, offset and client
-managers, the long-poll hold service, the put counters, the configuration, the clock and the store host,
-plus two narrow controller actions (``notify_consumer_ids_changed``, ``runtime_info``). The processors
-(``BrokerProcessor``, ``TimerProcessor``) take this object, not the controller, so another endpoint
-(HA, transactions, ACL checks, a gRPC service) can be given the same services without reaching into one
-class. ``loop`` and ``stopping`` are the broker's run state: set by the controller when it starts and
-shuts down, read by the processors.
+``BrokerServices`` holds the store, the delay and timer services, the topic, offset, subscription-group
+and client managers, the long-poll hold service, transactions, de-duplication, the put and traffic
+counters, the configuration, the clock and the store host, plus three narrow controller actions
+(``notify_consumer_ids_changed``, ``runtime_info``, ``promote``). The processors (``BrokerProcessor``,
+``TimerProcessor``) and the gRPC endpoint take this object, not the controller.
+
+Rules: frozen once built. Three members follow the broker's run and are set only through their setters:
+``loop`` (``bind_loop``, at start), ``ha`` (``set_ha``, when a master starts listening for slaves) and
+``stopping`` (``mark_stopping``, at shutdown).
 """
 
 from __future__ import annotations
@@ -14,13 +16,14 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from chronomq.clock import Clock
-from chronomq.config import BrokerConfig
+from chronomq.config import BrokerConfig, ConfigError
 from chronomq.delay import DelayService
 from chronomq.delay.histogram import Histogram
-from chronomq.delay.timer import TimerService
+from chronomq.delay.timer import TimerError, TimerService
 from chronomq.ha import HAService
 from chronomq.store import MessageStore
 from chronomq.store.types import PutResult
@@ -82,7 +85,7 @@ class TrafficStats:
         self._add(self.consumed, (topic, group), msgs, size)
 
 
-@dataclass(eq=False)
+@dataclass(frozen=True, eq=False)
 class BrokerServices:
     config: BrokerConfig
     clock: Clock
@@ -92,23 +95,93 @@ class BrokerServices:
     timer: TimerService
     topics: TopicConfigManager
     offsets: ConsumerOffsetManager
+    subgroups: SubscriptionGroupManager  # config/subscriptionGroup.json
     consumers: ConsumerManager
     producers: ProducerManager
     locks: QueueLockManager
     hold: PullHoldService
+    transactions: TransactionService  # half messages, END_TRANSACTION and the check
     notify_consumer_ids_changed: Callable[[str], None]
     runtime_info: Callable[[], dict[str, Any]]
     put_stats: PutStats = field(default_factory=PutStats)
     traffic: TrafficStats = field(default_factory=TrafficStats)
     dedup: SendDedup | None = None  # sends asking for it stored once per (topic, UNIQ_KEY); None: off
-    ha: HAService | None = None  # on a master: the slaves' link and the SYNC_MASTER wait
     promote: Callable[[str], Awaitable[None]] | None = None  # a slave's promotion (the controller's)
-    transactions: TransactionService | None = None  # half messages, END_TRANSACTION and the check
-    loop: asyncio.AbstractEventLoop | None = None
-    stopping: bool = False
-    subgroups: SubscriptionGroupManager | None = None  # BrokerProcessor's (config/subscriptionGroup.json)
+    # the broker's run: set through the setters below only
+    loop: asyncio.AbstractEventLoop | None = field(default=None, init=False)
+    ha: HAService | None = field(default=None, init=False)  # on a master: the slaves' link, SYNC_MASTER wait
+    stopping: bool = field(default=False, init=False)
+
+    def bind_loop(self, loop: asyncio.AbstractEventLoop) -> None:
+        """The event loop the broker runs on (deferred answers are posted to it). Late-bound: the services
+        are built in the controller's constructor, before any loop runs; ``start`` binds it."""
+        object.__setattr__(self, "loop", loop)
+
+    def set_ha(self, ha: HAService) -> None:
+        """A master's end of the slaves' link. Late-bound: it is built when the broker starts as a master
+        (it listens on a port), or when a slave is promoted."""
+        object.__setattr__(self, "ha", ha)
+
+    def mark_stopping(self) -> None:
+        """The broker is shutting down: held pulls and receives answer at once. Late-bound by nature."""
+        object.__setattr__(self, "stopping", True)
 
     def subscription_group(self, name: str) -> SubscriptionGroupConfig | None:
         """The subscription group's config (``consumeMessageOrderly``, ``retryMaxTimes``, ...), or None
         when this broker has no such group."""
-        return self.subgroups.get(name) if self.subgroups is not None else None
+        return self.subgroups.get(name)
+
+
+def build_services(
+    config: BrokerConfig,
+    clock: Clock,
+    store_host: tuple[str, int],
+    *,
+    notify_consumer_ids_changed: Callable[[str], None],
+    runtime_info: Callable[[], dict[str, Any]],
+    promote: Callable[[str], Awaitable[None]] | None = None,
+) -> BrokerServices:
+    """A broker's services, each built from ``config`` (its data under ``storePathRootDir``), ``clock``
+    and ``store_host`` (the (ip, port) stamped on stored records); the three callables are the
+    controller's. Raises ConfigError when the timer store refuses its settings."""
+    root = Path(config.storePathRootDir)
+    store = MessageStore(config, clock, store_host)
+    delay = DelayService(store, config, clock)
+    try:  # the timer store (its settings are broker keys: timerMaxDelaySec, ...)
+        timer = TimerService(store, config, clock, store_host=store_host)
+    except TimerError as e:
+        raise ConfigError(str(e)) from None
+    topics = TopicConfigManager(
+        root / "config",
+        config.defaultTopicQueueNums,
+        config.autoCreateTopicEnable,
+        delay.schedule_topic_queue_nums,
+        clock.now_ms,
+        cluster_name=config.brokerClusterName,
+        broker_name=config.brokerName,
+        cluster_topic_enable=config.clusterTopicEnable,
+        broker_topic_enable=config.brokerTopicEnable,
+    )
+    offsets = ConsumerOffsetManager(root / "config")
+    producers = ProducerManager(config.clientChannelMaxIdleTimeSeconds * 1000)
+    return BrokerServices(
+        config=config,
+        clock=clock,
+        store_host=store_host,
+        store=store,
+        delay=delay,
+        timer=timer,
+        topics=topics,
+        offsets=offsets,
+        subgroups=SubscriptionGroupManager(root / "config", clock.now_ms,
+                                           lambda: config.autoCreateSubscriptionGroup),
+        consumers=ConsumerManager(config.clientChannelMaxIdleTimeSeconds * 1000),
+        producers=producers,
+        locks=QueueLockManager(),
+        hold=PullHoldService(clock),
+        transactions=TransactionService(config, clock, store, delay, timer, offsets, producers, store_host),
+        notify_consumer_ids_changed=notify_consumer_ids_changed,
+        runtime_info=runtime_info,
+        dedup=SendDedup(store, timer, config, clock, store_host) if config.dedupWindowSec > 0 else None,
+        promote=promote,
+    )

@@ -26,9 +26,7 @@ store refuses (time beyond the maximum delay, bad cursor) MESSAGE_ILLEGAL with t
 
 from __future__ import annotations
 
-import json
 import logging
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from chronomq.config import SYNC_MASTER
@@ -42,12 +40,10 @@ from chronomq.remoting.codes import RequestCode, ResponseCode
 from chronomq.remoting.server import DEFERRED
 
 from .dedup import TIMED, Original
-from .processors.base import not_available_remark, send_result_fields
+from .processors.base import Handler, RequestConnection, dump_json, not_available_remark, send_result_fields
 
 if TYPE_CHECKING:
     import asyncio
-
-    from chronomq.remoting.server import Connection
 
     from .services import BrokerServices
 
@@ -56,13 +52,6 @@ log = logging.getLogger("chronomq.broker.timer")
 DEFAULT_QUERY_LIMIT = 100
 MAX_QUERY_LIMIT = 1000
 MAX_IDENT_LEN = 4096
-
-Handler = Callable[[RemotingCommand, "Connection"], RemotingCommand | None]
-
-
-def _json(obj: Any) -> bytes:
-    return json.dumps(obj, separators=(",", ":")).encode()
-
 
 # --- request parsing (pure functions, unit-tested) ------------------------------------------------------
 def parse_bool(req: RemotingCommand, name: str) -> bool:
@@ -145,7 +134,7 @@ class TimerProcessor:
         }
 
     # --- send path ---------------------------------------------------------------------------------------
-    def schedule(self, req: RemotingCommand, conn: Connection, timed: list[tuple[MessageExt, int]]
+    def schedule(self, req: RemotingCommand, conn: RequestConnection, timed: list[tuple[MessageExt, int]]
                  ) -> RemotingCommand:
         """Park what ``DelayService.admit`` / ``admit_batch`` found timed, and answer for it. A message that
         asks for de-duplication and was parked before is answered as it was then, and not parked again."""
@@ -182,6 +171,7 @@ class TimerProcessor:
             resp = answer(results)
             if not self._waits_for_slave():
                 return resp
+            assert loop is not None, "requests are served once the broker started: its loop is bound"
 
             async def after_slave() -> None:
                 conn.reply(req, await self._slave_holds(resp, failures))
@@ -247,15 +237,15 @@ class TimerProcessor:
             deliverMs=",".join(str(r.deliver_ms) for r in results)))
 
     # --- 9002 / 9003 / 9004 ---------------------------------------------------------------------------------
-    def cancel(self, req: RemotingCommand, conn: Connection) -> RemotingCommand:
+    def cancel(self, req: RemotingCommand, conn: RequestConnection) -> RemotingCommand:
         ident, by_key = parse_ident(req)
         try:
             results = self.timer.cancel(ident, by_key)
         except TimerError as e:
             return req.response(ResponseCode.MESSAGE_ILLEGAL, remark=str(e))
-        return req.response(body=_json({"results": [r.to_dict() for r in results]}))
+        return req.response(body=dump_json({"results": [r.to_dict() for r in results]}))
 
-    def reschedule(self, req: RemotingCommand, conn: Connection) -> RemotingCommand:
+    def reschedule(self, req: RemotingCommand, conn: RequestConnection) -> RemotingCommand:
         ident, by_key = parse_ident(req)
         deliver_ms = parse_int(req, "deliverMs", required=True)
         assert deliver_ms is not None
@@ -263,23 +253,23 @@ class TimerProcessor:
             results = self.timer.reschedule(ident, deliver_ms, by_key)
         except TimerError as e:
             return req.response(ResponseCode.MESSAGE_ILLEGAL, remark=str(e))
-        return req.response(body=_json({"results": [r.to_dict() for r in results]}))
+        return req.response(body=dump_json({"results": [r.to_dict() for r in results]}))
 
-    def query_pending(self, req: RemotingCommand, conn: Connection) -> RemotingCommand:
+    def query_pending(self, req: RemotingCommand, conn: RequestConnection) -> RemotingCommand:
         q = parse_query(req)
         limit = parse_int(req, "limit", minimum=1, maximum=MAX_QUERY_LIMIT)
         cursor = req.ext_str("cursor") or None
         try:
             if parse_bool(req, "countOnly"):
-                return req.response(body=_json({"items": [], "next_cursor": None,
-                                                "count": self.timer.count(**q)}))
+                return req.response(body=dump_json({"items": [], "next_cursor": None,
+                                                     "count": self.timer.count(**q)}))
             page = self.timer.query(limit=limit or DEFAULT_QUERY_LIMIT, cursor=cursor, **q)
         except TimerError as e:
             return req.response(ResponseCode.MESSAGE_ILLEGAL, remark=str(e))
-        return req.response(body=_json({"items": [i.to_dict() for i in page.items],
-                                        "next_cursor": page.next_cursor}))
+        return req.response(body=dump_json({"items": [i.to_dict() for i in page.items],
+                                             "next_cursor": page.next_cursor}))
 
-    def delay_stats(self, req: RemotingCommand, conn: Connection) -> RemotingCommand:
+    def delay_stats(self, req: RemotingCommand, conn: RequestConnection) -> RemotingCommand:
         stats = dict(self.delay.stats())
         try:
             stats["timer"] = self.timer.stats()
@@ -287,4 +277,4 @@ class TimerProcessor:
             stats["timer"]["lateness_buckets_ms"] = lateness.cumulative(LATENESS_BUCKETS_MS)
         except TimerError as e:  # not open (shutting down)
             stats["timer"] = {"error": str(e)}
-        return req.response(body=_json(stats))
+        return req.response(body=dump_json(stats))

@@ -294,12 +294,12 @@ class TransactionService:
         a = res.append
         assert a is not None
         group = half.properties.get(PROPERTY_PRODUCER_GROUP, "")
-        clients = list((self.producers.groups.get(group) or {}).values())
-        if not clients:
+        online = [c.conn for c in (self.producers.groups.get(group) or {}).values() if c.conn is not None]
+        if not online:
             log.info("transactions: no producer of group %s is online to check message %s (check %d)", group,
                      half.properties.get(PROPERTY_UNIQ_KEY), times)
             return
-        client = random.choice(clients)
+        conn = random.choice(online)
         uniq = half.properties.get(PROPERTY_UNIQ_KEY, "")
         real = self._copy(half, half.properties.get(PROPERTY_REAL_TOPIC, half.topic),
                           **{PROPERTY_CHECK_TIMES: str(times)})
@@ -307,7 +307,7 @@ class TransactionService:
         real.queue_offset, real.commit_log_offset = a.queue_offset, a.wrote_offset
         real.store_timestamp = a.store_timestamp
         try:
-            body = encode_record(real)
+            body = bytes(encode_record(real))
         except MessageFormatError as e:
             log.error("transactions: message %s cannot be encoded for a check: %s", uniq, e)
             return
@@ -316,7 +316,7 @@ class TransactionService:
             "msgId": uniq, "transactionId": uniq,
             "offsetMsgId": create_offset_msg_id(self.store_host, a.wrote_offset)}, body, oneway=True)
         cmd.language = "JAVA"
-        client.conn.send_oneway(cmd)
+        conn.send_oneway(cmd)
         self.checks_sent += 1
 
     def stats(self) -> dict[str, Any]:

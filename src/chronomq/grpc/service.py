@@ -19,7 +19,7 @@ from typing import Any
 
 import grpc
 
-from chronomq.broker.inproc import Answer, LocalCalls
+from chronomq.broker.inproc import Answer, AnswerKind, LocalCalls
 from chronomq.broker.processors.pull import MAX_PULL_BYTES, TagFilter
 from chronomq.broker.services import BrokerServices
 from chronomq.broker.topics import PERM_READ, PERM_WRITE, TopicConfig
@@ -32,7 +32,7 @@ from chronomq.store.types import GetStatus
 from . import convert
 from ._proto import rocketmq_v2_pb2 as pb
 from .convert import BadMessage, Receipt, status
-from .pop import MAX_INFLIGHT_PER_QUEUE, PopTable, QueueState
+from .pop import MAX_INFLIGHT_PER_QUEUE, AckOutcome, PopTable, QueueState
 from .telemetry import TelemetryChannel
 
 log = logging.getLogger("chronomq.grpc")
@@ -49,14 +49,14 @@ OK = pb.OK
 # a 5.x consumer's retry backoff (the settings reply): Java's default customized backoff
 CONSUMER_BACKOFF_S = (1, 5, 10, 30, 60, 120, 180, 240, 300, 360, 420, 480, 540, 600, 1200, 1800, 3600, 7200)
 _SEND_CODES = {
-    "illegal": pb.BAD_REQUEST,
-    "topic_not_found": pb.TOPIC_NOT_FOUND,
-    "forbidden": pb.FORBIDDEN,
-    "unavailable": pb.INTERNAL_SERVER_ERROR,
-    "busy": pb.TOO_MANY_REQUESTS,
-    "flush_timeout": pb.MASTER_PERSISTENCE_TIMEOUT,
-    "slave_timeout": pb.SLAVE_PERSISTENCE_TIMEOUT,
-    "error": pb.INTERNAL_ERROR,
+    AnswerKind.ILLEGAL: pb.BAD_REQUEST,
+    AnswerKind.TOPIC_NOT_FOUND: pb.TOPIC_NOT_FOUND,
+    AnswerKind.FORBIDDEN: pb.FORBIDDEN,
+    AnswerKind.UNAVAILABLE: pb.INTERNAL_SERVER_ERROR,
+    AnswerKind.BUSY: pb.TOO_MANY_REQUESTS,
+    AnswerKind.FLUSH_TIMEOUT: pb.MASTER_PERSISTENCE_TIMEOUT,
+    AnswerKind.SLAVE_TIMEOUT: pb.SLAVE_PERSISTENCE_TIMEOUT,
+    AnswerKind.ERROR: pb.INTERNAL_ERROR,
 }
 
 
@@ -150,12 +150,12 @@ class MessagingService:
             raise Refused(pb.ILLEGAL_TOPIC, reason)
         if self.services.topics.is_system_topic(name):  # RocketMQ's proxy: GrpcValidator.validateTopic
             raise Refused(pb.ILLEGAL_TOPIC, "cannot access system topic")
-        tc = self.services.topics.get(name)
-        if tc is None and create and self.config.autoCreateTopicEnable:
-            tc = self.services.topics.create_in_send(name, None, 0)
-        if tc is None:  # the name server's words, which RocketMQ's proxy passes on
+        topic_config = self.services.topics.get(name)
+        if topic_config is None and create and self.config.autoCreateTopicEnable:
+            topic_config = self.services.topics.create_in_send(name, None, 0)
+        if topic_config is None:  # the name server's words, which RocketMQ's proxy passes on
             raise Refused(pb.TOPIC_NOT_FOUND, f"No topic route info in name server for the topic: {name}")
-        return tc
+        return topic_config
 
     @staticmethod
     def _group(res: pb.Resource) -> str:
@@ -206,25 +206,26 @@ class MessagingService:
     ) -> pb.QueryRouteResponse:
         # never created here, whatever autoCreateTopicEnable says: RocketMQ's proxy answers TOPIC_NOT_FOUND
         # (so a 5.x producer or consumer started on a topic that does not exist fails to start)
-        tc = self._topic(req.topic.name)
-        n = max(tc.readQueueNums, tc.writeQueueNums)
+        topic_config = self._topic(req.topic.name)
+        n = max(topic_config.readQueueNums, topic_config.writeQueueNums)
         queues = []
         for q in range(n):
-            r = bool(tc.perm & PERM_READ) and q < tc.readQueueNums
-            w = bool(tc.perm & PERM_WRITE) and q < tc.writeQueueNums
+            r = bool(topic_config.perm & PERM_READ) and q < topic_config.readQueueNums
+            w = bool(topic_config.perm & PERM_WRITE) and q < topic_config.writeQueueNums
             perm = pb.READ_WRITE if r and w else pb.READ if r else pb.WRITE if w else pb.NONE
-            queues.append(self._queue(tc.topicName, q, perm))
+            queues.append(self._queue(topic_config.topicName, q, perm))
         return pb.QueryRouteResponse(status=status(OK), message_queues=queues)
 
     async def query_assignment(
         self, req: pb.QueryAssignmentRequest, ctx: grpc.aio.ServicerContext
     ) -> pb.QueryAssignmentResponse:
         self._group(req.group)
-        tc = self._topic(req.topic.name)
-        if not tc.perm & PERM_READ or tc.readQueueNums <= 0:
-            raise Refused(pb.FORBIDDEN, f"topic {tc.topicName} has no readable queue")
+        topic_config = self._topic(req.topic.name)
+        if not topic_config.perm & PERM_READ or topic_config.readQueueNums <= 0:
+            raise Refused(pb.FORBIDDEN, f"topic {topic_config.topicName} has no readable queue")
         # one assignment for the whole broker: its receives pop from any queue (Java's, for non-FIFO groups)
-        mq = self._queue(tc.topicName, -1, pb.READ_WRITE if tc.perm & PERM_WRITE else pb.READ)
+        perm = pb.READ_WRITE if topic_config.perm & PERM_WRITE else pb.READ
+        mq = self._queue(topic_config.topicName, -1, perm)
         return pb.QueryAssignmentResponse(status=status(OK), assignments=[pb.Assignment(message_queue=mq)])
 
     # --- Heartbeat, Telemetry, NotifyClientTermination ----------------------------------------------------
@@ -337,7 +338,7 @@ class MessagingService:
         try:
             if self.config.is_slave:
                 raise Refused(pb.FORBIDDEN, "this broker is a slave: it takes messages only from its master")
-            tc = self._topic(m.topic.name, create=True)
+            topic_config = self._topic(m.topic.name, create=True)
             out = convert.from_v2(m, self.config.maxMessageSize, self._limits())
             if (
                 out.deliver_ms is not None
@@ -356,7 +357,7 @@ class MessagingService:
             return pb.SendResultEntry(
                 status=status(e.code, str(e)), message_id=m.system_properties.message_id
             )
-        queue_id = convert.fifo_queue(out.group, tc.writeQueueNums) if out.group is not None else -1
+        queue_id = convert.fifo_queue(out.group, topic_config.writeQueueNums) if out.group is not None else -1
         peer = _peer(self._client_peer(ctx))
         born_host = (out.born_host[0] if out.born_host[0] != "0.0.0.0" else peer[0], peer[1])
         a = await self.calls.send(
@@ -376,11 +377,12 @@ class MessagingService:
         return convert.Limits(c.maxUserPropertySize, c.userPropertyMaxNum, c.maxMessageGroupSize)
 
     def _send_entry(self, out: convert.Outgoing, a: Answer) -> pb.SendResultEntry:
-        if a.kind != "ok":
+        if a.kind is not AnswerKind.OK:
             code = _SEND_CODES.get(a.kind, pb.INTERNAL_ERROR)
-            if a.kind == "illegal" and out.deliver_ms is not None:  # the timer refused the time
+            if a.kind is AnswerKind.ILLEGAL and out.deliver_ms is not None:  # the timer refused the time
                 code = pb.ILLEGAL_DELIVERY_TIME
-            return pb.SendResultEntry(status=status(code, a.remark or a.kind), message_id=out.message_id)
+            return pb.SendResultEntry(status=status(code, a.remark or a.kind.value),
+                                      message_id=out.message_id)
         self.sent += 1
         entry = pb.SendResultEntry(
             status=status(OK), message_id=out.message_id, offset=max(0, a.queue_offset)
@@ -418,12 +420,12 @@ class MessagingService:
             return pb.EndTransactionResponse(status=status(OK, "unknown: the message stays undecided"))
         commit = req.resolution == pb.COMMIT
         a = await self.calls.end_transaction(req.topic.name, msg_id, int(qoff), commit)
-        if a.kind != "ok":
+        if a.kind is not AnswerKind.OK:
             raise Refused(
                 pb.INVALID_TRANSACTION_ID
-                if a.kind == "error"
+                if a.kind is AnswerKind.ERROR
                 else _SEND_CODES.get(a.kind, pb.INTERNAL_ERROR),
-                a.remark or a.kind,
+                a.remark or a.kind.value,
             )
         return pb.EndTransactionResponse(status=status(OK, a.remark))
 
@@ -473,9 +475,10 @@ class MessagingService:
         if self.config.is_slave:  # pops move the group's offsets: only the master keeps them
             raise Refused(pb.FORBIDDEN, "this broker is a slave: receive from its master")
         group = self._group(req.group)
-        tc = self._topic(req.message_queue.topic.name)
-        if not tc.perm & PERM_READ:
-            raise Refused(pb.FORBIDDEN, f"topic {tc.topicName} is not readable")
+        topic_config = self._topic(req.message_queue.topic.name)
+        topic = topic_config.topicName
+        if not topic_config.perm & PERM_READ:
+            raise Refused(pb.FORBIDDEN, f"topic {topic} is not readable")
         tag_filter = self._filter(req.filter_expression)
         batch = req.batch_size if 0 < req.batch_size <= MAX_BATCH else MAX_BATCH
         if req.auto_renew and not req.HasField("invisible_duration"):
@@ -485,10 +488,10 @@ class MessagingService:
             least = 1 if req.auto_renew else self.config.minInvisibleTimeMillsForRecv
             self._check_invisible(invisible, least)
         qid = req.message_queue.id
-        nread = tc.readQueueNums
+        nread = topic_config.readQueueNums
         if qid >= nread:
             raise Refused(
-                pb.BAD_REQUEST, f"queue {qid} of {tc.topicName} is not readable ({nread} read queues)"
+                pb.BAD_REQUEST, f"queue {qid} of {topic} is not readable ({nread} read queues)"
             )
         # every queue, whichever the request names: RocketMQ's proxy pops from the whole broker the queue
         # belongs to, and clients rely on that (the Node.js client only ever names queue 0)
@@ -504,7 +507,7 @@ class MessagingService:
             poll_ms = min(poll_ms, remaining_ms - POLL_RESERVE_MS)
         deadline = self.clock.now_ms() + max(0, min(poll_ms, MAX_POLL_MS))
         fifo = self._is_fifo(group)
-        msgs = await self._pop(group, tc.topicName, queues, batch, invisible, tag_filter, deadline, fifo)
+        msgs = await self._pop(group, topic, queues, batch, invisible, tag_filter, deadline, fifo)
         self.received += len(msgs)
         return msgs
 
@@ -715,7 +718,7 @@ class MessagingService:
         e = st.inflight[offset]
         e.until_ms = self.clock.now_ms() + DLQ_RETRY_MS  # no second receive takes it meanwhile
         a = await self.calls.send_back(group, m.commit_log_offset, -1, self.config.maxReconsumeTimes)
-        if a.kind in ("ok", "flush_timeout", "slave_timeout"):
+        if a.stored:
             log.info(
                 "%s: message %s of %s queue %d offset %d moved to %%DLQ%%%s after %d deliveries",
                 group,
@@ -734,7 +737,7 @@ class MessagingService:
                 m.topic,
                 m.queue_id,
                 offset,
-                a.remark or a.kind,
+                a.remark or a.kind.value,
             )
 
     # --- AckMessage, ChangeInvisibleDuration, ForwardMessageToDeadLetterQueue -------------------------------
@@ -768,12 +771,12 @@ class MessagingService:
                 r, st = self._receipt(group, topic, ent.receipt_handle)
                 self._check_not_expired(st, r)
                 outcome = self.pop.ack(st, r.offset, r.gen)
-                if outcome != "ok":
+                if outcome is not AckOutcome.OK:
                     raise Refused(
                         pb.INVALID_RECEIPT_HANDLE,
                         "the receipt handle is out of date (the message was "
                         "delivered again or its invisible time changed)"
-                        if outcome == "stale"
+                        if outcome is AckOutcome.STALE
                         else "the message was never received",
                     )
                 self._settle(group, topic, r.queue_id, st)

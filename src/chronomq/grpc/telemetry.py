@@ -79,6 +79,10 @@ class TelemetryChannel:
             recover_orphaned_transaction_command=pb.RecoverOrphanedTransactionCommand(
                 message=msg, transaction_id=tx_id)))
 
+    async def invoke(self, cmd: RemotingCommand, timeout: float = 3.0) -> RemotingCommand:
+        """A 4.x server-to-client request: a 5.x client answers none."""
+        raise ConnectionError(f"{self.client_id} is a 5.x client: it answers no 4.x request")
+
     # --- the producer's registration ----------------------------------------------------------------------
     def register(self, producers: ProducerManager, topics: list[str], now_ms: int) -> None:
         """Under each published topic as producer group (again on every settings command)."""
@@ -89,7 +93,7 @@ class TelemetryChannel:
     def refresh(self, producers: ProducerManager, now_ms: int) -> None:
         """A heartbeat: registered again (after an expiry too) with a new last-seen time."""
         for t in self.topics:
-            producers.register(t, ClientInfo(self.client_id, self, now_ms, "PYTHON"))  # type: ignore[arg-type]
+            producers.register(t, ClientInfo(self.client_id, self, now_ms, "PYTHON"))
 
     def unregister(self, producers: ProducerManager) -> None:
         for t in self.topics:

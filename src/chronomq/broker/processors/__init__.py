@@ -2,10 +2,10 @@
 PullMessageProcessor, ClientManageProcessor, ConsumerManageProcessor, AdminBrokerProcessor,
 QueryMessageProcessor).
 
-Each module holds a mixin of ``broker.processor.BrokerProcessor``, which is the dispatcher from request
-code to handler: a mixin's ``_init_<kind>`` sets up its own state and returns its handlers by code. The
-mixins work from ``BrokerServices`` only (never the controller) and do not call one another, except
-through the shared helpers of ``base.py``. Mixins rather than delegating objects: a handler is a method
-of the processor, so the send and pull paths pay no extra call, and a tool that patches
-``BrokerProcessor._pull_once`` still sees every pull.
+Each module holds a processor class, built with the broker's services (and, where it shares another's
+helpers, that processor: the reply processor takes the send processor), whose ``handlers()`` is its table
+``{request code: handler}``. ``broker.processor.BrokerProcessor`` joins the tables into one dispatch
+table (a code registered twice is refused) and dispatches each request with one dict lookup and one
+bound-method call. The processors work from ``BrokerServices`` only (never the controller) and share
+helpers through ``base.py``.
 """

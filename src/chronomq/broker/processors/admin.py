@@ -13,25 +13,31 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from chronomq.config import ASYNC_MASTER
 from chronomq.remoting.codec import HeaderError, RemotingCommand
 from chronomq.remoting.codes import PERM_READ, PERM_WRITE, RequestCode, ResponseCode
-from chronomq.remoting.server import DEFERRED, Connection
+from chronomq.remoting.server import DEFERRED
 
 from ..services import PromoteError
 from ..topics import TopicConfig, TopicError
-from .base import Handler, ProcessorBase, dump_json, parse_json_body
+from .base import Handler, ProcessorBase, RequestConnection, dump_json, parse_json_body
+
+if TYPE_CHECKING:
+    from ..services import BrokerServices
 
 log = logging.getLogger("chronomq.broker")
 
 class AdminProcessor(ProcessorBase):
     """Topics, stats, queue offsets and queue locks."""
 
-    def _init_admin(self) -> dict[int, Handler]:
+    def __init__(self, services: BrokerServices) -> None:
+        super().__init__(services)
         self._promotions: set[asyncio.Future[None]] = set()
-        self._admin_started_ms = self.clock.now_ms()
+        self._started_ms = self.clock.now_ms()
+
+    def handlers(self) -> dict[int, Handler]:
         return {
             RequestCode.GET_MAX_OFFSET: self.get_max_offset,
             RequestCode.GET_MIN_OFFSET: self.get_min_offset,
@@ -51,33 +57,33 @@ class AdminProcessor(ProcessorBase):
         }
 
     # --- queue offsets ---------------------------------------------------------------------------------
-    def get_max_offset(self, req: RemotingCommand, conn: Connection) -> RemotingCommand:
+    def get_max_offset(self, req: RemotingCommand, conn: RequestConnection) -> RemotingCommand:
         off = self.store.get_max_offset_in_queue(req.require_str("topic"), req.ext_int("queueId"))
         return req.response(ext_fields={"offset": str(off)})
 
-    def get_min_offset(self, req: RemotingCommand, conn: Connection) -> RemotingCommand:
+    def get_min_offset(self, req: RemotingCommand, conn: RequestConnection) -> RemotingCommand:
         off = self.store.get_min_offset_in_queue(req.require_str("topic"), req.ext_int("queueId"))
         return req.response(ext_fields={"offset": str(off)})
 
-    def search_offset_by_timestamp(self, req: RemotingCommand, conn: Connection) -> RemotingCommand:
+    def search_offset_by_timestamp(self, req: RemotingCommand, conn: RequestConnection) -> RemotingCommand:
         off = self.store.get_offset_in_queue_by_time(
             req.require_str("topic"), req.ext_int("queueId"), req.ext_int("timestamp")
         )
         return req.response(ext_fields={"offset": str(off)})
 
-    def get_earliest_msg_storetime(self, req: RemotingCommand, conn: Connection) -> RemotingCommand:
+    def get_earliest_msg_storetime(self, req: RemotingCommand, conn: RequestConnection) -> RemotingCommand:
         ts = self.store.get_earliest_message_time(req.require_str("topic"), req.ext_int("queueId"))
         return req.response(ext_fields={"timestamp": str(ts)})
 
-    def get_all_consumer_offset(self, req: RemotingCommand, conn: Connection) -> RemotingCommand:
+    def get_all_consumer_offset(self, req: RemotingCommand, conn: RequestConnection) -> RemotingCommand:
         table = {k: {str(q): o for q, o in v.items()} for k, v in self.services.offsets.table.items()}
         return req.response(body=dump_json({"offsetTable": table}))
 
-    def get_all_delay_offset(self, req: RemotingCommand, conn: Connection) -> RemotingCommand:
+    def get_all_delay_offset(self, req: RemotingCommand, conn: RequestConnection) -> RemotingCommand:
         """The delay levels' schedule offsets as delayOffset.json holds them (what a slave copies)."""
         return req.response(body=self.delay.schedule.snapshot().to_json().encode())
 
-    def promote(self, req: RemotingCommand, conn: Connection) -> RemotingCommand | None:
+    def promote(self, req: RemotingCommand, conn: RequestConnection) -> RemotingCommand | None:
         """CHRONOMQ_PROMOTE: this slave becomes the master (ext brokerRole: ASYNC_MASTER by default, or
         SYNC_MASTER); answered once it is done."""
         role = req.ext_str("brokerRole") or ASYNC_MASTER
@@ -113,7 +119,7 @@ class AdminProcessor(ProcessorBase):
                 )
         return out
 
-    def lock_batch_mq(self, req: RemotingCommand, conn: Connection) -> RemotingCommand:
+    def lock_batch_mq(self, req: RemotingCommand, conn: RequestConnection) -> RemotingCommand:
         body = parse_json_body(req, "LOCK_BATCH_MQ")
         if not isinstance(body, dict):
             raise HeaderError("LOCK_BATCH_MQ body is not a JSON object")
@@ -126,7 +132,7 @@ class AdminProcessor(ProcessorBase):
         locked = [{"topic": t, "brokerName": b, "queueId": q} for t, b, q in granted]
         return req.response(body=dump_json({"lockOKMQSet": locked}))
 
-    def unlock_batch_mq(self, req: RemotingCommand, conn: Connection) -> RemotingCommand:
+    def unlock_batch_mq(self, req: RemotingCommand, conn: RequestConnection) -> RemotingCommand:
         body = parse_json_body(req, "UNLOCK_BATCH_MQ")
         if not isinstance(body, dict):
             raise HeaderError("UNLOCK_BATCH_MQ body is not a JSON object")
@@ -136,17 +142,17 @@ class AdminProcessor(ProcessorBase):
         return req.response()
 
     # --- admin -------------------------------------------------------------------------------------------
-    def get_all_topic_config(self, req: RemotingCommand, conn: Connection) -> RemotingCommand:
+    def get_all_topic_config(self, req: RemotingCommand, conn: RequestConnection) -> RemotingCommand:
         t = self.topics
         return req.response(body=dump_json({"topicConfigTable": t.snapshot(), "dataVersion": t.data_version}))
 
-    def update_and_create_topic(self, req: RemotingCommand, conn: Connection) -> RemotingCommand:
+    def update_and_create_topic(self, req: RemotingCommand, conn: RequestConnection) -> RemotingCommand:
         topic = req.require_str("topic")
         if self.topics.is_system_topic(topic):  # RocketMQ's answer (TopicValidator.isSystemTopic)
             return req.response(ResponseCode.SYSTEM_ERROR,
                                 remark=f"The topic[{topic}] is conflict with system topic.")
         nums = self.config.defaultTopicQueueNums
-        tc = TopicConfig(
+        topic_config = TopicConfig(
             topic,
             req.ext_int("readQueueNums", nums),
             req.ext_int("writeQueueNums", nums),
@@ -154,19 +160,19 @@ class AdminProcessor(ProcessorBase):
             topicSysFlag=req.ext_int("topicSysFlag", 0),
             order=req.ext_bool("order"),
         )
-        if not (0 < tc.readQueueNums <= 1024 and 0 < tc.writeQueueNums <= 1024):
+        if not (0 < topic_config.readQueueNums <= 1024 and 0 < topic_config.writeQueueNums <= 1024):
             raise HeaderError("queue numbers must be within 1..1024")
         try:
-            self.topics.update(tc)
+            self.topics.update(topic_config)
         except TopicError as e:
             return req.response(ResponseCode.SYSTEM_ERROR, remark=str(e))
         return req.response()
 
-    def delete_topic(self, req: RemotingCommand, conn: Connection) -> RemotingCommand:
+    def delete_topic(self, req: RemotingCommand, conn: RequestConnection) -> RemotingCommand:
         self.topics.delete(req.require_str("topic"))
         return req.response()
 
-    def get_runtime_info(self, req: RemotingCommand, conn: Connection) -> RemotingCommand:
+    def get_runtime_info(self, req: RemotingCommand, conn: RequestConnection) -> RemotingCommand:
         info = {**self._rocketmq_runtime_keys(), **self.services.runtime_info()}
         return req.response(body=dump_json({"table": {k: str(v) for k, v in info.items()}}))
 
@@ -175,7 +181,7 @@ class AdminProcessor(ProcessorBase):
         what chronomq counts: the TPS figures are averages since the broker started (chronomq keeps no
         per-window history), its thread-pool queues are 0 (requests are answered inline, not queued)."""
         now = self.clock.now_ms()
-        uptime_s = max(1.0, (now - self._admin_started_ms) / 1000)
+        uptime_s = max(1.0, (now - self._started_ms) / 1000)
         traffic = self.services.traffic
         put = self.services.put_stats.count
         got = sum(v[0] for v in list(traffic.consumed.values()))
@@ -192,23 +198,24 @@ class AdminProcessor(ProcessorBase):
                 "earliestMessageTimeStamp": earliest, "brokerActive": "true", "msgPutTotalTodayNow": put,
                 "msgGetTotalTodayNow": got}
 
-    def get_topic_config(self, req: RemotingCommand, conn: Connection) -> RemotingCommand:
+    def get_topic_config(self, req: RemotingCommand, conn: RequestConnection) -> RemotingCommand:
         """GET_TOPIC_CONFIG (351), as RocketMQ 5's AdminBrokerProcessor answers it: the topic's config
         (TopicConfigAndQueueMapping, without static-topic mapping), or TOPIC_NOT_EXIST."""
         topic = req.require_str("topic")
-        tc = self.topics.get(topic)
-        if tc is None:
+        topic_config = self.topics.get(topic)
+        if topic_config is None:
             return req.response(ResponseCode.TOPIC_NOT_EXIST,
                                 remark=f"No topic in this broker. topic: {topic}")
-        return req.response(body=dump_json({**tc.to_json(), "attributes": {}, "mappingDetail": None}))
+        body = {**topic_config.to_json(), "attributes": {}, "mappingDetail": None}
+        return req.response(body=dump_json(body))
 
-    def get_topic_stats(self, req: RemotingCommand, conn: Connection) -> RemotingCommand:
+    def get_topic_stats(self, req: RemotingCommand, conn: RequestConnection) -> RemotingCommand:
         topic = req.require_str("topic")
-        tc = self.topics.get(topic)
-        if tc is None:
+        topic_config = self.topics.get(topic)
+        if topic_config is None:
             return req.response(ResponseCode.TOPIC_NOT_EXIST, remark=f"topic[{topic}] not exist")
         table = {}
-        for q in range(max(tc.readQueueNums, tc.writeQueueNums)):
+        for q in range(max(topic_config.readQueueNums, topic_config.writeQueueNums)):
             key = json.dumps({"topic": topic, "brokerName": self.config.brokerName, "queueId": q})
             table[key] = {
                 "minOffset": self.store.get_min_offset_in_queue(topic, q),

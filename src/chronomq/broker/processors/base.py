@@ -1,5 +1,6 @@
 """What the broker's request processors share: ``ProcessorBase`` (the services and the shortcuts every
-mixin reads), the ``Handler`` type and the JSON helpers.
+processor reads), the ``Handler`` type, ``join_tables`` (the processors' tables as one dispatch table) and
+the JSON helpers.
 
 Rules: nothing here answers a request; a helper lives here only when more than one processor module
 uses it.
@@ -8,36 +9,64 @@ uses it.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any, Protocol
 
 from chronomq.message import PROPERTY_CLUSTER, PROPERTY_MSG_REGION, PROPERTY_TRACE_SWITCH
 from chronomq.remoting.codec import HeaderError, RemotingCommand
 
+from ..clients import ClientConnection
+
 if TYPE_CHECKING:
-    from chronomq.clock import Clock
     from chronomq.config import BrokerConfig
-    from chronomq.delay import DelayService
-    from chronomq.remoting.server import Connection
-    from chronomq.store import MessageStore
 
     from ..services import BrokerServices
-    from ..timer_processor import TimerProcessor
-    from ..topics import TopicConfigManager
 
-Handler = Callable[[RemotingCommand, "Connection"], "RemotingCommand | None"]
+
+class RequestConnection(ClientConnection, Protocol):
+    """The connection a request came on (a ``remoting.server.Connection``, or an in-process caller's):
+    its peer's (host, port), and ``reply`` for an answer written later (after DEFERRED)."""
+
+    @property
+    def remote(self) -> tuple[str, int]: ...
+
+    def reply(self, req: RemotingCommand, resp: RemotingCommand) -> None: ...
+
+
+Handler = Callable[[RemotingCommand, RequestConnection], "RemotingCommand | None"]
+
+
+class RequestProcessor(Protocol):
+    """What the dispatcher takes from each processor: its table ``{request code: handler}``."""
+
+    def handlers(self) -> dict[int, Handler]: ...
 
 
 class ProcessorBase:
-    """The attributes ``BrokerProcessor.__init__`` sets, which every processor mixin reads."""
+    """The services a processor works from, and the shortcuts every processor reads."""
 
-    services: BrokerServices
-    store: MessageStore
-    config: BrokerConfig
-    clock: Clock
-    topics: TopicConfigManager
-    delay: DelayService
-    timers: TimerProcessor
+    def __init__(self, services: BrokerServices) -> None:
+        self.services = services
+        self.store = services.store
+        self.config = services.config
+        self.clock = services.clock
+        self.topics = services.topics
+        self.delay = services.delay
+
+
+def join_tables(processors: Iterable[RequestProcessor]) -> dict[int, Handler]:
+    """The processors' tables as one ``{request code: handler}``; a code two of them register is refused
+    (ValueError naming both), so no handler hides another."""
+    table: dict[int, Handler] = {}
+    owners: dict[int, RequestProcessor] = {}
+    for processor in processors:
+        for code, handler in processor.handlers().items():
+            if code in table:
+                raise ValueError(f"request code {code} is registered by both {type(owners[code]).__name__} "
+                                 f"and {type(processor).__name__}")
+            table[code] = handler
+            owners[code] = processor
+    return table
 
 
 def stamped_properties(config: BrokerConfig) -> dict[str, str]:

@@ -12,14 +12,16 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from chronomq.config import BrokerConfig, ConfigError, parse_properties
 from chronomq.remoting.codec import RemotingCommand
 from chronomq.remoting.codes import RequestCode, ResponseCode
-from chronomq.remoting.server import Connection
 
-from .base import Handler, ProcessorBase, dump_json
+from .base import Handler, ProcessorBase, RequestConnection, dump_json
+
+if TYPE_CHECKING:
+    from ..services import BrokerServices
 
 log = logging.getLogger("chronomq.broker")
 
@@ -49,20 +51,23 @@ def config_properties(config: BrokerConfig) -> str:
 class BrokerConfigProcessor(ProcessorBase):
     """The configuration read and changed at run time, and the traffic figures."""
 
-    def _init_broker_config(self) -> dict[int, Handler]:
+    def __init__(self, services: BrokerServices) -> None:
+        super().__init__(services)
         self._config_version = {"stateVersion": 0, "timestamp": self.clock.now_ms(), "counter": 0}
         self._stats_since_ms = self.clock.now_ms()
+
+    def handlers(self) -> dict[int, Handler]:
         return {
             RequestCode.GET_BROKER_CONFIG: self.get_broker_config,
             RequestCode.UPDATE_BROKER_CONFIG: self.update_broker_config,
             RequestCode.VIEW_BROKER_STATS_DATA: self.view_broker_stats_data,
         }
 
-    def get_broker_config(self, req: RemotingCommand, conn: Connection) -> RemotingCommand:
+    def get_broker_config(self, req: RemotingCommand, conn: RequestConnection) -> RemotingCommand:
         version = dump_json(self._config_version).decode()
         return req.response(ext_fields={"version": version}, body=config_properties(self.config).encode())
 
-    def update_broker_config(self, req: RemotingCommand, conn: Connection) -> RemotingCommand:
+    def update_broker_config(self, req: RemotingCommand, conn: RequestConnection) -> RemotingCommand:
         try:
             values = parse_properties(req.body.decode("utf-8"))
         except UnicodeDecodeError as e:
@@ -87,7 +92,7 @@ class BrokerConfigProcessor(ProcessorBase):
                      {k: getattr(self.config, k) for k in values})
         return req.response()
 
-    def view_broker_stats_data(self, req: RemotingCommand, conn: Connection) -> RemotingCommand:
+    def view_broker_stats_data(self, req: RemotingCommand, conn: RequestConnection) -> RemotingCommand:
         name = req.require_str("statsName")
         key = req.require_str("statsKey")
         spec = STATS.get(name)

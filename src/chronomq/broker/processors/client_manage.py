@@ -18,10 +18,9 @@ from chronomq.filter import FilterSyntaxError, compile_sql92
 from chronomq.message import RETRY_GROUP_TOPIC_PREFIX
 from chronomq.remoting.codec import HeaderError, RemotingCommand
 from chronomq.remoting.codes import RequestCode, ResponseCode
-from chronomq.remoting.server import Connection
 
 from ..clients import ClientInfo, message_model_is_clustering
-from .base import Handler, ProcessorBase, is_tag_type, no_filter_remark, parse_json_body
+from .base import Handler, ProcessorBase, RequestConnection, is_tag_type, no_filter_remark, parse_json_body
 
 log = logging.getLogger("chronomq.broker")
 
@@ -29,14 +28,14 @@ log = logging.getLogger("chronomq.broker")
 class ClientManageProcessor(ProcessorBase):
     """Client registration from heartbeats and unregistration."""
 
-    def _init_client_manage(self) -> dict[int, Handler]:
+    def handlers(self) -> dict[int, Handler]:
         return {
             RequestCode.HEART_BEAT: self.heart_beat,
             RequestCode.UNREGISTER_CLIENT: self.unregister_client,
             RequestCode.CHECK_CLIENT_CONFIG: self.check_client_config,
         }
 
-    def heart_beat(self, req: RemotingCommand, conn: Connection) -> RemotingCommand:
+    def heart_beat(self, req: RemotingCommand, conn: RequestConnection) -> RemotingCommand:
         hb = parse_json_body(req, "HEART_BEAT")
         if not isinstance(hb, dict):
             raise HeaderError("HEART_BEAT body is not a JSON object")
@@ -48,7 +47,7 @@ class ClientManageProcessor(ProcessorBase):
             if not isinstance(cd, dict) or not cd.get("groupName"):
                 continue
             group = str(cd["groupName"])
-            sub_group = self.services.subgroups.find(group) if self.services.subgroups is not None else None
+            sub_group = self.services.subgroups.find(group)
             if message_model_is_clustering(cd.get("messageModel", 1)):
                 retry_queues = sub_group.retryQueueNums if sub_group is not None else 1
                 self.topics.create_system(RETRY_GROUP_TOPIC_PREFIX + group, max(1, retry_queues))
@@ -63,7 +62,7 @@ class ClientManageProcessor(ProcessorBase):
                 )
         return req.response()
 
-    def unregister_client(self, req: RemotingCommand, conn: Connection) -> RemotingCommand:
+    def unregister_client(self, req: RemotingCommand, conn: RequestConnection) -> RemotingCommand:
         client_id = req.require_str("clientID")
         pg = req.ext_str("producerGroup", "") or ""
         cg = req.ext_str("consumerGroup", "") or ""
@@ -74,7 +73,7 @@ class ClientManageProcessor(ProcessorBase):
             self.services.notify_consumer_ids_changed(cg)
         return req.response()
 
-    def check_client_config(self, req: RemotingCommand, conn: Connection) -> RemotingCommand:
+    def check_client_config(self, req: RemotingCommand, conn: RequestConnection) -> RemotingCommand:
         """CheckClientRequestBody {clientId, group, subscriptionData}: the Java push and lite-pull
         consumers send it at start for each subscription that is not by TAG, and fail to start unless
         the answer is SUCCESS."""

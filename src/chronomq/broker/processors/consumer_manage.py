@@ -9,22 +9,21 @@ from __future__ import annotations
 
 from chronomq.remoting.codec import RemotingCommand
 from chronomq.remoting.codes import RequestCode, ResponseCode
-from chronomq.remoting.server import Connection
 
-from .base import Handler, ProcessorBase, dump_json
+from .base import Handler, ProcessorBase, RequestConnection, dump_json
 
 
 class ConsumerManageProcessor(ProcessorBase):
     """A group's consumer list and committed offsets."""
 
-    def _init_consumer_manage(self) -> dict[int, Handler]:
+    def handlers(self) -> dict[int, Handler]:
         return {
             RequestCode.GET_CONSUMER_LIST_BY_GROUP: self.get_consumer_list,
             RequestCode.QUERY_CONSUMER_OFFSET: self.query_consumer_offset,
             RequestCode.UPDATE_CONSUMER_OFFSET: self.update_consumer_offset,
         }
 
-    def get_consumer_list(self, req: RemotingCommand, conn: Connection) -> RemotingCommand:
+    def get_consumer_list(self, req: RemotingCommand, conn: RequestConnection) -> RemotingCommand:
         group = req.require_str("consumerGroup")
         ids = self.services.consumers.client_ids(group)
         if not ids:
@@ -32,7 +31,7 @@ class ConsumerManageProcessor(ProcessorBase):
         return req.response(body=dump_json({"consumerIdList": ids}))
 
     # --- offsets -------------------------------------------------------------------------------------------
-    def query_consumer_offset(self, req: RemotingCommand, conn: Connection) -> RemotingCommand:
+    def query_consumer_offset(self, req: RemotingCommand, conn: RequestConnection) -> RemotingCommand:
         group = req.require_str("consumerGroup")
         topic = req.require_str("topic")
         qid = req.ext_int("queueId")
@@ -46,7 +45,7 @@ class ConsumerManageProcessor(ProcessorBase):
             remark="Not found, V3_0_6_SNAPSHOT maybe this group consumer boot first",
         )
 
-    def update_consumer_offset(self, req: RemotingCommand, conn: Connection) -> RemotingCommand:
+    def update_consumer_offset(self, req: RemotingCommand, conn: RequestConnection) -> RemotingCommand:
         self.services.offsets.commit(
             req.require_str("consumerGroup"),
             req.require_str("topic"),

@@ -16,15 +16,18 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from chronomq.remoting.codec import RemotingCommand
 from chronomq.remoting.codes import RequestCode, ResponseCode
-from chronomq.remoting.server import DEFERRED, Connection
+from chronomq.remoting.server import DEFERRED
 
 from ..clients import _CONSUME_FROM, ClientInfo
 from ..subgroups import SubscriptionGroupConfig, SubscriptionGroupError
-from .base import Handler, ProcessorBase, dump_json, parse_json_body
+from .base import Handler, ProcessorBase, RequestConnection, dump_json, parse_json_body
+
+if TYPE_CHECKING:
+    from ..services import BrokerServices
 
 log = logging.getLogger("chronomq.broker")
 
@@ -57,8 +60,12 @@ def _connection(c: ClientInfo) -> dict[str, Any]:
 class GroupProcessor(ProcessorBase):
     """Subscription groups, connections, consume stats, offset reset and consumer running info."""
 
-    def _init_groups(self) -> dict[int, Handler]:
+    def __init__(self, services: BrokerServices) -> None:
+        super().__init__(services)
+        self.subgroups = services.subgroups
         self._consumer_calls: set[asyncio.Future[None]] = set()
+
+    def handlers(self) -> dict[int, Handler]:
         return {
             RequestCode.UPDATE_AND_CREATE_SUBSCRIPTIONGROUP: self.update_subscription_group,
             RequestCode.GET_ALL_SUBSCRIPTIONGROUP_CONFIG: self.get_all_subscription_groups,
@@ -72,41 +79,36 @@ class GroupProcessor(ProcessorBase):
             RequestCode.GET_CONSUMER_RUNNING_INFO: self.get_consumer_running_info,
         }
 
-    @property
-    def _groups(self) -> Any:
-        assert self.services.subgroups is not None
-        return self.services.subgroups
-
     # --- subscription groups ---------------------------------------------------------------------------
-    def update_subscription_group(self, req: RemotingCommand, conn: Connection) -> RemotingCommand:
+    def update_subscription_group(self, req: RemotingCommand, conn: RequestConnection) -> RemotingCommand:
         body = parse_json_body(req, "UPDATE_AND_CREATE_SUBSCRIPTIONGROUP")
         try:
             cfg = SubscriptionGroupConfig.from_json(body)
-            self._groups.update(cfg)
+            self.subgroups.update(cfg)
         except SubscriptionGroupError as e:
             return req.response(ResponseCode.SYSTEM_ERROR, remark=str(e))
         log.info("subscription group %s created or updated by %s", cfg.groupName, conn.remote_addr)
         return req.response()
 
-    def get_all_subscription_groups(self, req: RemotingCommand, conn: Connection) -> RemotingCommand:
-        return req.response(body=dump_json(self._groups.snapshot()))
+    def get_all_subscription_groups(self, req: RemotingCommand, conn: RequestConnection) -> RemotingCommand:
+        return req.response(body=dump_json(self.subgroups.snapshot()))
 
-    def get_subscription_group(self, req: RemotingCommand, conn: Connection) -> RemotingCommand:
-        cfg = self._groups.get(req.require_str("group"))
+    def get_subscription_group(self, req: RemotingCommand, conn: RequestConnection) -> RemotingCommand:
+        cfg = self.subgroups.get(req.require_str("group"))
         if cfg is None:
             return req.response(ResponseCode.SUBSCRIPTION_GROUP_NOT_EXIST, remark="No group in this broker")
         return req.response(body=dump_json(cfg.to_json()))
 
-    def delete_subscription_group(self, req: RemotingCommand, conn: Connection) -> RemotingCommand:
+    def delete_subscription_group(self, req: RemotingCommand, conn: RequestConnection) -> RemotingCommand:
         group = req.require_str("groupName")
-        self._groups.delete(group)
+        self.subgroups.delete(group)
         if req.ext_bool("cleanOffset"):
             self.services.offsets.remove_group(group)
         log.info("subscription group %s deleted by %s", group, conn.remote_addr)
         return req.response()
 
     # --- connections -----------------------------------------------------------------------------------
-    def get_consumer_connections(self, req: RemotingCommand, conn: Connection) -> RemotingCommand:
+    def get_consumer_connections(self, req: RemotingCommand, conn: RequestConnection) -> RemotingCommand:
         group = req.require_str("consumerGroup")
         g = self.services.consumers.groups.get(group)
         if g is None or not g.clients:
@@ -121,14 +123,14 @@ class GroupProcessor(ProcessorBase):
         }
         return req.response(body=dump_json(body))
 
-    def get_producer_connections(self, req: RemotingCommand, conn: Connection) -> RemotingCommand:
+    def get_producer_connections(self, req: RemotingCommand, conn: RequestConnection) -> RemotingCommand:
         group = req.require_str("producerGroup")
         clients = self.services.producers.groups.get(group)
         if not clients:
             return req.response(ResponseCode.SYSTEM_ERROR, remark=f"the producer group[{group}] not exist")
         return req.response(body=dump_json({"connectionSet": [_connection(c) for c in clients.values()]}))
 
-    def query_topic_consume_by_who(self, req: RemotingCommand, conn: Connection) -> RemotingCommand:
+    def query_topic_consume_by_who(self, req: RemotingCommand, conn: RequestConnection) -> RemotingCommand:
         topic = req.require_str("topic")
         groups = set(self.services.consumers.groups_subscribing(topic))
         groups.update(self.services.offsets.groups_of_topic(topic))
@@ -149,15 +151,15 @@ class GroupProcessor(ProcessorBase):
             topics = [t for t in topics if t in g.subscriptions]
         return topics
 
-    def get_consume_stats(self, req: RemotingCommand, conn: Connection) -> RemotingCommand:
+    def get_consume_stats(self, req: RemotingCommand, conn: RequestConnection) -> RemotingCommand:
         group = req.require_str("consumerGroup")
         broker = self.config.brokerName
         table: dict[str, dict[str, int]] = {}
         for topic in self._stats_topics(req, group):
-            tc = self.topics.get(topic)
-            if tc is None:
+            topic_config = self.topics.get(topic)
+            if topic_config is None:
                 continue
-            for q in range(tc.readQueueNums):
+            for q in range(topic_config.readQueueNums):
                 hi = max(0, self.store.get_max_offset_in_queue(topic, q))
                 committed = max(0, self.services.offsets.query(group, topic, q))
                 row = {"brokerOffset": hi, "consumerOffset": committed, "pullOffset": committed,
@@ -175,7 +177,7 @@ class GroupProcessor(ProcessorBase):
         return msg.store_timestamp if msg is not None else 0
 
     # --- offset reset ----------------------------------------------------------------------------------
-    def invoke_reset_offset(self, req: RemotingCommand, conn: Connection) -> RemotingCommand:
+    def invoke_reset_offset(self, req: RemotingCommand, conn: RequestConnection) -> RemotingCommand:
         """INVOKE_BROKER_TO_RESET_OFFSET: each queue of the topic (or the queueId given) moves to the first
         message stored at or after ``timestamp`` (-1: the queue's end; an ``offset`` given with a
         queueId: that offset, whatever isForce); without isForce a queue only moves back. The offsets
@@ -188,13 +190,13 @@ class GroupProcessor(ProcessorBase):
         offset = req.ext_int("offset", -1)
         if self.config.is_slave:
             return req.response(ResponseCode.SYSTEM_ERROR, remark="Can not reset offset in slave broker")
-        tc = self.topics.get(topic)
-        if tc is None:
+        topic_config = self.topics.get(topic)
+        if topic_config is None:
             return req.response(ResponseCode.TOPIC_NOT_EXIST, remark=f"Topic {topic} does not exist")
-        if group not in self._groups:
+        if group not in self.subgroups:
             return req.response(ResponseCode.SUBSCRIPTION_GROUP_NOT_EXIST,
                                 remark=f"Group {group} does not exist")
-        queues = [queue_id] if queue_id >= 0 else list(range(tc.readQueueNums))
+        queues = [queue_id] if queue_id >= 0 else list(range(topic_config.readQueueNums))
         offsets: dict[int, int] = {}
         for q in queues:
             lo = self.store.get_min_offset_in_queue(topic, q)
@@ -240,7 +242,8 @@ class GroupProcessor(ProcessorBase):
         return sent
 
     # --- a consumer's running info ---------------------------------------------------------------------
-    def get_consumer_running_info(self, req: RemotingCommand, conn: Connection) -> RemotingCommand | None:
+    def get_consumer_running_info(self, req: RemotingCommand, conn: RequestConnection
+                                  ) -> RemotingCommand | None:
         """GET_CONSUMER_RUNNING_INFO: asked of the consumer (RocketMQ's callConsumer), its answer relayed."""
         group = req.require_str("consumerGroup")
         client_id = req.require_str("clientId")

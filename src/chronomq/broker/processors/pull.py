@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import struct
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from chronomq.delay.delivery import DELAY_SOURCE_MARK, hide_delay_sources
 from chronomq.filter import FilterSyntaxError, compile_sql92
@@ -35,11 +36,13 @@ from chronomq.remoting.codes import (
     RequestCode,
     ResponseCode,
 )
-from chronomq.remoting.server import Connection
 from chronomq.store.speedups import native
 from chronomq.store.types import GetResult, GetStatus
 
-from .base import Handler, ProcessorBase, no_filter_remark
+from .base import Handler, ProcessorBase, RequestConnection, no_filter_remark
+
+if TYPE_CHECKING:
+    from ..services import BrokerServices
 
 MAX_PULL_BYTES = 4 * 1024 * 1024  # a gRPC receive's read (a PULL answer: maxTransferBytesOnMessageInMemory)
 MAX_SUSPEND_MS = 60_000
@@ -51,7 +54,7 @@ _DUE_MARK = (PROPERTY_TIMER_DELIVER_MS + NAME_VALUE_SEPARATOR).encode()
 _SRC_MARK = DELAY_SOURCE_MARK
 
 
-def due_ms_of(rec: bytes) -> int | None:
+def due_ms_of_py(rec: bytes) -> int | None:
     """The TIMER_DELIVER_MS property of a stored V1 record (what the timer delivered), or None: looked
     up in the record's properties only, never in its body."""
     if len(rec) < RECORD_FIXED_SIZE:
@@ -71,9 +74,8 @@ def due_ms_of(rec: bytes) -> int | None:
     return int(raw) if raw.isdigit() else None
 
 
-due_ms_of_py = due_ms_of
-if native is not None:
-    due_ms_of = native.due_ms_of
+# the compiled lookup when it is built (chronomq.store.speedups); due_ms_of_py is its reference
+due_ms_of: Callable[[bytes], int | None] = native.due_ms_of if native is not None else due_ms_of_py
 
 
 def _physical_ram() -> int:
@@ -83,9 +85,12 @@ def _physical_ram() -> int:
         return 8 << 30  # unknown: as an 8 GiB machine
 
 def _int(v: object) -> int:
+    """A JSON value as an int: 0 when it is neither a number nor numeric text."""
+    if not isinstance(v, str | int | float):
+        return 0
     try:
-        return int(v)  # type: ignore[call-overload]
-    except (TypeError, ValueError):
+        return int(v)
+    except ValueError:
         return 0
 
 
@@ -113,11 +118,14 @@ class TagFilter:
 class PullProcessor(ProcessorBase):
     """Pulls: topic checks, the tag filter, the store read, the hold."""
 
-    def _init_pull(self) -> dict[int, Handler]:
+    def __init__(self, services: BrokerServices) -> None:
+        super().__init__(services)
         self._filters: dict[str, TagFilter] = {}
         # PULLs found empty inline, now being held (the request is kept so its id cannot be reused)
         self._checked: dict[int, tuple[RemotingCommand, RemotingCommand]] = {}
         self.slave_read_behind_bytes = _physical_ram() * self.config.accessMessageInMemoryMaxRatio // 100
+
+    def handlers(self) -> dict[int, Handler]:
         return {RequestCode.PULL_MESSAGE: self.pull_message}
 
     # --- PULL_MESSAGE (11) --------------------------------------------------------------------------------
@@ -183,17 +191,17 @@ class PullProcessor(ProcessorBase):
         # RocketMQ's caps on one answer, whatever maxMsgNums asks: clients pull again from nextBeginOffset
         max_msgs = max(1, min(req.ext_int("maxMsgNums", 32), self.config.maxTransferCountOnMessageInMemory))
         sys_flag = req.ext_int("sysFlag", 0)
-        tc = self.topics.get(topic)
-        if tc is not None:
-            if not tc.perm & PERM_READ:
+        topic_config = self.topics.get(topic)
+        if topic_config is not None:
+            if not topic_config.perm & PERM_READ:
                 return req.response(
                     ResponseCode.NO_PERMISSION, remark=f"the topic[{topic}] pulling is forbidden"
                 ), False
-            if queue_id < 0 or queue_id >= max(tc.readQueueNums, tc.writeQueueNums):
+            if queue_id < 0 or queue_id >= max(topic_config.readQueueNums, topic_config.writeQueueNums):
                 return req.response(
                     ResponseCode.SYSTEM_ERROR,
                     remark=f"queueId[{queue_id}] is illegal, topic {topic} has "
-                    f"{tc.readQueueNums} read queues",
+                    f"{topic_config.readQueueNums} read queues",
                 ), False
         expr_type = req.ext_str("expressionType", "TAG") or "TAG"
         records: Callable[[bytes], bool] | None = None
@@ -280,7 +288,7 @@ class PullProcessor(ProcessorBase):
                     req.require_str("consumerGroup"), req.require_str("topic"), req.ext_int("queueId"), commit
                 )
 
-    def pull_message(self, req: RemotingCommand, conn: Connection) -> RemotingCommand | None:
+    def pull_message(self, req: RemotingCommand, conn: RequestConnection) -> RemotingCommand | None:
         resp, may_hold = self._pull_once(req)
         if may_hold and req.ext_int("sysFlag", 0) & PULL_FLAG_SUSPEND and self.config.longPollingEnable:
             if len(self._checked) > 10_000:  # entries of tasks cancelled before they ran; harmless to drop
@@ -290,7 +298,7 @@ class PullProcessor(ProcessorBase):
         self._pull_commit(req)
         return resp
 
-    async def pull_message_held(self, req: RemotingCommand, conn: Connection) -> RemotingCommand:
+    async def pull_message_held(self, req: RemotingCommand, conn: RequestConnection) -> RemotingCommand:
         self._pull_commit(req)
         topic = req.require_str("topic")
         queue_id = req.ext_int("queueId")

@@ -12,22 +12,21 @@ from chronomq.delay.delivery import hide_delay_source
 from chronomq.message import decode_offset_msg_id
 from chronomq.remoting.codec import HeaderError, RemotingCommand
 from chronomq.remoting.codes import RequestCode, ResponseCode
-from chronomq.remoting.server import Connection
 
-from .base import Handler, ProcessorBase
+from .base import Handler, ProcessorBase, RequestConnection
 
 
 class QueryMessageProcessor(ProcessorBase):
     """Message lookups by id and by key."""
 
-    def _init_query(self) -> dict[int, Handler]:
+    def handlers(self) -> dict[int, Handler]:
         return {
             RequestCode.VIEW_MESSAGE_BY_ID: self.view_message_by_id,
             RequestCode.QUERY_MESSAGE: self.query_message,
         }
 
     # --- lookups -------------------------------------------------------------------------------------------
-    def view_message_by_id(self, req: RemotingCommand, conn: Connection) -> RemotingCommand:
+    def view_message_by_id(self, req: RemotingCommand, conn: RequestConnection) -> RemotingCommand:
         offset_s = req.ext_str("offset")
         if offset_s is None:
             msg_id = req.require_str("msgId")
@@ -44,7 +43,7 @@ class QueryMessageProcessor(ProcessorBase):
             )
         return req.response(body=bytes(hide_delay_source(raw)))
 
-    def query_message(self, req: RemotingCommand, conn: Connection) -> RemotingCommand:
+    def query_message(self, req: RemotingCommand, conn: RequestConnection) -> RemotingCommand:
         topic = req.require_str("topic")
         key = req.require_str("key")
         max_num = max(1, min(req.ext_int("maxNum", 32), 64))

@@ -14,14 +14,15 @@ offset); SYSTEM_ERROR with RocketMQ's remark when REPLY_TO_CLIENT is missing, th
 connection here, or the push failed (the reply is stored all the same). Like a send, a reply gets
 MSG_REGION and TRACE_ON in its properties and its answer's header, but no CLUSTER.
 
-A subclass of the send mixin (RocketMQ's processor extends AbstractSendMessageProcessor): the topic
-checks and the V2 header are the send path's own.
+Built on the send processor it is given (RocketMQ's processor extends AbstractSendMessageProcessor): the
+topic checks, the stamps and the V2 header are the send path's own.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from typing import TYPE_CHECKING
 
 from chronomq.message import (
     PROPERTY_CLUSTER,
@@ -31,11 +32,14 @@ from chronomq.message import (
 )
 from chronomq.remoting.codec import RemotingCommand
 from chronomq.remoting.codes import RequestCode, ResponseCode
-from chronomq.remoting.server import DEFERRED, Connection
+from chronomq.remoting.server import DEFERRED
 from chronomq.store.types import PutStatus
 
-from .base import Handler
-from .send import SLAVE_REFUSES, SendProcessor, _SendTarget, _with_v1_fields
+from .base import Handler, ProcessorBase, RequestConnection
+from .send import SLAVE_REFUSES, SendProcessor, SendTarget, with_v1_fields
+
+if TYPE_CHECKING:
+    from ..services import BrokerServices
 
 log = logging.getLogger("chronomq.broker")
 
@@ -43,22 +47,27 @@ PUSH_TIMEOUT_S = 10.0  # RocketMQ's Broker2Client.callClient
 _STORED = (PutStatus.PUT_OK, PutStatus.FLUSH_DISK_TIMEOUT)
 
 
-class ReplyProcessor(SendProcessor):
-    def _init_reply(self) -> dict[int, Handler]:
+class ReplyProcessor(ProcessorBase):
+    """Replies: checked as a send (``send``'s target), pushed to the requester, stored."""
+
+    def __init__(self, services: BrokerServices, send: SendProcessor) -> None:
+        super().__init__(services)
+        self.send = send
         self._reply_tasks: set[asyncio.Future[None]] = set()
-        stamps = getattr(self, "_stamps", None) or {}
-        self._reply_stamps = {k: v for k, v in stamps.items() if k != PROPERTY_CLUSTER}
+        self._reply_stamps = {k: v for k, v in send.stamps.items() if k != PROPERTY_CLUSTER}
+
+    def handlers(self) -> dict[int, Handler]:
         return {
             RequestCode.SEND_REPLY_MESSAGE: self.send_reply_message,
             RequestCode.SEND_REPLY_MESSAGE_V2: self.send_reply_message,
         }
 
-    def send_reply_message(self, req: RemotingCommand, conn: Connection) -> RemotingCommand | None:
+    def send_reply_message(self, req: RemotingCommand, conn: RequestConnection) -> RemotingCommand | None:
         if self.config.is_slave:
             return req.response(ResponseCode.SERVICE_NOT_AVAILABLE, remark=SLAVE_REFUSES)
         if req.code == RequestCode.SEND_REPLY_MESSAGE_V2:
-            req = _with_v1_fields(req)
-        target = self._send_target(req, False, self._reply_stamps)
+            req = with_v1_fields(req)
+        target = self.send.send_target(req, False, self._reply_stamps)
         if isinstance(target, RemotingCommand):
             return target
         task = asyncio.ensure_future(self._reply(req, conn, target))
@@ -66,9 +75,9 @@ class ReplyProcessor(SendProcessor):
         task.add_done_callback(self._reply_tasks.discard)
         return DEFERRED
 
-    async def _reply(self, req: RemotingCommand, conn: Connection, target: _SendTarget) -> None:
+    async def _reply(self, req: RemotingCommand, conn: RequestConnection, target: SendTarget) -> None:
         ext = {"msgId": "0", "queueId": str(target.queue_id), "queueOffset": "0",
-               "MSG_REGION": self._region, "TRACE_ON": self._trace_on}
+               "MSG_REGION": self.send.region, "TRACE_ON": self.send.trace_on}
         try:
             ok, remark = await self._push_reply(req, conn, target)
             code = ResponseCode.SUCCESS if ok else ResponseCode.SYSTEM_ERROR
@@ -89,7 +98,7 @@ class ReplyProcessor(SendProcessor):
             conn.reply(req, req.response(ResponseCode.SYSTEM_ERROR,
                                          remark=f"reply failed: {type(e).__name__}"))
 
-    async def _push_reply(self, req: RemotingCommand, conn: Connection, target: _SendTarget
+    async def _push_reply(self, req: RemotingCommand, conn: RequestConnection, target: SendTarget
                           ) -> tuple[bool, str]:
         """PUSH_REPLY_MESSAGE_TO_CLIENT to the requester: (pushed, the remark when not)."""
         props = target.properties

@@ -15,7 +15,7 @@ import random
 import threading
 import zlib
 from collections.abc import Callable
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from chronomq.config import SYNC_MASTER
 from chronomq.delay.delivery import PROPERTY_DELAY_SOURCE
@@ -38,14 +38,25 @@ from chronomq.message import (
 )
 from chronomq.remoting.codec import RemotingCommand, batch_items
 from chronomq.remoting.codes import PERM_WRITE, SEND_V2_FIELDS, RequestCode, ResponseCode
-from chronomq.remoting.server import DEFERRED, Connection
+from chronomq.remoting.server import DEFERRED
 from chronomq.store.speedups import native
 from chronomq.store.types import PutResult, PutStatus
 
 from ..dedup import LEVEL, NOW, Original
 from ..topics import TopicError
 from ..transaction import is_half_send, is_transactional
-from .base import Handler, ProcessorBase, not_available_remark, send_result_fields, stamped_properties
+from .base import (
+    Handler,
+    ProcessorBase,
+    RequestConnection,
+    not_available_remark,
+    send_result_fields,
+    stamped_properties,
+)
+
+if TYPE_CHECKING:
+    from ..services import BrokerServices
+    from ..timer_processor import TimerProcessor
 
 log = logging.getLogger("chronomq.broker")
 
@@ -74,7 +85,7 @@ def _inflate(data: bytes, limit: int) -> bytes:
     return out
 
 
-def _with_v1_fields(req: RemotingCommand) -> RemotingCommand:
+def with_v1_fields(req: RemotingCommand) -> RemotingCommand:
     """A SEND_MESSAGE_V2 / batch request with its short header names (a, b, ...) spelled out."""
     return RemotingCommand(
         code=req.code,
@@ -91,7 +102,7 @@ def _with_v1_fields(req: RemotingCommand) -> RemotingCommand:
 _batch_items = native.batch_items if native is not None else batch_items
 
 
-class _SendTarget(NamedTuple):
+class SendTarget(NamedTuple):
     """Where a SEND goes and the header fields its messages share."""
 
     topic: str
@@ -102,8 +113,8 @@ class _SendTarget(NamedTuple):
     born_timestamp: int
     reconsume_times: int
 
-    def message(self, conn: Connection, store_host: tuple[str, int], props: dict[str, str], body: bytes,
-                flag: int, sys_flag: int) -> MessageExt:
+    def message(self, conn: RequestConnection, store_host: tuple[str, int], props: dict[str, str],
+                body: bytes, flag: int, sys_flag: int) -> MessageExt:
         return MessageExt(
             topic=self.topic,
             body=body,
@@ -119,17 +130,22 @@ class _SendTarget(NamedTuple):
 
 
 class SendProcessor(ProcessorBase):
-    """Sends and send-backs: admission, the put, the (possibly deferred) answer."""
+    """Sends and send-backs: admission, the put, the (possibly deferred) answer. What the delay service
+    finds timed goes to ``timers`` (the timer codes' processor, which parks it)."""
 
-    def _init_send(self) -> dict[int, Handler]:
+    def __init__(self, services: BrokerServices, timers: TimerProcessor) -> None:
+        super().__init__(services)
+        self.timers = timers
         self._valid_topics: set[str] = set()
         self._posted: list[Callable[[], None]] = []
         self._posted_lock = threading.Lock()
         self._slave_waits: set[asyncio.Future[None]] = set()
         # CLUSTER, MSG_REGION, TRACE_ON: written into every sent message, as RocketMQ's broker does
-        self._stamps = stamped_properties(self.config)
-        self._region = self.config.regionId
-        self._trace_on = self._stamps["TRACE_ON"]
+        self.stamps = stamped_properties(self.config)
+        self.region = self.config.regionId
+        self.trace_on = self.stamps["TRACE_ON"]
+
+    def handlers(self) -> dict[int, Handler]:
         return {
             RequestCode.SEND_MESSAGE: self.send_message,
             RequestCode.SEND_MESSAGE_V2: self.send_message,
@@ -138,20 +154,19 @@ class SendProcessor(ProcessorBase):
         }
 
     # --- SEND_MESSAGE (10), SEND_MESSAGE_V2 (310), SEND_BATCH_MESSAGE (320) ---------------------------------
-    def send_message(self, req: RemotingCommand, conn: Connection) -> RemotingCommand | None:
+    def send_message(self, req: RemotingCommand, conn: RequestConnection) -> RemotingCommand | None:
         if self.config.is_slave:
             return req.response(ResponseCode.SERVICE_NOT_AVAILABLE, remark=SLAVE_REFUSES)
         if req.code != RequestCode.SEND_MESSAGE:
-            req = _with_v1_fields(req)
+            req = with_v1_fields(req)
         batch = req.code == RequestCode.SEND_BATCH_MESSAGE or req.ext_bool("batch")
-        target = self._send_target(req, batch)
+        target = self.send_target(req, batch)
         if isinstance(target, RemotingCommand):
             return target
         props = target.properties
-        tx = self.services.transactions
-        if tx is not None and is_half_send(props, target.sys_flag):  # stored as it is, never parked
-            half = tx.half(target.message(conn, self.services.store_host, props, req.body, target.flag,
-                                          target.sys_flag))
+        if is_half_send(props, target.sys_flag):  # stored as it is, never parked
+            half = self.services.transactions.half(
+                target.message(conn, self.services.store_host, props, req.body, target.flag, target.sys_flag))
             result = self.store.put_message(half)
             self.services.put_stats.record(result)
             if result.ok:
@@ -179,7 +194,7 @@ class SendProcessor(ProcessorBase):
                 originals = plan.settle([])
                 return req.response(ext_fields=send_result_fields(
                     ",".join(o.offset_msg_id for o in originals), originals[0].queue_id,
-                    originals[0].queue_offset, self._region, self._trace_on))
+                    originals[0].queue_offset, self.region, self.trace_on))
         if batch:
             result = self.store.put_messages(put)
             wait = True
@@ -197,8 +212,8 @@ class SendProcessor(ProcessorBase):
             self.services.traffic.produce(target.topic, kind, len(put), sum(len(msg.body) for msg in put))
         return self._put_response(req, conn, result, wait, target.queue_id)
 
-    def _send_target(self, req: RemotingCommand, batch: bool, stamps: dict[str, str] | None = None
-                     ) -> _SendTarget | RemotingCommand:
+    def send_target(self, req: RemotingCommand, batch: bool, stamps: dict[str, str] | None = None
+                    ) -> SendTarget | RemotingCommand:
         """The topic and queue a SEND goes to (a retry topic resent too often: its DLQ) and the
         message's properties (stamped with ``stamps``, by default CLUSTER, MSG_REGION and TRACE_ON), or
         the refusal. The level service's internal marker is never taken from a client."""
@@ -226,20 +241,20 @@ class SendProcessor(ProcessorBase):
         # here, where sends, replies and half messages all pass
         props.pop(PROPERTY_DELAY_SOURCE, None)
         try:
-            tc = self.topics.create_in_send(
+            topic_config = self.topics.create_in_send(
                 topic, req.ext_str("defaultTopic"), req.ext_int("defaultTopicQueueNums", 0)
             )
         except TopicError as e:
             return req.response(ResponseCode.MESSAGE_ILLEGAL, remark=str(e))
-        if tc is None:
+        if topic_config is None:
             return req.response(
                 ResponseCode.TOPIC_NOT_EXIST, remark=f"topic[{topic}] not exist, apply first please!"
             )
-        if not tc.perm & PERM_WRITE:
+        if not topic_config.perm & PERM_WRITE:
             return req.response(ResponseCode.NO_PERMISSION, remark=f"the topic[{topic}] sending is forbidden")
-        nqueues = max(tc.writeQueueNums, tc.readQueueNums)
+        nqueues = max(topic_config.writeQueueNums, topic_config.readQueueNums)
         if queue_id < 0:
-            queue_id = random.randrange(max(1, tc.writeQueueNums))
+            queue_id = random.randrange(max(1, topic_config.writeQueueNums))
         elif queue_id >= nqueues:
             return req.response(
                 ResponseCode.SYSTEM_ERROR,
@@ -268,10 +283,10 @@ class SendProcessor(ProcessorBase):
             queue_id = 0
             props[PROPERTY_DELAY_TIME_LEVEL] = "0"
         if not batch:  # a batch's items are stamped one by one (_batch_messages)
-            props.update(self._stamps if stamps is None else stamps)
-        return _SendTarget(topic, queue_id, props, flag, sys_flag, born_ts, reconsume)
+            props.update(self.stamps if stamps is None else stamps)
+        return SendTarget(topic, queue_id, props, flag, sys_flag, born_ts, reconsume)
 
-    def _batch_messages(self, req: RemotingCommand, conn: Connection, target: _SendTarget
+    def _batch_messages(self, req: RemotingCommand, conn: RequestConnection, target: SendTarget
                         ) -> list[MessageExt] | RemotingCommand:
         """The items of a SEND_BATCH_MESSAGE body, or the refusal."""
         if target.topic.startswith(RETRY_GROUP_TOPIC_PREFIX):
@@ -294,7 +309,7 @@ class SendProcessor(ProcessorBase):
         if not items:
             return req.response(ResponseCode.MESSAGE_ILLEGAL, remark="empty batch")
         host = self.services.store_host
-        stamps = self._stamps
+        stamps = self.stamps
         msgs = []
         for item_body, props, flag in items:
             props.update(stamps)  # RocketMQ appends its batch properties (CLUSTER, ...) to every item
@@ -311,9 +326,9 @@ class SendProcessor(ProcessorBase):
             return self.config.maxReconsumeTimes
 
     def _put_response(
-        self, req: RemotingCommand, conn: Connection, result: PutResult, wait: bool, queue_id: int
+        self, req: RemotingCommand, conn: RequestConnection, result: PutResult, wait: bool, queue_id: int
     ) -> RemotingCommand:
-        code = _PUT_CODES.get(result.status, ResponseCode.SYSTEM_ERROR)
+        code: int = _PUT_CODES.get(result.status, ResponseCode.SYSTEM_ERROR)
         if result.append is None or code not in (ResponseCode.SUCCESS, ResponseCode.FLUSH_DISK_TIMEOUT):
             if code == ResponseCode.SERVICE_NOT_AVAILABLE:
                 return req.response(code, remark=not_available_remark(self.store, result.error))
@@ -322,7 +337,7 @@ class SendProcessor(ProcessorBase):
                 remark=result.error or result.status.value,
             )
         a = result.append
-        ext = send_result_fields(a.msg_id, queue_id, a.queue_offset, self._region, self._trace_on)
+        ext = send_result_fields(a.msg_id, queue_id, a.queue_offset, self.region, self.trace_on)
         fut = result.flushed
         ha = self.services.ha
         if ha is not None and wait and self.config.brokerRole == SYNC_MASTER:
@@ -346,8 +361,9 @@ class SendProcessor(ProcessorBase):
         fut.add_done_callback(flushed)
         return DEFERRED
 
-    async def _reply_after_slave(self, req: RemotingCommand, conn: Connection, code: int, ext: dict[str, str],
-                                 fut: concurrent.futures.Future[bool] | None, end: int) -> None:
+    async def _reply_after_slave(self, req: RemotingCommand, conn: RequestConnection, code: int,
+                                 ext: dict[str, str], fut: concurrent.futures.Future[bool] | None,
+                                 end: int) -> None:
         """SYNC_MASTER: answer once the disk (SYNC_FLUSH) and then a slave hold the message, as RocketMQ
         does: FLUSH_DISK_TIMEOUT, FLUSH_SLAVE_TIMEOUT or SLAVE_NOT_AVAILABLE when they do not."""
         if fut is not None:
@@ -393,7 +409,7 @@ class SendProcessor(ProcessorBase):
         return code if ok else ResponseCode.FLUSH_DISK_TIMEOUT
 
     # --- CONSUMER_SEND_MSG_BACK (36) ---------------------------------------------------------------------
-    def consumer_send_msg_back(self, req: RemotingCommand, conn: Connection) -> RemotingCommand | None:
+    def consumer_send_msg_back(self, req: RemotingCommand, conn: RequestConnection) -> RemotingCommand | None:
         if self.config.is_slave:
             return req.response(ResponseCode.SERVICE_NOT_AVAILABLE, remark=SLAVE_REFUSES)
         group = req.require_str("group")

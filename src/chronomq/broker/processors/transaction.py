@@ -9,14 +9,18 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from typing import TYPE_CHECKING
 
 from chronomq.message import SYSFLAG_TRANSACTION_COMMIT_TYPE, SYSFLAG_TRANSACTION_ROLLBACK_TYPE
 from chronomq.remoting.codec import HeaderError, RemotingCommand
 from chronomq.remoting.codes import RequestCode, ResponseCode
-from chronomq.remoting.server import DEFERRED, Connection
+from chronomq.remoting.server import DEFERRED
 
 from ..transaction import TransactionError
-from .base import Handler, ProcessorBase
+from .base import Handler, ProcessorBase, RequestConnection
+
+if TYPE_CHECKING:
+    from ..services import BrokerServices
 
 log = logging.getLogger("chronomq.broker.transaction")
 _DECISIONS = {0: "unknown", SYSFLAG_TRANSACTION_COMMIT_TYPE: "commit",
@@ -24,16 +28,19 @@ _DECISIONS = {0: "unknown", SYSFLAG_TRANSACTION_COMMIT_TYPE: "commit",
 
 
 class TransactionProcessor(ProcessorBase):
-    def _init_transaction(self) -> dict[int, Handler]:
+    """END_TRANSACTION, decided by ``services.transactions``."""
+
+    def __init__(self, services: BrokerServices) -> None:
+        super().__init__(services)
         self._tx_tasks: set[asyncio.Future[None]] = set()
+
+    def handlers(self) -> dict[int, Handler]:
         return {RequestCode.END_TRANSACTION: self.end_transaction}
 
-    def end_transaction(self, req: RemotingCommand, conn: Connection) -> RemotingCommand | None:
+    def end_transaction(self, req: RemotingCommand, conn: RequestConnection) -> RemotingCommand | None:
         if self.config.is_slave:
             return req.response(ResponseCode.SLAVE_NOT_AVAILABLE, remark="this broker is a slave")
         tx = self.services.transactions
-        if tx is None:
-            return req.response(ResponseCode.REQUEST_CODE_NOT_SUPPORTED, remark="transactions are off")
         decision = req.ext_int("commitOrRollback", -1)
         if decision not in _DECISIONS:
             raise HeaderError("commitOrRollback field wrong")
