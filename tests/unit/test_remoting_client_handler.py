@@ -65,7 +65,8 @@ def _answers(kind: str) -> Callable[[str, RemotingCommand], Any]:
 async def _pushed_answer(kind: str) -> list[Any]:
     reader = asyncio.StreamReader()
     writer = _Writer()
-    conn = Connection("127.0.0.1:1", reader, cast(asyncio.StreamWriter, writer), _answers(kind), lambda c: None)
+    stream = cast(asyncio.StreamWriter, writer)  # Connection only writes and closes it
+    conn = Connection("127.0.0.1:1", reader, stream, _answers(kind), lambda c: None)
     request = RemotingCommand.request(PUSHED)
     reader.feed_data(encode(request))
     for _ in range(50):
