@@ -1,28 +1,14 @@
-"""The schedule path of TimerStore (a base class of it, sharing its state): validate and encode
-outside the lock, then under ``self.lock`` write the message bytes, the key hash entries, the index
-entries and the wheel heads, in that order (recovery relies on it), and hand entries for slots already
-in memory to the window. Rules: validation is all-or-nothing before anything is written; a failed
-write marks what it wrote FAILED and raises TimerUnavailable.
+"""The packing kernels of the timer's schedule path (``TimerStore.schedule_batch``, store.py): the data
+records of a batch and their index entries, as bytes. The compiled kernels (store/_speedups.pyx) are used
+when built; the ``*_py`` functions here are their reference, field by field as records.py names them.
 """
 
 from __future__ import annotations
 
-import heapq
-import json
-import uuid
 import zlib
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 
-from chronomq.message import (
-    PROPERTY_KEYS,
-    PROPERTY_TIMER_DELIVER_MS,
-    PROPERTY_UNIQ_KEY,
-    MessageExt,
-    MessageFormatError,
-    encode_record,
-    validate_topic,
-)
-from chronomq.store.atomicfile import write_atomic
+from chronomq.message import PROPERTY_KEYS, PROPERTY_UNIQ_KEY, MessageExt, encode_record
 from chronomq.store.speedups import native
 
 from .files import add_key_items
@@ -32,163 +18,15 @@ from .records import (
     DATA_HDR,
     DATA_HDR_SIZE,
     DATA_MAGIC,
-    FAILED,
-    IDX_SIZE,
-    OFF_STATE,
     PENDING,
     TIMER_OFFSET_FLAG,
     Item,
+    TimerHeader,
 )
-from .state import TimerState
-from .types import ScheduleResult, TimerError, TimerRefused, TimerUnavailable
+from .types import ScheduleResult
 
 # the compiled encoder when it is built (chronomq.store.speedups); message.encode_record is its reference
 _encode_record = native.encode_record if native is not None else encode_record
-
-
-class AppendPath(TimerState):
-    def _topic_id(self, topic: str) -> int:
-        tid = self.topics.get(topic)
-        if tid is None:
-            tid = len(self.topics) + 1
-            # on disk before any record names it: a failed write (disk full) leaves no id in use
-            write_atomic(self.root / "topics.json", json.dumps({**self.topics, topic: tid}).encode(),
-                         backup=True)
-            self.topics[topic] = tid
-            self.topic_names[tid] = topic
-        return tid
-
-    def topic_name(self, tid: int) -> str:
-        return self.topic_names.get(tid, f"#{tid}")
-
-    def check_deliver_ms(self, deliver_ms: int, now_ms: int | None = None) -> None:
-        now = self.clock.now_ms() if now_ms is None else now_ms
-        if deliver_ms - now > self.cfg.max_delay_ms:
-            raise TimerRefused(
-                f"deliver time {deliver_ms} is {(deliver_ms - now) / 86_400_000:.2f} days ahead; the maximum "
-                f"delay is {self.cfg.max_delay_ms / 86_400_000:g} days (timerMaxDelaySec="
-                f"{self.cfg.max_delay_ms // 1000})")
-
-    def schedule(self, msg: MessageExt, deliver_ms: int) -> ScheduleResult:
-        return self.schedule_batch([(msg, deliver_ms)])[0]
-
-    def schedule_batch(self, items: Iterable[tuple[MessageExt, int]], origin: int = -1
-                       ) -> list[ScheduleResult]:
-        """Park messages until their deliver times. Each message is stored as given (its real topic
-        and queue id); UNIQ_KEY is generated when missing. All-or-nothing validation: raises TimerError
-        (TimerRefused beyond the maximum delay) before anything is written. ``origin`` goes into each
-        record's header: -1, or on a slave the commit-log offset of the journal record it came from."""
-        items = list(items)
-        now = self.clock.now_ms()
-        encoded: list[tuple[MessageExt, int, bytearray]] = []
-        valid_topic = None
-        latest = now + self.cfg.max_delay_ms
-        for msg, deliver_ms in items:
-            if not isinstance(deliver_ms, int) or deliver_ms < 0:
-                raise TimerError(f"deliver time {deliver_ms!r} is not a non-negative integer (epoch ms)")
-            if deliver_ms > latest:
-                self.check_deliver_ms(deliver_ms, now)  # raises TimerRefused
-            if msg.topic is not valid_topic:  # a batch has one topic: checked once
-                reason = validate_topic(msg.topic)
-                if reason:
-                    raise TimerError(reason)
-                valid_topic = msg.topic
-            if not msg.properties.get(PROPERTY_UNIQ_KEY):
-                msg.properties[PROPERTY_UNIQ_KEY] = uuid.uuid4().hex.upper()
-            msg.properties[PROPERTY_TIMER_DELIVER_MS] = str(deliver_ms)
-            try:
-                rec = _encode_record(msg)
-            except MessageFormatError as e:
-                raise TimerError(f"message cannot be stored: {e}") from e
-            if DATA_HDR_SIZE + len(rec) > self.data_seg:
-                raise TimerError(f"message of {len(rec)} bytes is larger than a timer data segment")
-            encoded.append((msg, deliver_ms, rec))
-        with self.lock:
-            self._require_open()
-            start_pos = self.data_end
-            try:
-                return self._append(encoded, now, origin)
-            except OSError as e:  # disk full, I/O error: nothing was acknowledged
-                self._abandon_records(start_pos)
-                raise TimerUnavailable(f"the timer store could not write: {e.strerror or e}") from e
-
-    def _abandon_records(self, start_pos: int) -> None:
-        """After a failed append: mark records written from ``start_pos`` on that no index entry
-        names as FAILED, so they never pin their segment (best effort: the disk may be failing)."""
-        pos = start_pos
-        try:
-            while pos < self.data_end:
-                hdr = self.data.read(pos, DATA_HDR_SIZE)
-                if len(hdr) < DATA_HDR_SIZE or DATA_HDR.unpack(hdr)[0] != DATA_MAGIC:
-                    pos = self.data.seg_start(pos) + self.data_seg
-                    continue
-                h = DATA_HDR.unpack(hdr)
-                if h[2] == PENDING:
-                    self.data.patch(pos + OFF_STATE, _I32.pack(FAILED))
-                    self.pending[h[10]] -= 1
-                pos += h[1]
-        except OSError:
-            pass
-
-    def _append(self, encoded: list[tuple[MessageExt, int, bytearray]], now: int, origin: int = -1
-                ) -> list[ScheduleResult]:
-        # 1. message bytes  2. key hash entries  3. index entries (with chain links)  4. wheel heads.
-        # A crash between steps leaves unreachable bytes that recovery trims; see the module docs.
-        topics = self.topics
-        # new topics numbered in the order they first appear (the same on every replica)
-        tids = {t: topics.get(t) or self._topic_id(t)
-                for t in dict.fromkeys(msg.topic for msg, _d, _r in encoded)}
-        placed: list[tuple[int, int, int, int]] = []  # pos, size, deliver, topic id
-        hash_items: list[tuple[int, int]] = []
-        results: list[ScheduleResult] = []
-        writes, end = pack_timer_records(encoded, tids, now, origin, self.data_end, self.data_seg, placed,
-                                         hash_items, results, ScheduleResult, self.offset_id_prefix())
-        for chunk_pos, chunk in writes:
-            self.data.write(chunk_pos, chunk)
-        self.data_end = end
-        for (_p, _size, _deliver, tid) in placed:
-            self.pending[tid] += 1
-        self.hash.add_many(hash_items)
-        floor = self._floor_slot()
-        links = [(deliver, p, 0, tid, size) for (p, size, deliver, tid) in placed]
-        self._add_index_entries(links, floor)
-        self.dirty = True
-        return results
-
-    def _add_index_entries(self, links: list[tuple[int, int, int, int, int]], floor: int) -> None:
-        """links: (deliver_ms, data pos, gen, topic id, size). Writes the entries, then moves the wheel
-        heads, then hands entries for slots already in memory to the window."""
-        start_idx = self.index_end
-        cur, nxt = self.cur, self.nxt
-        hot = nxt.slot if nxt is not None else (cur.slot if cur is not None else -1)
-        buf, heads, items, min_deliver = pack_index_entries(links, floor, self.slot_ms, start_idx,
-                                                            self.idx_seg_entries, self.idx_seg_max, hot,
-                                                            self.wheel.get)
-        idx = start_idx + len(links)
-        self.wheel.reserve(heads)  # a full disk fails here, before the index entries are written
-        # write, split at index segment boundaries
-        off = 0
-        i = start_idx
-        while off < len(buf):
-            room_entries = self.idx_seg_entries - i % self.idx_seg_entries
-            n = min(room_entries, (len(buf) - off) // IDX_SIZE)
-            self.index.write(i * IDX_SIZE, memoryview(buf)[off : off + n * IDX_SIZE])
-            off += n * IDX_SIZE
-            i += n
-        self.index_end = idx
-        for slot, head in heads.items():
-            self.wheel.set(slot, head)
-        for slot, item in items:
-            if cur is not None and slot == cur.slot:
-                heapq.heappush(cur.late, item)
-            elif nxt is not None and slot == nxt.slot:
-                if nxt.started:
-                    heapq.heappush(nxt.late, item)
-            elif nxt is not None and slot < nxt.slot:
-                self.nxt = nxt = None  # a nearer slot appeared: find it again
-        self.scan_empty_from = None
-        if min_deliver is not None and self.wakeup is not None:
-            self.wakeup(min_deliver)
 
 
 def pack_timer_records_py(encoded: list[tuple[MessageExt, int, bytearray]], tids: dict[str, int], now: int,
@@ -214,8 +52,10 @@ def pack_timer_records_py(encoded: list[tuple[MessageExt, int, bytearray]], tids
             pos = pos - pos % seg_size + seg_size
             chunk_pos = pos
         tid = tids[msg.topic]
-        chunk += hdr_pack(DATA_MAGIC, size, PENDING, 0, deliver_ms, 0, now, origin, 0, crc32(rec) - (1 << 31),
-                          tid)
+        header = TimerHeader(magic=DATA_MAGIC, size=size, state=PENDING, gen=0, deliver_ms=deliver_ms,
+                             done_ms=0, created_ms=now, origin=origin, done_seq=0,
+                             crc=crc32(rec) - (1 << 31), topic_id=tid)
+        chunk += hdr_pack(*header)
         chunk += rec
         placed.append((pos, size, deliver_ms, tid))
         props = msg.properties
@@ -261,7 +101,8 @@ def pack_index_entries_py(links: list[tuple[int, int, int, int, int]], floor: in
         if m is None or slot > m:
             seg_max[seg] = slot
         if slot <= hot:
-            items.append((slot, (deliver, idx, pos, gen, tid, size)))
+            item = Item(deliver_ms=deliver, entry=idx, pos=pos, gen=gen, topic_id=tid, size=size)
+            items.append((slot, item))
         if min_deliver is None or deliver < min_deliver:
             min_deliver = deliver
         idx += 1

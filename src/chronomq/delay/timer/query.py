@@ -1,70 +1,75 @@
-"""Finding and listing pending messages in TimerStore (a base class of it, sharing its state): the
-offset msgId handle, reading a record (with the unapplied delivery marks over it), finding records by
-id or key, the paged query (by key through the hash index, else by time through the wheel) and counts.
-Rules: read-only; under ``self.lock``; a page examines at most ``max_query_scan`` entries.
+"""Finding and listing pending messages for TimerStore (``Queries``, which the store holds and delegates
+to): reading a record (with the unapplied delivery marks over it), finding records by id or key, the
+paged query (by key through the hash index, else by time through the wheel) and counts. Rules:
+read-only; under the store's lock; a page examines at most ``max_query_scan`` entries.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
-from chronomq.message import (
-    MessageExt,
-    MessageFormatError,
-    create_offset_msg_id,
-    decode_offset_msg_id,
-    decode_record,
+from chronomq.message import MessageExt, MessageFormatError, decode_offset_msg_id, decode_record
+
+from .records import (
+    DATA_HDR_SIZE,
+    DATA_MAGIC,
+    PENDING,
+    TIMER_OFFSET_FLAG,
+    TimerHeader,
+    _pos_of,
+    unpack_header,
 )
-
-from .records import DATA_HDR, DATA_HDR_SIZE, DATA_MAGIC, PENDING, TIMER_OFFSET_FLAG, _pos_of
-from .state import TimerState
 from .types import PendingInfo, QueryPage, TimerError
 from .window import _Slot
 
+if TYPE_CHECKING:
+    from .store import TimerStore
 
-class QueryPath(TimerState):
-    def offset_id_prefix(self) -> str:
-        """The 16 hex chars (this broker's host) that every timer handle starts with."""
-        prefix = self._id_prefix
-        if prefix is None:
-            prefix = self._id_prefix = create_offset_msg_id(self.store_host, 0)[:16]
-        return prefix
+# what a query keeps: called with a pending record's header and message
+Keep = Callable[[TimerHeader, MessageExt], bool]
 
-    def offset_msg_id(self, pos: int) -> str:
-        return f"{self.offset_id_prefix()}{TIMER_OFFSET_FLAG | pos:016X}"
 
-    def _read_record(self, pos: int) -> tuple[tuple[int, ...], bytes] | None:
-        hdr = self.data.read(pos, DATA_HDR_SIZE)
+class Queries:
+    def __init__(self, store: TimerStore) -> None:
+        self.store = store
+
+    def read_record(self, pos: int) -> tuple[TimerHeader, bytes] | None:
+        """The header (with its unapplied delivery mark) and the bytes of the record at ``pos``, or None
+        when there is no whole record there."""
+        s = self.store
+        hdr = s.data.read(pos, DATA_HDR_SIZE)
         if len(hdr) < DATA_HDR_SIZE:
             return None
-        h = DATA_HDR.unpack(hdr)
-        if h[0] != DATA_MAGIC or h[1] < DATA_HDR_SIZE:
+        h = unpack_header(hdr)
+        if h.magic != DATA_MAGIC or h.size < DATA_HDR_SIZE:
             return None
-        raw = self.data.read(pos, h[1])
-        if len(raw) < h[1]:
+        raw = s.data.read(pos, h.size)
+        if len(raw) < h.size:
             return None
-        return self._overlay(pos, h), raw
+        return s._overlay(pos, h), raw
 
-    def _find(self, ident: str, by_key: bool) -> list[tuple[int, tuple[int, ...], MessageExt]]:
+    def find(self, ident: str, by_key: bool) -> list[tuple[int, TimerHeader, MessageExt]]:
         """Records named by ``ident``: a key (by_key), or an id that is a UNIQ_KEY or one of this
         store's own handles (offset_msg_id). A UNIQ_KEY has the same 32-hex shape as a handle, so the
         id is read as a handle only when its host part is this broker's, and the key index (verified
         against the record's UNIQ_KEY) is consulted in every case."""
+        s = self.store
         found: dict[int, bool] = {}  # position -> needs verification against the record
-        if not by_key and len(ident) == 32 and self.offset_id_prefix() == ident[:16].upper():
+        if not by_key and len(ident) == 32 and s.offset_id_prefix() == ident[:16].upper():
             try:
                 _, off = decode_offset_msg_id(ident)
             except ValueError:
                 off = -1
             if off >= 0 and off & TIMER_OFFSET_FLAG:
                 found[off & ~TIMER_OFFSET_FLAG] = False  # a handle names the record itself
-        for pos in self.hash.lookup(("k:" if by_key else "u:") + ident):
+        for pos in s.hash.lookup(("k:" if by_key else "u:") + ident):
             found.setdefault(pos, True)
         out = []
         for pos in sorted(found):
-            if pos < self.data.min_pos or pos >= self.data_end:
+            if pos < s.data.min_pos or pos >= s.data_end:
                 continue
-            r = self._read_record(pos)
+            r = self.read_record(pos)
             if r is None:
                 continue
             h, raw = r
@@ -80,15 +85,16 @@ class QueryPath(TimerState):
     def records_of(self, uniq_key: str) -> list[PendingInfo]:
         """Every record of this store whose UNIQ_KEY is ``uniq_key``, whatever its state (pending,
         delivered, cancelled), oldest first."""
-        with self.lock:
-            self._require_open()
-            return [self._info(pos, h, m) for pos, h, m in self._find(uniq_key, False)
+        s = self.store
+        with s.lock:
+            s._require_open()
+            return [self._info(pos, h, m) for pos, h, m in self.find(uniq_key, False)
                     if m.uniq_key == uniq_key]
 
-    def _info(self, pos: int, h: tuple[int, ...], m: MessageExt) -> PendingInfo:
-        return PendingInfo(msg_id=m.uniq_key or "", offset_msg_id=self.offset_msg_id(pos), topic=m.topic,
-                           queue_id=m.queue_id, tags=m.tags, keys=m.keys, deliver_ms=h[4], created_ms=h[6],
-                           body_size=len(m.body))
+    def _info(self, pos: int, h: TimerHeader, m: MessageExt) -> PendingInfo:
+        return PendingInfo(msg_id=m.uniq_key or "", offset_msg_id=self.store.offset_msg_id(pos),
+                           topic=m.topic, queue_id=m.queue_id, tags=m.tags, keys=m.keys,
+                           deliver_ms=h.deliver_ms, created_ms=h.created_ms, body_size=len(m.body))
 
     def query(self, topic: str | None = None, key: str | None = None, tag: str | None = None,
               start_ms: int | None = None, end_ms: int | None = None, limit: int = 100,
@@ -98,23 +104,25 @@ class QueryPath(TimerState):
         set whenever there may be more (pages can be short or empty then)."""
         if limit <= 0:
             raise TimerError("limit must be positive")
-        with self.lock:
-            self._require_open()
+        s = self.store
+        with s.lock:
+            s._require_open()
 
-            def keep(h: tuple[int, ...], m: MessageExt) -> bool:
+            def keep(h: TimerHeader, m: MessageExt) -> bool:
                 return ((topic is None or m.topic == topic) and (tag is None or m.tags == tag)
-                        and (start_ms is None or h[4] >= start_ms) and (end_ms is None or h[4] <= end_ms))
+                        and (start_ms is None or h.deliver_ms >= start_ms)
+                        and (end_ms is None or h.deliver_ms <= end_ms))
 
             if key is not None:
                 return self._query_key(key, keep, limit, cursor)
             return self._query_time(keep, start_ms, end_ms, limit, cursor)
 
-    def _query_key(self, key: str, keep: Callable[..., bool], limit: int, cursor: str | None) -> QueryPage:
-        seen: dict[int, tuple[tuple[int, ...], MessageExt]] = {}
-        for pos, h, m in self._find(key, True) + self._find(key, False):
-            if h[2] == PENDING and keep(h, m):
+    def _query_key(self, key: str, keep: Keep, limit: int, cursor: str | None) -> QueryPage:
+        seen: dict[int, tuple[TimerHeader, MessageExt]] = {}
+        for pos, h, m in self.find(key, True) + self.find(key, False):
+            if h.state == PENDING and keep(h, m):
                 seen[pos] = (h, m)
-        rows = sorted(seen.items(), key=lambda kv: (kv[1][0][4], kv[0]))
+        rows = sorted(seen.items(), key=lambda kv: (kv[1][0].deliver_ms, kv[0]))
         after = None
         if cursor:
             try:
@@ -124,7 +132,7 @@ class QueryPath(TimerState):
                 raise TimerError(f"bad query cursor {cursor!r}") from None
         page = QueryPage(scanned=len(rows))
         for pos, (h, m) in rows:
-            if after is not None and (h[4], pos) <= after:
+            if after is not None and (h.deliver_ms, pos) <= after:
                 continue
             if len(page.items) == limit:
                 last = page.items[-1]
@@ -133,10 +141,11 @@ class QueryPath(TimerState):
             page.items.append(self._info(pos, h, m))
         return page
 
-    def _query_time(self, keep: Callable[..., bool], start_ms: int | None, end_ms: int | None, limit: int,
+    def _query_time(self, keep: Keep, start_ms: int | None, end_ms: int | None, limit: int,
                     cursor: str | None) -> QueryPage:
-        floor = self._floor_slot()
-        s_from = max(self.watermark + 1, (start_ms // self.slot_ms) if start_ms is not None else 0)
+        st = self.store
+        floor = st._floor_slot()
+        s_from = max(st.watermark + 1, (start_ms // st.slot_ms) if start_ms is not None else 0)
         after_slot, after = -1, (-1, -1)
         if cursor:
             try:
@@ -145,32 +154,32 @@ class QueryPath(TimerState):
             except ValueError:
                 raise TimerError(f"bad query cursor {cursor!r}") from None
             s_from = max(s_from, after_slot)
-        end_slot = None if end_ms is None else max(end_ms // self.slot_ms, floor)
+        end_slot = None if end_ms is None else max(end_ms // st.slot_ms, floor)
         page = QueryPage()
         while True:
-            s = self.wheel.next_nonempty(s_from)
+            s = st.wheel.next_nonempty(s_from)
             if s is None or (end_slot is not None and s > end_slot):
                 return page
             w = _Slot(s)
-            w.start(self.wheel.get(s))
+            w.start(st.wheel.get(s))
             while not w.ready:
-                w.step(self.index, 1 << 30)
+                w.step(st.index, 1 << 30)
             last = (-1, -1)
             for k in range(len(w.d)):
                 d, idx = w.d[k], w.i[k]
                 if s == after_slot and (d, idx) <= after:
                     continue
-                if len(page.items) == limit or page.scanned >= self.cfg.max_query_scan:
+                if len(page.items) == limit or page.scanned >= st.cfg.max_query_scan:
                     page.next_cursor = f"s{s}:{last[0]}:{last[1]}"
                     return page
                 page.scanned += 1
                 last = (d, idx)
                 pos, gen = w.p[k], w.g[k]
-                r = self._read_record(pos) if pos >= self.data.min_pos else None
+                r = self.read_record(pos) if pos >= st.data.min_pos else None
                 if r is None:
                     continue
                 h, raw = r
-                if h[3] != gen or h[2] != PENDING:
+                if h.gen != gen or h.state != PENDING:
                     continue
                 try:
                     m = decode_record(raw, DATA_HDR_SIZE)
@@ -183,12 +192,13 @@ class QueryPath(TimerState):
     def count(self, topic: str | None = None, key: str | None = None, tag: str | None = None,
               start_ms: int | None = None, end_ms: int | None = None) -> int:
         """Number of pending messages matching; by topic alone (or nothing) from counters, else a scan."""
+        s = self.store
         if key is None and tag is None and start_ms is None and end_ms is None:
-            with self.lock:
+            with s.lock:
                 if topic is None:
-                    return max(0, sum(self.pending.values()))
-                tid = self.topics.get(topic)
-                return max(0, self.pending.get(tid, 0)) if tid else 0
+                    return max(0, sum(s.pending.values()))
+                tid = s.topics.get(topic)
+                return max(0, s.pending.get(tid, 0)) if tid else 0
         total = 0
         cursor = None
         while True:

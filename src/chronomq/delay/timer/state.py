@@ -1,8 +1,8 @@
-"""The state TimerStore's parts share: an annotations-only base class of every part (window.py,
-recovery.py, flush.py, append.py, query.py, cancel.py, retention.py), so each part names the
-attributes it reads and writes. No behaviour and no attribute values live here; ``TimerStore.__init__``
-and ``Recovery._open`` set them. Everything mutable is guarded by ``lock`` (``_ckpt_lock``: writing
-the checkpoint file).
+"""``TimerState``: the state of a TimerStore, declared once with its types, and its two smallest readers.
+It is the base of window.py's ``WindowPath``, the store's base; the parts the store holds (cancel.py,
+query.py, retention.py, recovery.py) read and write these attributes through the store. No attribute
+values live here: ``TimerStore.__init__``, ``Recovery._open`` and ``WindowPath._reset_window`` set them.
+Everything mutable is guarded by ``lock`` (``_ckpt_lock``: writing the checkpoint file).
 """
 
 from __future__ import annotations
@@ -13,12 +13,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from .types import TimerError
+
 if TYPE_CHECKING:
     from chronomq.clock import Clock
 
     from ..histogram import Histogram
     from .files import HashIndex, SegmentedFile, Wheel
-    from .records import _Staged
+    from .records import Mark, Staged
     from .types import TimerConfig
     from .window import _Slot
 
@@ -37,9 +39,6 @@ class TimerState:
     wakeup: Callable[[int], None] | None
     _opened: bool
     _id_prefix: str | None
-    scan_chunk: int
-    _scan_buf: bytearray | None
-    _scan_lock: threading.Lock
     store_end: Callable[[], int] | None  # the message store's end, for the checkpoint
     scan_from: int | None  # after a crash: where the store's copies of unmarked deliveries start
     # set by Recovery._open: files and geometry
@@ -77,10 +76,17 @@ class TimerState:
     stale_skipped: int
     data_recheck: dict[int, int]
     # delivery marks and the done logs
-    _marks: dict[int, tuple[int, int, int, bytes]]
-    _mark_buf: bytearray
-    _staged: list[_Staged]
+    _marks: dict[int, Mark]  # by data position
+    _mark_buf: bytearray  # the marks of the batch being delivered, for the done log
+    _staged: list[Staged]
     _staged_changes: int
     _done_fds: list[int]
-    _done_fd: int
+    _done_fd: int  # the done log taking marks
     _done_end: int
+
+    def _require_open(self) -> None:
+        if not self._opened:
+            raise TimerError("the timer store is not open")
+
+    def topic_name(self, tid: int) -> str:
+        return self.topic_names.get(tid, f"#{tid}")

@@ -1,9 +1,9 @@
-"""The delivery window of TimerStore (a base class of it, sharing its state): ``_Slot`` (one wheel
-slot's entries in memory, sorted, plus a heap of late arrivals), ``poll`` (hand out due items),
-advancing and preloading the window, the wake time, ``deliver_many`` (read, check and put a batch), and
-the delivery marks with their done log. Rules: nothing is handed out before its deliver time; at
-most two slots are in memory; every method runs under ``self.lock``; a batch costs one lock hold and
-nothing per message beyond the loop itself.
+"""The delivery window, TimerStore's hot path (``WindowPath``, its base class): ``_Slot`` (one wheel slot's
+entries in memory, sorted, plus a heap of late arrivals), ``poll`` (hand out due items), advancing and
+preloading the window, the wake time, ``deliver_many`` (read, check and put a batch), staging ahead of
+the due time, the in-place completion write, and the delivery marks with their done log. Rules: nothing
+is handed out before its deliver time; at most two slots are in memory; every public method takes the
+store's lock; a batch costs one lock hold and nothing per message beyond the loop itself.
 """
 
 from __future__ import annotations
@@ -43,15 +43,18 @@ from .records import (
     FAILED,
     IDX_SIZE,
     OFF_DONE,
+    OFF_STATE,
     PENDING,
     Item,
-    _Taken,
+    Mark,
+    Staged,
+    Taken,
+    TimerHeader,
     _unpack_index,
 )
 from .state import TimerState
 
 log = logging.getLogger("chronomq.delay.timer.store")
-
 
 
 def _uniq_of(m: Any) -> str:
@@ -61,12 +64,13 @@ def _uniq_of(m: Any) -> str:
         return (m[3].get(PROPERTY_UNIQ_KEY) if len(m) == 4 else m[4]) or ""
     return m.uniq_key or ""
 
-def _staged_key(s: Any) -> tuple[int, int]:
-    return s[0], s[1]
+
+def _staged_key(s: Staged) -> tuple[int, int]:
+    return s.item.deliver_ms, s.item.entry
 
 
-def _staged_due(s: Any) -> int:
-    return s[0]
+def _staged_due(s: Staged) -> int:
+    return s.item.deliver_ms
 
 
 class _Slot:
@@ -120,19 +124,19 @@ class _Slot:
             else:
                 raw = index.read(e_no * IDX_SIZE, IDX_SIZE)
             e = _unpack_index(raw)
-            if e is None or e[3] != self.slot or e[2] >= cur:
+            if e is None or e.slot != self.slot or e.prev >= cur:
                 log.error("timer index chain of slot %d broken at entry %d; rest of the chain skipped",
                           self.slot, cur - 1)
                 cur = 0
                 break
-            d.append(e[0])
+            d.append(e.deliver_ms)
             i.append(cur - 1)
-            p.append(e[1])
-            g.append(e[4])
-            t.append(e[5])
-            s.append(e[6])
-            adjacent = e[2] == cur - 1
-            cur = e[2]
+            p.append(e.pos)
+            g.append(e.gen)
+            t.append(e.topic_id)
+            s.append(e.size)
+            adjacent = e.prev == cur - 1
+            cur = e.prev
         self.walk = cur
         if cur == 0:
             n = len(d)
@@ -151,7 +155,7 @@ class _Slot:
 
     def peek(self) -> tuple[int, int] | None:
         a = (self.d[self.cursor], self.i[self.cursor]) if self.cursor < len(self.d) else None
-        b = (self.late[0][0], self.late[0][1]) if self.late else None
+        b = (self.late[0].deliver_ms, self.late[0].entry) if self.late else None
         if a is None:
             return b
         if b is None:
@@ -160,10 +164,11 @@ class _Slot:
 
     def pop(self) -> Item:
         c = self.cursor
-        if self.late and (c >= len(self.d) or (self.late[0][0], self.late[0][1]) < (self.d[c], self.i[c])):
-            return heapq.heappop(self.late)
+        late = self.late
+        if late and (c >= len(self.d) or (late[0].deliver_ms, late[0].entry) < (self.d[c], self.i[c])):
+            return heapq.heappop(late)
         self.cursor = c + 1
-        return (self.d[c], self.i[c], self.p[c], self.g[c], self.t[c], self.s[c])
+        return Item(self.d[c], self.i[c], self.p[c], self.g[c], self.t[c], self.s[c])
 
     def exhausted(self) -> bool:
         return self.cursor >= len(self.d) and not self.late
@@ -173,6 +178,29 @@ class _Slot:
 
 
 class WindowPath(TimerState):
+    def _reset_window(self) -> None:
+        """The in-memory state that starts empty at every open: the window, the counters, the marks."""
+        self.cur = None
+        self.nxt = None
+        self.scan_empty_from = None
+        self.hist = {}
+        self.delivered = 0
+        self.cancelled = 0
+        self.rescheduled = 0
+        self.failed = 0
+        self.put_retries = 0
+        self.early = 0
+        self.stale_skipped = 0
+        self.data_recheck = {}
+        # Deliveries are recorded in memory (an overlay on the record headers) and appended to a done log
+        # once per batch; the flush later writes them into the records and empties the log (docs/timer.md).
+        self._marks = {}
+        self._mark_buf = bytearray()
+        # Items taken ahead of their time with their store entries prepared (see ``stage``), sorted by
+        # (deliver time, index entry), and the data file's change count when they were read.
+        self._staged = []
+        self._staged_changes = 0
+
     def _commit_marks(self) -> None:
         """Append the marks of the last batch to done.log (one pwrite): from here a process crash
         no longer loses them. ``deliver_many`` calls it for each batch it delivered."""
@@ -181,11 +209,22 @@ class WindowPath(TimerState):
             self._done_end += len(self._mark_buf)
             self._mark_buf = bytearray()
 
-    def _overlay(self, pos: int, h: tuple[int, ...]) -> tuple[int, ...]:
+    def _overlay(self, pos: int, h: TimerHeader) -> TimerHeader:
+        """The header ``h`` of the record at ``pos`` with its delivery mark, if one is still only in
+        memory (the flush writes it into the record)."""
         m = self._marks.get(pos)
         if m is None:
             return h
-        return (h[0], h[1], m[0], h[3], h[4], m[1], h[6], h[7], m[2], h[9], h[10])
+        state, done_ms, done_seq, _block = m
+        return h._replace(state=state, done_ms=done_ms, done_seq=done_seq)
+
+    def _write_done(self, pos: int, h: TimerHeader, state: int, now: int) -> int:
+        """Complete the record at ``pos`` (header ``h``) in place: ``state`` at ``now`` with the next
+        done_seq, in one pwrite of state..done_seq (a process crash cannot split a pwrite)."""
+        self.done_seq += 1
+        self.data.patch(pos + OFF_STATE, _STATE_BLOCK.pack(state, h.gen, h.deliver_ms, now, h.created_ms,
+                                                           h.origin, self.done_seq))
+        return self.done_seq
 
     def _floor_slot(self) -> int:
         return self.cur.slot if self.cur is not None else self.watermark + 1
@@ -203,8 +242,8 @@ class WindowPath(TimerState):
                     c = cur.cursor
                     end = min(bisect.bisect_right(cur.d, now, lo=c), c + n)
                     if end > c:
-                        out = list(zip(cur.d[c:end], cur.i[c:end], cur.p[c:end], cur.g[c:end], cur.t[c:end],
-                                       cur.s[c:end], strict=True))
+                        out = list(map(Item, cur.d[c:end], cur.i[c:end], cur.p[c:end], cur.g[c:end],
+                                       cur.t[c:end], cur.s[c:end]))
                         cur.cursor = end
                 while len(out) < n:
                     head = cur.peek()
@@ -325,16 +364,16 @@ class WindowPath(TimerState):
             if not items:
                 return 0
             out: list[str] = [""] * len(items)
-            staged: list[Any] = []
+            staged: list[Staged] = []
             try:
                 groups = self._prepare_batch(items, now, out, True, due_by=horizon)
                 for (topic, qid), members in groups.items():
-                    entries = prepare(topic, qid, [m[1] for m in members])
+                    entries = prepare(topic, qid, [m.put for m in members])
                     ok = entries.__class__ is list
-                    for j, (k, m, h, item) in enumerate(members):
-                        staged.append((item[0], item[1], item, h, topic, qid,
-                                       entries[j] if ok else None, None if ok else m))
-                        out[k] = "staged"
+                    for j, m in enumerate(members):
+                        staged.append(Staged(m.item, m.header, topic, qid, entries[j] if ok else None,
+                                             None if ok else m.put))
+                        out[m.batch_index] = "staged"
             finally:
                 left = [k for k in range(len(items)) if out[k] != "staged"]
                 self._settle([items[k] for k in left], [out[k] for k in left])
@@ -351,7 +390,7 @@ class WindowPath(TimerState):
     def staged_due_ms(self) -> int | None:
         """The deliver time of the first staged item, or None."""
         st = self._staged
-        return st[0][0] if st else None
+        return st[0].item.deliver_ms if st else None
 
     def deliver_staged(self, now: int, max_items: int, puts: StorePuts, fallback: StorePuts
                        ) -> tuple[int, bool]:
@@ -362,7 +401,7 @@ class WindowPath(TimerState):
         this delivers nothing. Returns (how many were taken, whether the store was busy)."""
         with self.lock:
             st = self._staged
-            if not st or st[0][0] > now:
+            if not st or st[0].item.deliver_ms > now:
                 return 0, False
             if self.data.changes != self._staged_changes:
                 self._unstage()
@@ -370,20 +409,21 @@ class WindowPath(TimerState):
             m = min(bisect.bisect_right(st, now, key=_staged_due), max_items)
             take = st[:m]
             del st[:m]
-            items = [s[2] for s in take]
+            items = [s.item for s in take]
             out: list[str] = [""] * m
             try:
-                prepared: dict[tuple[str, int], list[_Taken]] = {}
-                raw: dict[tuple[str, int], list[_Taken]] = {}
-                for k, (d, _i, item, h, topic, qid, entry, rec) in enumerate(take):
-                    if d > now:
+                prepared: dict[tuple[str, int], list[Taken]] = {}
+                raw: dict[tuple[str, int], list[Taken]] = {}
+                for k, s in enumerate(take):
+                    if s.item.deliver_ms > now:
                         self.early += 1  # never happens: only due items are taken
-                        raise AssertionError(f"timer item due at {d} handed out at {now}")
-                    grp = prepared if entry is not None else raw
-                    g = grp.get((topic, qid))
-                    taken = (k, entry if entry is not None else rec, h, item)
+                        raise AssertionError(f"timer item due at {s.item.deliver_ms} handed out at {now}")
+                    grp = prepared if s.prepared is not None else raw
+                    key = (s.topic, s.queue_id)
+                    g = grp.get(key)
+                    taken = Taken(k, s.prepared if s.prepared is not None else s.record, s.header, s.item)
                     if g is None:
-                        grp[(topic, qid)] = [taken]
+                        grp[key] = [taken]
                     else:
                         g.append(taken)
                 busy = False
@@ -402,7 +442,7 @@ class WindowPath(TimerState):
         st = self._staged
         if cur is not None:
             for s in st:
-                heapq.heappush(cur.late, s[2])
+                heapq.heappush(cur.late, s.item)
             cur.inflight -= len(st)
         st.clear()
 
@@ -414,21 +454,22 @@ class WindowPath(TimerState):
         seg = self.data_seg
         n = len(items)
         bufs: list[tuple[bytes, int]] = [(b"", 0)] * n
-        order = sorted(range(n), key=lambda k: items[k][2])
+        order = sorted(range(n), key=lambda k: items[k].pos)
         min_pos = data.min_pos
         j = 0
         while j < n:
             k = order[j]
-            lo = items[k][2]
+            lo = items[k].pos
             if lo < min_pos:
                 j += 1
                 continue
-            hi = lo + items[k][5]
+            hi = lo + items[k].size
             seg_lo = lo - lo % seg
             e = j + 1
             while e < n:
-                p2 = items[order[e]][2]
-                end2 = p2 + items[order[e]][5]
+                nxt = items[order[e]]
+                p2 = nxt.pos
+                end2 = p2 + nxt.size
                 if p2 - p2 % seg != seg_lo or p2 - hi > 65536 or end2 - lo > (1 << 20):
                     break
                 if end2 > hi:
@@ -437,12 +478,12 @@ class WindowPath(TimerState):
             raw = data.read(lo, hi - lo)
             for q in range(j, e):
                 kk = order[q]
-                bufs[kk] = (raw, items[kk][2] - lo)
+                bufs[kk] = (raw, items[kk].pos - lo)
             j = e
         return bufs
 
     def _prepare_batch(self, items: list[Item], now: int, out: list[str], as_records: bool = False,
-                       due_by: int | None = None) -> dict[tuple[str, int], list[_Taken]]:
+                       due_by: int | None = None) -> dict[tuple[str, int], list[Taken]]:
         """Read and check the records of ``items`` and turn the live ones into the messages to put (with
         ``as_records``: the (buffer, position, size, properties) entries of put_records), grouped by real
         (topic, queue) in ``items`` order. Outcomes of the others go into ``out``. Every item must be
@@ -450,13 +491,14 @@ class WindowPath(TimerState):
         n = len(items)
         limit = now if due_by is None else due_by
         for it in items:
-            if it[0] > limit:
+            if it.deliver_ms > limit:
                 self.early += 1  # never happens: poll only hands out due items
-                raise AssertionError(f"timer item due at {it[0]} handed out at {now}")
+                raise AssertionError(f"timer item due at {it.deliver_ms} handed out at {now}")
         bufs = self._read_batch(items)
         # check and decode, in deliver order
-        groups: dict[tuple[str, int], list[_Taken]] = {}
+        groups: dict[tuple[str, int], list[Taken]] = {}
         unpack_from = DATA_HDR.unpack_from
+        header = TimerHeader._make
         marks = self._marks
         store_host = self.store_host
         strip = (*TIMER_PROPERTIES, PROPERTY_DELAY_TIME_LEVEL)
@@ -472,30 +514,31 @@ class WindowPath(TimerState):
                 self.stale_skipped += 1
                 out[k] = "skipped"
                 continue
-            h = unpack_from(raw, off)
-            if h[0] != DATA_MAGIC or h[1] != size:
+            h = header(unpack_from(raw, off))
+            if h.magic != DATA_MAGIC or h.size != size:
                 self.stale_skipped += 1
                 out[k] = "skipped"
                 continue
             if marks:
                 h = self._overlay(pos, h)
-            if h[3] != gen:
+            if h.gen != gen:
                 self.stale_skipped += 1
                 out[k] = "skipped"
                 continue
-            if h[2] != PENDING:
-                if h[2] in (DELIVERED, FAILED) and self.open_ranges and \
-                        any(lo < h[8] < hi for lo, hi, _ in self.open_ranges):
+            if h.state != PENDING:
+                if h.state in (DELIVERED, FAILED) and self.open_ranges and \
+                        any(lo < h.done_seq < hi for lo, hi, _ in self.open_ranges):
                     # Completed after the last checkpoint, before a crash: subtract it now, and give
                     # it a sequence number of this run so it is never subtracted twice.
                     self.pending[tid] -= 1
                     self.done_seq += 1
-                    self.data.patch(pos + OFF_DONE, _DONE_BLOCK.pack(h[5], h[6], h[7], self.done_seq))
+                    self.data.patch(pos + OFF_DONE, _DONE_BLOCK.pack(h.done_ms, h.created_ms, h.origin,
+                                                                     self.done_seq))
                     self.dirty = True
                 self.stale_skipped += 1
                 out[k] = "skipped"
                 continue
-            if crc32(memoryview(raw)[off + DATA_HDR_SIZE:off + size]) - (1 << 31) != h[9]:
+            if crc32(memoryview(raw)[off + DATA_HDR_SIZE:off + size]) - (1 << 31) != h.crc:
                 # the bytes changed after they were written (a torn write, a damaged sector): never
                 # hand them out
                 log.error("timer record at %d is damaged (payload CRC mismatch); marked failed", pos)
@@ -523,29 +566,28 @@ class WindowPath(TimerState):
             props[PROPERTY_TIMER_DELIVER_MS] = str(deliver_ms)
             g = groups.get((topic, qid))
             if g is None:
-                groups[(topic, qid)] = [(k, m, h, item)]
+                groups[(topic, qid)] = [Taken(k, m, h, item)]
             else:
-                g.append((k, m, h, item))
+                g.append(Taken(k, m, h, item))
         return groups
 
-    def _refused(self, taken: _Taken, res: PutResult, out: list[str]) -> None:
+    def _refused(self, taken: Taken, res: PutResult, out: list[str]) -> None:
         """The store refused one message for good: it is marked FAILED and never delivered."""
-        k, m, h, item = taken
-        uniq = _uniq_of(m)
+        uniq = _uniq_of(taken.put)
         log.error("timer: store refused message %s for good: %s", uniq, res.error)
-        self._write_done(item[2], h, FAILED, self.clock.now_ms())
-        self.pending[item[4]] -= 1
+        self._write_done(taken.item.pos, taken.header, FAILED, self.clock.now_ms())
+        self.pending[taken.item.topic_id] -= 1
         self.failed += 1
-        out[k] = "failed"
+        out[taken.batch_index] = "failed"
         if self.on_done is not None and uniq:
             self.on_done([uniq])
 
-    def _busy(self, group: list[_Taken], out: list[str]) -> None:
+    def _busy(self, group: list[Taken], out: list[str]) -> None:
         self.put_retries += len(group)
         for g in group:
-            out[g[0]] = "retry"
+            out[g.batch_index] = "retry"
 
-    def _mark_delivered(self, group: list[_Taken], out: list[str]) -> None:
+    def _mark_delivered(self, group: list[Taken], out: list[str]) -> None:
         t = self.clock.now_ms()
         lates: dict[tuple[int, int], int] = {}
         seq = mark_delivered_run(group, t, self.done_seq, self._marks, self._mark_buf, self.pending, lates,
@@ -560,7 +602,7 @@ class WindowPath(TimerState):
         self.delivered += len(group)
         self.dirty = True
         if self.on_done is not None:
-            self.on_done([_uniq_of(g[1]) for g in group])
+            self.on_done([_uniq_of(g.put) for g in group])
 
     def due_undelivered(self, now: int) -> dict[str, int]:
         """Per topic: messages whose deliver time has passed and that are still in memory waiting."""
@@ -571,12 +613,12 @@ class WindowPath(TimerState):
                     continue
                 k = bisect.bisect_right(w.d, now, lo=w.cursor)
                 c.update(w.t[w.cursor : k])
-                c.update(it[4] for it in w.late if it[0] <= now)
-            c.update(s[2][4] for s in self._staged if s[0] <= now)
+                c.update(it.topic_id for it in w.late if it.deliver_ms <= now)
+            c.update(s.item.topic_id for s in self._staged if s.item.deliver_ms <= now)
             return {self.topic_name(t): n for t, n in c.items() if n}
 
 
-def mark_delivered_run_py(group: list[_Taken], t: int, seq: int, marks: dict[int, Any], buf: bytearray,
+def mark_delivered_run_py(group: list[Taken], t: int, seq: int, marks: dict[int, Mark], buf: bytearray,
                           pending: Counter[int], lates: dict[tuple[int, int], int], out: list[str]) -> int:
     """The delivery marks of ``group`` at time ``t``, numbered on from ``seq``: each record's DELIVERED
     state block in ``marks`` (by data position) and in ``buf`` (the done log's entries), its topic's
@@ -584,19 +626,20 @@ def mark_delivered_run_py(group: list[_Taken], t: int, seq: int, marks: dict[int
     in ``out``. Returns the last number."""
     pack = _STATE_BLOCK.pack
     i64 = _I64.pack
-    for k, _m, h, item in group:
-        pos, tid = item[2], item[4]
+    for taken in group:
+        h, item = taken.header, taken.item
+        pos, tid = item.pos, item.topic_id
         seq += 1
-        block = pack(DELIVERED, h[3], h[4], t, h[6], h[7], seq)
+        block = pack(DELIVERED, h.gen, h.deliver_ms, t, h.created_ms, h.origin, seq)
         marks[pos] = (DELIVERED, t, seq, block)
         buf += i64(pos)
         buf += block
         pending[tid] -= 1
-        created = h[6]
-        d = item[0]
+        created = h.created_ms
+        d = item.deliver_ms
         lk = (tid, t - (d if d > created else created))  # past when scheduled: not lateness
         lates[lk] = lates.get(lk, 0) + 1
-        out[k] = "delivered"
+        out[taken.batch_index] = "delivered"
     return seq
 
 
