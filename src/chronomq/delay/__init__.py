@@ -1,8 +1,8 @@
 """chronomq.delay: delayed delivery. ``DelayService`` is the broker's facade: ``admit`` /
 ``admit_batch`` are the one way in for sent messages (TIMER_* over DELAY), the level schedule service
-delivers the 18 levels, ``build_send_back`` builds retry and DLQ copies; ``timer`` parks messages for
-any deliver time. Both deliver through one path (``delivery.put_groups``). Never delivers early.
-Design and guarantees: docs/delay.md.
+delivers the levels (18 by default), ``build_send_back`` builds retry and DLQ copies; the ``timer``
+subpackage parks messages for any deliver time. Both deliver through one path (``delivery.put_groups``).
+Never delivers early. Design and guarantees: docs/delay.md.
 """
 
 from chronomq.delay.delivery import PROPERTY_DELAY_SOURCE, DeliveryPath, restore_real

@@ -1,4 +1,4 @@
-"""The 4.x delay-level table (``messageDelayLevel``): level n (1-based) waits levels_ms[n-1]."""
+"""The 4.x delay-level table (``messageDelayLevel``): level n (1-based) waits ``delays_ms[n - 1]``."""
 
 from __future__ import annotations
 

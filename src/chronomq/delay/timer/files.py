@@ -27,7 +27,7 @@ def _seg_name(start: int) -> str:
 
 class SegmentedFile:
     """A logical byte space split into fixed-size files named by their 20-digit start position.
-    Callers never let one write cross a segment boundary (``room``/``next_segment`` help with that)."""
+    One write never crosses a segment boundary (``write`` refuses it)."""
 
     def __init__(self, directory: Path, segment_size: int) -> None:
         self.dir = directory
@@ -45,9 +45,6 @@ class SegmentedFile:
     # --- layout -------------------------------------------------------------------------------------
     def seg_start(self, pos: int) -> int:
         return pos - pos % self.segment_size
-
-    def room(self, pos: int) -> int:
-        return self.segment_size - pos % self.segment_size
 
     @property
     def min_pos(self) -> int:
@@ -102,10 +99,9 @@ class SegmentedFile:
         return [fd for s, fd in list(self._fds.items()) if s in starts]
 
     def patch(self, pos: int, data: bytes) -> None:
-        """Overwrite a few bytes in place. Through a shared mapping: a pwrite would update the file's
-        mtime (an inode journal transaction) on every call, which costs ~50-100 us on ext4 under load;
-        a store into mapped memory does not. The mapped pages are dropped from the page tables every
-        64 patches so they never accumulate in the process's resident set."""
+        """Overwrite a few bytes in place, through a shared mapping (a pwrite would update the file's
+        mtime, a journal transaction, at every call: docs/timer.md). The mapped pages are dropped from
+        the page tables every 64 patches so they never accumulate in the process's resident set."""
         self.changes += 1
         start = self.seg_start(pos)
         off = pos - start

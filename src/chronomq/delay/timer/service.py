@@ -55,14 +55,15 @@ class TimerService:
                  store_host: tuple[str, int] | None = None) -> None:
         self.store = store
         self.clock: Clock = clock or SystemClock()
-        tc = timer_config or (TimerConfig.from_broker_config(config) if config is not None else TimerConfig())
+        timer_cfg = timer_config or (TimerConfig.from_broker_config(config) if config is not None
+                                     else TimerConfig())
         if root_dir is None:
             root_dir = Path(getattr(config, "storePathRootDir", "./data")) / "timer"
         if store_host is None:
             store_host = ((getattr(config, "brokerIP1", "127.0.0.1"), getattr(config, "listenPort", 10911))
                           if config is not None else ("127.0.0.1", 10911))
         self.sync_flush = bool(getattr(config, "sync_flush", False))
-        self.timer = TimerStore(root_dir, self.clock, tc, store_host)
+        self.timer = TimerStore(root_dir, self.clock, timer_cfg, store_host)
         self._opened = False
         self._task: asyncio.Task[None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None

@@ -141,18 +141,18 @@ class TimerConfig:
             except ValueError:
                 raise TimerError(f"{key}: {raw!r} is not an integer") from None
 
-        tc = cls()
+        timer_cfg = cls()
         if (v := get("timerMaxDelaySec")) is not None:
-            tc.max_delay_ms = v * 1000
+            timer_cfg.max_delay_ms = v * 1000
         if (v := get("timerPrecisionMs")) is not None:
-            tc.slot_ms = v
+            timer_cfg.slot_ms = v
         if (v := get("timerFlushIntervalMs")) is not None:
-            tc.flush_interval_ms = v
+            timer_cfg.flush_interval_ms = v
         if (v := get("timerDataSegmentSize")) is not None:
-            tc.data_segment_bytes = v
+            timer_cfg.data_segment_bytes = v
         if (v := get("timerRetentionIntervalMs")) is not None:
-            tc.retention_interval_ms = v
+            timer_cfg.retention_interval_ms = v
         if (v := get("timerStageAheadMs")) is not None:
-            tc.stage_ahead_ms = v
-        tc.validate()
-        return tc
+            timer_cfg.stage_ahead_ms = v
+        timer_cfg.validate()
+        return timer_cfg
