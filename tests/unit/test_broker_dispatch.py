@@ -12,9 +12,12 @@ import pytest
 from tests.unit import test_broker_processors
 from tests.unit.test_broker_processors import Env
 
-from chronomq.broker.inproc import ANSWER_KINDS, AnswerKind, LocalCalls, _answer
+from chronomq.broker.clients import ClientInfo
+from chronomq.broker.inproc import ANSWER_KINDS, AnswerKind, LocalCalls, LocalConnection, _answer
 from chronomq.broker.processors.base import Handler, join_tables
+from chronomq.broker.processors.pull import _int
 from chronomq.broker.services import BrokerServices, build_services
+from chronomq.message import PROPERTY_PRODUCER_GROUP, MessageExt
 from chronomq.remoting.codec import RemotingCommand
 from chronomq.remoting.codes import RequestCode as R
 from chronomq.remoting.codes import ResponseCode as C
@@ -126,3 +129,44 @@ async def test_in_process_calls_answer_typed_kinds(env: Env) -> None:
     assert a.kind is AnswerKind.FORBIDDEN and not a.stored
     with pytest.raises(ValueError, match="has no handler"):
         await calls.request(99_999, {})
+
+
+# --- connections ------------------------------------------------------------------------------------------
+class _Recorder:
+    """A client connection that records what the broker sends it."""
+
+    remote_addr = "10.0.0.9:1"
+    closed = False
+
+    def __init__(self) -> None:
+        self.sent: list[RemotingCommand] = []
+
+    def send_oneway(self, cmd: RemotingCommand) -> bool:
+        self.sent.append(cmd)
+        return True
+
+    async def invoke(self, cmd: RemotingCommand, timeout: float = 3.0) -> RemotingCommand:
+        raise ConnectionError("not asked here")
+
+
+async def test_an_in_process_caller_takes_no_server_to_client_request() -> None:
+    conn = LocalConnection(("127.0.0.1", 7), asyncio.get_running_loop())
+    assert conn.send_oneway(RemotingCommand.request(R.NOTIFY_CONSUMER_IDS_CHANGED, {})) is None
+    with pytest.raises(ConnectionError, match=r"127\.0\.0\.1:7 is an in-process caller"):
+        await conn.invoke(RemotingCommand.request(R.GET_CONSUMER_RUNNING_INFO, {}))
+
+
+async def test_a_transaction_check_asks_only_a_producer_with_a_connection(env: Env) -> None:
+    tx, producers = env.broker.transactions, env.broker.producers
+    half = MessageExt("TxAsk", b"x", {PROPERTY_PRODUCER_GROUP: "PG_ask", "UNIQ_KEY": "U1"})
+    producers.register("PG_ask", ClientInfo("gone", None, 0))  # registered without a connection
+    tx._check(half, 1)
+    assert tx.checks_sent == 0  # nobody to ask: not a crash
+    live = _Recorder()
+    producers.register("PG_ask", ClientInfo("live", live, 0))
+    tx._check(half, 2)
+    assert tx.checks_sent == 1 and [c.code for c in live.sent] == [R.CHECK_TRANSACTION_STATE]
+
+
+def test_a_subscriptions_version_reads_as_an_int_or_0() -> None:
+    assert [_int(v) for v in ("7", 8, 9.5, "x", None, [1], "")] == [7, 8, 9, 0, 0, 0, 0]

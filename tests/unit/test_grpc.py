@@ -193,6 +193,16 @@ async def test_in_flight_table_advances_over_contiguous_done_offsets_and_persist
     assert json.loads((tmp_path / "popInflight.json").read_text())["seq"] == t.seq
 
 
+async def test_a_telemetry_stream_takes_no_4x_request() -> None:
+    from chronomq.grpc.telemetry import TelemetryChannel
+    from chronomq.remoting.codec import RemotingCommand
+    from chronomq.remoting.codes import RequestCode
+
+    channel = TelemetryChannel("client-1", "ipv4:10.0.0.1:5")
+    with pytest.raises(ConnectionError, match=r"client-1 is a 5\.x client"):
+        await channel.invoke(RemotingCommand.request(RequestCode.GET_CONSUMER_RUNNING_INFO, {}))
+
+
 def test_an_ack_answers_a_typed_outcome(tmp_path: Path) -> None:
     t = PopTable(tmp_path)
     st = t.state("G", "T", 0, 0)
