@@ -1,6 +1,7 @@
 """The timer store: deliver a message at any millisecond, with cancel, reschedule and a pending index.
 
-API (all synchronous and thread-safe except start/shutdown/settle)::
+API (synchronous and thread-safe, but for the coroutines start, shutdown, schedule_async,
+schedule_batch_async and settle)::
 
     svc = TimerService(message_store, broker_config, clock)   # files in <storePathRootDir>/timer
     await svc.start()                       # recover, then run the delivery loop on this event loop

@@ -20,6 +20,7 @@ from .records import (
     DATA_MAGIC,
     PENDING,
     TIMER_OFFSET_FLAG,
+    IndexEntry,
     Item,
     TimerHeader,
 )
@@ -92,7 +93,8 @@ def pack_index_entries_py(links: list[tuple[int, int, int, int, int]], floor: in
         prev = heads.get(slot)
         if prev is None:
             prev = wheel_get(slot)
-        body = body_pack(deliver, pos, prev, slot, gen, tid, size)
+        body = body_pack(*IndexEntry(deliver_ms=deliver, pos=pos, prev=prev, slot=slot, gen=gen, topic_id=tid,
+                                     size=size))
         buf += body
         buf += i32(crc32(body) - (1 << 31))
         heads[slot] = idx + 1

@@ -2,8 +2,9 @@
 entries in memory, sorted, plus a heap of late arrivals), ``poll`` (hand out due items), advancing and
 preloading the window, the wake time, ``deliver_many`` (read, check and put a batch), staging ahead of
 the due time, the in-place completion write, and the delivery marks with their done log. Rules: nothing
-is handed out before its deliver time; at most two slots are in memory; every public method takes the
-store's lock; a batch costs one lock hold and nothing per message beyond the loop itself.
+is handed out before its deliver time; at most two slots are in memory; every method that reads or
+changes the window takes the store's lock (``staged_count`` and ``staged_due_ms`` only peek); a batch
+costs one lock hold and nothing per message beyond the loop itself.
 """
 
 from __future__ import annotations
