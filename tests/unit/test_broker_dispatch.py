@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 from pathlib import Path
 
 import pytest
 from tests.unit import test_broker_processors
-from tests.unit.test_broker_processors import Env
+from tests.unit.test_broker_processors import Env, _dispatched
 
 from chronomq.broker.clients import ClientInfo
 from chronomq.broker.inproc import ANSWER_KINDS, AnswerKind, LocalCalls, LocalConnection, _answer
@@ -170,3 +171,23 @@ async def test_a_transaction_check_asks_only_a_producer_with_a_connection(env: E
 
 def test_a_subscriptions_version_reads_as_an_int_or_0() -> None:
     assert [_int(v) for v in ("7", 8, 9.5, "x", None, [1], "")] == [7, 8, 9, 0, 0, 0, 0]
+
+
+# --- traffic figures ----------------------------------------------------------------------------------------
+async def test_broker_stats_read_the_in_and_out_counters_by_name(env: Env) -> None:
+    c = await env.client()
+    for body in (b"ab", b"cde"):
+        assert (await c.send_message("Fig", body, 0, {"WAIT": "true"})).code == C.SUCCESS
+    await _dispatched(env)
+    assert (await c.pull("GF", "Fig", 0, 0)).code == C.SUCCESS
+
+    async def stat(name: str, key: str) -> int:
+        resp = await c.request(R.VIEW_BROKER_STATS_DATA, {"statsName": name, "statsKey": key})
+        assert resp.code == C.SUCCESS, resp.remark
+        return int(json.loads(resp.body)["statsDay"]["sum"])
+
+    assert await stat("TOPIC_PUT_NUMS", "Fig") == 2 and await stat("GROUP_GET_NUMS", "Fig@GF") == 2
+    assert await stat("TOPIC_PUT_SIZE", "Fig") == 5  # the bodies
+    assert await stat("GROUP_GET_SIZE", "Fig@GF") > 2 * 100  # the records handed out
+    resp = await c.request(R.VIEW_BROKER_STATS_DATA, {"statsName": "BROKER_PUT_NUMS", "statsKey": "Fig"})
+    assert resp.code == C.SYSTEM_ERROR and resp.remark == "The stats <BROKER_PUT_NUMS> <Fig> not exist"

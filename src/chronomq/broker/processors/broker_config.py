@@ -31,9 +31,10 @@ RUNTIME_KEYS = frozenset({
     "flushConsumerOffsetInterval", "storeReplyMessageEnable", "fileReservedTime", "deleteWhen",
     "diskMaxUsedSpaceRatio", "maxReconsumeTimes", "registerNameServerPeriod",
 })
-# VIEW_BROKER_STATS_DATA's statsName -> (counter table, index: 0 messages, 1 bytes)
-STATS = {"TOPIC_PUT_NUMS": ("produced", 0), "TOPIC_PUT_SIZE": ("produced", 1),
-         "GROUP_GET_NUMS": ("consumed", 0), "GROUP_GET_SIZE": ("consumed", 1)}
+# VIEW_BROKER_STATS_DATA's statsName -> the counter's index (0 messages, 1 bytes): in by topic (statsKey
+# the topic, summed over message types), out by topic and group (statsKey topic@group)
+PUT_STATS = {"TOPIC_PUT_NUMS": 0, "TOPIC_PUT_SIZE": 1}
+GET_STATS = {"GROUP_GET_NUMS": 0, "GROUP_GET_SIZE": 1}
 
 
 def config_properties(config: BrokerConfig) -> str:
@@ -95,18 +96,16 @@ class BrokerConfigProcessor(ProcessorBase):
     def view_broker_stats_data(self, req: RemotingCommand, conn: RequestConnection) -> RemotingCommand:
         name = req.require_str("statsName")
         key = req.require_str("statsKey")
-        spec = STATS.get(name)
-        total = None
-        if spec is not None:
-            table, index = spec
-            traffic = self.services.traffic
-            if table == "produced":
-                rows = [v[index] for (t, _), v in list(traffic.produced.items()) if t == key]
-            else:
-                topic, _, group = key.partition("@")
-                row = traffic.consumed.get((topic, group))
-                rows = [row[index]] if row is not None else []
-            total = sum(rows) if rows else None
+        traffic = self.services.traffic
+        rows: list[int] = []
+        if name in PUT_STATS:
+            index = PUT_STATS[name]
+            rows = [v[index] for (t, _), v in list(traffic.produced.items()) if t == key]
+        elif name in GET_STATS:
+            topic, _, group = key.partition("@")
+            row = traffic.consumed.get((topic, group))
+            rows = [row[GET_STATS[name]]] if row is not None else []
+        total = sum(rows) if rows else None
         if total is None:
             return req.response(ResponseCode.SYSTEM_ERROR, remark=f"The stats <{name}> <{key}> not exist")
         seconds = max(1.0, (self.clock.now_ms() - self._stats_since_ms) / 1000)
