@@ -1,7 +1,7 @@
 """Who is connected: consumer groups and their clients (from HEART_BEAT), producer groups, and the
-queue locks of orderly consumers. A client is dropped after 120 s without a heartbeat, when it
-unregisters, or when its connection closes; the remaining consumers of its group are then told
-(NOTIFY_CONSUMER_IDS_CHANGED) so they rebalance at once."""
+queue locks of orderly consumers. A client is dropped after clientChannelMaxIdleTimeSeconds (120 s)
+without a heartbeat, when it unregisters, or when its connection closes; the remaining consumers of its
+group are then told (NOTIFY_CONSUMER_IDS_CHANGED) so they rebalance at once."""
 
 from __future__ import annotations
 
