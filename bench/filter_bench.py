@@ -76,7 +76,7 @@ def _fill(broker: BrokerController, count: int) -> float:
 
 def _pull_all(broker: BrokerController, expression_type: str, expression: str,
               count: int) -> tuple[int, int, float, float]:
-    pull = broker.processor.pull_message
+    pull = broker.processor.pull.pull_message
     offset = pulls = delivered = 0
     t0, w0 = time.process_time(), time.perf_counter()
     while offset < count:

@@ -57,7 +57,7 @@ def _wrap(cls: Any, name: str, stage: str, events: list[tuple[str, int]],
 
 def serve_traced(out: str, argv: list[str]) -> None:
     from chronomq.broker.longpoll import PullHoldService
-    from chronomq.broker.processor import BrokerProcessor
+    from chronomq.broker.processors.pull import PullProcessor
     from chronomq.cli.main import main
     from chronomq.delay.timer.store import TimerStore
     from chronomq.remoting.codes import ResponseCode
@@ -78,7 +78,7 @@ def serve_traced(out: str, argv: list[str]) -> None:
     _wrap(TimerStore, "deliver_staged", "store put", events, lambda res, args: res[0] > 0)
     _wrap(TimerStore, "deliver_many", "store put", events)
     _wrap(dispatcher, dispatch_method, "dispatch", events)
-    _wrap(BrokerProcessor, "_pull_once", "pull answer", events,
+    _wrap(PullProcessor, "_pull_once", "pull answer", events,
           lambda res, args: res[0].code == ResponseCode.SUCCESS)
     orig_notify = PullHoldService.notify
 
