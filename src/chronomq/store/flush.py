@@ -12,7 +12,7 @@ import concurrent.futures
 import logging
 import threading
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from chronomq.store.checkpoint import Checkpoint
 from chronomq.store.periodic import run_every
@@ -21,6 +21,14 @@ if TYPE_CHECKING:
     from chronomq.store.message_store import MessageStore
 
 log = logging.getLogger("chronomq.store")
+
+
+class FlushRequest(NamedTuple):
+    """A SYNC_FLUSH put waiting for the commit log to be durable up to ``end``."""
+
+    end: int
+    future: concurrent.futures.Future[bool]
+    asked_at: float  # time.monotonic() when asked: the watchdog's start
 
 
 FLUSH_BUCKETS_MS = (0.5, 1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 5000)
@@ -87,16 +95,16 @@ class GroupCommitService(FlushCommitLogService):
     def __init__(self, store: MessageStore) -> None:
         super().__init__(store)
         self.cv = threading.Condition()
-        self.requests: list[tuple[int, concurrent.futures.Future[bool]]] = []
+        self.requests: list[FlushRequest] = []
 
     def request(self, end: int) -> concurrent.futures.Future[bool]:
         fut: concurrent.futures.Future[bool] = concurrent.futures.Future()
-        fut._chronomq_t = time.monotonic()  # type: ignore[attr-defined]
+        asked_at = time.monotonic()
         with self.cv:
             if self.flushed >= end:
                 fut.set_result(True)
                 return fut
-            self.requests.append((end, fut))
+            self.requests.append(FlushRequest(end, fut, asked_at))
             self.cv.notify()
         return fut
 
@@ -135,16 +143,17 @@ class GroupCommitService(FlushCommitLogService):
                 _resolve_all(reqs, False)
                 continue
             late = []
-            for end, fut in reqs:
+            for req in reqs:
+                fut = req.future
                 if fut.done():
                     continue  # the watchdog already reported a timeout
-                if end <= flushed:
+                if req.end <= flushed:
                     try:
                         fut.set_result(True)
                     except concurrent.futures.InvalidStateError:
                         pass
                 else:
-                    late.append((end, fut))
+                    late.append(req)
             if late:
                 with cv:
                     self.requests[:0] = late
@@ -159,9 +168,9 @@ class GroupCommitService(FlushCommitLogService):
             now = time.monotonic()
             with self.cv:
                 reqs = list(self.requests)
-            for _, fut in reqs:
-                started = getattr(fut, "_chronomq_t", now)
-                if now - started > timeout and not fut.done():
+            for req in reqs:
+                fut = req.future
+                if now - req.asked_at > timeout and not fut.done():
                     try:
                         fut.set_result(False)
                     except concurrent.futures.InvalidStateError:
@@ -181,17 +190,17 @@ class GroupCommitService(FlushCommitLogService):
                 flushed = self.do_flush()
             except (OSError, ValueError):
                 flushed = -1
-            for end, fut in reqs:
+            for req in reqs:
                 try:
-                    fut.set_result(end <= flushed)
+                    req.future.set_result(req.end <= flushed)
                 except concurrent.futures.InvalidStateError:
                     pass
 
 
-def _resolve_all(reqs: list[tuple[int, concurrent.futures.Future[bool]]], ok: bool) -> None:
-    for _, fut in reqs:
+def _resolve_all(reqs: list[FlushRequest], ok: bool) -> None:
+    for req in reqs:
         try:
-            fut.set_result(ok)
+            req.future.set_result(ok)
         except concurrent.futures.InvalidStateError:
             pass
 
