@@ -86,13 +86,9 @@ class MappedFile:
                 return
             self.allocated = end
 
-    def mark_blank_from(self, pos: int) -> None:
-        """The owner knows every byte from ``pos`` (relative) on is unwritten (zero): allocate may write
-        zeros there (the active commit-log segment after recovery, whose tail recovery zeroed)."""
-        self.blank_from = min(self.blank_from, max(pos, self.allocated))
-
     def flush(self, upto: int | None = None) -> int:
-        """msync [flushed, upto) (relative; default: everything written). Returns the new flushed mark."""
+        """Make [flushed, upto) durable (relative; default: everything written) with one fdatasync of the
+        file. Returns the new flushed mark."""
         with self._lock:
             target = self.written if upto is None else min(upto, self.written)
             if target > self.flushed and not self.closed:
