@@ -3,12 +3,16 @@ results, same refusals, same exception types, on valid, edge and corrupt input."
 
 from __future__ import annotations
 
+import ast
+import inspect
 import os
 import shutil
 import struct
 import subprocess
 import sys
 import sysconfig
+import zlib
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -21,6 +25,7 @@ from chronomq.delay.timer import append, files
 from chronomq.message import MessageExt, MessageFormatError
 from chronomq.remoting import codec
 from chronomq.store import commitlog, put, speedups
+from chronomq.store.types import DispatchRequest, EncodedRecord
 
 native = speedups.native
 needs_native = pytest.mark.skipif(native is None, reason="chronomq.store._speedups not in use")
@@ -46,8 +51,8 @@ def test_the_kernels_are_built_unless_pure_python_is_asked_for():
     else:
         assert native is not None, "chronomq.store._speedups was not built (C compiler and zlib.h needed)"
         assert speedups.describe().startswith("compiled")
-        assert put.property_fields is native.property_fields
-        assert commitlog.splice is native.splice
+        assert speedups.kernels.property_fields is native.property_fields
+        assert speedups.kernels.splice is native.splice
         assert append._encode_record is native.encode_record
         assert send._batch_items is native.batch_items
 
@@ -68,7 +73,9 @@ def test_pure_python_switch_runs_the_pure_kernels_end_to_end(tmp_path):
     code = (
         "from chronomq.store import put, commitlog, speedups;"
         "assert speedups.native is None;"
-        "assert put.property_fields is put.property_fields_py and commitlog.splice is commitlog.splice_py;"
+        "assert speedups.kernels.property_fields is put.property_fields_py;"
+        "assert speedups.kernels.splice is commitlog.splice_py;"
+        "assert speedups.kernels.append_run is put.append_run_py;"
         "from chronomq import message; from chronomq.remoting import codec;"
         "from chronomq.delay.timer import append; from chronomq.broker.processors import send;"
         "assert append._encode_record is message.encode_record and send._batch_items is codec.batch_items;"
@@ -320,15 +327,15 @@ def test_append_run_matches_pure(entries, r, wrote, qoff, ts):
     results = []
     for fn in (native.append_run, put.append_run_py):
         buf, pending = bytearray(size), [("earlier",)]
-        got = fn(buf, r, wrote, qoff, ts, [(bytearray(e[0]) if i % 2 else e[0], *e[1:])
+        got = fn(buf, r, wrote, qoff, ts, [EncodedRecord(bytearray(e[0]) if i % 2 else e[0], *e[1:])
                                             for i, e in enumerate(entries)], "T", 3, pending)
         results.append((got, bytes(buf), pending))
     assert results[0] == results[1]
     _, buf, pending = results[0]
-    assert [p[4] for p in pending[1:]] == list(range(qoff, qoff + len(entries)))
+    assert [p.queue_offset for p in pending[1:]] == list(range(qoff, qoff + len(entries)))
     for p in pending[1:]:  # each copy carries its queue offset, physical offset and store time
-        at = r + p[0] - wrote
-        assert struct.unpack_from(">qq", buf, at + 20) == (p[4], p[0])
+        at = r + p.phys - wrote
+        assert struct.unpack_from(">qq", buf, at + 20) == (p.queue_offset, p.phys)
         assert struct.unpack_from(">q", buf, at + 56) == (ts,)
 
 
@@ -337,7 +344,69 @@ def test_append_run_matches_pure(entries, r, wrote, qoff, ts):
 def test_append_run_refuses_a_run_larger_than_the_buffer(r, size):
     for fn in (native.append_run, put.append_run_py):
         with pytest.raises(ValueError):
-            fn(bytearray(100), r, 0, 0, 1, [(b"r" * size, 0, None, None, None)], "T", 0, [])
+            fn(bytearray(100), r, 0, 0, 1, [EncodedRecord(b"r" * size, 0, None, None, None)], "T", 0, [])
+
+
+@pytest.mark.parametrize("kernel", ["compiled", "pure"])
+def test_append_run_builds_dispatch_requests_field_by_field(kernel):
+    # the kernel builds DispatchRequest from positions: these must be the class's fields, by name
+    if kernel == "compiled" and native is None:
+        pytest.skip("chronomq.store._speedups not in use")
+    fn = native.append_run if kernel == "compiled" else put.append_run_py
+    entries = [EncodedRecord(b"a" * 100, 11, None, ["k1", "k2"], "U1"),
+               EncodedRecord(b"b" * 91, 0, 5000, None, None)]
+    pending: list[DispatchRequest] = []
+    assert fn(bytearray(400), 10, 1000, 7, 50, entries, "T", 3, pending) == (201, 1191, 9)
+    assert [type(p) for p in pending] == [DispatchRequest, DispatchRequest]
+    assert pending[0]._asdict() == {"phys": 1000, "size": 100, "topic": "T", "queue_id": 3, "queue_offset": 7,
+                                    "tags_code": 11, "store_timestamp": 50, "keys": ["k1", "k2"],
+                                    "uniq_key": "U1"}
+    assert pending[1]._asdict() == {"phys": 1100, "size": 91, "topic": "T", "queue_id": 3, "queue_offset": 8,
+                                    "tags_code": 5050, "store_timestamp": 50, "keys": None, "uniq_key": None}
+
+
+# --- the chooser --------------------------------------------------------------------------------------------
+def _params(fn) -> list[bool]:
+    """Whether each positional parameter is required (self left out)."""
+    params = [p for p in inspect.signature(fn).parameters.values() if p.name != "self"]
+    return [p.default is p.empty for p in params]
+
+
+def test_kernels_is_the_compiled_module_or_the_registered_pure_twins():
+    k = speedups.kernels
+    if native is not None:
+        assert k is native
+    else:
+        assert (k.splice, k.property_fields, k.append_run) == (
+            commitlog.splice_py, put.property_fields_py, put.append_run_py)
+        assert k.crc32 is zlib.crc32 and k.encode_record is message.encode_record
+    assert {"splice", "property_fields", "append_run", "crc32", "encode_record"} <= speedups.twins.keys()
+
+
+def test_each_pure_twin_and_kernel_takes_the_parameters_the_protocol_describes():
+    assert {"splice", "append_run", "pack_timer_records", "mark_delivered_run"} <= speedups.KERNEL_NAMES
+    for name, fn in speedups.twins.items():
+        assert _params(fn) == _params(getattr(speedups.Kernels, name)), name
+    if native is not None:
+        for name in speedups.KERNEL_NAMES:
+            assert _params(getattr(native, name)) == _params(getattr(speedups.Kernels, name)), name
+
+
+@needs_native
+def test_the_stub_mypy_reads_has_every_compiled_function_with_its_parameters():
+    stub = ast.parse(Path(speedups.__file__).with_name("_speedups.pyi").read_text())
+    declared = {f.name: [a.arg for a in f.args.args] for f in stub.body if isinstance(f, ast.FunctionDef)}
+    compiled = {name for name, v in vars(native).items() if type(v) is type(native.splice)}
+    assert set(declared) == compiled
+    for name, args in declared.items():
+        assert list(inspect.signature(getattr(native, name)).parameters) == args, name
+
+
+def test_a_twin_is_registered_only_under_a_kernels_name():
+    with pytest.raises(ValueError):
+        speedups.pure_twin("splice_fast")
+    with pytest.raises(AttributeError, match="no pure twin of the kernel 'nothing'"):
+        speedups._PureKernels().nothing  # noqa: B018
 
 
 # --- the timer's schedule path ----------------------------------------------------------------------------
@@ -460,11 +529,12 @@ def test_mark_delivered_run_matches_pure(rows, t, seq):
     from collections import Counter
 
     from chronomq.delay.timer import window
+    from chronomq.delay.timer.records import Item, Taken, TimerHeader
 
     group = []
     for k, (deliver, created, pos, origin, done_seq, tid, gen) in enumerate(rows):
-        h = (0x54494D52, 100, 0, gen, deliver, 0, created, origin, done_seq, 0, tid)
-        group.append((k, None, h, (deliver, k, pos, gen, tid, 100)))
+        h = TimerHeader(0x54494D52, 100, 0, gen, deliver, 0, created, origin, done_seq, 0, tid)
+        group.append(Taken(k, None, h, Item(deliver, k, pos, gen, tid, 100)))
     outs = []
     for fn in (window.mark_delivered_run_py, native.mark_delivered_run):
         marks: dict = {}

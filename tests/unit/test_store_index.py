@@ -8,13 +8,14 @@ import pytest
 
 from chronomq.store import index as index_mod
 from chronomq.store.index import HEADER_SIZE, IndexService
+from chronomq.store.types import DispatchRequest
 
 SLOTS, ENTRIES = 64, 40  # tiny files: several rolls, many chains sharing a slot
 
 
-def items(start: int, n: int, ts: int = 1_000_000) -> list[tuple]:
-    """Dispatch requests: (phys, size, topic, qid, qoff, tagsCode, store_ts, keys, uniq)."""
-    return [(p * 100, 100, "T", 0, p, 0, ts + p, [f"k{p % 5}"], f"U{p}") for p in range(start, start + n)]
+def items(start: int, n: int, ts: int = 1_000_000) -> list[DispatchRequest]:
+    return [DispatchRequest(p * 100, 100, "T", 0, p, 0, ts + p, [f"k{p % 5}"], f"U{p}")
+            for p in range(start, start + n)]
 
 
 def uniq_hits(svc: IndexService, p: int) -> list[int]:

@@ -1,12 +1,12 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
 """Compiled kernels of the hot paths (a timed message's way in, its delivery): each one is a drop-in for
-a pure-Python function of the same name (commitlog.splice, put.property_fields, delivery.record_to_put,
-codec.batch_items, message.encode_record, pull.due_ms_of, put.append_run, and the timer's
-append.pack_timer_records, append.pack_index_entries, files.pack_hash_entries, window.mark_delivered_run),
-with the same results, the same refusals and the same exception types. The timer's kernels take what the
-timer store made itself (positions, sizes, ids, slots, all in range by construction) and do not repeat
-the range checks of struct packing. The pure functions stay the
-reference and are used when this module is not built or CHRONOMQ_PURE_PYTHON=1 (chronomq.store.speedups)."""
+its pure-Python twin (commitlog.splice_py, put.property_fields_py, put.append_run_py,
+delivery.record_to_put, codec.batch_items, message.encode_record, pull.due_ms_of, and the timer's
+append.pack_timer_records_py, append.pack_index_entries_py, files.pack_hash_entries_py,
+window.mark_delivered_run_py), with the same results, the same refusals and the same exception types.
+The timer's kernels take what the timer store made itself (positions, sizes, ids, slots, all in range by
+construction) and do not repeat the range checks of struct packing. chronomq.store.speedups chooses
+between this module and the twins (``kernels``); _speedups.pyi gives mypy its types."""
 
 from cpython.buffer cimport PyBUF_SIMPLE, PyBUF_WRITABLE, PyBuffer_Release, PyObject_GetBuffer
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
@@ -193,7 +193,7 @@ cdef bytes _join_props(dict props, Py_ssize_t total):
 
 
 def property_fields(dict props):
-    """put.property_fields: (properties bytes, TAGS, KEYS words or None, UNIQ_KEY) for a message's
+    """put.property_fields_py: (properties bytes, TAGS, KEYS words or None, UNIQ_KEY) for a message's
     properties, or the refusal as an int: 0 when a name is empty or a name or value holds a 0x01/0x02
     separator, else the encoded size when it is over MAX_PROPERTIES_LENGTH. A non-str name or value
     raises TypeError, text that cannot be UTF-8 UnicodeEncodeError."""
@@ -238,7 +238,7 @@ def property_fields(dict props):
 
 def splice(object buf, Py_ssize_t pos, Py_ssize_t size, bytes topic_b, Py_ssize_t queue_id, bytes props_b,
            bytes store_host_b):
-    """commitlog.splice: the stored V1 record at ``buf[pos:]`` re-addressed to ``topic_b``/``queue_id``
+    """commitlog.splice_py: the stored V1 record at ``buf[pos:]`` re-addressed to ``topic_b``/``queue_id``
     with the properties ``props_b``; returns (record, body length). Raises ValueError when the bytes
     are not one whole V1 record or a field does not fit its width."""
     cdef Py_buffer view
@@ -515,20 +515,34 @@ def due_ms_of(bytes rec):
     return v
 
 
+cdef object _DispatchRequest = None
+cdef object _tuple_new = tuple.__new__  # a tuple subclass's instance from a tuple, in C
+
+
+cdef object _request_type():
+    global _DispatchRequest
+    if _DispatchRequest is None:
+        from chronomq.store.types import DispatchRequest
+        _DispatchRequest = DispatchRequest
+    return _DispatchRequest
+
+
 def append_run(object mm, Py_ssize_t r, int64_t wrote, int64_t qoff, int64_t ts, list entries, object topic,
                object qid, list pending):
-    """put.append_run: copy the encoded records of ``entries`` into ``mm`` from byte ``r`` on, patch
-    each one's queue offset, physical offset and store time, append its dispatch request to
-    ``pending``; returns the next (r, wrote, qoff)."""
+    """put.append_run_py: copy the encoded records of ``entries`` (EncodedRecord: record, tags hash, delay,
+    keys, UNIQ_KEY) into ``mm`` from byte ``r`` on, patch each one's queue offset, physical offset and
+    store time, append its DispatchRequest (fields in the order of its class) to ``pending``; returns the
+    next (r, wrote, qoff)."""
     cdef Py_buffer view, rv
     cdef uint8_t* b
     cdef Py_ssize_t size
-    cdef object e, rec, tc, delay
+    cdef object e, rec, tags_hash, delay
+    cdef object request_type = _request_type()
     PyObject_GetBuffer(mm, &view, PyBUF_WRITABLE)
     try:
         b = <uint8_t*>view.buf
         for e in entries:
-            rec, tc, delay, keys_l, uniq = e
+            rec, tags_hash, delay, keys, uniq = e
             PyObject_GetBuffer(rec, &rv, PyBUF_SIMPLE)
             try:
                 size = rv.len
@@ -540,8 +554,8 @@ def append_run(object mm, Py_ssize_t r, int64_t wrote, int64_t qoff, int64_t ts,
             wr64(b + r + 20, qoff)
             wr64(b + r + 28, wrote)
             wr64(b + r + 56, ts)
-            pending.append((wrote, size, topic, qid, qoff, tc if delay is None else ts + delay, ts, keys_l,
-                            uniq))
+            pending.append(_tuple_new(request_type, (
+                wrote, size, topic, qid, qoff, tags_hash if delay is None else ts + delay, ts, keys, uniq)))
             qoff += 1
             r += size
             wrote += size

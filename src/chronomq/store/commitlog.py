@@ -1,23 +1,8 @@
 """The commit log: append-only segment files of ``mappedFileSizeCommitLog`` bytes, each named by the
-20-digit physical offset of its first byte. Records are RocketMQ's V1 stored layout (message.py,
-protocol.md 3.1), encoded outside the lock and copied in once; a record never spans two segments: when
-the rest of a segment is too small, a blank record (TOTALSIZE = rest, BLANK_MAGIC) fills it and the log
-rolls to a new segment.
-
-mmap versus pwrite, measured on this box (2 vCPUs, ext4 on virtio, Python 3.11, 1177-byte records =
-1 KiB body + TAGS + UNIQ_KEY, one writer, fallocate'd file; bench/store_append.py prints the same
-comparison every run). The box was shared and loaded (load average 12-19) for all of these, so the
-spread is wide; per-record cost, best and worst of 7 runs:
-  mmap slice copy into the shared mapping       0.65 - 4.4 us   (0.3 - 1.7 GB/s)
-  os.pwrite, one syscall per record             1.3  - 8.7 us   (0.14 - 0.84 GB/s)
-  pwrite of 64 KiB batches from a buffer        0.83 - 3.4 us   (0.35 - 1.4 GB/s)
-mmap chosen: it is 2x cheaper than a syscall per record. A write-behind buffer flushed in 64 KiB
-pwrites measured 0.1-0.5 us per record cheaper in most runs (under 10% of a put, which costs 5-14 us
-in Python), but it needs a second copy, a flush point before readers and the dispatcher may see a
-record, and reads served from the buffer; with mmap every reader slices the same mapping with no
-syscall. Durability is fdatasync on the segment's descriptor (see mapped.py for why not mmap.flush).
-Disk blocks are given ahead of the writer (allocate.py: zeros written ALLOCATE_AHEAD, 16 MiB, ahead; see
-mapped.py for why zeros and not fallocate), so a full disk is an error, not a SIGBUS.
+20-digit physical offset of its first byte, written through the shared mapping (mapped.py). Records are
+RocketMQ's V1 stored layout (message.py, protocol.md 3.1), encoded outside the lock and copied in once; a
+record never spans two segments: when the rest of a segment is too small, a blank record (TOTALSIZE =
+rest, BLANK_MAGIC) fills it and the log rolls to a new segment. Why mmap and not pwrite: docs/store.md.
 """
 
 from __future__ import annotations
@@ -41,7 +26,7 @@ from chronomq.message import (
     validate_topic,
 )
 from chronomq.store.mapped import MappedFile, segment_files
-from chronomq.store.speedups import crc32, native
+from chronomq.store.speedups import crc32, pure_twin
 
 HEAD = struct.Struct(">iiiiiqqiq8sq8siqi")  # the record up to and including BODYLENGTH
 I32 = struct.Struct(">i")
@@ -67,8 +52,9 @@ def encode(msg: MessageExt, topic_b: bytes, props_b: bytes, store_host_b: bytes,
     return b"".join((head, body, _TOPIC_LEN[len(topic_b)], topic_b, H16.pack(len(props_b)), props_b))
 
 
-def splice(buf: bytes | bytearray | memoryview, pos: int, size: int, topic_b: bytes, queue_id: int,
-           props_b: bytes, store_host_b: bytes) -> tuple[bytes, int]:
+@pure_twin("splice")
+def splice_py(buf: bytes | bytearray | memoryview, pos: int, size: int, topic_b: bytes, queue_id: int,
+              props_b: bytes, store_host_b: bytes) -> tuple[bytes, int]:
     """The record ``encode`` would build for the stored V1 record of ``size`` bytes at ``buf[pos:]``
     re-addressed to ``topic_b``/``queue_id`` with the properties ``props_b``: flag, sysFlag (IPv6 bits
     cleared), born timestamp and host, reconsume times and body copied as they are; prepared
@@ -91,10 +77,6 @@ def splice(buf: bytes | bytearray | memoryview, pos: int, size: int, topic_b: by
     rec = b"".join((head, body, _TOPIC_LEN[len(topic_b)], topic_b, H16.pack(len(props_b)), props_b))
     return rec, body_len
 
-
-splice_py = splice
-if native is not None:
-    splice = native.splice
 
 
 def check_record(mm, r: int, seg_start: int, seg_size: int, check_crc: bool) -> int:
@@ -136,7 +118,7 @@ def check_record(mm, r: int, seg_start: int, seg_size: int, check_crc: bool) -> 
 
 
 def properties_well_formed(raw: bytes) -> bool:
-    """``raw`` is a properties text as the put path stores it (put.property_fields): UTF-8, pairs
+    """``raw`` is a properties text as the put path stores it (put.property_fields_py): UTF-8, pairs
     ``name\x01value`` each closed by ``\x02``, no empty name, no separator inside a name or value. The
     body CRC does not cover the properties; this is what tells a torn or overwritten tail from them."""
     if raw[-1:] != b"\x02":
@@ -263,7 +245,7 @@ class CommitLog:
 
     # --- flush --------------------------------------------------------------------------------------
     def flush(self) -> int:
-        """msync everything written; returns the flushed physical offset."""
+        """fdatasync every segment's written bytes not yet flushed; returns the flushed physical offset."""
         wrote = self.wrote
         for seg in self.segments:
             if seg.start >= wrote:

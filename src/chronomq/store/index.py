@@ -19,6 +19,7 @@ import threading
 import zlib
 
 from chronomq.store.mapped import MappedFile
+from chronomq.store.types import DispatchRequest
 
 HEADER = struct.Struct(">qqqqii")
 HEADER_SIZE = 40
@@ -182,11 +183,11 @@ class IndexService:
                 self.files = [*self.files, f]
         return self.files[-1]
 
-    def put_batch(self, items: list[tuple]) -> None:
-        """items: the dispatcher's requests (phys, size, topic, queue id, queue offset, tagsCode, store_ts,
-        keys, uniq_key); those without keys are skipped. The per-entry work is inlined (hot path of the
-        dispatcher: one entry per message with a UNIQ_KEY)."""
-        first = next((i for i, item in enumerate(items) if item[7] or item[8]), -1)
+    def put_batch(self, items: list[DispatchRequest]) -> None:
+        """The index entries (UNIQ_KEY, then each KEYS word) of the dispatcher's requests; those without
+        keys are skipped. The per-entry work is inlined (hot path of the dispatcher: one entry per
+        message with a UNIQ_KEY)."""
+        first = next((i for i, req in enumerate(items) if req.keys or req.uniq_key), -1)
         if first < 0:
             return  # nothing to index
         if first:
@@ -194,7 +195,7 @@ class IndexService:
         with self._write_lock:
             self._put_locked(items)
 
-    def _put_locked(self, items: list[tuple]) -> None:
+    def _put_locked(self, items: list[DispatchRequest]) -> None:
         crc32 = zlib.crc32
         f = self._active()
         mm, slots_n, entries_at, n, index_num = f.mm, f.slot_num, f.entries_at, f.count, f.index_num
@@ -203,11 +204,12 @@ class IndexService:
         unpack_slot, pack_slot, pack_entry = I32.unpack_from, I32.pack_into, ENTRY.pack_into
         mark = dirty.add
         phys = ts = 0
-        for phys, _, topic, _, _, _, ts, keys, uniq in items:
+        for req in items:
+            phys, topic, ts, keys, uniq = req.phys, req.topic, req.store_timestamp, req.keys, req.uniq_key
             if keys:
                 words = [uniq, *keys] if uniq else keys
             elif uniq:
-                words = (uniq,)
+                words = [uniq]
             else:
                 continue
             for w in words:

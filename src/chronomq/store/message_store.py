@@ -27,6 +27,7 @@ from chronomq.store.reads import ReadPath
 from chronomq.store.recovery import StoreRecovery
 from chronomq.store.replica import ReplicaAppend
 from chronomq.store.reput import ArrivalListener, ReputMessageService
+from chronomq.store.types import DispatchRequest
 
 log = logging.getLogger("chronomq.store")
 
@@ -56,7 +57,7 @@ class MessageStore(PutPath, ReadPath):
 
         # put side (guarded by self._cl.lock)
         self._queue_table: dict[tuple[str, int], int] = {}
-        self._pending: list[tuple] = []  # dispatch requests; the dispatcher swaps the list
+        self._pending: list[DispatchRequest] = []  # the dispatcher swaps the list
         self._cur_seg = None
         self._last_ts = 0
         self._topic_cache: dict[str, bytes] = {}
@@ -185,10 +186,11 @@ class MessageStore(PutPath, ReadPath):
         return self._flusher.flushed
 
     # ================================================================================= consume queues
-    def _get_queue(self, topic: str, qid: int, create: bool) -> ConsumeQueue | None:
+    def _queue_for_dispatch(self, topic: str, qid: int) -> ConsumeQueue:
+        """The consume queue of ``topic``/``qid``, created when it is the first record's."""
         key = (topic, qid)
         cq = self._queues.get(key)
-        if cq is None and create:
+        if cq is None:
             with self._queues_lock:
                 cq = self._queues.get(key)
                 if cq is None:

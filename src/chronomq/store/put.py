@@ -2,8 +2,9 @@
 any lock; under the commit-log lock only assign the queue offset, physical offset and store time (never
 going backwards), copy the record into the mapped segment, patch those fields in place and queue the
 dispatch request; then signal the dispatcher and, under SYNC_FLUSH, ask for a group commit. Rules: a
-record never spans two segments; a refusal is a PutResult, never an exception; nothing per message is
-added inside the lock.
+record never spans two segments; nothing per message is added inside the lock; a refusal is raised as
+``_Refused`` where it is found and answered as its PutResult by the public methods, so a caller never
+sees an exception for a refused put.
 """
 
 from __future__ import annotations
@@ -15,15 +16,14 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from chronomq.levels import parked_delay_ms, queue_tags_code
 from chronomq.message import (
     BLANK_MAGIC,
     MAX_PROPERTIES_LENGTH,
-    PROPERTY_DELAY_TIME_LEVEL,
     PROPERTY_KEYS,
     PROPERTY_TAGS,
     PROPERTY_UNIQ_KEY,
     PROPERTY_WAIT_STORE_MSG_OK,
-    SCHEDULE_TOPIC,
     MessageExt,
     pack_host,
     tags_code,
@@ -31,21 +31,26 @@ from chronomq.message import (
 )
 from chronomq.store import faults
 from chronomq.store.allocate import ALLOCATE_AHEAD
-from chronomq.store.commitlog import BLANK_HEAD, I64, PATCH, CommitLog, encode, splice
+from chronomq.store.commitlog import BLANK_HEAD, I64, PATCH, CommitLog, encode
 from chronomq.store.mapped import MappedFile
-from chronomq.store.speedups import native
-from chronomq.store.types import AppendResult, PutResult, PutStatus
+from chronomq.store.speedups import kernels, pure_twin
+from chronomq.store.types import AppendResult, DispatchRequest, EncodedRecord, PutResult, PutStatus
 
 if TYPE_CHECKING:
     from chronomq.clock import Clock
     from chronomq.config import BrokerConfig
 
 _POS_STORETIMESTAMP = 56
+# The put path's records are built from a tuple of their fields with tuple.__new__: a C call, where
+# calling a NamedTuple class runs its Python-level __new__ (about 150 ns more per record).
+_new = tuple.__new__
+
+PropertyFields = tuple[bytes, str | None, list[str] | None, str | None]
+StoredRecord = tuple[bytes | bytearray | memoryview, int, int, dict[str, str]]  # see put_records
 
 
-
-def property_fields(props: dict[str, str]
-                    ) -> tuple[bytes, str | None, list[str] | None, str | None] | int:
+@pure_twin("property_fields")
+def property_fields_py(props: dict[str, str]) -> PropertyFields | int:
     """The stored properties text of a message's properties and what the dispatcher indexes (TAGS, the
     KEYS words, UNIQ_KEY), or the refusal as an int: 0 when a name is empty or a name or value holds a
     0x01/0x02 separator, else the encoded size, which is over MAX_PROPERTIES_LENGTH. A non-str name or
@@ -64,34 +69,40 @@ def property_fields(props: dict[str, str]
     return props_b, props.get(PROPERTY_TAGS), keys_l, props.get(PROPERTY_UNIQ_KEY)
 
 
-def append_run(mm: mmap.mmap, r: int, wrote: int, qoff: int, ts: int, entries: list[tuple], topic: str,
-               qid: int, pending: list[tuple]) -> tuple[int, int, int]:
-    """Copy encoded records (rec, tagsCode, delay or None, KEYS words, UNIQ_KEY) into ``mm`` from byte
-    ``r`` on (the commit log at offset ``wrote``), patching each one's queue offset (from ``qoff`` on),
-    physical offset and store time ``ts``, and append its dispatch request to ``pending``. The caller
-    has reserved the room (ValueError otherwise). Returns the next (r, wrote, qoff)."""
+@pure_twin("append_run")
+def append_run_py(mm: mmap.mmap | bytearray, r: int, wrote: int, qoff: int, ts: int,
+                  entries: list[EncodedRecord], topic: str, qid: int, pending: list[DispatchRequest]
+                  ) -> tuple[int, int, int]:
+    """Copy encoded records into ``mm`` from byte ``r`` on (the commit log at offset ``wrote``), patching
+    each one's queue offset (from ``qoff`` on), physical offset and store time ``ts``, and append its
+    dispatch request to ``pending``. The caller has reserved the room (ValueError otherwise). Returns
+    the next (r, wrote, qoff)."""
     patch = PATCH.pack_into
     i64 = I64.pack_into
     n = len(mm)
-    for rec, tc, delay, keys_l, uniq in entries:
+    for e in entries:
+        rec = e.record
         size = len(rec)
         if r < 0 or r + (size if size > 64 else 64) > n:
             raise ValueError("a record does not fit the mapped segment")
         mm[r : r + size] = rec
         patch(mm, r + 20, qoff, wrote)
         i64(mm, r + _POS_STORETIMESTAMP, ts)
-        pending.append((wrote, size, topic, qid, qoff, tc if delay is None else ts + delay, ts, keys_l, uniq))
+        tags = queue_tags_code(e.tags_hash, e.delay_ms, ts)
+        pending.append(_new(DispatchRequest, (wrote, size, topic, qid, qoff, tags, ts, e.keys, e.uniq_key)))
         qoff += 1
         r += size
         wrote += size
     return r, wrote, qoff
 
 
-property_fields_py = property_fields
-append_run_py = append_run
-if native is not None:
-    property_fields = native.property_fields
-    append_run = native.append_run
+class _Refused(Exception):
+    """A put refused (nothing was written), raised where the refusal is found; the public methods answer
+    with ``result``."""
+
+    def __init__(self, status: PutStatus, error: str) -> None:
+        super().__init__(error)
+        self.result = PutResult(status, None, error)
 
 
 class PutPath:
@@ -110,7 +121,7 @@ class PutPath:
     _running: bool
     disk_full: str | None
     _queue_table: dict[tuple[str, int], int]
-    _pending: list[tuple]
+    _pending: list[DispatchRequest]
     _cur_seg: MappedFile | None
     _last_ts: int
     _topic_cache: dict[str, bytes]
@@ -120,99 +131,80 @@ class PutPath:
     _signal_dispatch: Callable[[], None]
     _request_flush: Callable[[int], concurrent.futures.Future[bool]]
 
-    def _fail(self, status: PutStatus, error: str) -> PutResult:
-        return PutResult(status, None, error)
-
-    def _topic_bytes(self, topic: str) -> bytes | PutResult:
-        """A topic not in the cache yet: checked (a refusal as a PutResult), encoded and cached."""
+    def _new_topic(self, topic: str) -> bytes:
+        """A topic not in the cache yet: checked (_Refused), encoded and cached."""
         err = validate_topic(topic) if isinstance(topic, str) else "the topic is not a string"
         if err is not None:
-            return self._fail(PutStatus.MESSAGE_ILLEGAL, err)
+            raise _Refused(PutStatus.MESSAGE_ILLEGAL, err)
         topic_b = topic.encode()
         if len(self._topic_cache) > 100_000:
             self._topic_cache.clear()
         self._topic_cache[topic] = topic_b
         return topic_b
 
-    def _prepare(self, msg: MessageExt) -> tuple | PutResult:
-        """Validate and encode one message (outside any lock). Returns the pieces the locked section needs
-        or a PutResult describing why nothing will be written."""
-        topic = msg.topic
-        topic_b = self._topic_cache.get(topic)
-        if topic_b is None:
-            topic_b = self._topic_bytes(topic)
-            if isinstance(topic_b, PutResult):
-                return topic_b
-        body = msg.body
-        if body.__class__ is not bytes and not isinstance(body, bytearray | memoryview):
-            return self._fail(PutStatus.MESSAGE_ILLEGAL, "the message body is not bytes")
-        if len(body) > self._max_body:
-            return self._fail(PutStatus.MESSAGE_ILLEGAL,
-                              f"the message body is {len(body)} bytes, more than maxMessageSize="
-                              f"{self._max_body}")
-        qid = msg.queue_id
-        if qid < 0 or qid > 0x7FFFFFFF:
-            return self._fail(PutStatus.MESSAGE_ILLEGAL, f"queue id {qid} out of range")
-        props = msg.properties
-        fields = self._property_fields(props)
-        if isinstance(fields, PutResult):
-            return fields
-        props_b, tags, keys_l, uniq = fields
-        host = msg.born_host
-        born_b = self._host_cache.get(host)
-        if born_b is None:
-            try:
-                born_b = pack_host(host)
-            except (TypeError, ValueError, struct.error) as e:
-                return self._fail(PutStatus.MESSAGE_ILLEGAL, f"bad born host {host!r}: {e}")
-            if len(self._host_cache) > 10_000:
-                self._host_cache.clear()
-            self._host_cache[host] = born_b
-        try:
-            buf = encode(msg, topic_b, props_b, self._store_host_b, born_b)
-        except (struct.error, TypeError, ValueError) as e:
-            return self._fail(PutStatus.MESSAGE_ILLEGAL, f"cannot encode the message: {e}")
-        if len(buf) > self._seg_size - 8:
-            return self._fail(PutStatus.MESSAGE_ILLEGAL,
-                              f"the record ({len(buf)} bytes) does not fit a commit-log segment "
-                              f"({self._seg_size} bytes)")
-        if topic == SCHEDULE_TOPIC:
-            levels = self._delay_levels
-            try:
-                level = int(props.get(PROPERTY_DELAY_TIME_LEVEL, "1")) if props else 1
-            except ValueError:
-                level = 1
-            level = min(max(level, 1), len(levels))
-            delay = levels[level - 1]
-            tc = 0
-        else:
-            delay = None
-            if tags:
-                tc = self._tag_cache.get(tags)
-                if tc is None:
-                    tc = tags_code(tags)
-                    if len(self._tag_cache) > 100_000:
-                        self._tag_cache.clear()
-                    self._tag_cache[tags] = tc
-            else:
-                tc = 0
-        return buf, topic, qid, tc, delay, keys_l, uniq
+    def _encoded(self, rec: bytes, props: dict[str, str], topic: str, tags: str | None,
+                 keys: list[str] | None, uniq: str | None) -> EncodedRecord:
+        """``rec`` with what its dispatch request needs: a parked record's level delay (chronomq.levels),
+        any other's tags hash (message.tags_code, cached)."""
+        delay = parked_delay_ms(topic, props, self._delay_levels)
+        tags_hash = 0
+        if tags and delay is None:
+            cached = self._tag_cache.get(tags)
+            if cached is None:
+                cached = tags_code(tags)
+                if len(self._tag_cache) > 100_000:
+                    self._tag_cache.clear()
+                self._tag_cache[tags] = cached
+            tags_hash = cached
+        return _new(EncodedRecord, (rec, tags_hash, delay, keys, uniq))
 
-    def _prepare_checked(self, msg: MessageExt) -> tuple | PutResult:
+    def _prepare(self, msg: MessageExt) -> EncodedRecord:
+        """Validate and encode one message (outside any lock); _Refused when nothing will be written, a
+        message whose fields are of the wrong kind refused as malformed."""
         try:
-            return self._prepare(msg)
+            topic = msg.topic
+            topic_b = self._topic_cache.get(topic) or self._new_topic(topic)
+            body = msg.body
+            if body.__class__ is not bytes and not isinstance(body, bytearray | memoryview):
+                raise _Refused(PutStatus.MESSAGE_ILLEGAL, "the message body is not bytes")
+            if len(body) > self._max_body:
+                raise _Refused(PutStatus.MESSAGE_ILLEGAL, f"the message body is {len(body)} bytes, more "
+                                                          f"than maxMessageSize={self._max_body}")
+            qid = msg.queue_id
+            if qid < 0 or qid > 0x7FFFFFFF:
+                raise _Refused(PutStatus.MESSAGE_ILLEGAL, f"queue id {qid} out of range")
+            props = msg.properties
+            props_b, tags, keys, uniq = self._property_fields(props)
+            host = msg.born_host
+            born_b = self._host_cache.get(host)
+            if born_b is None:
+                try:
+                    born_b = pack_host(host)
+                except (TypeError, ValueError, struct.error) as e:
+                    raise _Refused(PutStatus.MESSAGE_ILLEGAL, f"bad born host {host!r}: {e}") from None
+                if len(self._host_cache) > 10_000:
+                    self._host_cache.clear()
+                self._host_cache[host] = born_b
+            try:
+                buf = encode(msg, topic_b, props_b, self._store_host_b, born_b)
+            except (struct.error, TypeError, ValueError) as e:
+                raise _Refused(PutStatus.MESSAGE_ILLEGAL, f"cannot encode the message: {e}") from None
+            if len(buf) > self._seg_size - 8:
+                raise _Refused(PutStatus.MESSAGE_ILLEGAL, f"the record ({len(buf)} bytes) does not fit a "
+                                                          f"commit-log segment ({self._seg_size} bytes)")
+            return self._encoded(buf, props, topic, tags, keys, uniq)
         except (TypeError, ValueError, AttributeError, OverflowError, struct.error) as e:
-            return self._fail(PutStatus.MESSAGE_ILLEGAL, f"malformed message: {e}")
+            raise _Refused(PutStatus.MESSAGE_ILLEGAL, f"malformed message: {e}") from None
 
-    def _reserve(self, size: int, delivery: bool = False) -> tuple[MappedFile, int, int] | PutResult:
+    def _reserve(self, size: int, delivery: bool = False) -> tuple[MappedFile, int, int]:
         """Under the commit-log lock: the segment, commit-log offset and in-segment position where
-        ``size`` bytes go (rolling to a new segment and allocating disk as needed), or a failed
-        PutResult. A record never spans two segments. While the disk is full (``disk_full``) only a
+        ``size`` bytes go (rolling to a new segment and allocating disk as needed); _Refused when they
+        cannot be had. A record never spans two segments. While the disk is full (``disk_full``) only a
         ``delivery`` (a parked delayed message coming due) may go on, as far as space allows."""
         if not self._running:
-            return self._fail(PutStatus.SERVICE_NOT_AVAILABLE, "the message store is not running")
+            raise _Refused(PutStatus.SERVICE_NOT_AVAILABLE, "the message store is not running")
         if self.disk_full is not None and not delivery:
-            return self._fail(PutStatus.SERVICE_NOT_AVAILABLE, self.disk_full)
+            raise _Refused(PutStatus.SERVICE_NOT_AVAILABLE, self.disk_full)
         seg = self._cur_seg
         wrote = self._cl.wrote
         r = wrote - seg.start if seg is not None else 0
@@ -220,7 +212,8 @@ class PutPath:
             try:
                 seg = self._roll(seg, r)
             except OSError as e:
-                return self._fail(PutStatus.SERVICE_NOT_AVAILABLE, f"cannot create a commit-log segment: {e}")
+                raise _Refused(PutStatus.SERVICE_NOT_AVAILABLE,
+                               f"cannot create a commit-log segment: {e}") from None
             wrote = seg.start
             r = 0
         if r + size + ALLOCATE_AHEAD // 2 > seg.allocated:
@@ -230,56 +223,45 @@ class PutPath:
                 try:
                     seg.allocate(r + size)
                 except OSError as e:
-                    return self._fail(PutStatus.SERVICE_NOT_AVAILABLE,
-                                      f"cannot allocate commit-log space: {e}")
+                    raise _Refused(PutStatus.SERVICE_NOT_AVAILABLE,
+                                   f"cannot allocate commit-log space: {e}") from None
         return seg, wrote, r
 
-
-    def _property_fields(self, props: dict[str, str]
-                         ) -> tuple[bytes, str | None, list[str] | None, str | None] | PutResult:
-        """property_fields, with a refusal as a PutResult."""
-        fields = property_fields(props)
-        if fields.__class__ is not int:
-            return fields  # type: ignore[return-value]
+    def _property_fields(self, props: dict[str, str]) -> PropertyFields:
+        """The property_fields kernel, with its refusal raised as _Refused."""
+        fields = kernels.property_fields(props)
+        if not isinstance(fields, int):
+            return fields
         if fields == 0:
-            return self._fail(PutStatus.MESSAGE_ILLEGAL,
-                              "a property has an empty name or contains a 0x01/0x02 separator")
-        return self._fail(PutStatus.PROPERTIES_SIZE_EXCEEDED,
-                          f"the properties are {fields} bytes, more than {MAX_PROPERTIES_LENGTH}")
+            raise _Refused(PutStatus.MESSAGE_ILLEGAL,
+                           "a property has an empty name or contains a 0x01/0x02 separator")
+        raise _Refused(PutStatus.PROPERTIES_SIZE_EXCEEDED,
+                       f"the properties are {fields} bytes, more than {MAX_PROPERTIES_LENGTH}")
 
     def put_message(self, msg: MessageExt) -> PutResult:
         try:
-            prep = self._prepare(msg)
-        except (TypeError, ValueError, AttributeError, OverflowError, struct.error) as e:
-            return self._fail(PutStatus.MESSAGE_ILLEGAL, f"malformed message: {e}")
-        if prep.__class__ is PutResult:
-            return prep  # type: ignore[return-value]
-        buf, topic, qid, tc, delay, keys_l, uniq = prep  # type: ignore[misc]
-        size = len(buf)
-        qkey = (topic, qid)
-        cl = self._cl
-        with cl.lock:
-            reserved = self._reserve(size)
-            if reserved.__class__ is PutResult:
-                return reserved  # type: ignore[return-value]
-            seg, wrote, r = reserved  # type: ignore[misc]
-            ts = self.clock.now_ms()
-            if ts < self._last_ts:
-                ts = self._last_ts
-            else:
-                self._last_ts = ts
-            qt = self._queue_table
-            qoff = qt.get(qkey, 0)
-            qt[qkey] = qoff + 1
-            mm = seg.mm
-            mm[r : r + size] = buf
-            PATCH.pack_into(mm, r + 20, qoff, wrote)
-            I64.pack_into(mm, r + _POS_STORETIMESTAMP, ts)
-            seg.written = r + size
-            cl.wrote = wrote + size
-            self._pending.append((wrote, size, topic, qid, qoff, tc if delay is None else ts + delay, ts,
-                                  keys_l, uniq))
-        self._signal_dispatch()
+            entry = self._prepare(msg)
+            buf = entry.record
+            size = len(buf)
+            topic = msg.topic
+            qid = msg.queue_id
+            qkey = (topic, qid)
+            cl = self._cl
+            with cl.lock:
+                seg, wrote, r = self._reserve(size)
+                ts = self.clock.now_ms()
+                if ts < self._last_ts:
+                    ts = self._last_ts
+                else:
+                    self._last_ts = ts
+                qt = self._queue_table
+                qoff = qt.get(qkey, 0)
+                qt[qkey] = qoff + 1
+                seg.written, cl.wrote, _ = kernels.append_run(seg.mm, r, wrote, qoff, ts, [entry], topic, qid,
+                                                              self._pending)
+            self._signal_dispatch()
+        except _Refused as refused:
+            return refused.result
         msg.queue_offset = qoff
         msg.commit_log_offset = wrote
         msg.store_timestamp = ts
@@ -294,56 +276,48 @@ class PutPath:
     def put_messages(self, msgs: list[MessageExt]) -> PutResult:
         """A batch for one topic and queue: contiguous queue offsets, written back to back in one segment."""
         if not msgs:
-            return self._fail(PutStatus.MESSAGE_ILLEGAL, "an empty batch")
-        preps = []
-        for m in msgs:
-            prep = self._prepare_checked(m)
-            if prep.__class__ is PutResult:
-                return prep  # type: ignore[return-value]
-            preps.append(prep)
-        topic, qid = preps[0][1], preps[0][2]
-        if any(p[1] != topic or p[2] != qid for p in preps):
-            return self._fail(PutStatus.MESSAGE_ILLEGAL, "a batch must be for one topic and one queue")
-        total = sum(len(p[0]) for p in preps)
-        placed = self._append_run(topic, qid, [(p[0], p[3], p[4], p[5], p[6]) for p in preps], total)
-        if placed.__class__ is PutResult:
-            return placed  # type: ignore[return-value]
-        first_phys, first_q, ts = placed  # type: ignore[misc]
+            return PutResult(PutStatus.MESSAGE_ILLEGAL, None, "an empty batch")
+        try:
+            entries = [self._prepare(m) for m in msgs]
+            topic, qid = msgs[0].topic, msgs[0].queue_id
+            if any(m.topic != topic or m.queue_id != qid for m in msgs):
+                raise _Refused(PutStatus.MESSAGE_ILLEGAL, "a batch must be for one topic and one queue")
+            sizes = [len(e.record) for e in entries]
+            total = sum(sizes)
+            first_phys, first_q, ts = self._append_run(topic, qid, entries, total)
+        except _Refused as refused:
+            return refused.result
         off = first_phys
         host = self.store_host
         for i, m in enumerate(msgs):
-            size = len(preps[i][0])
+            size = sizes[i]
             m.queue_offset = first_q + i
             m.commit_log_offset = off
             m.store_size = size
             m.store_timestamp = ts
             m.store_host = host
             off += size
-        return self._batch_result(first_phys, first_q, ts, [len(p[0]) for p in preps], total)
+        return self._batch_result(first_phys, first_q, ts, sizes, total)
 
-    def _append_run(self, topic: str, qid: int, entries: list[tuple], total: int, delivery: bool = False
-                    ) -> tuple[int, int, int] | PutResult:
-        """Append encoded records (rec, tagsCode, delay or None, KEYS words, UNIQ_KEY) of one queue
-        contiguously in one segment, with consecutive queue offsets, and queue their dispatch requests.
-        Returns (first physical offset, first queue offset, store time) or a refusal. ``delivery``: see
-        _reserve."""
+    def _append_run(self, topic: str, qid: int, entries: list[EncodedRecord], total: int,
+                    delivery: bool = False) -> tuple[int, int, int]:
+        """Append encoded records of one queue contiguously in one segment, with consecutive queue offsets,
+        and queue their dispatch requests. Returns (first physical offset, first queue offset, store
+        time); _Refused when they cannot go in. ``delivery``: see _reserve."""
         if total > self._seg_size - 8:
-            return self._fail(PutStatus.MESSAGE_ILLEGAL,
-                              f"the batch ({total} bytes) does not fit a commit-log segment")
+            raise _Refused(PutStatus.MESSAGE_ILLEGAL, f"the batch ({total} bytes) does not fit a commit-log "
+                                                      "segment")
         qkey = (topic, qid)
         cl = self._cl
         with cl.lock:
             pending = self._pending  # only under the lock: the dispatcher swaps the list
-            reserved = self._reserve(total, delivery)
-            if reserved.__class__ is PutResult:
-                return reserved  # type: ignore[return-value]
-            seg, wrote, r = reserved  # type: ignore[misc]
+            seg, wrote, r = self._reserve(total, delivery)
             ts = max(self.clock.now_ms(), self._last_ts)
             self._last_ts = ts
             first_q = self._queue_table.get(qkey, 0)
             self._queue_table[qkey] = first_q + len(entries)
             first_phys = wrote
-            r, wrote, _ = append_run(seg.mm, r, wrote, first_q, ts, entries, topic, qid, pending)
+            r, wrote, _ = kernels.append_run(seg.mm, r, wrote, first_q, ts, entries, topic, qid, pending)
             seg.written = r
             cl.wrote = wrote
         self._signal_dispatch()
@@ -362,93 +336,72 @@ class PutPath:
         return PutResult(PutStatus.PUT_OK,
                          AppendResult(first_phys, total, ",".join(ids), first_q, ts, len(sizes)), None, fut)
 
-    def put_records(self, topic: str, queue_id: int,
-                    records: list[tuple[bytes | bytearray | memoryview, int, int, dict[str, str]]]
-                    ) -> PutResult:
+    def put_records(self, topic: str, queue_id: int, records: list[StoredRecord]) -> PutResult:
         """put_messages for records the caller holds as stored bytes (a parked delayed message): each
         entry (buf, pos, size, properties) is the V1 record of ``size`` bytes at ``buf[pos:]`` and the
         properties its copy gets. The copy goes to ``topic``/``queue_id``; flag, sysFlag, born time and
         host, reconsume times and body are taken from the bytes without decoding the message (see
-        commitlog.splice), so the record is byte for byte the one put_messages would store for the
+        commitlog.splice_py), so the record is byte for byte the one put_messages would store for the
         decoded message with those fields. Same checks, guarantees and result as put_messages
         (contiguous queue offsets, one segment, tagsCode / delay, index keys, SYNC_FLUSH future); the
         entries' properties dicts are not modified. A malformed record refuses the batch with
         MESSAGE_ILLEGAL. Being the delivery path's put, it is not refused for ``disk_full`` (_reserve).
         It is ``prepare_records`` then ``put_prepared``."""
-        preps = self.prepare_records(topic, queue_id, records)
-        if preps.__class__ is PutResult:
-            return preps  # type: ignore[return-value]
-        return self.put_prepared(topic, queue_id, preps)  # type: ignore[arg-type]
+        try:
+            return self._put_prepared(topic, queue_id, self._prepare_records(topic, queue_id, records), True)
+        except _Refused as refused:
+            return refused.result
 
-    def prepare_records(self, topic: str, queue_id: int,
-                        records: list[tuple[bytes | bytearray | memoryview, int, int, dict[str, str]]]
-                        ) -> list[tuple] | PutResult:
+    def prepare_records(self, topic: str, queue_id: int, records: list[StoredRecord]
+                        ) -> list[EncodedRecord] | PutResult:
         """The first half of put_records, which touches no store state: each record's copy encoded for
-        ``topic``/``queue_id`` (an opaque entry for ``put_prepared``), or the refusal of the batch. The
-        timer prepares the messages about to fall due this way, so that at their moment only the append
-        is left."""
+        ``topic``/``queue_id`` (an entry for ``put_prepared``), or the refusal of the batch. The timer
+        prepares the messages about to fall due this way, so that at their moment only the append is
+        left."""
+        try:
+            return self._prepare_records(topic, queue_id, records)
+        except _Refused as refused:
+            return refused.result
+
+    def _prepare_records(self, topic: str, queue_id: int, records: list[StoredRecord]) -> list[EncodedRecord]:
         if not records:
-            return self._fail(PutStatus.MESSAGE_ILLEGAL, "an empty batch")
-        topic_b = self._topic_cache.get(topic)
-        if topic_b is None:
-            topic_b = self._topic_bytes(topic)
-            if isinstance(topic_b, PutResult):
-                return topic_b
+            raise _Refused(PutStatus.MESSAGE_ILLEGAL, "an empty batch")
+        topic_b = self._topic_cache.get(topic) or self._new_topic(topic)
         if queue_id.__class__ is not int or queue_id < 0 or queue_id > 0x7FFFFFFF:
-            return self._fail(PutStatus.MESSAGE_ILLEGAL, f"queue id {queue_id!r} out of range")
-        schedule = topic == SCHEDULE_TOPIC
-        levels = self._delay_levels
-        tag_cache = self._tag_cache
+            raise _Refused(PutStatus.MESSAGE_ILLEGAL, f"queue id {queue_id!r} out of range")
         max_body = self._max_body
         store_host_b = self._store_host_b
-        preps = []
+        splice = kernels.splice
+        entries = []
         for buf, pos, size, props in records:
-            fields = self._property_fields(props)
-            if isinstance(fields, PutResult):
-                return fields
-            props_b, tags, keys_l, uniq = fields
+            props_b, tags, keys, uniq = self._property_fields(props)
             try:
                 rec, body_len = splice(buf, pos, size, topic_b, queue_id, props_b, store_host_b)
             except (ValueError, TypeError, struct.error) as e:
-                return self._fail(PutStatus.MESSAGE_ILLEGAL, f"not a stored record: {e}")
+                raise _Refused(PutStatus.MESSAGE_ILLEGAL, f"not a stored record: {e}") from None
             if body_len > max_body:
-                return self._fail(PutStatus.MESSAGE_ILLEGAL,
-                                  f"the message body is {body_len} bytes, more than maxMessageSize="
-                                  f"{max_body}")
-            if schedule:
-                try:
-                    level = int(props.get(PROPERTY_DELAY_TIME_LEVEL, "1")) if props else 1
-                except ValueError:
-                    level = 1
-                delay = levels[min(max(level, 1), len(levels)) - 1]
-                tc = 0
-            else:
-                delay = None
-                if tags:
-                    tc = tag_cache.get(tags)
-                    if tc is None:
-                        tc = tags_code(tags)
-                        if len(tag_cache) > 100_000:
-                            tag_cache.clear()
-                        tag_cache[tags] = tc
-                else:
-                    tc = 0
-            preps.append((rec, tc, delay, keys_l, uniq))
-        return preps
+                raise _Refused(PutStatus.MESSAGE_ILLEGAL, f"the message body is {body_len} bytes, more than "
+                                                          f"maxMessageSize={max_body}")
+            entries.append(self._encoded(rec, props, topic, tags, keys, uniq))
+        return entries
 
-    def put_prepared(self, topic: str, queue_id: int, entries: list[tuple], with_ids: bool = True
+    def put_prepared(self, topic: str, queue_id: int, entries: list[EncodedRecord], with_ids: bool = True
                      ) -> PutResult:
         """The second half of put_records: append entries that ``prepare_records`` made for this
         ``topic``/``queue_id`` (any subset of them, in any grouping). ``with_ids=False``: the result
         carries no message ids (the timer's deliveries need none)."""
+        try:
+            return self._put_prepared(topic, queue_id, entries, with_ids)
+        except _Refused as refused:
+            return refused.result
+
+    def _put_prepared(self, topic: str, queue_id: int, entries: list[EncodedRecord], with_ids: bool
+                      ) -> PutResult:
         if not entries:
-            return self._fail(PutStatus.MESSAGE_ILLEGAL, "an empty batch")
-        sizes = [len(p[0]) for p in entries]
+            raise _Refused(PutStatus.MESSAGE_ILLEGAL, "an empty batch")
+        sizes = [len(e.record) for e in entries]
         total = sum(sizes)
-        placed = self._append_run(topic, queue_id, entries, total, True)
-        if placed.__class__ is PutResult:
-            return placed  # type: ignore[return-value]
-        first_phys, first_q, ts = placed  # type: ignore[misc]
+        first_phys, first_q, ts = self._append_run(topic, queue_id, entries, total, True)
         return self._batch_result(first_phys, first_q, ts, sizes, total, with_ids)
 
     def put_message_and_wait(self, msg: MessageExt) -> PutResult:
@@ -467,8 +420,9 @@ class PutPath:
                 res.error = "the commit log was not flushed within syncFlushTimeout"
         return res
 
-    def _roll(self, seg, r: int):
-        """Under the commit-log lock: fill the rest of ``seg`` with a blank record, open the next one."""
+    def _roll(self, seg: MappedFile | None, r: int) -> MappedFile:
+        """Under the commit-log lock: fill the rest of ``seg`` (from ``r``) with a blank record and open the
+        next segment (the first one when ``seg`` is None)."""
         cl = self._cl
         if seg is None:
             start = cl.wrote

@@ -71,7 +71,7 @@ class ReadPath:
         nbytes = 0
         next_off = offset
         removed = filtered = 0
-        for phys, size, tc in units:
+        for phys, size, tags_code in units:
             if size <= 0:
                 next_off += 1
                 continue
@@ -79,7 +79,7 @@ class ReadPath:
                 removed += 1
                 next_off += 1
                 continue
-            if tag_filter is not None and not tag_filter(tc):
+            if tag_filter is not None and not tag_filter(tags_code):
                 filtered += 1
                 next_off += 1
                 continue

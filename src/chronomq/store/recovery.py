@@ -19,6 +19,7 @@ from chronomq.store.consumequeue import ConsumeQueue
 from chronomq.store.index import ENTRY, ENTRY_SIZE, key_hash
 from chronomq.store.mapped import MappedFile, first_hole
 from chronomq.store.reput import request_of
+from chronomq.store.types import DispatchRequest
 
 if TYPE_CHECKING:
     from chronomq.store.message_store import MessageStore
@@ -220,10 +221,14 @@ class StoreRecovery:
                 u = cq._unit(k - 1)
                 if u is None:
                     break
-                m = self.record_of(u[0], end) if u[1] > 0 else None
-                if m is not None and request_of(u[0], m, levels)[1:6] == (u[1], topic, qid, k - 1, u[2]):
-                    good = u
-                    break
+                phys, size, tags_code = u
+                m = self.record_of(phys, end) if size > 0 else None
+                if m is not None:  # the entry is good when it is the one its record's dispatch writes
+                    req = request_of(phys, m, levels)
+                    if (req.size, req.topic, req.queue_id, req.queue_offset, req.tags_code) == (
+                            size, topic, qid, k - 1, tags_code):
+                        good = u
+                        break
                 units.append(u)
                 k -= 1
             if not units:
@@ -313,7 +318,7 @@ class StoreRecovery:
         qt = {k: cq.max_offset for k, cq in queues.items()}
         levels = store._delay_levels
         dispatch = store._reput.dispatch
-        batch: list[tuple] = []
+        batch: list[DispatchRequest] = []
         last_ts = 0
         off = dispatch_from
         for off, data in cl.iter_records(dispatch_from):
@@ -326,7 +331,7 @@ class StoreRecovery:
                 break
             key = (m.topic, m.queue_id)
             expect = qt.get(key)
-            if expect is None and key not in queues:
+            if expect is None:  # a queue with no files (qt has every queue that has them, and each new one)
                 if m.queue_offset > 0 and dispatch_from > cl.min_offset:
                     # Queue files lost (its earlier entries are not in any file): rebuild every queue
                     # from the oldest commit-log offset instead of only the tail.
@@ -336,8 +341,8 @@ class StoreRecovery:
                     self.finish_recovery(cl.min_offset, end)
                     return
                 expect = m.queue_offset  # the queue starts here (its older data was cleaned)
-            if m.queue_offset > expect and (cq := queues.get(key)) is not None:
-                u = cq._unit(cq.max_offset - 1) if cq.max_offset > cq.min_offset else None
+            if m.queue_offset > expect and (queue := queues.get(key)) is not None:
+                u = queue._unit(queue.max_offset - 1) if queue.max_offset > queue.min_offset else None
                 frm = max(u[0] + u[1] if u is not None else cl.min_offset, cl.min_offset)
                 if frm < dispatch_from:
                     # the queue lost entries below where the rebuild started (a torn queue file)

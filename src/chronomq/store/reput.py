@@ -16,8 +16,10 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from chronomq.message import SCHEDULE_TOPIC, MessageExt, tags_code
+from chronomq.levels import stored_tags_code
+from chronomq.message import MessageExt
 from chronomq.store.consumequeue import UNIT
+from chronomq.store.types import DispatchRequest
 
 if TYPE_CHECKING:
     from chronomq.store.message_store import MessageStore
@@ -27,17 +29,13 @@ log = logging.getLogger("chronomq.store")
 ArrivalListener = Callable[[str, int, int, int], None]
 
 
-def request_of(off: int, m: MessageExt, levels: list[int]) -> tuple:
-    """The dispatch request of a stored record read back from the log (recovery, a slave's replica):
-    (phys, size, topic, queue id, queue offset, tagsCode, store_ts, keys, uniq), as the put path builds
-    it; for SCHEDULE_TOPIC_XXXX the tagsCode is the deliver time of the record's level."""
-    if m.topic == SCHEDULE_TOPIC:
-        level = min(max(m.delay_level, 1), len(levels))
-        tc = m.store_timestamp + levels[level - 1]
-    else:
-        tc = tags_code(m.tags)
-    return (off, m.store_size, m.topic, m.queue_id, m.queue_offset, tc, m.store_timestamp, m.keys or None,
-            m.uniq_key)
+def request_of(off: int, m: MessageExt, levels: list[int]) -> DispatchRequest:
+    """The dispatch request of the record at ``off`` read back from the log (recovery, a slave's replica),
+    as the put path builds it (its tagsCode by chronomq.levels)."""
+    ts = m.store_timestamp
+    tags = stored_tags_code(m.topic, m.properties, levels, ts)
+    return DispatchRequest(off, m.store_size, m.topic, m.queue_id, m.queue_offset, tags, ts, m.keys or None,
+                           m.uniq_key)
 
 
 class ReputMessageService:
@@ -53,7 +51,7 @@ class ReputMessageService:
         self.index_later: Callable[[Callable[[], None]], None] | None = None
         self._index_lock = threading.Lock()  # the backlog and _indexing_from
         self._index_writer = threading.Lock()  # one backlog writer at a time: batches stay in order
-        self._index_backlog: list[list[tuple]] = []
+        self._index_backlog: list[list[DispatchRequest]] = []
         self._indexing_from: int | None = None  # the first offset of batches taken but not yet indexed
         self._index_scheduled = False
         self._index_retry = False  # a backlog write failed: the dispatcher thread retries it
@@ -118,30 +116,30 @@ class ReputMessageService:
                 store._pending[:0] = batch
             return False
 
-    def dispatch(self, batch: list[tuple]) -> None:
+    def dispatch(self, batch: list[DispatchRequest]) -> None:
         """Build consume-queue units and index entries for requests in commit-log order."""
         store = self._store
-        by_queue: dict[tuple[str, int], list[tuple]] = {}
-        for item in batch:
-            key = (item[2], item[3])
+        by_queue: dict[tuple[str, int], list[DispatchRequest]] = {}
+        for req in batch:
+            key = (req.topic, req.queue_id)
             lst = by_queue.get(key)
             if lst is None:
-                by_queue[key] = [item]
+                by_queue[key] = [req]
             else:
-                lst.append(item)
+                lst.append(req)
         pack = UNIT.pack
         arrivals = []
-        for (topic, qid), items in by_queue.items():
-            cq = store._get_queue(topic, qid, True)
+        for (topic, qid), reqs in by_queue.items():
+            cq = store._queue_for_dispatch(topic, qid)
             # queue offsets of one queue are contiguous in commit-log order; split where they are not
             start = 0
-            for i in range(1, len(items) + 1):
-                if i == len(items) or items[i][4] != items[i - 1][4] + 1:
-                    run = items[start:i]
-                    cq.append_units(run[0][4], b"".join([pack(it[0], it[1], it[5]) for it in run]), len(run))
+            for i in range(1, len(reqs) + 1):
+                if i == len(reqs) or reqs[i].queue_offset != reqs[i - 1].queue_offset + 1:
+                    run = reqs[start:i]
+                    cq.append_units(run[0].queue_offset,
+                                    b"".join([pack(r.phys, r.size, r.tags_code) for r in run]), len(run))
                     start = i
-            last = items[-1]
-            arrivals.append((topic, qid, cq.max_offset, last[6]))
+            arrivals.append((topic, qid, cq.max_offset, reqs[-1].store_timestamp))
         if store._index_enabled:
             later = self.index_later
             if later is None:
@@ -158,7 +156,7 @@ class ReputMessageService:
                         self._index_soon()
         last = batch[-1]
         with self.cv:
-            self.dispatched = last[0] + last[1]
+            self.dispatched = last.phys + last.size
             self.cv.notify_all()
         for listener in list(self.listeners):
             for a in arrivals:
@@ -181,7 +179,7 @@ class ReputMessageService:
                 batches, self._index_backlog = self._index_backlog, []
                 if not batches:
                     return True
-                self._indexing_from = batches[0][0][0]  # recover_point stays below them meanwhile
+                self._indexing_from = batches[0][0].phys  # recover_point stays below them meanwhile
             done = 0
             try:
                 for batch in batches:
@@ -206,7 +204,7 @@ class ReputMessageService:
             if self._indexing_from is not None:
                 point = min(point, self._indexing_from)
             if self._index_backlog:
-                point = min(point, self._index_backlog[0][0][0])
+                point = min(point, self._index_backlog[0][0].phys)
         return point
 
     def wait_dispatched(self, commit_log_offset: int, timeout_s: float) -> bool:

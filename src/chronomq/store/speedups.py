@@ -1,21 +1,126 @@
-"""Which implementation of the hot-path kernels runs: the compiled ``chronomq.store._speedups`` (Cython, built
-by ``pip install`` when a C compiler and Python's headers are there) or the pure-Python functions it mirrors.
-``native`` is the compiled module, or None when it is not built or ``CHRONOMQ_PURE_PYTHON`` is set to
-anything but "" or "0". Modules that own a kernel keep the pure function as ``<name>_py`` and rebind
-``<name>`` to the compiled one when there is one; results and refusals are the same either way."""
+"""The one place that chooses which implementation of the hot-path kernels runs: the compiled
+``chronomq.store._speedups`` (Cython, built by ``pip install`` where a C compiler and Python's headers are)
+or the pure-Python twins it mirrors. Callers use ``kernels`` (typed by ``Kernels``): the compiled module, or,
+when it is not built or ``CHRONOMQ_PURE_PYTHON`` is set to anything but "" or "0", an object holding the
+pure twins, which their modules register under the kernel's name with ``pure_twin``. Results and refusals
+are the same either way.
+"""
 
 from __future__ import annotations
 
+import mmap
 import os
 import zlib
 from collections.abc import Callable
-from types import ModuleType
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, cast
+
+from chronomq.message import encode_record
+
+if TYPE_CHECKING:
+    from chronomq.message import MessageExt
+    from chronomq.store.types import DispatchRequest, EncodedRecord
 
 PURE_ENV = "CHRONOMQ_PURE_PYTHON"
 
+Buffer = bytes | bytearray | memoryview | mmap.mmap
+F = TypeVar("F", bound=Callable[..., Any])
 
-def _load() -> ModuleType | None:
-    if os.environ.get(PURE_ENV, "") not in ("", "0"):
+
+class Kernels(Protocol):
+    """The kernels, each a drop-in for its pure twin (named after the module that holds the twin).
+    The timer's kernels take and fill the timer store's own item types (chronomq.delay.timer), which
+    store/ does not import: Any here."""
+
+    def crc32(self, data: Buffer, value: int = 0, /) -> int:
+        """zlib.crc32."""
+        ...
+
+    def splice(self, buf: Buffer, pos: int, size: int, topic_b: bytes, queue_id: int, props_b: bytes,
+               store_host_b: bytes, /) -> tuple[bytes, int]:
+        """commitlog.splice_py."""
+        ...
+
+    def property_fields(self, props: dict[str, str], /
+                        ) -> tuple[bytes, str | None, list[str] | None, str | None] | int:
+        """put.property_fields_py."""
+        ...
+
+    def append_run(self, mm: Buffer, r: int, wrote: int, qoff: int, ts: int, entries: list[EncodedRecord],
+                   topic: str, qid: int, pending: list[DispatchRequest], /) -> tuple[int, int, int]:
+        """put.append_run_py."""
+        ...
+
+    def encode_record(self, msg: MessageExt, properties_text: str | None = None, /) -> bytearray:
+        """message.encode_record."""
+        ...
+
+    def record_to_put(self, buf: Buffer, pos: int, size: int, /) -> tuple[str, int, dict[str, str]]:
+        """delay.delivery.record_to_put."""
+        ...
+
+    def batch_items(self, data: Buffer, /) -> list[tuple[bytes, dict[str, str], int]]:
+        """remoting.codec.batch_items."""
+        ...
+
+    def due_ms_of(self, rec: bytes, /) -> int | None:
+        """broker.processors.pull.due_ms_of."""
+        ...
+
+    def pack_timer_records(self, encoded: list[tuple[MessageExt, int, bytearray]], tids: dict[str, int],
+                           now: int, origin: int, pos: int, seg_size: int,
+                           placed: list[tuple[int, int, int, int]], hash_items: list[tuple[int, int]],
+                           results: list[Any], result_cls: Callable[..., Any], id_prefix: str, /
+                           ) -> tuple[list[tuple[int, bytearray]], int]:
+        """delay.timer.append.pack_timer_records_py."""
+        ...
+
+    def pack_index_entries(self, links: list[tuple[int, int, int, int, int]], floor: int, slot_ms: int,
+                           start_idx: int, per_seg: int, seg_max: dict[int, int], hot: int,
+                           wheel_get: Callable[[int], int], /
+                           ) -> tuple[bytearray, dict[int, int], list[tuple[int, Any]], int | None]:
+        """delay.timer.append.pack_index_entries_py."""
+        ...
+
+    def pack_hash_entries(self, items: list[tuple[int, int]], count: int, buckets: int, bmap: Buffer,
+                          backed: set[int], /) -> tuple[bytearray, dict[int, int], int]:
+        """delay.timer.files.pack_hash_entries_py."""
+        ...
+
+    def mark_delivered_run(self, group: list[Any], t: int, seq: int, marks: dict[int, Any], buf: bytearray,
+                           pending: Any, lates: dict[tuple[int, int], int], out: list[str], /) -> int:
+        """delay.timer.window.mark_delivered_run_py."""
+        ...
+
+
+class NativeKernels(Kernels, Protocol):
+    """The compiled module: the kernels and two CRC functions that have no pure twin."""
+
+    def crc32_bytewise(self, data: Buffer, value: int = 0, /) -> int:
+        """The table path of ``crc32`` alone (what a CPU without PCLMULQDQ runs)."""
+        ...
+
+    def crc32_folds(self) -> bool:
+        """Whether ``crc32`` folds with carry-less multiplies on this CPU."""
+        ...
+
+
+KERNEL_NAMES = frozenset(name for name in vars(Kernels) if not name.startswith("_"))
+
+
+class _PureKernels:
+    """The pure twins, each set as an attribute under its kernel's name by ``pure_twin``."""
+
+    def __getattr__(self, name: str) -> Any:  # only reached for a name no module has registered
+        raise AttributeError(f"no pure twin of the kernel {name!r} is registered: the module that defines it "
+                             "registers it with chronomq.store.speedups.pure_twin when it is imported")
+
+
+def _pure_asked() -> bool:
+    return os.environ.get(PURE_ENV, "") not in ("", "0")
+
+
+def _load() -> NativeKernels | None:
+    if _pure_asked():
         return None
     try:
         from chronomq.store import _speedups
@@ -24,15 +129,37 @@ def _load() -> ModuleType | None:
     return _speedups
 
 
-native: ModuleType | None = _load()
+_compiled = _load()
+_pure = _PureKernels()
+kernels: Kernels = _compiled if _compiled is not None else cast(Kernels, _pure)
+# The compiled module or None. Typed Any for the modules outside store/ that still pick a kernel from it
+# themselves (rebinding their own names); they move to ``kernels`` and ``pure_twin``.
+native: Any = _compiled
+twins: dict[str, Callable[..., Any]] = {}  # the pure twins registered so far, by kernel name
 
-# zlib.crc32's results; compiled, it folds with carry-less multiplies where the CPU has them
-crc32: Callable[..., int] = native.crc32 if native is not None else zlib.crc32
+
+def pure_twin(name: str) -> Callable[[F], F]:
+    """Decorator: register the function as the pure twin of the kernel ``name``; it runs as
+    ``kernels.<name>`` when the compiled module does not. The function itself is returned unchanged."""
+    if name not in KERNEL_NAMES:
+        raise ValueError(f"{name!r} is not a kernel of chronomq.store._speedups")
+
+    def register(fn: F) -> F:
+        twins[name] = fn
+        if _compiled is None:
+            setattr(_pure, name, fn)
+        return fn
+
+    return register
+
+
+pure_twin("crc32")(zlib.crc32)  # compiled, it folds with carry-less multiplies where the CPU has them
+pure_twin("encode_record")(encode_record)
+crc32: Callable[..., int] = kernels.crc32
 
 
 def describe() -> str:
     """One line for logs and benchmarks: which kernels are in use."""
     if native is not None:
         return "compiled (chronomq.store._speedups)"
-    why = f"{PURE_ENV} set" if os.environ.get(PURE_ENV, "") not in ("", "0") else "not built"
-    return f"pure Python ({why})"
+    return f"pure Python ({PURE_ENV} set)" if _pure_asked() else "pure Python (not built)"

@@ -1,4 +1,5 @@
-"""Result types of the store's public API (the contract the broker and the delay service code against).
+"""Result types of the store's public API (the contract the broker and the delay service code against),
+and the two records the put path hands on (an encoded record, a dispatch request).
 
 The facade is ``chronomq.store.MessageStore`` (see its docstring). It is thread-safe and synchronous:
 no asyncio in the store. Durability waits are ``concurrent.futures.Future`` objects, which asyncio code
@@ -10,7 +11,7 @@ from __future__ import annotations
 import concurrent.futures
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any
+from typing import Any, NamedTuple
 
 
 class PutStatus(Enum):
@@ -80,6 +81,34 @@ class CQUnit:
     commit_log_offset: int
     size: int
     tags_code: int  # tag hash; for SCHEDULE_TOPIC_XXXX the deliver time (epoch ms)
+
+
+class EncodedRecord(NamedTuple):
+    """A record encoded for the append (MessageStore.prepare_records' entries), with what its dispatch
+    request needs besides its place in the log."""
+
+    record: bytes  # the V1 record; queue offset, physical offset and store time patched in
+    tags_hash: int  # the TAGS hash: the queue entry's tagsCode unless the record is parked
+    delay_ms: int | None  # a parked record's level delay: its tagsCode is its store time + this
+    keys: list[str] | None  # the KEYS words, for the index
+    uniq_key: str | None
+
+
+class DispatchRequest(NamedTuple):
+    """What the dispatcher writes for one record: its consume-queue entry and its index entries. The put
+    path builds it under the commit-log lock (the append_run kernel too: tuple.__new__ over these
+    positions, which tests/unit/test_speedups.py pins to the field names); recovery and a replica build
+    it from a record read back (reput.request_of)."""
+
+    phys: int  # commit-log offset
+    size: int
+    topic: str
+    queue_id: int
+    queue_offset: int
+    tags_code: int
+    store_timestamp: int
+    keys: list[str] | None
+    uniq_key: str | None
 
 
 def records_put_of(store: Any) -> Any:
