@@ -54,6 +54,7 @@ from .records import (  # the layouts, for tests and tools that read the files
     PENDING,
     TIMER_OFFSET_FLAG,
     Item,
+    _new,
     _pack_index,
     _pos_of,
     _unpack_index,
@@ -312,7 +313,7 @@ class TimerStore(WindowPath):
         for slot, head in heads.items():
             self.wheel.set(slot, head)
         for slot, entry in items:
-            item = Item._make(entry)  # the compiled kernel builds a plain tuple
+            item = _new(Item, entry)  # the compiled kernel builds a plain tuple
             if cur is not None and slot == cur.slot:
                 heapq.heappush(cur.late, item)
             elif nxt is not None and slot == nxt.slot:

@@ -51,6 +51,7 @@ from .records import (
     Staged,
     Taken,
     TimerHeader,
+    _new,
     _unpack_index,
 )
 from .state import TimerState
@@ -169,7 +170,7 @@ class _Slot:
         if late and (c >= len(self.d) or (late[0].deliver_ms, late[0].entry) < (self.d[c], self.i[c])):
             return heapq.heappop(late)
         self.cursor = c + 1
-        return Item(self.d[c], self.i[c], self.p[c], self.g[c], self.t[c], self.s[c])
+        return _new(Item, (self.d[c], self.i[c], self.p[c], self.g[c], self.t[c], self.s[c]))
 
     def exhausted(self) -> bool:
         return self.cursor >= len(self.d) and not self.late
@@ -243,8 +244,9 @@ class WindowPath(TimerState):
                     c = cur.cursor
                     end = min(bisect.bisect_right(cur.d, now, lo=c), c + n)
                     if end > c:
-                        out = list(map(Item, cur.d[c:end], cur.i[c:end], cur.p[c:end], cur.g[c:end],
-                                       cur.t[c:end], cur.s[c:end]))
+                        out = [_new(Item, f) for f in zip(cur.d[c:end], cur.i[c:end], cur.p[c:end],
+                                                          cur.g[c:end], cur.t[c:end], cur.s[c:end],
+                                                          strict=True)]
                         cur.cursor = end
                 while len(out) < n:
                     head = cur.peek()
@@ -372,8 +374,9 @@ class WindowPath(TimerState):
                     entries = prepare(topic, qid, [m.put for m in members])
                     ok = entries.__class__ is list
                     for j, m in enumerate(members):
-                        staged.append(Staged(m.item, m.header, topic, qid, entries[j] if ok else None,
-                                             None if ok else m.put))
+                        prepared = entries[j] if ok else None
+                        staged.append(_new(Staged, (m.item, m.header, topic, qid, prepared,
+                                                    None if ok else m.put)))
                         out[m.batch_index] = "staged"
             finally:
                 left = [k for k in range(len(items)) if out[k] != "staged"]
@@ -422,7 +425,8 @@ class WindowPath(TimerState):
                     grp = prepared if s.prepared is not None else raw
                     key = (s.topic, s.queue_id)
                     g = grp.get(key)
-                    taken = Taken(k, s.prepared if s.prepared is not None else s.record, s.header, s.item)
+                    put = s.prepared if s.prepared is not None else s.record
+                    taken = _new(Taken, (k, put, s.header, s.item))
                     if g is None:
                         grp[key] = [taken]
                     else:
@@ -499,7 +503,6 @@ class WindowPath(TimerState):
         # check and decode, in deliver order
         groups: dict[tuple[str, int], list[Taken]] = {}
         unpack_from = DATA_HDR.unpack_from
-        header = TimerHeader._make
         marks = self._marks
         store_host = self.store_host
         strip = (*TIMER_PROPERTIES, PROPERTY_DELAY_TIME_LEVEL)
@@ -515,7 +518,7 @@ class WindowPath(TimerState):
                 self.stale_skipped += 1
                 out[k] = "skipped"
                 continue
-            h = header(unpack_from(raw, off))
+            h = _new(TimerHeader, unpack_from(raw, off))
             if h.magic != DATA_MAGIC or h.size != size:
                 self.stale_skipped += 1
                 out[k] = "skipped"
@@ -567,9 +570,9 @@ class WindowPath(TimerState):
             props[PROPERTY_TIMER_DELIVER_MS] = str(deliver_ms)
             g = groups.get((topic, qid))
             if g is None:
-                groups[(topic, qid)] = [Taken(k, m, h, item)]
+                groups[(topic, qid)] = [_new(Taken, (k, m, h, item))]
             else:
-                g.append(Taken(k, m, h, item))
+                g.append(_new(Taken, (k, m, h, item)))
         return groups
 
     def _refused(self, taken: Taken, res: PutResult, out: list[str]) -> None:
