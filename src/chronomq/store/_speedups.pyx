@@ -515,8 +515,19 @@ def due_ms_of(bytes rec):
     return v
 
 
+cdef extern from "Python.h":
+    ctypedef struct PyTypeObject
+    object PyType_GenericAlloc(PyTypeObject* t, Py_ssize_t n)
+    void Py_INCREF(object o)
+    void PyTuple_SET_ITEM(object p, Py_ssize_t pos, object o)
+
+
 cdef object _DispatchRequest = None
-cdef object _tuple_new = tuple.__new__  # a tuple subclass's instance from a tuple, in C
+
+
+cdef inline void _set(object t, Py_ssize_t i, object v):
+    Py_INCREF(v)  # PyTuple_SET_ITEM steals a reference
+    PyTuple_SET_ITEM(t, i, v)
 
 
 cdef object _request_type():
@@ -536,7 +547,7 @@ def append_run(object mm, Py_ssize_t r, int64_t wrote, int64_t qoff, int64_t ts,
     cdef Py_buffer view, rv
     cdef uint8_t* b
     cdef Py_ssize_t size
-    cdef object e, rec, tags_hash, delay
+    cdef object e, rec, tags_hash, delay, req
     cdef object request_type = _request_type()
     PyObject_GetBuffer(mm, &view, PyBUF_WRITABLE)
     try:
@@ -554,8 +565,19 @@ def append_run(object mm, Py_ssize_t r, int64_t wrote, int64_t qoff, int64_t ts,
             wr64(b + r + 20, qoff)
             wr64(b + r + 28, wrote)
             wr64(b + r + 56, ts)
-            pending.append(_tuple_new(request_type, (
-                wrote, size, topic, qid, qoff, tags_hash if delay is None else ts + delay, ts, keys, uniq)))
+            # the DispatchRequest allocated as the tuple subclass it is and filled in its fields' order
+            # (what tuple.__new__(DispatchRequest, fields) does, without the temporary tuple)
+            req = PyType_GenericAlloc(<PyTypeObject*>request_type, 9)
+            _set(req, 0, wrote)
+            _set(req, 1, size)
+            _set(req, 2, topic)
+            _set(req, 3, qid)
+            _set(req, 4, qoff)
+            _set(req, 5, tags_hash if delay is None else ts + delay)
+            _set(req, 6, ts)
+            _set(req, 7, keys)
+            _set(req, 8, uniq)
+            pending.append(req)
             qoff += 1
             r += size
             wrote += size

@@ -60,9 +60,7 @@ class MessageStore(PutPath, ReadPath):
         self._pending: list[DispatchRequest] = []  # the dispatcher swaps the list
         self._cur_seg = None
         self._last_ts = 0
-        self._topic_cache: dict[str, bytes] = {}
-        self._tag_cache: dict[str, int] = {}
-        self._host_cache: dict[tuple[str, int], bytes] = {}
+        self._init_caches()
 
         # services; the put path calls the ones it needs per message through handles bound once here
         self._reput = ReputMessageService(self)

@@ -14,7 +14,7 @@ import mmap
 import struct
 import threading
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from chronomq.levels import parked_delay_ms, queue_tags_code
 from chronomq.message import (
@@ -45,6 +45,8 @@ _POS_STORETIMESTAMP = 56
 # calling a NamedTuple class runs its Python-level __new__ (about 150 ns more per record).
 _new = tuple.__new__
 
+K = TypeVar("K")
+V = TypeVar("V")
 PropertyFields = tuple[bytes, str | None, list[str] | None, str | None]
 StoredRecord = tuple[bytes | bytearray | memoryview, int, int, dict[str, str]]  # see put_records
 
@@ -96,6 +98,39 @@ def append_run_py(mm: mmap.mmap | bytearray, r: int, wrote: int, qoff: int, ts: 
     return r, wrote, qoff
 
 
+class _Cache(dict[K, V]):
+    """A dict that makes a missing value with ``make`` (which may raise) and holds at most ``limit``
+    entries (then it starts again empty)."""
+
+    def __init__(self, make: Callable[[K], V], limit: int) -> None:
+        super().__init__()
+        self._make = make
+        self._limit = limit
+
+    def __missing__(self, key: K) -> V:
+        value = self._make(key)
+        if len(self) > self._limit:
+            self.clear()
+        self[key] = value
+        return value
+
+
+def _topic_bytes(topic: str) -> bytes:
+    """A topic's name encoded, once it is checked (_Refused when it is not a topic's)."""
+    err = validate_topic(topic) if isinstance(topic, str) else "the topic is not a string"
+    if err is not None:
+        raise _Refused(PutStatus.MESSAGE_ILLEGAL, err)
+    return topic.encode()
+
+
+def _host_bytes(host: tuple[str, int]) -> bytes:
+    """A born host packed as the record holds it (_Refused when it cannot be)."""
+    try:
+        return pack_host(host)
+    except (TypeError, ValueError, struct.error) as e:
+        raise _Refused(PutStatus.MESSAGE_ILLEGAL, f"bad born host {host!r}: {e}") from None
+
+
 class _Refused(Exception):
     """A put refused (nothing was written), raised where the refusal is found; the public methods answer
     with ``result``."""
@@ -124,46 +159,25 @@ class PutPath:
     _pending: list[DispatchRequest]
     _cur_seg: MappedFile | None
     _last_ts: int
-    _topic_cache: dict[str, bytes]
-    _tag_cache: dict[str, int]
-    _host_cache: dict[tuple[str, int], bytes]
+    _topic_cache: _Cache[str, bytes]
+    _tag_cache: _Cache[str, int]
+    _host_cache: _Cache[tuple[str, int], bytes]
     _alloc_wake: threading.Event
     _signal_dispatch: Callable[[], None]
     _request_flush: Callable[[int], concurrent.futures.Future[bool]]
 
-    def _new_topic(self, topic: str) -> bytes:
-        """A topic not in the cache yet: checked (_Refused), encoded and cached."""
-        err = validate_topic(topic) if isinstance(topic, str) else "the topic is not a string"
-        if err is not None:
-            raise _Refused(PutStatus.MESSAGE_ILLEGAL, err)
-        topic_b = topic.encode()
-        if len(self._topic_cache) > 100_000:
-            self._topic_cache.clear()
-        self._topic_cache[topic] = topic_b
-        return topic_b
-
-    def _encoded(self, rec: bytes, props: dict[str, str], topic: str, tags: str | None,
-                 keys: list[str] | None, uniq: str | None) -> EncodedRecord:
-        """``rec`` with what its dispatch request needs: a parked record's level delay (chronomq.levels),
-        any other's tags hash (message.tags_code, cached)."""
-        delay = parked_delay_ms(topic, props, self._delay_levels)
-        tags_hash = 0
-        if tags and delay is None:
-            cached = self._tag_cache.get(tags)
-            if cached is None:
-                cached = tags_code(tags)
-                if len(self._tag_cache) > 100_000:
-                    self._tag_cache.clear()
-                self._tag_cache[tags] = cached
-            tags_hash = cached
-        return _new(EncodedRecord, (rec, tags_hash, delay, keys, uniq))
+    def _init_caches(self) -> None:
+        """The put path's caches: a topic's bytes (checked once), a tags text's hash, a born host packed."""
+        self._topic_cache = _Cache(_topic_bytes, 100_000)
+        self._tag_cache = _Cache(tags_code, 100_000)
+        self._host_cache = _Cache(_host_bytes, 10_000)
 
     def _prepare(self, msg: MessageExt) -> EncodedRecord:
         """Validate and encode one message (outside any lock); _Refused when nothing will be written, a
         message whose fields are of the wrong kind refused as malformed."""
         try:
             topic = msg.topic
-            topic_b = self._topic_cache.get(topic) or self._new_topic(topic)
+            topic_b = self._topic_cache[topic]
             body = msg.body
             if body.__class__ is not bytes and not isinstance(body, bytearray | memoryview):
                 raise _Refused(PutStatus.MESSAGE_ILLEGAL, "the message body is not bytes")
@@ -175,16 +189,7 @@ class PutPath:
                 raise _Refused(PutStatus.MESSAGE_ILLEGAL, f"queue id {qid} out of range")
             props = msg.properties
             props_b, tags, keys, uniq = self._property_fields(props)
-            host = msg.born_host
-            born_b = self._host_cache.get(host)
-            if born_b is None:
-                try:
-                    born_b = pack_host(host)
-                except (TypeError, ValueError, struct.error) as e:
-                    raise _Refused(PutStatus.MESSAGE_ILLEGAL, f"bad born host {host!r}: {e}") from None
-                if len(self._host_cache) > 10_000:
-                    self._host_cache.clear()
-                self._host_cache[host] = born_b
+            born_b = self._host_cache[msg.born_host]
             try:
                 buf = encode(msg, topic_b, props_b, self._store_host_b, born_b)
             except (struct.error, TypeError, ValueError) as e:
@@ -192,7 +197,9 @@ class PutPath:
             if len(buf) > self._seg_size - 8:
                 raise _Refused(PutStatus.MESSAGE_ILLEGAL, f"the record ({len(buf)} bytes) does not fit a "
                                                           f"commit-log segment ({self._seg_size} bytes)")
-            return self._encoded(buf, props, topic, tags, keys, uniq)
+            delay = parked_delay_ms(topic, props, self._delay_levels)
+            tags_hash = self._tag_cache[tags] if tags and delay is None else 0
+            return _new(EncodedRecord, (buf, tags_hash, delay, keys, uniq))
         except (TypeError, ValueError, AttributeError, OverflowError, struct.error) as e:
             raise _Refused(PutStatus.MESSAGE_ILLEGAL, f"malformed message: {e}") from None
 
@@ -366,11 +373,13 @@ class PutPath:
     def _prepare_records(self, topic: str, queue_id: int, records: list[StoredRecord]) -> list[EncodedRecord]:
         if not records:
             raise _Refused(PutStatus.MESSAGE_ILLEGAL, "an empty batch")
-        topic_b = self._topic_cache.get(topic) or self._new_topic(topic)
+        topic_b = self._topic_cache[topic]
         if queue_id.__class__ is not int or queue_id < 0 or queue_id > 0x7FFFFFFF:
             raise _Refused(PutStatus.MESSAGE_ILLEGAL, f"queue id {queue_id!r} out of range")
         max_body = self._max_body
         store_host_b = self._store_host_b
+        levels = self._delay_levels
+        tag_cache = self._tag_cache
         splice = kernels.splice
         entries = []
         for buf, pos, size, props in records:
@@ -382,7 +391,9 @@ class PutPath:
             if body_len > max_body:
                 raise _Refused(PutStatus.MESSAGE_ILLEGAL, f"the message body is {body_len} bytes, more than "
                                                           f"maxMessageSize={max_body}")
-            entries.append(self._encoded(rec, props, topic, tags, keys, uniq))
+            delay = parked_delay_ms(topic, props, levels)
+            tags_hash = tag_cache[tags] if tags and delay is None else 0
+            entries.append(_new(EncodedRecord, (rec, tags_hash, delay, keys, uniq)))
         return entries
 
     def put_prepared(self, topic: str, queue_id: int, entries: list[EncodedRecord], with_ids: bool = True
