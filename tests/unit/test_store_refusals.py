@@ -8,7 +8,7 @@ import pytest
 from chronomq.clock import VirtualClock
 from chronomq.config import BrokerConfig
 from chronomq.message import MessageExt
-from chronomq.store import MessageStore, PutResult, PutStatus
+from chronomq.store import MessageStore, PutResult, PutStatus, put
 
 
 def msg(topic: str = "TopicA", qid: int = 0, **kw: object) -> MessageExt:
@@ -70,3 +70,16 @@ def test_a_store_that_is_not_running_answers_every_entry(tmp_path):
     for r in (s.put_message(msg()), s.put_messages([msg()]), s.put_records("TopicA", 0, records),
               s.put_prepared("TopicA", 0, entries)):
         assert r.status is PutStatus.SERVICE_NOT_AVAILABLE and r.error == "the message store is not running"
+
+
+def test_the_put_paths_caches_make_a_missing_entry_and_stay_bounded(store):
+    made: list[int] = []
+    cache = put._Cache(lambda k: made.append(k) or k * 2, 2)
+    assert (cache[1], cache[1], made) == (2, 2, [1])
+    for k in (2, 3, 4):  # over the limit: it starts again empty
+        assert cache[k] == 2 * k
+    assert list(cache) == [4]
+    for _ in range(2):  # a refused topic is not cached: it is checked again
+        assert store.put_message(msg(topic="bad topic")).status is PutStatus.MESSAGE_ILLEGAL
+    assert "bad topic" not in store._topic_cache and "TopicA" not in store._topic_cache
+    assert store.put_message(msg()).ok and "TopicA" in store._topic_cache

@@ -96,9 +96,9 @@ class EncodedRecord(NamedTuple):
 
 class DispatchRequest(NamedTuple):
     """What the dispatcher writes for one record: its consume-queue entry and its index entries. The put
-    path builds it under the commit-log lock (the append_run kernel too: tuple.__new__ over these
-    positions, which tests/unit/test_speedups.py pins to the field names); recovery and a replica build
-    it from a record read back (reput.request_of)."""
+    path builds it under the commit-log lock, by position (append_run and its pure twin: a test in
+    tests/unit/test_speedups.py holds both to the field names); recovery and a replica build it from a
+    record read back (reput.request_of)."""
 
     phys: int  # commit-log offset
     size: int
