@@ -4,6 +4,7 @@ results, same refusals, same exception types, on valid, edge and corrupt input."
 from __future__ import annotations
 
 import ast
+import gc
 import inspect
 import os
 import shutil
@@ -363,6 +364,17 @@ def test_append_run_builds_dispatch_requests_field_by_field(kernel):
                                     "uniq_key": "U1"}
     assert pending[1]._asdict() == {"phys": 1100, "size": 91, "topic": "T", "queue_id": 3, "queue_offset": 8,
                                     "tags_code": 5050, "store_timestamp": 50, "keys": None, "uniq_key": None}
+
+
+@needs_native
+def test_a_kernel_built_dispatch_request_is_left_to_the_cycle_collector_only_when_it_holds_a_container():
+    # as CPython untracks a plain tuple of atomic items: a request without KEYS words is never traversed
+    pending: list[DispatchRequest] = []
+    entries = [EncodedRecord(b"a" * 100, 1, None, None, "U1"),
+               EncodedRecord(b"b" * 100, 1, None, ["k"], "U2"),
+               EncodedRecord(b"c" * 100, 0, 5000, None, None)]
+    native.append_run(bytearray(400), 0, 0, 0, 5, entries, "T", 3, pending)
+    assert [gc.is_tracked(p) for p in pending] == [False, True, False]
 
 
 # --- the chooser --------------------------------------------------------------------------------------------

@@ -520,6 +520,8 @@ cdef extern from "Python.h":
     object PyType_GenericAlloc(PyTypeObject* t, Py_ssize_t n)
     void Py_INCREF(object o)
     void PyTuple_SET_ITEM(object p, Py_ssize_t pos, object o)
+    void PyObject_GC_UnTrack(object o)
+    bint PyObject_IS_GC(object o)
 
 
 cdef object _DispatchRequest = None
@@ -547,7 +549,7 @@ def append_run(object mm, Py_ssize_t r, int64_t wrote, int64_t qoff, int64_t ts,
     cdef Py_buffer view, rv
     cdef uint8_t* b
     cdef Py_ssize_t size
-    cdef object e, rec, tags_hash, delay, req
+    cdef object e, rec, tags_hash, delay, req, tags_code
     cdef object request_type = _request_type()
     PyObject_GetBuffer(mm, &view, PyBUF_WRITABLE)
     try:
@@ -573,10 +575,16 @@ def append_run(object mm, Py_ssize_t r, int64_t wrote, int64_t qoff, int64_t ts,
             _set(req, 2, topic)
             _set(req, 3, qid)
             _set(req, 4, qoff)
-            _set(req, 5, tags_hash if delay is None else ts + delay)
+            tags_code = tags_hash if delay is None else ts + delay
+            _set(req, 5, tags_code)
             _set(req, 6, ts)
             _set(req, 7, keys)
             _set(req, 8, uniq)
+            if keys is None and not (PyObject_IS_GC(topic) or PyObject_IS_GC(qid) or PyObject_IS_GC(uniq)
+                                     or PyObject_IS_GC(tags_code)):
+                # no item the cycle collector tracks: untracked, as CPython untracks a plain tuple of such
+                # items at its first collection (it never does for an instance of a subclass)
+                PyObject_GC_UnTrack(req)
             pending.append(req)
             qoff += 1
             r += size
