@@ -1,5 +1,5 @@
 """The message model shared by every layer: property names, the properties string, the stored-record
-codec (RocketMQ's V1 layout, protocol.md section 3.1), offset message ids and the tag hash.
+codec (RocketMQ's V1 layout, docs/protocol.md#stored-record), offset message ids and the tag hash.
 
 Pure functions over bytes; no I/O. The store writes records in exactly this layout so a pull can ship
 stored bytes to a client without re-encoding them.
@@ -423,7 +423,7 @@ def decode_records(buf: bytes | bytearray | memoryview) -> list[MessageExt]:
     return out
 
 
-# --- offset message ids (protocol.md 3.2) -----------------------------------------------------------------
+# --- offset message ids (docs/protocol.md#message-ids) ------------------------------------------------------
 def create_offset_msg_id(store_host: tuple[str, int], commit_log_offset: int) -> str:
     return (pack_host(store_host) + _I64.pack(commit_log_offset)).hex().upper()
 

@@ -1,5 +1,5 @@
 """The process's open-file budget for network connections, shared by every listener: the remoting servers
-and the gRPC endpoint's port front (stdlib only, so both may import it; grpc/ does not import remoting/).
+and the gRPC endpoint's port front (stdlib only, so both may import it).
 
 The budget counts descriptors: the soft open-file limit (RLIMIT_NOFILE) less a quarter of it (at least
 256), kept for the store's files. A listener asks ``room(n, budget)`` before it admits a connection, then

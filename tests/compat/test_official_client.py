@@ -488,7 +488,7 @@ def test_sigkill_under_sync_flush_loses_no_acknowledged_message(
 def test_reconsume_later_lands_in_retry_topic(
     official_client: str, chronomq_factory: Callable[..., ChronomqProcess], fail_mode: str
 ) -> None:
-    # "reconsume_later": the listener returns RECONSUME_LATER (raw ctypes callback, protocol.md 7.15);
+    # "reconsume_later": the listener returns RECONSUME_LATER (raw ctypes callback);
     # "raise": the wrapper's own path, the Python callback raises
     # short delay levels so the send-back (level 3 + reconsume times) comes back quickly
     server = chronomq_factory({"messageDelayLevel": "1s 1s 1s 1s 1s 1s"})

@@ -1,7 +1,7 @@
 """A tiny raw-codec RocketMQ remoting client for broker tests: a blocking one (``RawClient``) for
 tests against a broker process and an asyncio one (``AsyncRawClient``) for in-process brokers.
 
-Both speak exactly what the official C++ client sends (protocol.md 2.3): long field names, JSON
+Both speak exactly what the official C++ client sends (docs/protocol.md#send): long field names, JSON
 headers, and let a test send arbitrary bytes for malformed-input cases.
 """
 

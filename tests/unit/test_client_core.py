@@ -1,5 +1,5 @@
 """Unit tests of chronomq.client against an in-process fake name server + broker written with the
-sans-IO codec (FakeBroker below). The fake implements just the protocol.md behaviour the client needs,
+sans-IO codec (FakeBroker below). The fake implements just the docs/protocol.md behaviour the client needs,
 so these tests pin the client's side of each request."""
 
 from __future__ import annotations

@@ -47,7 +47,7 @@ def test_record_round_trip(msg: m.MessageExt) -> None:
 
 
 def test_known_size_matches_java_example() -> None:
-    # protocol.md 3.1: 7-byte body, topic TopicTest, 90 bytes of properties -> 197 bytes
+    # docs/protocol.md#stored-record: 7-byte body, topic TopicTest, 90 bytes of properties -> 197 bytes
     props = "x" * 88
     msg = m.MessageExt(topic="TopicTest", body=b"1234567", properties={"k": props[:87]})
     assert len(m.encode_properties(msg.properties)) == 90
@@ -85,7 +85,7 @@ def test_bad_magic_rejected() -> None:
 
 def test_offset_msg_id_round_trip() -> None:
     mid = m.create_offset_msg_id(("127.0.0.1", 10911), 197)
-    assert mid == "7F00000100002A9F00000000000000C5"  # protocol.md 3.2
+    assert mid == "7F00000100002A9F00000000000000C5"  # docs/protocol.md#message-ids
     assert m.decode_offset_msg_id(mid) == (("127.0.0.1", 10911), 197)
     with pytest.raises(ValueError):
         m.decode_offset_msg_id("nope")

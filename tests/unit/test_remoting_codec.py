@@ -17,7 +17,7 @@ def _frame(header: bytes, body: bytes = b"", stype: int = 0) -> bytes:
 
 
 def test_cpp_client_request_decodes() -> None:
-    # the first request of the C++ producer, protocol.md 1.1 (numbers and strings mixed, trailing \n)
+    # the first request of the C++ producer as captured on the wire (numbers and strings mixed, trailing \n)
     header = (b'{"code":105,"extFields":{"AccessKey":"","OnsChannel":"ALIYUN","Signature":"x",'
               b'"topic":"TopicTest","queueId":3,"bornTimestamp":"17"},"flag":0,"language":"CPP",'
               b'"opaque":0,"remark":"","version":63}\n')

@@ -1,4 +1,4 @@
-"""The four timer property forms (protocol.md 3.3 / 6.7) and their pitfalls."""
+"""The four timer property forms (docs/protocol.md#timer-properties) and their pitfalls."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The broker's request dispatcher (protocol.md section 2): ``BrokerProcessor`` joins the tables
+"""The broker's request dispatcher (docs/protocol.md#request-codes): ``BrokerProcessor`` joins the tables
 ``{request code: handler}`` of the processors in ``broker/processors/`` (send.py, reply.py, pull.py,
 client_manage.py, consumer_manage.py, admin.py, groups.py, broker_config.py, query.py, transaction.py) and
 of the timer codes 9001-9004 (``broker/timer_processor.py``) into one dispatch table; a code two of them

@@ -1,5 +1,5 @@
 """The client's data model: Message (what you send), SendResult, MessageQueue, ReceivedMessage,
-TopicRoute (name-server route data, protocol.md section 4)."""
+TopicRoute (name-server route data, docs/protocol.md#route-data)."""
 
 from __future__ import annotations
 

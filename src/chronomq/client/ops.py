@@ -1,4 +1,4 @@
-"""Request helpers shared by the consumers and Admin: pull, offsets, queries (protocol.md 2.3)."""
+"""Request helpers shared by the consumers and Admin: pull, offsets, queries (docs/protocol.md#requests)."""
 
 from __future__ import annotations
 

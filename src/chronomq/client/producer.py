@@ -1,6 +1,6 @@
 """Producer: sync/async sends, batches, oneway, ordered sends with a queue selector; route refresh,
 retries on another queue/broker, timeouts, zlib compression of large bodies, topic auto-creation
-through TBW102 (protocol.md 2.3)."""
+through TBW102 (docs/protocol.md#topic-auto-creation)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""CONSUMER_SEND_MSG_BACK semantics (protocol.md 5.3, Java 4.9): the retry ladder and the DLQ."""
+"""CONSUMER_SEND_MSG_BACK semantics (Java 4.9): the retry ladder and the DLQ
+(docs/protocol.md#retry-and-dead-letters)."""
 
 from __future__ import annotations
 

@@ -114,10 +114,10 @@ class DelayService:
     # --- send-back ----------------------------------------------------------------------------------------
     def build_send_back(self, msg: MessageExt, group: str, delay_level: int,
                         max_reconsume_times: int | None) -> MessageExt:
-        """protocol.md 5.3. ``max_reconsume_times``: the request header's value when the broker has
-        one (Java clients >= V3_4_9); pass None or a negative number when the request carries none,
-        then the message's MAX_RECONSUME_TIMES property or else the broker's ``maxReconsumeTimes`` apply.
-        The result still has to go through ``prepare_put`` (retry copies carry DELAY) and the store."""
+        """docs/protocol.md#retry-and-dead-letters. ``max_reconsume_times``: the request header's value when
+        the broker has one (Java clients >= V3_4_9); pass None or a negative number when the request carries
+        none, then the message's MAX_RECONSUME_TIMES property or else the broker's ``maxReconsumeTimes``
+        apply. The result still has to go through ``prepare_put`` (retry copies carry DELAY) and the store."""
         limit = effective_max_reconsume_times(msg, max_reconsume_times, self.config.maxReconsumeTimes)
         return build_send_back(msg, group, delay_level, limit, strip=(PROPERTY_DELAY_SOURCE,))
 

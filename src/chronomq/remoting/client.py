@@ -1,4 +1,4 @@
-"""A thin asyncio transport for the client side of the 4.x remoting protocol (protocol.md section 1).
+"""A thin asyncio transport for the client side of the 4.x remoting protocol (docs/protocol.md#frames).
 
 One TCP connection per address, every request on it multiplexed by ``opaque`` (responses may arrive
 in any order). A request that times out closes its connection (as the official clients do) so the next

@@ -1,4 +1,4 @@
-"""Sans-IO codec for RocketMQ 4.x remoting frames (protocol.md section 1).
+"""Sans-IO codec for RocketMQ 4.x remoting frames (docs/protocol.md#frames).
 
 Bytes in, ``RemotingCommand`` objects out, and back; no sockets. ``FrameDecoder.feed`` accepts any
 chunking of the byte stream and returns the complete commands; a malformed or oversized frame raises

@@ -1,4 +1,4 @@
-"""Request and response codes of the RocketMQ 4.x remoting protocol (protocol.md section 2)."""
+"""Request and response codes of the RocketMQ 4.x remoting protocol (docs/protocol.md#codes)."""
 
 from __future__ import annotations
 
@@ -131,7 +131,7 @@ PERM_READ = 0x4
 PERM_WRITE = 0x2
 PERM_INHERIT = 0x1
 
-# SendMessageRequestHeaderV2 one-letter names -> long names (protocol.md 2.3, code 310/320)
+# SendMessageRequestHeaderV2 one-letter names -> long names (docs/protocol.md#send, code 310/320)
 SEND_V2_FIELDS = {
     "a": "producerGroup",
     "b": "topic",

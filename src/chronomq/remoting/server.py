@@ -1,7 +1,8 @@
 """A thin asyncio TCP transport for the 4.x remoting protocol, on top of the sans-IO codec.
 
-- one ``Connection`` per accepted socket; every request is handled in its own task, so a long-polled
-  PULL never blocks later requests on the same connection (protocol.md 8.4);
+- one ``Connection`` per accepted socket; a request that has to wait is handled in its own task (most are
+  answered inline by ``sync_handler``), so a long-polled PULL never blocks later requests on the same
+  connection (docs/protocol.md#connections-and-concurrency);
 - each response is encoded completely and written with one ``transport.write`` call, so writes from
   concurrent tasks never interleave (and a partial frame is never written);
 - a broken length prefix or an oversized frame (> ``ConnectionLimits.frame_max_length``) closes the

@@ -38,7 +38,8 @@ from chronomq.message import (
     unpack_host_cached,
 )
 
-# The RocketMQ 4.x default level table (protocol.md 5.1), used when the broker cannot tell us its own.
+# The RocketMQ 4.x default level table (docs/protocol.md#delay-levels), used when the broker cannot tell us
+# its own.
 DEFAULT_LEVELS_MS = [1000, 5000, 10000, 30000, 60000, 120000, 180000, 240000, 300000, 360000, 420000,
                      480000, 540000, 600000, 1200000, 1800000, 3600000, 7200000]
 # Intended deliver time (epoch ms) a broker may stamp on a delivered delayed message.

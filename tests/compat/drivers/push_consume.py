@@ -9,7 +9,7 @@ args:
   out: JSONL path, one line per delivery (written as it happens, so a test can watch a long-running
   consumer), preceded by {"event": "started"};
   fail: {"mode": "reconsume_later", "times": k}: the first k deliveries of each message id return
-        RECONSUME_LATER through a raw ctypes callback (protocol.md 7.15), later ones CONSUME_SUCCESS;
+        RECONSUME_LATER through a raw ctypes callback, later ones CONSUME_SUCCESS;
         {"mode": "raise", "times": k}: the Python callback raises instead (the wrapper's documented path).
 
 SIGTERM/SIGINT: shut the consumer down cleanly (it commits its offsets and unregisters), then print

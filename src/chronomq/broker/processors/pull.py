@@ -253,7 +253,7 @@ class PullProcessor(ProcessorBase):
         else:  # OFFSET_OVERFLOW_BADLY, OFFSET_TOO_SMALL
             code, remark = ResponseCode.PULL_OFFSET_MOVED, st.value
         if code == ResponseCode.PULL_OFFSET_MOVED:
-            # protocol.md 2.3: beyond the end -> maxOffset, below the start -> minOffset
+            # docs/protocol.md#pull: beyond the end -> maxOffset, below the start -> minOffset
             beyond = offset > r.max_offset or st is GetStatus.NO_MESSAGE_IN_QUEUE
             nxt = r.max_offset if beyond else r.min_offset
         ext = {

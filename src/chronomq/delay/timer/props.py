@@ -1,4 +1,4 @@
-"""The four ways a producer asks for a deliver time (protocol.md 3.3 and 6.7)."""
+"""The four ways a producer asks for a deliver time (docs/protocol.md#timer-properties)."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from chronomq.message import (
 from .types import TimerPropertyError
 
 # An absolute time below this is taken as epoch *seconds*: 10**11 ms is March 1973, 10**11 s is the
-# year 5138, so the two readings never overlap for real clocks (the seconds-vs-ms pitfall, 6.7).
+# year 5138, so the two readings never overlap for real clocks (docs/protocol.md#timer-properties).
 SECONDS_THRESHOLD = 10**11
 
 TIMER_PROPERTIES = (PROPERTY_TIMER_DELAY_SEC, PROPERTY_TIMER_DELAY_MS, PROPERTY_TIMER_DELIVER_MS,
