@@ -30,6 +30,7 @@ lint: $(STAMP)
 PYTEST_XDIST ?= -n 2 --dist loadscope --no-loadscope-reorder
 test: $(STAMP)
 	$(BIN)/ruff check src tests bench scripts
+	$(BIN)/mypy
 	CHRONOMQ_PURE_PYTHON=1 $(BIN)/python -m pytest -q $(PYTEST_XDIST) tests/unit
 	$(BIN)/python -m pytest $(PYTEST_XDIST) --durations=10
 
