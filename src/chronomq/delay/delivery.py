@@ -34,7 +34,7 @@ from chronomq.message import (
     unpack_host_cached,
     validate_topic,
 )
-from chronomq.store.speedups import native
+from chronomq.store.speedups import kernels, pure_twin
 from chronomq.store.types import PutResult, PutStatus, records_put_of
 
 if TYPE_CHECKING:
@@ -127,7 +127,8 @@ def _check_record(size: int, total: int, magic: int) -> None:
         raise MessageFormatError("record length does not match its envelope")
 
 
-def record_to_put(buf: bytes, pos: int, size: int) -> tuple[str, int, dict[str, str]]:
+@pure_twin("record_to_put")
+def record_to_put_py(buf: bytes, pos: int, size: int) -> tuple[str, int, dict[str, str]]:
     """The stored V1 record of ``size`` bytes at ``buf[pos:]``, checked as decode_to_put checks it: its
     topic, queue id and properties (the store's put_records copies the rest from the bytes). Raises
     MessageFormatError."""
@@ -140,9 +141,7 @@ def record_to_put(buf: bytes, pos: int, size: int) -> tuple[str, int, dict[str, 
     return topic, queue_id, props
 
 
-record_to_put_py = record_to_put
-if native is not None:
-    record_to_put = native.record_to_put
+record_to_put = kernels.record_to_put  # compiled when built (chronomq.store.speedups chooses)
 
 
 def decode_to_put(buf: bytes, pos: int, size: int, store_host: tuple[str, int]) -> MessageExt:

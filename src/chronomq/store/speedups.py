@@ -132,9 +132,9 @@ def _load() -> NativeKernels | None:
 _compiled = _load()
 _pure = _PureKernels()
 kernels: Kernels = _compiled if _compiled is not None else cast(Kernels, _pure)
-# The compiled module or None. Typed Any for the modules outside store/ that still pick a kernel from it
-# themselves (rebinding their own names); they move to ``kernels`` and ``pure_twin``.
-native: Any = _compiled
+# The compiled module or None: for ``describe`` and for tests that hold a kernel to its twin. Code calls
+# ``kernels`` (a module binds ``name = kernels.name`` once its twin is registered).
+native: NativeKernels | None = _compiled
 twins: dict[str, Callable[..., Any]] = {}  # the pure twins registered so far, by kernel name
 
 

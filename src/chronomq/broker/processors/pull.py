@@ -36,7 +36,7 @@ from chronomq.remoting.codes import (
     RequestCode,
     ResponseCode,
 )
-from chronomq.store.speedups import native
+from chronomq.store.speedups import kernels, pure_twin
 from chronomq.store.types import GetResult, GetStatus
 
 from .base import Handler, ProcessorBase, RequestConnection, no_filter_remark
@@ -54,6 +54,7 @@ _DUE_MARK = (PROPERTY_TIMER_DELIVER_MS + NAME_VALUE_SEPARATOR).encode()
 _SRC_MARK = DELAY_SOURCE_MARK
 
 
+@pure_twin("due_ms_of")
 def due_ms_of_py(rec: bytes) -> int | None:
     """The TIMER_DELIVER_MS property of a stored V1 record (what the timer delivered), or None: looked
     up in the record's properties only, never in its body."""
@@ -74,8 +75,8 @@ def due_ms_of_py(rec: bytes) -> int | None:
     return int(raw) if raw.isdigit() else None
 
 
-# the compiled lookup when it is built (chronomq.store.speedups); due_ms_of_py is its reference
-due_ms_of: Callable[[bytes], int | None] = native.due_ms_of if native is not None else due_ms_of_py
+# the compiled lookup when it is built (chronomq.store.speedups chooses); due_ms_of_py is its twin
+due_ms_of: Callable[[bytes], int | None] = kernels.due_ms_of
 
 
 def _physical_ram() -> int:

@@ -39,7 +39,7 @@ from chronomq.message import (
 from chronomq.remoting.codec import RemotingCommand, batch_items
 from chronomq.remoting.codes import PERM_WRITE, SEND_V2_FIELDS, RequestCode, ResponseCode
 from chronomq.remoting.server import DEFERRED
-from chronomq.store.speedups import native
+from chronomq.store.speedups import kernels, pure_twin
 from chronomq.store.types import PutResult, PutStatus
 
 from ..dedup import LEVEL, NOW, Original
@@ -98,8 +98,10 @@ def with_v1_fields(req: RemotingCommand) -> RemotingCommand:
         serialize_type=req.serialize_type,
     )
 
-# the compiled split when it is built (chronomq.store.speedups); codec.batch_items is its reference
-_batch_items = native.batch_items if native is not None else batch_items
+# the compiled split when it is built (chronomq.store.speedups chooses); codec.batch_items is its twin,
+# registered here since remoting/ may not import store/
+pure_twin("batch_items")(batch_items)
+_batch_items = kernels.batch_items
 
 
 class SendTarget(NamedTuple):

@@ -8,8 +8,8 @@ from __future__ import annotations
 import zlib
 from collections.abc import Callable
 
-from chronomq.message import PROPERTY_KEYS, PROPERTY_UNIQ_KEY, MessageExt, encode_record
-from chronomq.store.speedups import native
+from chronomq.message import PROPERTY_KEYS, PROPERTY_UNIQ_KEY, MessageExt
+from chronomq.store.speedups import kernels, pure_twin
 
 from .files import add_key_items
 from .records import (
@@ -26,10 +26,11 @@ from .records import (
 )
 from .types import ScheduleResult
 
-# the compiled encoder when it is built (chronomq.store.speedups); message.encode_record is its reference
-_encode_record = native.encode_record if native is not None else encode_record
+# the compiled encoder when it is built (chronomq.store.speedups chooses); message.encode_record is its twin
+_encode_record = kernels.encode_record
 
 
+@pure_twin("pack_timer_records")
 def pack_timer_records_py(encoded: list[tuple[MessageExt, int, bytearray]], tids: dict[str, int], now: int,
                           origin: int, pos: int, seg_size: int, placed: list[tuple[int, int, int, int]],
                           hash_items: list[tuple[int, int]], results: list[ScheduleResult],
@@ -69,6 +70,7 @@ def pack_timer_records_py(encoded: list[tuple[MessageExt, int, bytearray]], tids
     return writes, pos
 
 
+@pure_twin("pack_index_entries")
 def pack_index_entries_py(links: list[tuple[int, int, int, int, int]], floor: int, slot_ms: int,
                           start_idx: int, per_seg: int, seg_max: dict[int, int], hot: int,
                           wheel_get: Callable[[int], int]
@@ -111,6 +113,6 @@ def pack_index_entries_py(links: list[tuple[int, int, int, int, int]], floor: in
     return buf, heads, items, min_deliver
 
 
-# the compiled kernels when built (chronomq.store.speedups); the functions above are their reference
-pack_timer_records = native.pack_timer_records if native is not None else pack_timer_records_py
-pack_index_entries = native.pack_index_entries if native is not None else pack_index_entries_py
+# the compiled kernels when built (chronomq.store.speedups chooses); the functions above are their twins
+pack_timer_records = kernels.pack_timer_records
+pack_index_entries = kernels.pack_index_entries

@@ -15,7 +15,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from chronomq.store.mapped import BackedPages
-from chronomq.store.speedups import native
+from chronomq.store.speedups import kernels, pure_twin
 
 _Q = struct.Struct("<q")
 _ZERO_CHUNK = bytes(4096)
@@ -358,6 +358,7 @@ def add_key_items(out: list[tuple[int, int]], uniq: str, keys: str | None, pos: 
                 out.append((crc32(("k:" + k).encode()) & 0x7FFFFFFF, pos))
 
 
+@pure_twin("pack_hash_entries")
 def pack_hash_entries_py(items: list[tuple[int, int]], count: int, buckets: int, bmap: mmap.mmap,
                          backed: set[int]) -> tuple[bytearray, dict[int, int], int]:
     """The entries of ``items`` [(key hash, data position)] numbered from ``count`` + 1, each linked to
@@ -564,5 +565,5 @@ class HashIndex:
             g.close()
 
 
-# the compiled kernel when built (chronomq.store.speedups); pack_hash_entries_py is its reference
-pack_hash_entries = native.pack_hash_entries if native is not None else pack_hash_entries_py
+# the compiled kernel when built (chronomq.store.speedups chooses); pack_hash_entries_py is its twin
+pack_hash_entries = kernels.pack_hash_entries

@@ -26,7 +26,7 @@ from chronomq.message import (
     MessageFormatError,
 )
 from chronomq.store.speedups import crc32 as fast_crc32
-from chronomq.store.speedups import native
+from chronomq.store.speedups import kernels, pure_twin
 from chronomq.store.types import PutResult
 
 from ..delivery import PutRaw, StorePuts, decode_to_put, put_groups, record_to_put
@@ -622,6 +622,7 @@ class WindowPath(TimerState):
             return {self.topic_name(t): n for t, n in c.items() if n}
 
 
+@pure_twin("mark_delivered_run")
 def mark_delivered_run_py(group: list[Taken], t: int, seq: int, marks: dict[int, Mark], buf: bytearray,
                           pending: Counter[int], lates: dict[tuple[int, int], int], out: list[str]) -> int:
     """The delivery marks of ``group`` at time ``t``, numbered on from ``seq``: each record's DELIVERED
@@ -647,5 +648,5 @@ def mark_delivered_run_py(group: list[Taken], t: int, seq: int, marks: dict[int,
     return seq
 
 
-# the compiled kernel when built (chronomq.store.speedups); mark_delivered_run_py is its reference
-mark_delivered_run = native.mark_delivered_run if native is not None else mark_delivered_run_py
+# the compiled kernel when built (chronomq.store.speedups chooses); mark_delivered_run_py is its twin
+mark_delivered_run = kernels.mark_delivered_run
