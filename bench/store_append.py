@@ -6,7 +6,7 @@ concurrent writer threads (each put waits for its group commit), next to raw rat
 measured in the same run on the same disk:
   raw seq      sequential os.write of 64 KiB chunks, one fdatasync at the end (the ceiling for async)
   raw sync/W   W records written then one fdatasync, repeated (ideal group commit for W writers)
-and a quick mmap-versus-pwrite comparison (the choice recorded in store/commitlog.py).
+and a quick mmap-versus-pwrite comparison (the choice recorded in docs/store.md).
 
     .venv/bin/python bench/store_append.py            # default run, well under 2 minutes
     .venv/bin/python bench/store_append.py --long     # 5x the messages and longer sync phases

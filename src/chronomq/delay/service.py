@@ -106,11 +106,6 @@ class DelayService:
         msg.queue_id = self.levels.queue_id(level)
         return msg
 
-    def deliver_time_ms(self, level: int, store_timestamp: int) -> int:
-        """When a message of ``level`` stored at ``store_timestamp`` is due (what the store puts in the
-        schedule consume queue's tagsCode)."""
-        return store_timestamp + self.levels.delay_ms(level)
-
     # --- send-back ----------------------------------------------------------------------------------------
     def build_send_back(self, msg: MessageExt, group: str, delay_level: int,
                         max_reconsume_times: int | None) -> MessageExt:
