@@ -1,0 +1,64 @@
+"""The timer key hash's recovery after a crash: cut back to the checkpoint's extent and the bucket heads
+recomputed from the entries kept, held to a per-bucket model of the rule (every bucket's head is the last
+kept entry of that bucket, or 0), including heads in pages that have no disk block yet."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+
+from chronomq.delay.timer.files import HASH_ENTRY, _HashGeneration
+
+BUCKETS = 5_000  # not a multiple of a page's 512 heads: the last page is short
+
+
+def _model(gen: _HashGeneration) -> dict[int, int]:
+    """Bucket -> head, recomputed one entry at a time from the entry file."""
+    raw = Path(gen.entry_path).read_bytes()[: gen.count * HASH_ENTRY.size]
+    heads: dict[int, int] = {}
+    for i, (h, _pos, _prev) in enumerate(HASH_ENTRY.iter_unpack(raw)):
+        heads[h % gen.buckets] = i + 1
+    return heads
+
+
+def _stored(gen: _HashGeneration) -> dict[int, int]:
+    return {b: v for b in range(gen.buckets) if (v := gen._head(b * 8))}
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_cut_back_recomputes_every_head_from_the_entries_kept(tmp_path: Path, seed: int) -> None:
+    rnd = random.Random(seed)
+    gen = _HashGeneration(tmp_path, 0, BUCKETS, 1 << 20)
+    kept = rnd.randrange(100, 2_000)
+    gen.add_many([(rnd.getrandbits(31), pos) for pos in range(kept)])
+    gen.add_many([(rnd.getrandbits(31), pos) for pos in range(kept, kept + 3_000)])  # lost in the crash
+    # heads of buckets that no kept entry names (a page synced ahead of the entries)
+    for b in rnd.sample(range(BUCKETS), 50):
+        gen.bmap[b * 8:b * 8 + 8] = (kept + 10_000).to_bytes(8, "little")
+    before = _stored(gen)
+    changed = gen.cut_back(kept)
+    assert gen.count == kept
+    want = _model(gen)
+    assert _stored(gen) == want
+    assert changed == sum(1 for b in before.keys() | want.keys() if before.get(b, 0) != want.get(b, 0))
+    for h_b, head in want.items():  # the chains walk from the recomputed heads
+        assert head <= kept and h_b < BUCKETS
+
+
+def test_cut_back_leaves_a_table_that_names_only_kept_entries_as_it_is(tmp_path: Path) -> None:
+    rnd = random.Random(7)
+    gen = _HashGeneration(tmp_path, 0, BUCKETS, 1 << 20)
+    gen.add_many([(rnd.getrandbits(31), pos) for pos in range(1_000)])
+    before = _stored(gen)
+    assert gen.cut_back(1_000) == 0
+    assert _stored(gen) == before == _model(gen)
+
+
+def test_rebuild_clears_heads_whose_entries_are_all_gone(tmp_path: Path) -> None:
+    gen = _HashGeneration(tmp_path, 0, BUCKETS, 1 << 20)
+    gen.add_many([(12_345, 0), (BUCKETS * 3 + 7, 1)])
+    gen.cut_back(0)
+    assert _stored(gen) == {}
+    assert gen.lookup(12_345) == []
