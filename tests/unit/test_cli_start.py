@@ -4,6 +4,9 @@ absent."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 
 from chronomq.cli.main import main
@@ -35,3 +38,17 @@ def test_start_line_says_how_to_get_compiled_kernels(monkeypatch: pytest.MonkeyP
         "Python's headers are installed")
     monkeypatch.setenv(speedups.PURE_ENV, "1")
     assert runtime_line("uvloop").endswith("hot-path kernels: pure Python (CHRONOMQ_PURE_PYTHON set)")
+
+
+def test_start_parses_its_line_without_importing_the_admin_verbs_or_the_client() -> None:
+    # a restart after a crash pays for every import: the admin verbs (and the client they use) load only
+    # when the command line names them
+    code = ("import sys; from chronomq.cli.main import build_parser; "
+            "a = build_parser({argv}).parse_args({argv}); "
+            "print(a.command, 'chronomq.client' in sys.modules, 'chronomq.cli.admin' in sys.modules)")
+    for argv, want in ((["start", "--data-dir", "d"], "start False False"),
+                       (["admin", "topics", "-n", "127.0.0.1:9876"], "admin True True")):
+        r = subprocess.run([sys.executable, "-c", code.format(argv=argv)], capture_output=True, text=True,
+                           timeout=60)
+        assert r.returncode == 0, r.stderr
+        assert r.stdout.split() == want.split()

@@ -18,6 +18,7 @@ import asyncio
 import logging
 import os
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -54,7 +55,9 @@ def _add_config_args(p: argparse.ArgumentParser) -> None:
     )
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
+    """The whole command line; given the arguments about to be parsed, the admin verbs (which import the
+    client) only when they name ``admin``: a broker's start, and its restart after a crash, skip them."""
     parser = argparse.ArgumentParser(prog="chronomq", description="chronomq delayed-delivery message broker")
     parser.add_argument("--version", action="store_true", help="print the version and exit")
     parser.add_argument(
@@ -98,9 +101,10 @@ def build_parser() -> argparse.ArgumentParser:
     add_dashboard_parser(sub)
 
     p = sub.add_parser("admin", help="administration commands")
-    from .admin import add_admin_parsers
+    if argv is None or "admin" in argv:
+        from .admin import add_admin_parsers
 
-    add_admin_parsers(p)
+        add_admin_parsers(p)
     return parser
 
 
@@ -277,7 +281,7 @@ def cmd_broker(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    parser = build_parser(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(argv)
     if args.version or not args.command:
         from chronomq import __version__
