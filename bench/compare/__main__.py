@@ -74,6 +74,30 @@ def _loadavg() -> list[float] | None:
         return None
 
 
+def with_counts(plan: Plan, overrides: list[str]) -> Plan:
+    """``plan`` with its ``*_count`` fields replaced by ``FIELD=N`` overrides; a changed plan is named
+    after its mode and the counts it changed, so no run passes for the mode's own counts."""
+    fields = {f.name for f in dataclasses.fields(plan) if f.name.endswith("_count")}
+    changes: dict[str, int] = {}
+    for kv in overrides:
+        key, sep, value = kv.partition("=")
+        key = key.strip()
+        if not sep or key not in fields:
+            raise SystemExit(f"--count {kv!r}: expected FIELD=N with FIELD one of {sorted(fields)}")
+        try:
+            n = int(value.replace("_", "").replace(",", ""))
+        except ValueError:
+            raise SystemExit(f"--count {kv!r}: {value!r} is not a whole number") from None
+        if n <= 0:
+            raise SystemExit(f"--count {kv!r}: the count must be positive")
+        changes[key] = n
+    changes = {k: v for k, v in changes.items() if getattr(plan, k) != v}
+    if not changes:
+        return plan
+    named = ", ".join(f"{k}={v:,}" for k, v in sorted(changes.items()))
+    return dataclasses.replace(plan, mode=f"{plan.mode} ({named})", **changes)
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="python -m bench.compare", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -88,6 +112,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     help=f"comma-separated subset of {', '.join(SYSTEMS)}")
     ap.add_argument("--workloads", default=",".join(WORKLOADS), help=f"subset of {', '.join(WORKLOADS)}")
     ap.add_argument("--pending", type=int, help="override the pending-scale count (workload 5)")
+    ap.add_argument("--count", action="append", default=[], metavar="FIELD=N",
+                    help="override one count of the plan, e.g. schedule_count=200000 or java_count=50000 "
+                         "(repeatable; the run is then recorded as the mode with its counts changed)")
     ap.add_argument("--out", type=Path, default=RESULTS,
                     help="directory for the JSON and PNG (bench/results)")
     ap.add_argument("--workdir", type=Path, help="parent of the temporary data dirs (default: system temp)")
@@ -113,8 +140,8 @@ def run(args: argparse.Namespace, log: Callable[[str], None] = print) -> dict[st
         if not sep or not key:
             raise SystemExit(f"--set {kv!r}: expected KEY=VALUE")
         BROKER_SETTINGS[key.strip()] = value.strip()
-    if args.pending:
-        plan = dataclasses.replace(plan, pending_count=args.pending)
+    counts = [f"pending_count={args.pending}"] if args.pending else []
+    plan = with_counts(plan, counts + list(getattr(args, "count", None) or []))
     names = [s.strip() for s in args.systems.split(",") if s.strip()]
     unknown = [s for s in names if s not in SYSTEMS]
     if unknown:

@@ -460,8 +460,12 @@ def readme_section(results: dict[str, Any]) -> str:
                   "competing with the bench).", ""]
     if meta.get("note"):
         lines += [f"Note: {meta['note']}", ""]
-    if meta["plan"]["mode"] != "full":
-        lines += [f"This is a **{meta['plan']['mode']}-mode** run (scaled-down counts: see the workload "
+    mode = meta["plan"]["mode"]
+    if mode.startswith("full ("):
+        lines += [f"This is a **{mode}** run: the full mode's counts except those named (the workload "
+                  "column of the table gives each count).", ""]
+    elif mode != "full":
+        lines += [f"This is a **{mode}-mode** run (scaled-down counts: see the workload "
                   "table above); the full mode has not been recorded on this machine yet.", ""]
     lines += [markdown_table(results), ""]
     for s in systems_present(results):

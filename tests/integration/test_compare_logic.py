@@ -776,3 +776,16 @@ def test_rocketmq_clients_are_made_again_while_the_name_server_has_no_route(tmp_
     with pytest.raises(RuntimeError):  # bounded
         peer._routed(lambda: (_ for _ in ()).throw(RuntimeError("no route")), timeout_s=0)
     assert peer.describe()["route_retries"] == 2  # the bounded one gave up at once
+
+
+def test_count_overrides_rename_the_plan_and_refuse_bad_input() -> None:
+    from bench.compare.__main__ import with_counts
+    from bench.compare.workloads import FULL
+
+    plan = with_counts(FULL, ["schedule_count=200_000", "pending_count=500000"])
+    assert (plan.schedule_count, plan.pending_count, plan.burst_count) == (200_000, 500_000, FULL.burst_count)
+    assert plan.mode == "full (pending_count=500,000, schedule_count=200,000)"
+    assert with_counts(FULL, [f"burst_count={FULL.burst_count}"]) is FULL  # the mode's own count: unchanged
+    for bad in ("schedule=5", "schedule_count", "schedule_count=x", "schedule_count=0", "grace_ms=5"):
+        with pytest.raises(SystemExit, match="--count"):
+            with_counts(FULL, [bad])
