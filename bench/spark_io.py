@@ -1,12 +1,18 @@
 """Spark <-> chronomq throughput: rows/s writing and reading N messages of 1 KiB through the ``chronomq``
-data source, next to Spark writing and reading the same rows as Parquet in the same run; on local[2], or on
-a standalone cluster the bench starts itself (``--cluster``).
+data source, next to Spark's own Kafka connector on a single-node Kafka broker (KRaft, ``acks=all``) and
+Spark writing and reading the same rows as Parquet, in the same run; on local[2], or on a standalone
+cluster the bench starts itself (``--cluster``).
 
     .venv/bin/python bench/spark_io.py            # quick: 50,000 rows
     .venv/bin/python bench/spark_io.py --full     # 1,000,000 rows (about 1 GiB through the broker)
     .venv/bin/python bench/spark_io.py --rows 200000 --namesrv 127.0.0.1:9876   # an existing broker
     .venv/bin/python bench/spark_io.py --repeat 3  # three rounds (each: chronomq, then Parquet), medians
     .venv/bin/python bench/spark_io.py --cluster --full   # a master and two 1-core workers on 127.0.0.1
+    .venv/bin/python bench/spark_io.py --no-kafka  # without the Kafka peer
+
+The Kafka broker and Spark's Kafka connector (``spark-sql-kafka-0-10`` at the installed Spark's version, or
+the newest one the repository serves, stated) come from Maven Central (bench/kafka_peer.py); without Java
+or Maven, or when the repository refuses them, the Kafka columns are skipped with the reason printed.
 
 Without --namesrv a fresh ``chronomq start`` is run in a temporary directory, and the broker's CPU time per
 message (utime + stime from /proc/<pid>/stat) is printed for each phase. The load average is printed before
@@ -81,6 +87,7 @@ def main() -> int:
     where.add_argument("--cluster", action="store_true",
                        help="start a standalone cluster (a master and two workers of 1 core and 1 GiB each, "
                             "on 127.0.0.1) from the installed PySpark and run on it")
+    ap.add_argument("--no-kafka", action="store_true", help="leave the Kafka peer out")
     ap.add_argument("--repeat", type=int, default=1,
                     help="rounds, each writing and reading a new topic and Parquet table (a shared machine's "
                          "noise: the median of the rounds' ratios is printed)")
@@ -90,7 +97,21 @@ def main() -> int:
     proc: Any = None
     cluster: Any = None
     spark: Any = None
+    kafka: Any = None
+    jars: list[str] = []
     try:  # whatever was started is stopped, and the directory removed, however far this gets
+        if not a.no_kafka:
+            import pyspark
+            from bench.kafka_peer import KafkaBroker, KafkaUnavailable, connector_jars
+
+            try:
+                version, jars, note = connector_jars(pyspark.__version__)
+                kafka = KafkaBroker(work / "kafka").start()
+                print(f"Kafka peer: {kafka.describe()}; Spark's Kafka connector {version}"
+                      + (f" ({note})" if note else ""), flush=True)
+            except KafkaUnavailable as e:
+                print(f"Kafka peer skipped: {e}", flush=True)
+                kafka, jars = None, []
         if a.namesrv is None:
             from tests.compat.harness import ChronomqProcess
 
@@ -107,12 +128,16 @@ def main() -> int:
             cluster = StandaloneCluster(pyspark_home(), work / "spark-cluster")
             cluster.start()
             master = cluster.url
-        spark = session(master, work, cluster)
+        spark = session(master, work, cluster, jars)
         results, broker_cpu, load_before = measure(spark, namesrv, rows, a.size, a.repeat, work,
-                                                   proc.pid if proc is not None else None)
+                                                   proc.pid if proc is not None else None,
+                                                   kafka.bootstrap if kafka is not None else None,
+                                                   kafka.proc.pid if kafka is not None else None)
     finally:
         if spark is not None:
             spark.stop()
+        if kafka is not None:
+            kafka.stop()
         if cluster is not None:
             cluster.stop()
         if proc is not None:
@@ -123,26 +148,32 @@ def main() -> int:
     print(f"rows={rows} value={a.size} B master={'cluster' if a.cluster else master} cpus={os.cpu_count()} "
           f"rounds={a.repeat} load average before {load_before[0]:.2f} {load_before[1]:.2f}, after "
           f"{load_after[0]:.2f} {load_after[1]:.2f}")
-    print(f"{'':10} {'chronomq rows/s':>16} {'parquet rows/s':>16} {'chronomq/parquet':>17}   (medians)")
+    peers = [p for p in ("kafka", "parquet") if f"{p}_write_s" in results]
+    print(f"{'':10} {'chronomq rows/s':>16}" + "".join(f" {p + ' rows/s':>16} {'chronomq/' + p:>17}"
+                                                     for p in peers) + "   (medians)")
     for what in ("write", "read"):
         c = [rows / t for t in results[f"chronomq_{what}_s"]]
-        q = [rows / t for t in results[f"parquet_{what}_s"]]
-        ratios = [x / y for x, y in zip(c, q, strict=True)]
-        each = "  rounds: " + " ".join(f"{x:.2f}" for x in ratios) if a.repeat > 1 else ""
-        print(f"{what:10} {statistics.median(c):16,.0f} {statistics.median(q):16,.0f} "
-              f"{statistics.median(ratios):16.1%}{each}")
+        line, each = f"{what:10} {statistics.median(c):16,.0f}", ""
+        for peer in peers:
+            q = [rows / t for t in results[f"{peer}_{what}_s"]]
+            ratios = [x / y for x, y in zip(c, q, strict=True)]
+            line += f" {statistics.median(q):16,.0f} {statistics.median(ratios):16.1%}"
+            if a.repeat > 1:
+                each += f"  {peer} rounds: " + " ".join(f"{x:.2f}" for x in ratios)
+        print(line + each)
     for key, secs in broker_cpu.items():
-        if key.startswith("chronomq_"):
-            sec, wall = statistics.median(secs), statistics.median(results[key])
-            print(f"broker CPU during the chronomq {key.split('_')[1]}: {sec:.2f} s of {wall:.2f} s wall, "
-                  f"{sec / rows * 1e6:.1f} us a message")
+        system, what = key.split("_")[:2]
+        sec, wall = statistics.median(secs), statistics.median(results[key])
+        print(f"{system} broker CPU during the {system} {what}: {sec:.2f} s of {wall:.2f} s wall, "
+              f"{sec / rows * 1e6:.1f} us a message")
     print(json.dumps({"rows": rows, "master": "cluster" if a.cluster else master,
                       **{k: [round(v, 3) for v in vs] for k, vs in results.items()}}))
     return 0
 
 
-def session(master: str, work: Path, cluster: Any) -> Any:
-    """The SparkSession with the ``chronomq`` format; Spark's scratch space under ``work``."""
+def session(master: str, work: Path, cluster: Any, jars: list[str]) -> Any:
+    """The SparkSession with the ``chronomq`` format (and Spark's ``kafka`` format from ``jars``); Spark's
+    scratch space under ``work``."""
     from pyspark.sql import SparkSession
 
     from chronomq.spark import register
@@ -151,6 +182,8 @@ def session(master: str, work: Path, cluster: Any) -> Any:
                .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
                .config("spark.sql.shuffle.partitions", "2").config("spark.driver.memory", "2g")
                .config("spark.local.dir", str(work / "spark-local")))
+    if jars:
+        builder = builder.config("spark.jars", ",".join(jars))
     if cluster is not None:
         # the executors' interpreter, named as docs/spark.md "On a cluster" says; each executor takes its
         # worker's core and memory, and the session waits (bounded) until both executors are there
@@ -164,9 +197,12 @@ def session(master: str, work: Path, cluster: Any) -> Any:
     return spark
 
 
-def measure(spark: Any, namesrv: str, rows: int, size: int, repeat: int, work: Path,
-            pid: int | None) -> tuple[dict[str, list[float]], dict[str, list[float]], tuple[float, ...]]:
-    """The warm-up, then ``repeat`` rounds; (wall seconds, broker CPU seconds, load average before)."""
+def measure(spark: Any, namesrv: str, rows: int, size: int, repeat: int, work: Path, pid: int | None,
+            kafka: str | None = None, kafka_pid: int | None = None,
+            ) -> tuple[dict[str, list[float]], dict[str, list[float]], tuple[float, ...]]:
+    """The warm-up, then ``repeat`` rounds; (wall seconds, broker CPU seconds, load average before). With
+    ``kafka`` (its bootstrap servers) each round writes and reads the same rows through Spark's Kafka
+    connector too (``acks=all``, a batch read of the whole topic)."""
     from pyspark.sql import functions as F
 
     load_before = os.getloadavg()
@@ -184,11 +220,12 @@ def measure(spark: Any, namesrv: str, rows: int, size: int, repeat: int, work: P
     broker_cpu: dict[str, list[float]] = {}
 
     def timed(key: str, run: Callable[[], Any]) -> Any:
-        """run(), its wall time into results[key] and the broker's CPU seconds into broker_cpu[key]."""
-        c0, t0 = cpu_seconds(pid), time.perf_counter()
+        """run(), its wall time into results[key] and its broker's CPU seconds into broker_cpu[key]."""
+        of = kafka_pid if key.startswith("kafka_") else pid if key.startswith("chronomq_") else None
+        c0, t0 = cpu_seconds(of), time.perf_counter()
         out = run()
         results.setdefault(key, []).append(time.perf_counter() - t0)
-        c1 = cpu_seconds(pid)
+        c1 = cpu_seconds(of)
         if c0 is not None and c1 is not None:
             broker_cpu.setdefault(key, []).append(c1 - c0)
         return out
@@ -199,6 +236,18 @@ def measure(spark: Any, namesrv: str, rows: int, size: int, repeat: int, work: P
     spark.range(100).write.mode("overwrite").parquet(str(work / "warm.parquet"))
     spark.read.format("chronomq").option("namesrv", namesrv).option("subscribe", topic + "W").load().count()
     spark.read.parquet(str(work / "warm.parquet")).count()
+
+    def kafka_writer(name: str, frame: Any) -> Any:
+        return (frame.write.format("kafka").option("kafka.bootstrap.servers", kafka).option("topic", name)
+                .option("kafka.acks", "all"))
+
+    def kafka_reader(name: str) -> Any:
+        return (spark.read.format("kafka").option("kafka.bootstrap.servers", kafka).option("subscribe", name)
+                .option("startingOffsets", "earliest").option("endingOffsets", "latest"))
+
+    if kafka is not None:
+        kafka_writer(topic + "W", spark.range(100).select(F.col("id").cast("string").alias("value"))).save()
+        kafka_reader(topic + "W").load().count()
 
     agg = [F.count("*").alias("n"), F.sum(F.length("value")).alias("b")]
 
@@ -211,6 +260,10 @@ def measure(spark: Any, namesrv: str, rows: int, size: int, repeat: int, work: P
         assert r.n == rows, f"read {r.n} rows, wrote {rows}"
         p = timed("parquet_read_s", lambda: spark.read.parquet(parquet).agg(*agg).collect()[0])
         assert p.n == rows and p.b == r.b
+        if kafka is not None:
+            timed("kafka_write_s", lambda: kafka_writer(name, df).save())
+            k = timed("kafka_read_s", lambda: kafka_reader(name).load().agg(*agg).collect()[0])
+            assert k.n == rows and k.b == r.b, f"Kafka read {k.n} rows ({k.b} bytes), wrote {rows} ({r.b})"
 
     for i in range(repeat):
         one_round(f"{topic}R{i}", str(work / f"bench{i}.parquet"))

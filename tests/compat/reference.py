@@ -27,10 +27,10 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from chronomq.remoting.codes import RequestCode
 from tests.compat.harness import REPO, CompatUnavailable, RawClient, free_port
@@ -96,17 +96,18 @@ def once(cache: dict[K, T | CompatUnavailable], key: K, build: Callable[[], T]) 
     return cached
 
 
-_classpaths: dict[tuple[Path, str], str | CompatUnavailable] = {}
+_classpaths: dict[tuple[Any, ...], str | CompatUnavailable] = {}
 
 
-def maven_classpath(pom: Path, profile: str = "", timeout: float = 900) -> str:
-    """The resolved class path of ``pom`` (with ``profile``), cached by the pom's content."""
-    return once(_classpaths, (pom, profile), lambda: _resolve(pom, profile, timeout))
+def maven_classpath(pom: Path, profile: str = "", timeout: float = 900, extra: Sequence[str] = ()) -> str:
+    """The resolved class path of ``pom`` (with ``profile`` and ``extra`` Maven arguments such as
+    ``-Dspark.version=4.2.0``), cached by the pom's content and the arguments."""
+    return once(_classpaths, (pom, profile, *extra), lambda: _resolve(pom, profile, timeout, tuple(extra)))
 
 
-def _resolve(pom: Path, profile: str, timeout: float) -> str:
+def _resolve(pom: Path, profile: str, timeout: float, extra: tuple[str, ...] = ()) -> str:
     _, mvn = java_tools()
-    digest = hashlib.sha1(pom.read_bytes() + profile.encode()).hexdigest()[:16]
+    digest = hashlib.sha1(pom.read_bytes() + profile.encode() + "\0".join(extra).encode()).hexdigest()[:16]
     out = MAVEN_CACHE / f"{pom.parent.name}-{profile or 'default'}-{digest}.classpath"
     MAVEN_CACHE.mkdir(parents=True, exist_ok=True)
     lock_path = Path(tempfile.gettempdir()) / f"chronomq-maven-{digest}.lock"
@@ -119,6 +120,7 @@ def _resolve(pom: Path, profile: str, timeout: float) -> str:
                f"-Dmdep.outputFile={tmp}"]
         if profile:
             cmd.append(f"-P{profile}")
+        cmd += extra
         try:
             r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
         except subprocess.TimeoutExpired:
