@@ -1,6 +1,7 @@
 """The timer key hash's recovery after a crash: cut back to the checkpoint's extent and the bucket heads
-recomputed from the entries kept, held to a per-bucket model of the rule (every bucket's head is the last
-kept entry of that bucket, or 0), including heads in pages that have no disk block yet."""
+moved back along the dropped entries' links, or recomputed from the entries kept when those links cannot
+be followed, held to a per-bucket model of the rule (every bucket's head is the last kept entry of that
+bucket, or 0), including heads in pages that have no disk block yet."""
 
 from __future__ import annotations
 
@@ -62,3 +63,41 @@ def test_rebuild_clears_heads_whose_entries_are_all_gone(tmp_path: Path) -> None
     gen.cut_back(0)
     assert _stored(gen) == {}
     assert gen.lookup(12_345) == []
+
+
+def _crashed(tmp_path: Path, seed: int) -> tuple[_HashGeneration, int]:
+    """A generation with ``kept`` entries synced and 3,000 more written after them (entries and heads)."""
+    rnd = random.Random(seed)
+    gen = _HashGeneration(tmp_path, 0, BUCKETS, 1 << 20)
+    kept = rnd.randrange(100, 2_000)
+    gen.add_many([(rnd.getrandbits(31), pos) for pos in range(kept)])
+    for start in range(kept, kept + 3_000, 500):  # in several runs, as the flushes write them
+        gen.add_many([(rnd.getrandbits(31), pos) for pos in range(start, start + 500)])
+    return gen, kept
+
+
+@pytest.mark.parametrize("seed", [4, 5, 6])
+def test_cut_back_moves_heads_back_along_the_dropped_entries_without_a_rebuild(
+        tmp_path: Path, seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    gen, kept = _crashed(tmp_path, seed)
+    before = _stored(gen)
+    monkeypatch.setattr(gen, "rebuild_buckets", lambda: pytest.fail("rebuilt every head"))
+    changed = gen.cut_back(kept)
+    want = _model(gen)
+    assert _stored(gen) == want
+    assert changed == sum(1 for b in before.keys() | want.keys() if before.get(b, 0) != want.get(b, 0)) > 0
+
+
+@pytest.mark.parametrize("lost", ["an entry zeroed", "the entry file cut short"])
+def test_cut_back_rebuilds_when_a_dropped_link_did_not_reach_the_disk(tmp_path: Path, lost: str) -> None:
+    gen, kept = _crashed(tmp_path, 7)
+    size = HASH_ENTRY.size
+    with open(gen.entry_path, "r+b") as f:
+        if lost == "an entry zeroed":  # a page of the entry file lost, the bucket table's kept
+            f.seek((kept + 1_500) * size)
+            f.write(bytes(size * 40))
+        else:
+            f.truncate((kept + 1_000) * size)
+    gen.count = min(gen.count, Path(gen.entry_path).stat().st_size // size)
+    gen.cut_back(kept)
+    assert _stored(gen) == _model(gen)

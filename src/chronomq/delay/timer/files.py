@@ -433,19 +433,60 @@ class _HashGeneration:
     def cut_back(self, count: int) -> int:
         """After a crash: keep the first ``count`` entries (what the last flush synced along with the
         bucket table) and drop the rest, whichever of them reached the disk. A head naming a dropped
-        entry means the bucket table moved on after the flush: every head is then recomputed from the
-        entries kept. Returns how many heads changed."""
+        entry means the bucket table moved on after the flush: such heads are moved back along the
+        dropped entries' links (read before the cut), or, when those cannot be followed, every head is
+        recomputed from the entries kept. Returns how many heads changed."""
         count = max(0, min(count, self.count))
+        dropped = b""
         if count < self.count:
+            dropped = os.pread(self.efd, (self.count - count) * HASH_ENTRY_SIZE, count * HASH_ENTRY_SIZE)
             os.ftruncate(self.efd, count * HASH_ENTRY_SIZE)
             self.count = count
         self.max_pos = -1
         if count:
             _, self.max_pos, _ = HASH_ENTRY.unpack(os.pread(self.efd, HASH_ENTRY_SIZE,
                                                             (count - 1) * HASH_ENTRY_SIZE))
-        if any(max(heads, default=0) > count for _base, heads in self._stored_pages()):
-            return self.rebuild_buckets()
-        return 0
+        if not self._names_dropped(count):
+            return 0
+        fixed = self._unwind_heads(count, dropped)
+        return self.rebuild_buckets() if fixed is None else fixed
+
+    def _names_dropped(self, count: int) -> bool:
+        """Does a head name an entry past ``count``? (a page at a time, at C speed)"""
+        return any(max(heads, default=0) > count for _base, heads in self._stored_pages())
+
+    def _unwind_heads(self, count: int, dropped: bytes) -> int | None:
+        """Move the heads that name a dropped entry back along the dropped entries' own links (each entry
+        names the head its bucket had before it) to the first kept entry, or none: what the table held
+        at ``count`` entries. Only the buckets of the dropped entries are visited. None, with the table
+        as it was, when a link cannot be followed (an entry that did not reach the disk, or one of another
+        bucket) or a head outside those buckets names a dropped entry: the caller then rebuilds every
+        head from the entries. Returns how many heads changed."""
+        entries = list(HASH_ENTRY.iter_unpack(dropped))
+        buckets = self.buckets
+        backing = self._backing
+        back: dict[int, tuple[int, int]] = {}  # bucket byte -> (head, head moved back)
+        for b in {(h % buckets) * 8 for h, _pos, _prev in entries}:
+            if not backing.has(b):
+                continue  # a hole: no head, nothing to move back
+            head = cur = _Q.unpack_from(self.bmap, b)[0]
+            while cur > count:
+                k = cur - count - 1
+                if k >= len(entries):
+                    return None
+                h, pos, prev = entries[k]
+                if (h == pos == prev == 0) or pos < 0 or prev >= cur or (h % buckets) * 8 != b:
+                    return None
+                cur = prev
+            if cur != head:
+                back[b] = (head, cur)
+        for b, (_head, moved) in back.items():
+            _Q.pack_into(self.bmap, b, moved)
+        if self._names_dropped(count):
+            for b, (head, _moved) in back.items():
+                _Q.pack_into(self.bmap, b, head)
+            return None
+        return len(back)
 
     def _stored_pages(self) -> Iterator[tuple[int, array.array[int]]]:
         """(first byte, heads) of every page of the bucket table with a disk block (the others are holes,

@@ -11,10 +11,16 @@ import json
 import logging
 import os
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from chronomq.message import PROPERTY_KEYS, MessageFormatError, decode_record
+from chronomq.message import (
+    PROPERTY_KEYS,
+    PROPERTY_UNIQ_KEY,
+    MessageFormatError,
+    property_of,
+    record_property_text,
+)
 from chronomq.store.atomicfile import read_with_backup
 
 from .files import HashIndex, SegmentedFile, Wheel, add_key_items
@@ -28,6 +34,7 @@ from .records import (
     IDX_SIZE,
     OFF_STATE,
     PENDING,
+    IndexEntry,
     _pack_index,
     _unpack_index,
     unpack_header,
@@ -37,6 +44,40 @@ if TYPE_CHECKING:
     from .store import TimerStore
 
 log = logging.getLogger("chronomq.delay.timer.store")
+
+
+def _index_entries(s: TimerStore, first: int, end: int, chunk: int = 1 << 13
+                   ) -> Iterator[tuple[int, IndexEntry | None]]:
+    """(position, entry or None when unreadable) of the index entries in [first, end), read a chunk at a
+    time (one pread per chunk, never across a segment): a crash's recovery reads its tail in bulk."""
+    per_seg = s.idx_seg_entries
+    idx = first
+    while idx < end:
+        n = min(chunk, end - idx, per_seg - idx % per_seg)
+        raw = s.index.read(idx * IDX_SIZE, n * IDX_SIZE)
+        for k in range(n):
+            yield idx + k, _unpack_index(raw[k * IDX_SIZE:(k + 1) * IDX_SIZE])
+        idx += n
+
+
+class _DataWindow:
+    """Reads of the data log through a window of WINDOW bytes read at once (never across a segment):
+    recovery reads the records of a crash's tail in the order they were written, so most reads are
+    served from the window."""
+
+    WINDOW = 1 << 20
+
+    def __init__(self, data: SegmentedFile) -> None:
+        self.data = data
+        self.start = 0
+        self.buf = b""
+
+    def read(self, pos: int, n: int) -> bytes | memoryview:
+        off = pos - self.start
+        if off < 0 or off + n > len(self.buf):
+            self.start, self.buf = pos, self.data.read(pos, max(n, self.WINDOW))
+            off = 0
+        return memoryview(self.buf)[off:off + n]
 
 
 class Recovery:
@@ -141,13 +182,13 @@ class Recovery:
         file_end_idx = s.index.file_end() // IDX_SIZE
         data_file_end = s.data.file_end()
         relinked = 0
-        while idx < file_end_idx:
-            e = _unpack_index(s.index.read(idx * IDX_SIZE, IDX_SIZE))
+        data = _DataWindow(s.data)
+        for idx, e in _index_entries(s, tail_start, file_end_idx):
             if e is None:
                 break
             if e.pos + e.size > data_file_end or e.prev > idx:
                 break
-            hdr = s.data.read(e.pos, DATA_HDR_SIZE)
+            hdr = data.read(e.pos, DATA_HDR_SIZE)
             if len(hdr) < DATA_HDR_SIZE or unpack_header(hdr).magic != DATA_MAGIC:
                 break
             head = s.wheel.get(e.slot)
@@ -161,7 +202,8 @@ class Recovery:
             seg = idx // s.idx_seg_entries
             s.idx_seg_max[seg] = max(s.idx_seg_max.get(seg, e.slot), e.slot)
             data_end = max(data_end, e.pos + e.size)
-            idx += 1
+        else:  # every entry up to the file's end is whole (or there was none past the checkpoint)
+            idx = max(tail_start, file_end_idx)
         s.index_end = idx
         s.index.truncate(idx * IDX_SIZE)
         s.data_end = data_end
@@ -183,19 +225,20 @@ class Recovery:
             fixed = s.hash.gens[-1].rebuild_buckets()
         items: list[tuple[int, int]] = []
         seen: set[int] = set()
-        for idx in range(tail_start, s.index_end):
-            e = _unpack_index(s.index.read(idx * IDX_SIZE, IDX_SIZE))
+        data = _DataWindow(s.data)
+        for _idx, e in _index_entries(s, tail_start, s.index_end):
             if e is None:
                 continue
             pos, size = e.pos, e.size
             if pos < ck_data_end or pos in seen:  # in the hash as the checkpoint left it
                 continue
             seen.add(pos)
-            try:
-                msg = decode_record(s.data.read(pos, size), DATA_HDR_SIZE, read_body=False)
+            try:  # the two properties the hash keys, the record checked as decode_record checks it
+                text = record_property_text(data.read(pos, size), DATA_HDR_SIZE)
             except MessageFormatError:
                 continue  # a damaged record is never handed out; its keys do not matter
-            add_key_items(items, msg.uniq_key or "", msg.properties.get(PROPERTY_KEYS), pos)
+            add_key_items(items, property_of(text, PROPERTY_UNIQ_KEY) or "", property_of(text, PROPERTY_KEYS),
+                          pos)
         items.sort(key=lambda it: it[1])
         s.hash.add_many(items)
         s.hash.sync()
