@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 
 .PHONY: run test lint venv clean
 
-$(STAMP): pyproject.toml setup.py src/chronomq/store/_speedups.pyx
+$(STAMP): pyproject.toml setup.py src/chronomq/store/_speedups.pyx src/chronomq/remoting/_decode.pyx
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -e '.[dev,fast,spark,bench,web,grpc]'

@@ -1,7 +1,8 @@
-"""The compiled hot-path kernels (chronomq.store._speedups, Cython; see
-chronomq/store/speedups.py). Everything else
-about the package is in pyproject.toml. The extension is optional: without a C compiler or Python's
-headers the install still succeeds and the pure-Python kernels run."""
+"""The compiled hot-path kernels: the broker's (chronomq.store._speedups, Cython; see
+chronomq/store/speedups.py) and the client's decode of a pull answer (chronomq.remoting._decode, Cython;
+see chronomq/remoting/decode.py). Everything else about the package is in pyproject.toml. Both extensions
+are optional: without a C compiler or Python's headers the install still succeeds and the pure-Python
+twins run."""
 
 from setuptools import Extension, setup
 
@@ -13,6 +14,12 @@ setup(
             depends=["src/chronomq/store/_crc32.h"],
             extra_compile_args=["-O2"],
             optional=True,
-        )
+        ),
+        Extension(
+            "chronomq.remoting._decode",
+            ["src/chronomq/remoting/_decode.pyx"],
+            extra_compile_args=["-O2"],
+            optional=True,
+        ),
     ]
 )

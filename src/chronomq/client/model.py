@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 import zlib
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from enum import StrEnum
@@ -15,6 +15,7 @@ from chronomq import message as m
 from chronomq.clock import SystemClock
 from chronomq.remoting import fastjson
 from chronomq.remoting.codes import PERM_READ, PERM_WRITE
+from chronomq.remoting.decode import kernels, pure_twin
 
 from .errors import InvalidMessage
 
@@ -413,7 +414,14 @@ _RECORD_FIELDS = tuple(RecordColumns.__dataclass_fields__)
 
 def record_columns(buf: bytes) -> RecordColumns:
     """Split a PULL_MESSAGE body (concatenated stored records) into RecordColumns, with the length, magic
-    and UTF-8 checks of ``m.decode_records`` (MessageFormatError), and no object per record."""
+    and UTF-8 checks of ``m.decode_records`` (MessageFormatError), and no object per record. Compiled when
+    built (chronomq.remoting.decode chooses); record_columns_py is the reference."""
+    return _record_columns(buf, RecordColumns)
+
+
+@pure_twin("record_columns")
+def record_columns_py(buf: bytes, cls: Callable[..., RecordColumns] = RecordColumns) -> RecordColumns:
+    """record_columns in Python: ``cls`` is called with the 14 columns, in RecordColumns' order."""
     cols = RecordColumns()
     unpack = _HEAD.unpack_from
     fixed, pos_body = m.RECORD_FIXED_SIZE, m.POS_BODY
@@ -472,11 +480,18 @@ def record_columns(buf: bytes) -> RecordColumns:
         reconsume_times.append(reconsume)
         store_sizes.append(total)
         pos = end
-    return cols
+    return cols if cls is RecordColumns else cls(*(getattr(cols, f) for f in _RECORD_FIELDS))
 
 
 def parse_properties(text: str) -> dict[str, str]:
-    """Stored property text -> dict (an item without a name or a separator is skipped; the last wins)."""
+    """Stored property text -> dict (an item without a name or a separator is skipped; the last wins).
+    Compiled when built (chronomq.remoting.decode chooses); parse_properties_py is the reference."""
+    return _parse_properties(text)
+
+
+@pure_twin("parse_properties")
+def parse_properties_py(text: str) -> dict[str, str]:
+    """parse_properties in Python."""
     props: dict[str, str] = {}
     if text:
         nvsep = m.NAME_VALUE_SEPARATOR
@@ -492,16 +507,26 @@ def decode_received(buf: bytes, broker_name: str) -> list[ReceivedMessage]:
     ``[ReceivedMessage.from_ext(x, broker_name) for x in m.decode_records(buf)]`` and the same
     MessageFormatError checks (record_columns), without the intermediate MessageExt, and with one
     MessageQueue per queue and one host tuple per distinct host shared by the messages of the batch (the
-    consumer's hot path)."""
-    c = record_columns(buf)
+    consumer's hot path). Compiled when built (chronomq.remoting.decode chooses); decode_received_py is the
+    reference."""
+    return _decode_received(buf, broker_name, ReceivedMessage, MessageQueue)
+
+
+@pure_twin("decode_received")
+def decode_received_py(buf: bytes, broker_name: str, received_cls: type[ReceivedMessage] = ReceivedMessage,
+                       queue_cls: Callable[[str, str, int], MessageQueue] = MessageQueue
+                       ) -> list[ReceivedMessage]:
+    """decode_received in Python: ``received_cls`` objects made without __init__, one ``queue_cls(raw_topic,
+    broker_name, queue_id)`` per queue."""
+    c = record_columns_py(buf)
     out: list[ReceivedMessage] = []
     retry_prefix, uniq, retry_topic = m.RETRY_GROUP_TOPIC_PREFIX, m.PROPERTY_UNIQ_KEY, m.PROPERTY_RETRY_TOPIC
     queues: dict[tuple[str, int], MessageQueue] = {}
     hosts: dict[bytes, tuple[str, int]] = {}
     last_topic, last_qid, mq = "", -1, None
-    new = ReceivedMessage.__new__
+    new = received_cls.__new__
     for i, raw_topic in enumerate(c.topics):
-        props = parse_properties(c.properties[i])
+        props = parse_properties_py(c.properties[i])
         queue_id = c.queue_ids[i]
         topic = raw_topic
         if topic.startswith(retry_prefix):
@@ -509,7 +534,7 @@ def decode_received(buf: bytes, broker_name: str) -> list[ReceivedMessage]:
         if mq is None or queue_id != last_qid or raw_topic != last_topic:  # a batch is mostly one queue
             mq = queues.get((raw_topic, queue_id))
             if mq is None:
-                mq = queues[(raw_topic, queue_id)] = MessageQueue(raw_topic, broker_name, queue_id)
+                mq = queues[(raw_topic, queue_id)] = queue_cls(raw_topic, broker_name, queue_id)
             last_topic, last_qid = raw_topic, queue_id
         store_host, born_host = c.store_hosts[i], c.born_hosts[i]
         shost = hosts.get(store_host)
@@ -519,7 +544,7 @@ def decode_received(buf: bytes, broker_name: str) -> list[ReceivedMessage]:
         if bhost is None:
             bhost = hosts[born_host] = _host(born_host)
         phys = c.commit_log_offsets[i]
-        msg = new(ReceivedMessage)
+        msg = new(received_cls)
         msg.topic = topic
         msg.body = c.bodies[i]
         msg.id = props.get(uniq) or m.create_offset_msg_id(shost, phys)
@@ -538,6 +563,12 @@ def decode_received(buf: bytes, broker_name: str) -> list[ReceivedMessage]:
         msg.raw_topic = raw_topic
         out.append(msg)
     return out
+
+
+# the compiled decode when it is built (chronomq.remoting.decode chooses); the functions above are its twins
+_record_columns = kernels.record_columns
+_parse_properties = kernels.parse_properties
+_decode_received = kernels.decode_received
 
 
 @dataclass(slots=True)
