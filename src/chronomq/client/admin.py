@@ -25,6 +25,7 @@ from chronomq import message as m
 from chronomq.clock import Clock, SystemClock
 from chronomq.remoting import fastjson
 from chronomq.remoting.codes import PERM_READ, PERM_WRITE, RequestCode, ResponseCode
+from chronomq.remoting.tls import TlsOption
 
 from . import ops
 from .blocking import SyncContextMixin
@@ -209,10 +210,10 @@ MAX_BROWSE = 1_000
 class Admin(SyncContextMixin):
     def __init__(self, namesrv: str | Sequence[str] = "127.0.0.1:9876", *, request_timeout: float = 5.0,
                  instance_name: str | None = None, clock: Clock | None = None,
-                 credentials: tuple[str, str] | None = None) -> None:
+                 credentials: tuple[str, str] | None = None, tls: TlsOption = None) -> None:
         self._clock: Clock = clock if clock is not None else SystemClock()
         self._instance = ClientInstance(namesrv, credentials=credentials, instance_name=instance_name,
-                                        request_timeout=request_timeout, clock=self._clock)
+                                        request_timeout=request_timeout, clock=self._clock, tls=tls)
         self._closed = False
 
     @property

@@ -30,6 +30,7 @@ from chronomq.remoting.codes import (
     RequestCode,
     ResponseCode,
 )
+from chronomq.remoting.tls import TlsOption
 
 from .blocking import SyncContextMixin
 from .consume import LATER, SUCCESS, ConsumeResult, ConsumeService, Listener
@@ -95,7 +96,8 @@ class PushConsumer(PullPath, ConsumeService, SyncContextMixin):
                  max_reconsume_times: int | None = None, retry_delay_level: int = 0,
                  orderly_retry_delay: float = 1.0, shutdown_timeout: float = 10.0,
                  request_timeout: float = 3.0, instance_name: str | None = None,
-                 clock: Clock | None = None, credentials: tuple[str, str] | None = None) -> None:
+                 clock: Clock | None = None, credentials: tuple[str, str] | None = None,
+                 tls: TlsOption = None) -> None:
         subs = _checked_subscriptions(group, subscriptions, consume_from, consume_timestamp, concurrency,
                                       max_inflight_per_queue, pull_batch_size)
         self.group = group
@@ -121,7 +123,7 @@ class PushConsumer(PullPath, ConsumeService, SyncContextMixin):
         self._clock: Clock = clock if clock is not None else SystemClock()
         self._sub_version = self._clock.now_ms()
         self._instance = ClientInstance(namesrv, credentials=credentials, instance_name=instance_name,
-                                        request_timeout=request_timeout,
+                                        tls=tls, request_timeout=request_timeout,
                                         heartbeat_interval=heartbeat_interval,
                                         route_refresh_interval=route_refresh_interval,
                                         request_handler=self._on_server_request, clock=self._clock)

@@ -1,7 +1,8 @@
 """ClientInstance: the part every producer/consumer/admin shares (RocketMQ's MQClientInstance): the
 remoting connections, name-server lookups with failover, the route cache, heartbeats and background
 tasks. Each Producer/PushConsumer/SimpleConsumer/Admin owns one (so two consumers in one process are
-two clients, with two client ids)."""
+two clients, with two client ids). Its ``tls`` option (theirs too) puts every connection, to the name
+servers and to the brokers, on TLS (``chronomq.remoting.tls.client_context``)."""
 
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ from chronomq.remoting.client import (
 from chronomq.remoting.codec import RemotingCommand
 from chronomq.remoting.codes import RequestCode, ResponseCode
 from chronomq.remoting.signing import sign
+from chronomq.remoting.tls import TlsOption, client_context
 
 from .errors import ClientClosed, ConnectFailed, NoRouteError, RequestTimeout, error_for_code
 from .model import TopicRoute
@@ -63,8 +65,10 @@ class ClientInstance:
                  heartbeat_interval: float = 30.0, route_refresh_interval: float = 30.0,
                  request_handler: Callable[[str, RemotingCommand], Awaitable[RemotingCommand | None]]
                  | None = None, credentials: tuple[str, str] | None = None,
-                 clock: Clock | None = None) -> None:
+                 clock: Clock | None = None, tls: TlsOption = None) -> None:
         self.namesrv_addrs = parse_namesrv(namesrv)
+        # None: plaintext; else the context of every connection (built now: a bad CA file fails here)
+        self.ssl_context = client_context(tls)
         self.request_timeout = request_timeout
         self.route_timeout = route_timeout
         self.heartbeat_interval = heartbeat_interval
@@ -92,7 +96,7 @@ class ClientInstance:
             raise ClientClosed("this client was closed; create a new one")
         if self._started:
             return
-        self._remoting = RemotingClient(self._handle_server_request)
+        self._remoting = RemotingClient(self._handle_server_request, ssl_context=self.ssl_context)
         self._started = True
         self.spawn(self._timer(self.route_refresh_interval, self.refresh_routes), "route-refresh")
         if self.heartbeat_body is not None:

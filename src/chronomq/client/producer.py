@@ -20,6 +20,7 @@ from chronomq import message as m
 from chronomq.clock import Clock, SystemClock
 from chronomq.remoting.codec import RemotingCommand, append_batch_item
 from chronomq.remoting.codes import SEND_V2_NAMES, RequestCode, ResponseCode
+from chronomq.remoting.tls import TlsOption
 
 from .blocking import SyncContextMixin
 from .errors import (
@@ -175,7 +176,7 @@ class Producer(SyncContextMixin):
                  heartbeat_interval: float = 30.0, route_refresh_interval: float = 30.0,
                  instance_name: str | None = None, use_v2_header: bool = True,
                  broker_isolation: float = 2.0, clock: Clock | None = None,
-                 credentials: tuple[str, str] | None = None) -> None:
+                 credentials: tuple[str, str] | None = None, tls: TlsOption = None) -> None:
         if not group:
             raise ValueError("the producer group must not be empty")
         if retries < 0:
@@ -192,7 +193,7 @@ class Producer(SyncContextMixin):
         self.broker_isolation = broker_isolation
         self._clock: Clock = clock if clock is not None else SystemClock()
         self._instance = ClientInstance(namesrv, credentials=credentials, instance_name=instance_name,
-                                        request_timeout=send_timeout,
+                                        tls=tls, request_timeout=send_timeout,
                                         heartbeat_interval=heartbeat_interval,
                                         route_refresh_interval=route_refresh_interval,
                                         request_handler=self._on_server_request, clock=self._clock)

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from chronomq.remoting.tls import TlsOption
+
 from . import ops
 from .blocking import SyncContextMixin
 from .errors import ClientClosed, NoRouteError
@@ -18,12 +20,12 @@ __all__ = ["PullResult", "PullStatus", "SimpleConsumer"]
 class SimpleConsumer(SyncContextMixin):
     def __init__(self, group: str = "DEFAULT_PULL_CONSUMER", namesrv: str | Sequence[str] = "127.0.0.1:9876",
                  *, request_timeout: float = 3.0, instance_name: str | None = None,
-                 credentials: tuple[str, str] | None = None) -> None:
+                 credentials: tuple[str, str] | None = None, tls: TlsOption = None) -> None:
         if not group:
             raise ValueError("the consumer group must not be empty")
         self.group = group
         self._instance = ClientInstance(namesrv, credentials=credentials, instance_name=instance_name,
-                                        request_timeout=request_timeout)
+                                        request_timeout=request_timeout, tls=tls)
         self._started = False
         self._closed = False
 

@@ -14,6 +14,7 @@ from chronomq.clock import Clock, SystemClock
 from chronomq.remoting.codec import HeaderError, RemotingCommand
 from chronomq.remoting.codes import RequestCode, ResponseCode
 from chronomq.remoting.server import Connection, ConnectionLimits, RemotingServer, UnsupportedCode
+from chronomq.remoting.tls import ServerTls
 
 from .routeinfo import BROKER_EXPIRE_MS, RouteInfoManager
 
@@ -55,6 +56,9 @@ def parse_register_body(
 
 
 class NameServer:
+    """The name server on host:port. ``tls`` (``ServerTls.from_config(config, "namesrv")``): TLS and
+    plaintext on its port as the broker's (docs/tls.md); None: plaintext only."""
+
     def __init__(
         self,
         host: str = "127.0.0.1",
@@ -62,11 +66,12 @@ class NameServer:
         clock: Clock | None = None,
         expire_ms: int = BROKER_EXPIRE_MS,
         limits: ConnectionLimits | None = None,
+        tls: ServerTls | None = None,
     ) -> None:
         self.clock = clock or SystemClock()
         self.routes = RouteInfoManager(expire_ms)
         self.server = RemotingServer(self.handle, host, port, name="namesrv", sync_handler=self.handle_sync,
-                                     limits=limits)
+                                     limits=limits, tls=tls)
         self.server.close_callbacks.append(self._on_close)
         self.kv: dict[str, dict[str, str]] = {}
         self._scan_task: asyncio.Task[None] | None = None

@@ -4,7 +4,8 @@ One TCP connection per address, every request on it multiplexed by ``opaque`` (r
 in any order). A request that times out closes its connection (as the official clients do) so the next
 request opens a fresh one; a connection that fails fails every request waiting on it at once.
 Requests the server pushes to us (NOTIFY_CONSUMER_IDS_CHANGED, ...) go to ``request_handler``; when it
-returns a command that command is written back as the response.
+returns a command that command is written back as the response. With an ``ssl.SSLContext`` every
+connection is TLS (asyncio's; the server's host is not sent as SNI when it is an IP address).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import ssl
 from collections.abc import Awaitable, Callable
 
 from .codec import FLAG_RESPONSE, FrameDecoder, FrameError, RemotingCommand, encode
@@ -237,9 +239,11 @@ class Connection:
 class RemotingClient:
     """Connections by address, opened lazily and re-opened after a failure or timeout."""
 
-    def __init__(self, request_handler: RequestHandler | None = None, connect_timeout: float = 3.0) -> None:
+    def __init__(self, request_handler: RequestHandler | None = None, connect_timeout: float = 3.0,
+                 ssl_context: ssl.SSLContext | None = None) -> None:
         self._handler = request_handler
         self._connect_timeout = connect_timeout
+        self._ssl = ssl_context
         self._conns: dict[str, Connection] = {}
         self._connecting: dict[str, asyncio.Future[Connection]] = {}
         self._closing: set[Connection] = set()
@@ -269,11 +273,16 @@ class RemotingClient:
             except ValueError as e:
                 raise RemotingConnectError(str(e), addr) from None
             try:
-                reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port),
-                                                        self._connect_timeout)
+                opened = (asyncio.open_connection(host, port) if self._ssl is None else
+                          asyncio.open_connection(host, port, ssl=self._ssl,
+                                                  ssl_handshake_timeout=self._connect_timeout))
+                reader, writer = await asyncio.wait_for(opened, self._connect_timeout)
             except TimeoutError:
                 raise RemotingConnectError(f"connecting to {addr} timed out after "
                                            f"{self._connect_timeout:.1f}s", addr) from None
+            except ssl.SSLError as e:  # before OSError, its base: the TLS handshake failed
+                raise RemotingConnectError(f"TLS handshake with {addr} failed: {e.reason or e}",
+                                           addr) from None
             except (OSError, OverflowError) as e:
                 raise RemotingConnectError(f"cannot connect to {addr}: {getattr(e, 'strerror', None) or e}",
                                            addr) from None

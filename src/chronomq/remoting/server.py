@@ -17,7 +17,13 @@
 - ``ConnectionLimits`` bound what a hostile peer can hold: connections (per server, per address, and
   what the process's open-file limit allows), a frame's time to arrive, idle time, partial-frame
   bytes over all connections, and the write buffer (reading pauses above its high-water mark). Its
-  times are read from the server's clock (the real one unless a test gives another).
+  times are read from the server's clock (the real one unless a test gives another);
+- with ``tls`` (a ``ServerTls``), TLS and plaintext on one port, as RocketMQ's servers serve them: the
+  first byte of a connection's first read tells (0x16, a TLS handshake record, else the remoting protocol
+  in plaintext), the mode may refuse either (closed, logged as the limits' refusals are), and a TLS
+  connection's bytes go through a sans-IO TLS layer (``tls.TlsSession``) both ways, under the same
+  frame decoding and one-write batching (docs/tls.md). A plaintext connection pays one check, at its
+  first read.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ import asyncio
 import contextlib
 import itertools
 import logging
+import ssl
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -36,6 +43,7 @@ from chronomq.clock import Clock, SystemClock
 
 from .codec import MAX_FRAME_SIZE, FrameDecoder, FrameError, HeaderError, RemotingCommand, encode
 from .codes import ResponseCode
+from .tls import HANDSHAKE, ServerTls, TlsSession
 
 log = logging.getLogger("chronomq.remoting")
 
@@ -86,6 +94,82 @@ def raise_open_file_limit() -> int | None:
     return None if soft == resource.RLIM_INFINITY else soft
 
 
+class _TlsTransport(asyncio.Transport):
+    """What a TLS connection's ``Connection`` writes to in place of the socket's transport: each write is
+    encrypted into records written to the socket with one call; ``receive`` decrypts. The rest is the
+    socket transport's. (Nothing is written before the handshake has finished: the first write answers
+    the first request, which comes after it.)"""
+
+    def __init__(self, raw: asyncio.Transport, session: TlsSession) -> None:
+        super().__init__()
+        self.raw = raw
+        self.session = session
+
+    def receive(self, data: bytes) -> bytes:
+        """The plaintext ``data`` completes; what the TLS layer answers (handshake, alerts) is written.
+        Raises ssl.SSLError."""
+        session = self.session
+        try:
+            plain = session.receive(data)
+        finally:
+            out = session.take()
+            if out and not self.raw.is_closing():
+                self.raw.write(out)
+        return plain
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        try:
+            records = self.session.send(bytes(data))
+        except ssl.SSLError as e:  # the layer failed on a read before: nothing more can be sent
+            log.debug("TLS: dropping %d bytes written after the connection's TLS failed: %s", len(data), e)
+            self.raw.abort()
+            return
+        self.raw.write(records)
+
+    def close(self) -> None:
+        raw = self.raw
+        if raw.is_closing():
+            return
+        if self.session.handshaken:
+            bye = self.session.close_notify()
+            if bye:
+                raw.write(bye)
+        raw.close()
+
+    def abort(self) -> None:
+        self.raw.abort()
+
+    def is_closing(self) -> bool:
+        return self.raw.is_closing()
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        if name == "ssl_object":
+            return self.session.ssl_object
+        if name == "peercert":
+            return self.session.ssl_object.getpeercert()
+        return self.raw.get_extra_info(name, default)
+
+    def get_write_buffer_size(self) -> int:
+        return self.raw.get_write_buffer_size()
+
+    def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
+        self.raw.set_write_buffer_limits(high, low)
+
+    def pause_reading(self) -> None:
+        self.raw.pause_reading()
+
+    def resume_reading(self) -> None:
+        self.raw.resume_reading()
+
+    def is_reading(self) -> bool:
+        return self.raw.is_reading()
+
+
+def _tls_reason(e: ssl.SSLError) -> str:
+    """One line for a TLS failure: OpenSSL's reason (or the certificate check's message)."""
+    return (getattr(e, "verify_message", None) or e.reason or str(e)).lower().replace("_", " ")
+
+
 class Connection(asyncio.Protocol):
     """One client connection. Created by ``RemotingServer``; handlers receive it with each request."""
 
@@ -134,8 +218,64 @@ class Connection(asyncio.Protocol):
             stream.set_write_buffer_limits(high=lim.write_high, low=lim.write_low)
         # a new connection's first frame is on the clock from the moment it is accepted
         self._last_in = self._last_out = self._frame_since = self.server.clock.monotonic()
+        if self.server.tls is not None:  # the first read decides: TLS or plaintext (class attribute after)
+            self.data_received = self._greeting  # type: ignore[method-assign]
 
-    def data_received(self, data: bytes) -> None:
+    def _greeting(self, data: bytes) -> None:
+        """A connection's first read on a port with TLS settings (``RemotingServer.tls``): a TLS handshake
+        record (0x16) goes through a TLS layer from now on, anything else is the remoting protocol in
+        plaintext (the class's ``data_received``); the mode may refuse either."""
+        del self.data_received  # back to the class's: the plaintext path
+        tls = self.server.tls
+        if self.closed or tls is None:
+            return
+        if data[0] != HANDSHAKE:
+            if tls.serves_plaintext:
+                self.data_received(data)
+            else:
+                self._refuse_by_mode("plaintext refused: tlsServerMode is enforcing (TLS only)")
+            return
+        if not tls.serves_tls:
+            self._refuse_by_mode("TLS refused: tlsServerMode is disabled (plaintext only)")
+            return
+        assert self.transport is not None
+        try:
+            context = tls.context()
+        except OSError as e:  # the self-signed certificate, made at the first TLS connection
+            log.error("%s: cannot serve TLS to %s: %s", self.server.name, self.remote_addr, e)
+            self.close()
+            return
+        self.transport = _TlsTransport(self.transport, TlsSession(context))
+        self.server.tls_connections += 1
+        self.data_received = self._tls_received  # type: ignore[method-assign]
+        self._tls_received(data)
+
+    def _refuse_by_mode(self, why: str) -> None:
+        self.server.refused_by_tls_mode += 1
+        self.server._note_refusal(self, why)
+        self.close()
+
+    def _tls_received(self, data: bytes) -> None:
+        """A TLS connection's read: decrypted, then on the plaintext path."""
+        if self.closed:
+            return
+        t = cast(_TlsTransport, self.transport)
+        try:
+            plain = t.receive(data)
+        except ssl.SSLError as e:
+            self.server.tls_failures += 1
+            log.info("%s: TLS %s with %s failed: %s", self.server.name,
+                     "handshake" if not t.session.handshaken else "stream", self.remote_addr, _tls_reason(e))
+            self.close()
+            return
+        if plain:
+            self._received(plain)
+        else:
+            self._last_in = self.server.clock.monotonic()
+        if t.session.eof and not self.closed:  # close_notify: the peer is done
+            self.close()
+
+    def _received(self, data: bytes) -> None:
         if self.closed:
             return
         self._last_in = self.server.clock.monotonic()
@@ -148,6 +288,8 @@ class Connection(asyncio.Protocol):
         finally:
             self._batching = False
             self._flush()
+
+    data_received = _received  # the plaintext path (a TLS connection's decrypted bytes take it too)
 
     def _flush(self) -> None:
         if not self._out:
@@ -247,6 +389,11 @@ class Connection(asyncio.Protocol):
         self.write(resp)
 
     def connection_lost(self, exc: Exception | None) -> None:
+        t = self.transport
+        if not self.closed and isinstance(t, _TlsTransport) and not t.session.handshaken:
+            log.debug("%s: %s closed its connection during the TLS handshake", self.server.name,
+                      self.remote_addr)
+        self.__dict__.pop("data_received", None)  # the TLS path's bound method: no cycle left behind
         self.closed = True
         if self._refused:
             return
@@ -433,7 +580,8 @@ class RemotingServer:
 
     ``sync_handler`` (optional) is tried first, inline in ``data_received``: it returns a response for
     requests it can answer at once, or None to hand the request to the async ``handler`` in its own task.
-    ``limits`` bound what each peer can hold; their times are read from ``clock``.
+    ``limits`` bound what each peer can hold; their times are read from ``clock``. ``tls``: TLS and
+    plaintext on this port in its mode (None: plaintext only, no first-byte check at all).
     """
 
     def __init__(
@@ -446,8 +594,10 @@ class RemotingServer:
         sync_handler: SyncHandler | None = None,
         limits: ConnectionLimits | None = None,
         clock: Clock | None = None,
+        tls: ServerTls | None = None,
     ) -> None:
         self.handler = handler
+        self.tls = tls
         self.sync_handler = sync_handler
         self.host = host
         self.port = port
@@ -466,6 +616,10 @@ class RemotingServer:
         self.refused = 0
         self.closed_overdue = 0
         self.closed_shed = 0
+        # TLS: connections served with it, failed handshakes and streams, connections the mode refused
+        self.tls_connections = 0
+        self.tls_failures = 0
+        self.refused_by_tls_mode = 0
         self._refused_unlogged = 0
         self._refusal_logged_at: float | None = None
         self._last_refusal = ""
@@ -581,7 +735,8 @@ class RemotingServer:
         )
         sock = self._server.sockets[0]
         self.port = sock.getsockname()[1]
-        log.info("%s listening on %s:%d", self.name, self.host, self.port)
+        log.info("%s listening on %s:%d%s", self.name, self.host, self.port,
+                 f" (TLS {self.tls.mode})" if self.tls is not None else "")
         if self._budget is not None and self._budget < (self.limits.max_connections or 1 << 62):
             log.warning("%s: the open-file limit leaves room for %d connections in this process, fewer than "
                         "serverMaxConnections=%d (raise `ulimit -n`)", self.name, self._budget,
