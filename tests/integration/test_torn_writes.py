@@ -56,9 +56,9 @@ def warnings_of(caplog: pytest.LogCaptureFixture, logger: str) -> list[str]:
 def pristine(tmp_path_factory: pytest.TempPathFactory) -> dict:
     """One store with N_MSGS messages over three queues, left as a crash leaves it (abort file; the
     checkpoint covers the first third) and as a clean shutdown leaves it; each case tears a copy. Also
-    where the damage can be torn writes: after a crash, what recovery re-verifies (from the segment
-    holding the checkpoint on, as in RocketMQ: data below it was fsynced before the checkpoint was
-    written); after a clean shutdown, the whole (small) log."""
+    where the damage can be torn writes: after a crash, what recovery re-verifies (from the checkpoint's
+    recover-from offset on: data below it was fsynced before the checkpoint was written); after a clean
+    shutdown, the whole (small) log."""
     out = {}
     for kind in ("crashed", "clean"):
         root = tmp_path_factory.mktemp(f"pristine-{kind}")
@@ -75,7 +75,7 @@ def pristine(tmp_path_factory: pytest.TempPathFactory) -> dict:
             s._halt()
             ck = Checkpoint.load(str(root / "checkpoint"))
             assert ck is not None and 0 < ck.recover_from < msgs[-1][1]
-            tear_from = ck.recover_from - ck.recover_from % SEG
+            tear_from = ck.recover_from
         out[kind] = (root, msgs, tear_from)
     return out
 

@@ -269,16 +269,17 @@ def test_lost_queue_files_behind_the_checkpoint_are_rebuilt_from_the_log(tmp_pat
 
 
 def _crash_with(root: str, props: list[dict[str, str]]) -> list[int]:
-    """Put one message per properties dict, flush, stop as a crash does; returns their offsets."""
+    """Put one message per properties dict after a checkpoint, stop as a crash does (the records are in
+    the file, past the checkpoint: recovery re-verifies them); returns their offsets."""
     from chronomq.message import MessageExt
 
     s = restart(root, VirtualClock())
+    s.flush()
     offs = []
     for i, p in enumerate(props):
         r = s.put_message(MessageExt(topic="Crash", body=b"b%d" % i, properties=p))
         assert r.ok
         offs.append(r.append.wrote_offset)
-    s.flush()
     s._halt()
     return offs
 

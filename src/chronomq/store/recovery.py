@@ -63,9 +63,11 @@ class StoreRecovery:
             # clean shutdown: the end is known; re-verify the last bytes before it
             start = self.tail_boundary(clean_end)
         else:
-            # re-verify from the start of the segment holding the checkpoint (or the first cut one)
+            # re-verify from the checkpoint's recover-from offset (a record boundary below which every
+            # byte was fsynced before the checkpoint was written), so a crash costs what was written
+            # since it, not the whole segment; from the first cut segment when there is one
             ck_from = max(ckpt.recover_from if ckpt is not None else 0, cl.segments[0].start)
-            start = (cl.segment_for(ck_from) or cl.segments[-1]).start
+            start = ck_from if cl.segment_for(ck_from) is not None else cl.segments[-1].start
             if short is not None:
                 start = min(start, short.start)
         end = self.scan_end(start, check_crc)
