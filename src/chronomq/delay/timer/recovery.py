@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import zlib
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
@@ -31,10 +32,12 @@ from .records import (
     DATA_HDR_SIZE,
     DATA_MAGIC,
     DELIVERED,
+    IDX,
     IDX_SIZE,
     OFF_STATE,
     PENDING,
     IndexEntry,
+    _new,
     _pack_index,
     _unpack_index,
     unpack_header,
@@ -51,12 +54,20 @@ def _index_entries(s: TimerStore, first: int, end: int, chunk: int = 1 << 13
     """(position, entry or None when unreadable) of the index entries in [first, end), read a chunk at a
     time (one pread per chunk, never across a segment): a crash's recovery reads its tail in bulk."""
     per_seg = s.idx_seg_entries
+    crc32 = zlib.crc32
+    body = IDX_SIZE - 4
     idx = first
     while idx < end:
         n = min(chunk, end - idx, per_seg - idx % per_seg)
         raw = s.index.read(idx * IDX_SIZE, n * IDX_SIZE)
-        for k in range(n):
-            yield idx + k, _unpack_index(raw[k * IDX_SIZE:(k + 1) * IDX_SIZE])
+        whole = len(raw) // IDX_SIZE
+        view = memoryview(raw)
+        for k, fields in enumerate(IDX.iter_unpack(view[:whole * IDX_SIZE])):  # as _unpack_index reads one
+            at = k * IDX_SIZE
+            ok = crc32(view[at:at + body]) - (1 << 31) == fields[7]
+            yield idx + k, _new(IndexEntry, fields[:7]) if ok else None
+        for k in range(whole, n):  # past the file's end
+            yield idx + k, None
         idx += n
 
 
@@ -151,8 +162,8 @@ class Recovery:
                 clean = False  # files longer than the checkpoint says: treat as a crash
         if not clean:
             tail_start = min(ck_index_end, file_idx_end)
-            self._recover_tail(tail_start, ck_data_end)
-            self._recover_hash(ckpt, tail_start, ck_data_end)
+            kept = self._recover_tail(tail_start, ck_data_end)
+            self._recover_hash(ckpt, kept, ck_data_end)
         if s.wheel.cut:
             log.warning("timer: wheel files %s are not a day of slots long (torn)", ", ".join(s.wheel.cut))
         elif s.wheel.max_value() > s.index_end:
@@ -173,9 +184,10 @@ class Recovery:
         except OSError as e:  # a full disk: open anyway; the periodic flush writes it once there is room
             log.warning("timer: cannot write the checkpoint at open (%s); the flush tries again", e)
 
-    def _recover_tail(self, tail_start: int, ck_data_end: int) -> None:
+    def _recover_tail(self, tail_start: int, ck_data_end: int) -> list[IndexEntry]:
         """After a crash: validate index entries written since the checkpoint, cut torn tails, re-link
-        entries the wheel missed, recount schedules, and drop message bytes no entry names."""
+        entries the wheel missed, recount schedules, and drop message bytes no entry names. Returns the
+        entries kept from ``tail_start`` on, in order."""
         s = self.store
         idx = tail_start
         data_end = ck_data_end
@@ -183,6 +195,7 @@ class Recovery:
         data_file_end = s.data.file_end()
         relinked = 0
         data = _DataWindow(s.data)
+        kept: list[IndexEntry] = []
         for idx, e in _index_entries(s, tail_start, file_end_idx):
             if e is None:
                 break
@@ -202,6 +215,7 @@ class Recovery:
             seg = idx // s.idx_seg_entries
             s.idx_seg_max[seg] = max(s.idx_seg_max.get(seg, e.slot), e.slot)
             data_end = max(data_end, e.pos + e.size)
+            kept.append(e)
         else:  # every entry up to the file's end is whole (or there was none past the checkpoint)
             idx = max(tail_start, file_end_idx)
         s.index_end = idx
@@ -210,8 +224,9 @@ class Recovery:
         s.data.truncate(data_end)
         if relinked:
             log.info("timer recovery re-linked %d index entries", relinked)
+        return kept
 
-    def _recover_hash(self, ckpt: dict[str, Any], tail_start: int, ck_data_end: int) -> None:
+    def _recover_hash(self, ckpt: dict[str, Any], tail: list[IndexEntry], ck_data_end: int) -> None:
         """After a crash: the key hash is synced by the periodic flush, not by a SYNC_FLUSH round (as
         RocketMQ syncs its commit log but not its index file), so any of its pages written since the
         checkpoint may be lost, stale or ahead of the others. It is cut back to the extent the checkpoint
@@ -226,9 +241,7 @@ class Recovery:
         items: list[tuple[int, int]] = []
         seen: set[int] = set()
         data = _DataWindow(s.data)
-        for _idx, e in _index_entries(s, tail_start, s.index_end):
-            if e is None:
-                continue
+        for e in tail:  # the index entries kept past the checkpoint (_recover_tail)
             pos, size = e.pos, e.size
             if pos < ck_data_end or pos in seen:  # in the hash as the checkpoint left it
                 continue
