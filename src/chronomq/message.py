@@ -94,7 +94,6 @@ _HEAD = struct.Struct(">iiiiiqqiq8sq8siqi")  # up to and including BODYLENGTH
 RECORD_HEAD = _HEAD  # public: fast decoders of the fixed head (delay delivery)
 assert _HEAD.size == POS_BODY
 _I32 = struct.Struct(">i")
-_I32x2 = struct.Struct(">ii")  # TOTALSIZE, MAGICCODE
 _I64 = struct.Struct(">q")
 _H16 = struct.Struct(">H")
 
@@ -335,37 +334,6 @@ def record_topic_and_properties(
     """The topic and properties of the V1 record of ``total`` bytes at ``buf[pos:]``, whose head the caller
     has unpacked (``body_len``: its BODYLENGTH): every length checked against the record's end. Raises
     MessageFormatError."""
-    topic, text = _topic_and_property_text(buf, pos, total, body_len)
-    return topic, decode_properties(text)
-
-
-def record_property_text(buf: bytes | bytearray | memoryview, pos: int = 0) -> str:
-    """The properties of the stored record at ``pos`` as their encoded text, the record checked as
-    ``decode_record`` checks it (without the body CRC): what reads one or two properties of many records
-    (``property_of``) takes instead of decoding each whole. Raises MessageFormatError."""
-    if len(buf) - pos < RECORD_FIXED_SIZE:
-        raise MessageFormatError("record truncated")
-    total, magic = _I32x2.unpack_from(buf, pos)
-    if magic != MAGIC_V1:
-        raise MessageFormatError(f"bad magic code {magic & 0xFFFFFFFF:#x}")
-    if total < RECORD_FIXED_SIZE or pos + total > len(buf):
-        raise MessageFormatError("record length out of range")
-    return _topic_and_property_text(buf, pos, total, _I32.unpack_from(buf, pos + POS_BODYLENGTH)[0])[1]
-
-
-def property_of(text: str, name: str) -> str | None:
-    """``decode_properties(text).get(name)`` without building the map: the last item named ``name``."""
-    at = (PROPERTY_SEPARATOR + text).rfind(PROPERTY_SEPARATOR + name + NAME_VALUE_SEPARATOR)
-    if at < 0:
-        return None
-    start = at + len(name) + 1
-    end = text.find(PROPERTY_SEPARATOR, start)
-    return text[start:] if end < 0 else text[start:end]
-
-
-def _topic_and_property_text(
-    buf: bytes | bytearray | memoryview, pos: int, total: int, body_len: int
-) -> tuple[str, str]:
     end = pos + total
     p = pos + POS_BODY
     if body_len < 0 or p + body_len + 3 > end:
@@ -385,9 +353,10 @@ def _topic_and_property_text(
     if p + props_len != end:
         raise MessageFormatError("record length does not match its fields")
     try:
-        return topic, bytes(buf[p:end]).decode()
+        props = decode_properties(bytes(buf[p:end]).decode())
     except UnicodeDecodeError as e:
         raise MessageFormatError("properties are not UTF-8") from e
+    return topic, props
 
 
 def decode_record(

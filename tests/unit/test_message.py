@@ -112,30 +112,3 @@ def test_java_string_hash() -> None:
 def test_validate_topic(topic: str, ok: bool) -> None:
     assert (m.validate_topic(topic) is None) == ok
 
-
-# any text, including separators where they do not belong: items without a name, without a value, twice
-_prop_text = st.lists(st.sampled_from(["UNIQ_KEY", "KEYS", "K", "", "\x01", "\x02", "a\x01b", "é", "x y"]),
-                      max_size=12).map("".join)
-
-
-@given(_prop_text)
-def test_property_of_reads_what_decode_properties_reads(text: str) -> None:
-    props = m.decode_properties(text)
-    for name in ("UNIQ_KEY", "KEYS", "K", "a"):
-        assert m.property_of(text, name) == props.get(name), (text, name)
-
-
-@given(messages(), st.binary(max_size=40))
-def test_record_property_text_checks_a_record_as_decode_record_does(msg: m.MessageExt, noise: bytes) -> None:
-    rec = bytes(m.encode_record(msg))
-    assert m.decode_properties(m.record_property_text(b"12" + rec, 2)) == m.decode_record(rec).properties
-    damaged = rec[: len(rec) // 2] + noise  # cut, then whatever follows
-    try:
-        expected: object = m.decode_record(damaged).properties
-    except m.MessageFormatError:
-        expected = m.MessageFormatError
-    try:
-        got: object = m.decode_properties(m.record_property_text(damaged))
-    except m.MessageFormatError:
-        got = m.MessageFormatError
-    assert got == expected

@@ -10,20 +10,16 @@ from __future__ import annotations
 import json
 import logging
 import os
+import struct
 import zlib
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from chronomq.message import (
-    PROPERTY_KEYS,
-    PROPERTY_UNIQ_KEY,
-    MessageFormatError,
-    property_of,
-    record_property_text,
-)
+from chronomq.message import PROPERTY_KEYS, PROPERTY_UNIQ_KEY, MessageFormatError
 from chronomq.store.atomicfile import read_with_backup
 
+from ..delivery import record_to_put
 from .files import HashIndex, SegmentedFile, Wheel, add_key_items
 from .records import (
     _DONE_ENTRY,
@@ -246,12 +242,11 @@ class Recovery:
             if pos < ck_data_end or pos in seen:  # in the hash as the checkpoint left it
                 continue
             seen.add(pos)
-            try:  # the two properties the hash keys, the record checked as decode_record checks it
-                text = record_property_text(data.read(pos, size), DATA_HDR_SIZE)
-            except MessageFormatError:
+            try:  # checked and parsed as delivery parses it (the compiled kernel when built)
+                _topic, _qid, props = record_to_put(data.read(pos, size), DATA_HDR_SIZE, size - DATA_HDR_SIZE)
+            except (struct.error, IndexError, MessageFormatError):
                 continue  # a damaged record is never handed out; its keys do not matter
-            add_key_items(items, property_of(text, PROPERTY_UNIQ_KEY) or "", property_of(text, PROPERTY_KEYS),
-                          pos)
+            add_key_items(items, props.get(PROPERTY_UNIQ_KEY) or "", props.get(PROPERTY_KEYS), pos)
         items.sort(key=lambda it: it[1])
         s.hash.add_many(items)
         s.hash.sync()
