@@ -11,29 +11,31 @@ import logging
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from chronomq import __version__
-from chronomq.acl import AclConfigError, AclValidator
 from chronomq.clock import Clock, SystemClock
 from chronomq.config import ASYNC_MASTER, SYNC_MASTER, BrokerConfig, ConfigError
 from chronomq.delay.histogram import Histogram
 from chronomq.delay.timer.journal import JOURNAL_TOPIC, TimerFollower, TimerJournal
 from chronomq.ha import HAClient, HAService
-from chronomq.metrics import LATENESS_BUCKETS_MS, MetricsServer
-from chronomq.remoting.client import RemotingClient
+from chronomq.metrics import LATENESS_BUCKETS_MS
 from chronomq.remoting.codec import RemotingCommand
 from chronomq.remoting.codes import RequestCode
 from chronomq.remoting.server import Connection, ConnectionLimits, RemotingServer
 from chronomq.store.atomicfile import write_atomic
 
-from .inproc import LocalCalls
-from .nsclient import NamesrvClient
 from .processor import BrokerProcessor
 from .services import PromoteError, build_services
-from .slave_sync import SlaveSynchronize
 from .timer_processor import TimerProcessor
 from .topics import TopicConfig
+
+if TYPE_CHECKING:  # each loaded where the broker first needs it: a master's start does without them
+    from chronomq.metrics import MetricsServer
+    from chronomq.remoting.client import RemotingClient
+
+    from .nsclient import NamesrvClient
+    from .slave_sync import SlaveSynchronize
 
 log = logging.getLogger("chronomq.broker")
 
@@ -104,7 +106,9 @@ class BrokerController:
         self.transactions = services.transactions
         self.timers = TimerProcessor(self.services)
         self.processor = BrokerProcessor(self.services, self.timers)
-        if config.aclEnable:
+        if config.aclEnable:  # the accounts' code loads only when they are on (as metrics, gRPC, filters)
+            from chronomq.acl import AclConfigError, AclValidator
+
             try:
                 self.processor.acl = AclValidator(config.acl_path, self.clock.now_ms,
                                                   config.aclReplayWindowMs, config.aclRequireTimestamp)
@@ -170,6 +174,10 @@ class BrokerController:
             self.timer_follower.apply_available()
         await self.server.start()
         if slave:
+            from chronomq.remoting.client import RemotingClient
+
+            from .slave_sync import SlaveSynchronize
+
             self.ha_client = HAClient(self.config, self.store, self.clock)
             self.ha_client.start()
             self._sync_client = RemotingClient()
@@ -181,6 +189,8 @@ class BrokerController:
         await self._start_grpc()
         self._register_event = asyncio.Event()
         if self.local_register is None:
+            from .nsclient import NamesrvClient
+
             self.ns_client = NamesrvClient([a for a in self.config.namesrvAddr.split(";") if a.strip()])
         self._tasks = [
             asyncio.create_task(self._persist_loop(), name="offset-persist"),
@@ -239,6 +249,8 @@ class BrokerController:
             log.error("gRPC endpoint: off, its packages (dependencies of chronomq) cannot be imported; "
                       "reinstall chronomq, or set grpcListenPort=-1: %s", e)
             return
+        from .inproc import LocalCalls
+
         svc = MessagingService(self.services, LocalCalls(self.processor), (self.config.brokerIP1, port))
         server = GrpcServer(svc, self.bind_host, port)
         try:
@@ -577,6 +589,8 @@ class BrokerController:
         port = self.config.metrics_port
         if port is None:
             return
+        from chronomq.metrics import MetricsServer
+
         loop = self.loop
         assert loop is not None
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from chronomq.acl import AclValidator, refusal
 from chronomq.remoting.codec import RemotingCommand
 from chronomq.remoting.codes import RequestCode
 from chronomq.remoting.server import UnsupportedCode
@@ -33,6 +32,8 @@ from .processors.send import SendProcessor
 from .processors.transaction import TransactionProcessor
 
 if TYPE_CHECKING:
+    from chronomq.acl import AclValidator
+
     from .services import BrokerServices
     from .timer_processor import TimerProcessor
 
@@ -65,6 +66,8 @@ class BrokerProcessor:
 
     def handle_sync(self, req: RemotingCommand, conn: RequestConnection) -> RemotingCommand | None:
         if self.acl is not None:
+            from chronomq.acl.validator import refusal  # the accounts' code loads only when they are on
+
             refused = refusal(self.acl, req, conn.remote_addr)
             if refused is not None:
                 return refused

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import logging
 
-from chronomq.filter import FilterSyntaxError, compile_sql92
 from chronomq.message import RETRY_GROUP_TOPIC_PREFIX
 from chronomq.remoting.codec import HeaderError, RemotingCommand
 from chronomq.remoting.codes import RequestCode, ResponseCode
@@ -94,6 +93,9 @@ class ClientManageProcessor(ProcessorBase):
             if expression_type != "SQL92":
                 return req.response(ResponseCode.SUBSCRIPTION_PARSE_FAILED,
                                     remark=f"the broker cannot filter message by {expression_type}")
+            # the filter engine loads with the first SQL92 subscription
+            from chronomq.filter.sql92 import FilterSyntaxError, compile_sql92
+
             try:
                 compile_sql92(str(sub.get("subString") or ""))
             except FilterSyntaxError as e:

@@ -17,8 +17,6 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from chronomq.delay.delivery import DELAY_SOURCE_MARK, hide_delay_sources
-from chronomq.filter import FilterSyntaxError, compile_sql92
-from chronomq.filter.records import record_filter
 from chronomq.message import (
     NAME_VALUE_SEPARATOR,
     POS_BODY,
@@ -167,6 +165,9 @@ class PullProcessor(ProcessorBase):
         if expr_type.upper() == "TAG":
             return self._filter(req, group, topic, sys_flag), None
         expr = (req.ext_str("subscription", "") if sub is None else str(sub.get("subString") or "")) or ""
+        from chronomq.filter.records import record_filter  # loaded by the first SQL92 subscription
+        from chronomq.filter.sql92 import FilterSyntaxError, compile_sql92
+
         try:
             if expr_type != "SQL92":
                 raise ValueError(f"the broker cannot filter message by {expr_type}")
