@@ -1,6 +1,7 @@
 """What ``chronomq start`` loads: a feature that is off costs its start nothing, not even its import (a
 restart after a crash pays for every module loaded before the ready line). Each case runs the real start
-in a fresh interpreter and lists, at its ready line, which of the optional parts are in sys.modules."""
+in a fresh interpreter and lists, at its ready line, which of the optional parts are in sys.modules, and
+whether the garbage collector (off while the start runs) is on again."""
 
 from __future__ import annotations
 
@@ -16,11 +17,12 @@ OPTIONAL = ("chronomq.acl", "chronomq.metrics.prometheus", "prometheus_client", 
             "chronomq.filter.sql92", "chronomq.grpc", "chronomq.client", "chronomq.cli.admin", "chronomq.web")
 
 _CHILD = """
-import os, sys
+import gc, os, sys
 from chronomq.cli.main import main
 write = sys.stdout.write
 def at_ready(text):
     if text.startswith("chronomq ready"):
+        write(f"collector {{gc.isenabled()}} {{gc.get_freeze_count() > 0}}\\n")
         write("loaded " + " ".join(m for m in {optional!r} if m in sys.modules) + "\\n")
         sys.stdout.flush()
         os._exit(0)
@@ -40,6 +42,8 @@ def _loaded_at_ready(data_dir: Path, **settings: str) -> set[str]:
     assert r.returncode == 0, r.stderr[-3000:]
     lines = [line for line in r.stdout.splitlines() if line.startswith("loaded")]
     assert lines, r.stdout + r.stderr[-3000:]
+    # the collector is on again at the ready line, what the start made frozen out of its reach
+    assert "collector True True" in r.stdout.splitlines(), r.stdout
     return set(lines[0].split()[1:])
 
 

@@ -26,7 +26,7 @@ from chronomq.config import BrokerConfig, ConfigError, parse_properties
 
 from .dashboard import add_console_args
 from .dashboard import add_parser as add_dashboard_parser
-from .run import choose_loop, kernels_text, run_until_signal, runtime_line
+from .run import choose_loop, collector_paused, kernels_text, run_until_signal, runtime_line
 
 log = logging.getLogger("chronomq")
 
@@ -295,11 +295,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     try:
         if args.command == "start":
-            return cmd_start(args)
+            with collector_paused():  # until the start is done (run_until_signal)
+                return cmd_start(args)
         if args.command == "namesrv":
             return cmd_namesrv(args)
         if args.command == "broker":
-            return cmd_broker(args)
+            with collector_paused():
+                return cmd_broker(args)
         if args.command == "admin":
             from .admin import run_admin
 
