@@ -122,6 +122,37 @@ def test_backed_pages_know_the_holes_of_an_existing_file(tmp_path: Path) -> None
         os.close(fd)
 
 
+def test_backing_the_last_page_never_grows_a_file_that_is_not_whole_pages(tmp_path: Path) -> None:
+    size = 691_200  # a day of 1-second wheel slots: 168.75 pages
+    fd = os.open(tmp_path / "f", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        os.ftruncate(fd, size)
+        b = BackedPages(fd, size)
+        b.ensure([size - 8, 0])
+        assert os.fstat(fd).st_size == size and b.has(size - 8) and b.has(0)
+    finally:
+        os.close(fd)
+
+
+def test_a_wheel_slot_in_the_last_page_of_a_day_does_not_make_a_restart_rebuild_the_wheel(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    clock = VirtualClock()
+    day = 86_400_000
+    last_slot_of_today = clock.now_ms() - clock.now_ms() % day + day - 1_000  # the day file's last page
+    t = TimerStore(tmp_path, clock, small_config())
+    t.open()
+    t.schedule(msg("late"), last_slot_of_today)
+    t.close()
+    t = TimerStore(tmp_path, clock, small_config())
+    with caplog.at_level("WARNING", logger="chronomq.delay.timer"):
+        t.open()
+    try:
+        assert t.wheel.cut == [] and not caplog.records, [r.getMessage() for r in caplog.records]
+        assert t.count() == 1
+    finally:
+        t.close()
+
+
 def test_timer_schedule_on_a_full_disk_is_refused_cleanly_and_parks_after(tmp_path: Path,
                                                                           monkeypatch) -> None:
     clock = VirtualClock()

@@ -141,11 +141,12 @@ class BackedPages:
     (ENOSPC) instead, and a field in a page that is not ``backed`` is a hole, zero without being read.
     The backed pages of an existing file are found with SEEK_DATA at open."""
 
-    __slots__ = ("backed", "fd")
+    __slots__ = ("backed", "fd", "size")
     PAGE = 4096
 
     def __init__(self, fd: int, size: int) -> None:
         self.fd = fd
+        self.size = size
         self.backed: set[int] = data_pages(fd, size, self.PAGE)
 
     def has(self, off: int) -> bool:
@@ -159,7 +160,10 @@ class BackedPages:
         for off in offsets:
             page = off // self.PAGE
             if page not in backed:
-                os.posix_fallocate(self.fd, page * self.PAGE, self.PAGE)
+                # never past the file's size: fallocate would extend the file (a wheel file a day of
+                # slots long that is not a whole number of pages would then read as torn at the next open)
+                start = page * self.PAGE
+                os.posix_fallocate(self.fd, start, min(self.PAGE, self.size - start))
                 backed.add(page)
 
 
