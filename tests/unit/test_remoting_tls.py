@@ -251,6 +251,25 @@ async def test_each_mode_serves_or_refuses_each_kind_of_client(
     assert srv.tls_failures == 0 and srv.connections() == []
 
 
+async def test_after_the_first_read_a_plaintext_connection_runs_the_class_read_path(
+        servers: dict[str, RemotingServer]) -> None:
+    # the first-byte check is an instance attribute that the first read removes: the plaintext path after
+    # it is the very method of a server without TLS settings (no per-read check)
+    for mode, tls in ((PERMISSIVE, False), ("none", False), (PERMISSIVE, True)):
+        srv = servers[mode]
+        client = RemotingClient(ssl_context=client_context(tls))
+        try:
+            await client.invoke(srv.address, RemotingCommand.request(ECHO, {"v": "x"}), timeout=5.0)
+            [conn] = srv.connections()
+            reader = conn.__dict__.get("data_received")
+            if tls:
+                assert reader is not None and reader.__func__ is Connection._tls_received
+            else:
+                assert reader is None and type(conn).data_received is Connection._received
+        finally:
+            await client.close()
+
+
 async def test_refusals_by_mode_are_logged_like_the_limits_refusals(
         servers: dict[str, RemotingServer], caplog: pytest.LogCaptureFixture) -> None:
     srv = servers[ENFORCING]
