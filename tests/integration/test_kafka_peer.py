@@ -9,7 +9,6 @@ import struct
 from pathlib import Path
 
 import pytest
-
 from bench.kafka_peer import KafkaBroker, KafkaUnavailable, connector_jars
 
 pytestmark = pytest.mark.timeout(300)
