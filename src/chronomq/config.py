@@ -117,6 +117,7 @@ class BrokerConfig:
     timerMaxDelaySec: int = 40 * 86_400
     timerPrecisionMs: int = 1000  # wheel slot size; must divide a day
     timerFlushIntervalMs: int = 1000
+    timerFlushEntries: int = 16_384  # also flush once this many entries were parked since the last one
     timerDataSegmentSize: int = 64 * 1024 * 1024
     timerRetentionIntervalMs: int = 60_000
     timerStageAheadMs: int = 50  # messages due this soon are read and encoded ahead (0: off)

@@ -3,6 +3,7 @@ time, wakes for an earlier schedule, survives a restart), maybe_schedule and sta
 
 from __future__ import annotations
 
+import asyncio
 import json
 import random
 from pathlib import Path
@@ -259,3 +260,41 @@ async def test_first_batch_after_a_wake_up_is_small_then_batches_grow(tmp_path: 
     assert [u for u, _, _ in store.puts] == [f"b{i}" for i in range(1000)]
     assert all(at == due for _, at, _ in store.puts)
     assert sizes[0] <= 16 and max(sizes) > 16
+
+
+async def test_a_heavy_load_is_flushed_every_flush_entries_not_only_every_interval(tmp_path: Path) -> None:
+    clock = VirtualClock()
+    svc = TimerService(FakeStore(clock), None, clock, timer_config=small_config(flush_entries=100),
+                       root_dir=tmp_path / "timer")
+    await svc.start()
+    try:
+        ckpt = tmp_path / "timer" / "checkpoint.json"
+        at_start = json.loads(ckpt.read_text())["index_end"]
+        far = clock.now_ms() + 3_600_000
+        await svc.schedule_batch_async([(msg(f"a{i}"), far + i) for i in range(99)])
+        await svc.settle()
+        assert json.loads(ckpt.read_text())["index_end"] == at_start  # below the count: the interval's
+        def behind() -> int:
+            return svc.timer.index_end - json.loads(ckpt.read_text())["index_end"]
+
+        for k in range(3):
+            await svc.schedule_batch_async([(msg(f"b{k}-{i}"), far + i) for i in range(60)])
+            for _ in range(500):  # the flush runs in a worker thread: poll for its checkpoint (bounded)
+                await svc.settle()
+                if behind() < 100:
+                    break
+                await asyncio.sleep(0.01)
+            # with the virtual clock standing still, only the count can have started those flushes
+            assert behind() < 100, (k, behind())
+    finally:
+        await svc.shutdown()
+
+
+def test_flush_entries_is_a_broker_key(tmp_path: Path) -> None:
+    cfg = BrokerConfig(storePathRootDir=str(tmp_path))
+    cfg.timerFlushEntries = 5_000
+    svc = TimerService(FakeStore(VirtualClock()), cfg, VirtualClock())
+    assert svc.timer.cfg.flush_entries == 5_000
+    cfg.timerFlushEntries = 0
+    with pytest.raises(TimerError, match="flush_entries"):
+        TimerService(FakeStore(VirtualClock()), cfg, VirtualClock())

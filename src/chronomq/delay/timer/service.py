@@ -73,6 +73,7 @@ class TimerService:
         self._sleeping = False
         self._sleep_target = _NEVER
         self._version = 0
+        self._flush_soon = False  # flush_entries were parked since the last checkpoint: flush now
         # SYNC_FLUSH group commit: fsync rounds run one at a time; a schedule is acknowledged once a round
         # that started after its write has completed, so concurrent requests share fsyncs
         self._sync_lock = threading.Lock()
@@ -145,6 +146,7 @@ class TimerService:
             self.journal.parked([msg])
         if self.sync_flush:
             self._sync_files()
+        self._flush_if_many()
         return r
 
     def schedule_batch(self, items: Iterable[tuple[MessageExt, int]]) -> list[ScheduleResult]:
@@ -155,6 +157,7 @@ class TimerService:
             self.journal.parked([m for m, _ in items])
         if self.sync_flush:
             self._sync_files()
+        self._flush_if_many()
         return r
 
     async def schedule_async(self, msg: MessageExt, deliver_ms: int) -> ScheduleResult:
@@ -165,6 +168,7 @@ class TimerService:
             self.journal.parked([msg])
         if self.sync_flush:
             await self._durable()
+        self._flush_if_many()
         return r
 
     async def schedule_batch_async(self, items: Iterable[tuple[MessageExt, int]]) -> list[ScheduleResult]:
@@ -174,6 +178,7 @@ class TimerService:
             self.journal.parked([m for m, _ in items])
         if self.sync_flush:
             await self._durable()
+        self._flush_if_many()
         return r
 
     def _sync_files(self) -> None:
@@ -240,6 +245,24 @@ class TimerService:
     def flush(self) -> None:
         self.timer.flush()
 
+    def _flushed(self, fut: asyncio.Future[None]) -> None:
+        """A flush ended: its failure logged; more may have been parked meanwhile."""
+        if not fut.cancelled() and fut.exception() is not None:
+            log.error("timer flush failed (retried at the next interval): %r", fut.exception())
+        self._flush_if_many()
+
+    def _flush_if_many(self) -> None:
+        """Wake the delivery loop to flush now when ``flush_entries`` entries were parked since the last
+        checkpoint: what a crash's recovery re-reads stays bounded under a heavy load."""
+        t = self.timer
+        if (not self._flush_soon and t.index_end - t.snapshot_index_end >= t.cfg.flush_entries
+                and self._event is not None and self._loop is not None):
+            self._flush_soon = True
+            if threading.get_ident() == self._loop_thread:
+                self._event.set()
+            else:
+                self._loop.call_soon_threadsafe(self._event.set)
+
     # --- delivery loop ----------------------------------------------------------------------------------
     def _on_wakeup(self, deliver_ms: int) -> None:
         self._version += 1
@@ -276,10 +299,12 @@ class TimerService:
         while not self._stopping:
             try:
                 now = self.clock.now_ms()
-                if now >= next_flush:
+                if now >= next_flush or self._flush_soon:
                     if t.dirty and (flushing is None or flushing.done()):
                         # fsync in a worker thread: deliveries go on meanwhile
                         flushing = asyncio.ensure_future(asyncio.to_thread(t.flush))
+                        flushing.add_done_callback(self._flushed)
+                        self._flush_soon = False
                     next_flush = now + cfg.flush_interval_ms
                 if now >= next_retention:
                     if retaining is None or retaining.done():

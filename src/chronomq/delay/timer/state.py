@@ -55,6 +55,7 @@ class TimerState:
     watermark: int
     persisted_watermark: int
     index_end: int
+    snapshot_index_end: int  # index_end when the last checkpoint was taken (flush_entries counts from it)
     data_end: int
     pending: Counter[int]
     idx_seg_max: dict[int, int]

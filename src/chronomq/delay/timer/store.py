@@ -381,6 +381,7 @@ class TimerStore(WindowPath):
     def _checkpoint_dict(self, clean: bool) -> dict[str, Any]:
         self.open_ranges = [r for r in self.open_ranges if r[2] > self.watermark]
         self._ckpt_seq += 1
+        self.snapshot_index_end = self.index_end
         return {
             "seq": self._ckpt_seq,
             "open_ranges": [list(r) for r in self.open_ranges],

@@ -85,8 +85,8 @@ class QueryPage:
 @dataclass
 class TimerConfig:
     """Timer store settings. Broker keys (``-c broker.conf`` / ``--set``): timerMaxDelaySec,
-    timerPrecisionMs (slot size), timerFlushIntervalMs, timerDataSegmentSize, timerRetentionIntervalMs,
-    timerStageAheadMs."""
+    timerPrecisionMs (slot size), timerFlushIntervalMs, timerFlushEntries, timerDataSegmentSize,
+    timerRetentionIntervalMs, timerStageAheadMs."""
 
     max_delay_ms: int = 40 * DAY_MS
     slot_ms: int = 1000
@@ -95,6 +95,9 @@ class TimerConfig:
     hash_buckets: int = 1 << 20
     hash_generation_entries: int = 8 << 20
     flush_interval_ms: int = 1000
+    # ... or sooner, once this many index entries were written since the last checkpoint: a crash's
+    # recovery re-reads what the last checkpoint does not cover, so this bounds it under a heavy load
+    flush_entries: int = 16_384
     retention_interval_ms: int = 60_000
     # Start reading the next slot's chain (bounded: one slot) this long before it falls due, so a burst
     # of hundreds of thousands is sorted in memory before its first message is due ...
@@ -120,7 +123,7 @@ class TimerConfig:
         if self.stage_ahead_ms < 0 or self.stage_ahead_ms > 10_000:
             raise TimerError(f"timerStageAheadMs {self.stage_ahead_ms} must be between 0 and 10000")
         for name in ("index_segment_entries", "hash_buckets", "hash_generation_entries",
-                     "flush_interval_ms", "preload_step", "deliver_batch", "stage_limit"):
+                     "flush_interval_ms", "flush_entries", "preload_step", "deliver_batch", "stage_limit"):
             if getattr(self, name) <= 0:
                 raise TimerError(f"timer setting {name} must be positive")
 
@@ -148,6 +151,8 @@ class TimerConfig:
             timer_cfg.slot_ms = v
         if (v := get("timerFlushIntervalMs")) is not None:
             timer_cfg.flush_interval_ms = v
+        if (v := get("timerFlushEntries")) is not None:
+            timer_cfg.flush_entries = v
         if (v := get("timerDataSegmentSize")) is not None:
             timer_cfg.data_segment_bytes = v
         if (v := get("timerRetentionIntervalMs")) is not None:
