@@ -14,7 +14,8 @@
   ``<repo>/.node-grpc5`` the same way; drivers named ``*.mjs`` run under it.
 - ``run_driver(name, args)``: runs ``tests/compat/drivers/<name>.py`` in that venv (or ``<name>`` when it
   ends in ``.mjs``, under node) with ``args`` as JSON on argv[1] and returns the JSON object the driver
-  prints as its last stdout line.
+  prints as its last stdout line. The official Java clients (``java4:``/``java53:``/``java5:<op>``) are
+  asked instead through ``DriverServer``: one JVM per client and process, running requests side by side.
 - ``start_driver(name, args)``: the same as a background process (long-running consumers/producers).
 - ``RawClient``: a tiny blocking RocketMQ remoting client on the project's own sans-IO codec, for
   requests the official wrapper does not expose (VIEW_MESSAGE_BY_ID, QUERY_CONSUMER_OFFSET, raw pulls).
@@ -22,9 +23,11 @@
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import fcntl
 import hashlib
+import itertools
 import json
 import os
 import re
@@ -492,6 +495,9 @@ def _accept_shutdown_crash(name: str, stdout: str, stderr: str, code: int) -> di
 
 def run_driver(name: str, args: dict[str, Any], timeout: float = 60) -> dict[str, Any]:
     """Run a driver to completion and return its JSON result; raises DriverError on failure."""
+    client, _, op = name.partition(":")
+    if client in JAVA_CLIENTS and os.environ.get("CHRONOMQ_JAVA_DRIVER_SERVER", "1") != "0":
+        return driver_server(client).call(name, op, args, timeout)
     cmd = _driver_cmd(name, args)
     try:
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=_driver_env(name),
@@ -506,6 +512,159 @@ def run_driver(name: str, args: dict[str, Any], timeout: float = 60) -> dict[str
         raise DriverError(f"driver {name} failed with exit code {r.returncode}; stderr:\n{r.stderr[-4000:]}"
                           f"\nstdout tail:\n{r.stdout[-1000:]}")
     return _parse_result(name, r.stdout, r.stderr, r.returncode)
+
+
+# --- the Java drivers' serve mode ---------------------------------------------------------------------
+JAVA_CLIENTS = ("java4", "java53", "java5")
+
+
+class _Call:
+    def __init__(self) -> None:
+        self.done = threading.Event()
+        self.reply: dict[str, Any] | None = None
+
+
+class DriverServer:
+    """One JVM running a Java driver's serve mode (``java ... Driver serve``, tests/compat/jvm.py): a request
+    is a JSON line on its stdin with an id, its answer the line on its stdout with that id; requests run side
+    by side. A call that times out kills the JVM (the calls in flight in it fail with it); a JVM that exited
+    fails its calls with its stderr tail. It halts by itself when its stdin closes (this process ended).
+    ``run_driver`` keeps one per client and process (``driver_server``) and replaces one that is gone.
+    CHRONOMQ_JAVA_DRIVER_SERVER=0 runs a JVM per call instead, as ``DriverProcess`` always does."""
+
+    def __init__(self, client: str) -> None:
+        from tests.compat.jvm import java_server
+
+        self.client = client
+        self.owner = os.getpid()
+        fd, path = tempfile.mkstemp(prefix=f"chronomq-{client}-driver-", suffix=".err")
+        self.stderr_path = Path(path)
+        with os.fdopen(fd, "wb") as err:
+            self.proc = subprocess.Popen(java_server(client), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                         stderr=err, env=_driver_env(client), cwd=REPO, text=True,
+                                         encoding="utf-8", bufsize=1)
+        self._lock = threading.Lock()
+        self._ids = itertools.count(1)
+        self._calls: dict[int, _Call] = {}
+        self._gone: str | None = None  # why the JVM no longer answers
+        threading.Thread(target=self._read, name=f"{client}-driver-server", daemon=True).start()
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def alive(self) -> bool:
+        return self._gone is None and self.proc.poll() is None
+
+    def in_flight(self) -> int:
+        with self._lock:
+            return len(self._calls)
+
+    def stderr(self) -> str:
+        return _tail(self.stderr_path)
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            try:
+                reply = json.loads(line)
+            except ValueError:
+                reply = None
+            rid = reply.get("id") if isinstance(reply, dict) else None
+            with self._lock:
+                call = self._calls.pop(rid, None) if isinstance(rid, int) else None
+            if call is None:  # the driver writes nothing else on its stdout: a broken answer stream
+                self._fail(f"answered a line that is no request's: {line[:500]!r}")
+                return
+            call.reply = reply
+            call.done.set()
+        self._fail(f"exited with code {self.proc.wait()}")
+
+    def _fail(self, why: str) -> None:
+        with self._lock:
+            self._gone = self._gone or why
+            calls, self._calls = list(self._calls.values()), {}
+        if self.proc.poll() is None:
+            self.proc.kill()
+        for call in calls:
+            call.done.set()
+
+    def call(self, name: str, op: str, args: dict[str, Any], timeout: float) -> dict[str, Any]:
+        """Run ``op`` with ``args`` in this JVM and return its result; DriverError as ``run_driver``."""
+        if "id" in args:
+            raise ValueError(f"driver {name}: 'id' names the request in the serve mode, not an argument")
+        call = _Call()
+        with self._lock:
+            rid = next(self._ids)
+            if self._gone is None:
+                self._calls[rid] = call
+                try:
+                    assert self.proc.stdin is not None
+                    self.proc.stdin.write(json.dumps({**args, "op": op, "id": rid}) + "\n")
+                    self.proc.stdin.flush()
+                except OSError:  # the JVM is gone; the reader says why
+                    self._calls.pop(rid, None)
+                    call.done.set()
+            else:
+                call.done.set()
+        if not call.done.wait(timeout):
+            self._fail(f"was killed: driver {name} timed out after {timeout}s")
+            self.proc.wait(10)
+            raise DriverError(f"driver {name} timed out after {timeout}s; stderr:\n{self.stderr()}")
+        if call.reply is None:  # the JVM is gone (or going): its exit code and stderr
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(10)
+            why = self._gone or f"exited with code {self.proc.returncode}"
+            raise DriverError(f"driver {name}: its {self.client} driver JVM (pid {self.pid}) {why};"
+                              f" stderr:\n{self.stderr()}")
+        error, result = call.reply.get("error"), call.reply.get("result")
+        if error is not None:
+            raise DriverError(f"driver {name} failed: {error.get('type')}: {error.get('message')}\n"
+                              f"{error.get('stack', '')}; stderr:\n{self.stderr()}")
+        if not isinstance(result, dict):
+            raise DriverError(f"driver {name}: result is not a JSON object: {str(result)[:500]!r}")
+        return result
+
+    def stop(self, timeout: float = 10) -> None:
+        """Close its stdin (the JVM halts), kill it if it has not exited within ``timeout``."""
+        self._gone = self._gone or "was stopped"
+        with contextlib.suppress(OSError):
+            assert self.proc.stdin is not None
+            self.proc.stdin.close()
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(10)
+        self.stderr_path.unlink(missing_ok=True)
+
+
+_servers: dict[str, DriverServer] = {}
+_started: list[DriverServer] = []
+_servers_lock = threading.Lock()
+
+
+def driver_server(client: str) -> DriverServer:
+    """This process's serve-mode JVM of ``client`` (java4/java53/java5), started on first use and again
+    when the last one is gone."""
+    with _servers_lock:
+        server = _servers.get(client)
+        if server is None or not server.alive() or server.owner != os.getpid():
+            server = _servers[client] = DriverServer(client)
+            if not _started:
+                atexit.register(stop_driver_servers)
+            _started.append(server)
+        return server
+
+
+def stop_driver_servers() -> None:
+    """Stop every serve-mode JVM this process started (at exit, and at the end of a pytest session)."""
+    with _servers_lock:
+        servers = [s for s in _started if s.owner == os.getpid()]
+        _started.clear()
+        _servers.clear()
+    for server in servers:
+        server.stop()
 
 
 class DriverProcess:

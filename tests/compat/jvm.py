@@ -12,6 +12,9 @@ Run through the harness as ``run_driver("java4:produce", args)`` / ``"java53:...
 ``"java5"`` is the 5.x gRPC client (rocketmq-client-java, ``tests/compat/java5/``: its own pom, no profile,
 ``chronomq.compat5.Driver5``), built the same way; its shaded logback writes to ``.cache/java/logs5`` at
 WARN and nothing to the console (``mq.consoleAppender.enabled`` is off by default).
+
+``java_server(client)`` is the command of a driver's serve mode (one JVM answering requests from stdin, side
+by side; the harness keeps one per client and pytest worker): the same JVM with a larger heap cap.
 """
 
 from __future__ import annotations
@@ -41,6 +44,14 @@ _RENAMED = {"client53": [("org.apache.rocketmq.common.protocol.", "org.apache.ro
                          # MQAdmin.createTopic's last argument: 4.x a topic sys flag, 5.x topic attributes
                          ("/*ATTRIBUTES*/ 0", "new java.util.HashMap<String, String>()")]}
 
+# One op per JVM (the one-shot mode) is capped at 256 MB. A serve-mode JVM runs up to one op per broker of a
+# differential test at once (three), each holding a client or two and at most a few 4 MiB bodies (with
+# their compressed copies): twice the one-shot cap, under the 3 x 256 MB three one-shot JVMs could take.
+# Measured over the two Java differential modules: the 4.x server's heap peaked at 246 MB old generation
+# + 100 MB eden (garbage included, before a collection), the 5.3 and 5.x servers' far lower.
+ONE_SHOT_HEAP = "-Xmx256m"
+SERVER_HEAP = "-Xmx512m"
+
 _built: dict[str, list[str] | CompatUnavailable] = {}
 
 
@@ -51,6 +62,11 @@ def _sources(root: Path = JAVA_DIR) -> list[Path]:
 def java_driver(client: str) -> list[str]:
     """The command prefix (``java -cp ... Driver``) of the driver built for ``client`` (java4/53/5)."""
     return once(_built, client, lambda: _build(*_DRIVERS[client]))
+
+
+def java_server(client: str) -> list[str]:
+    """The command of the driver's serve mode for ``client`` (``java ... Driver serve``)."""
+    return [SERVER_HEAP if arg == ONE_SHOT_HEAP else arg for arg in java_driver(client)] + ["serve"]
 
 
 def _build(root: Path, profile: str, main: str, log_flags: list[str]) -> list[str]:
@@ -83,5 +99,5 @@ def _build(root: Path, profile: str, main: str, log_flags: list[str]) -> list[st
             if r.returncode != 0:
                 raise RuntimeError(f"javac failed for {profile or root.name}:\n{r.stderr[-4000:]}")
             (classes / ".built").write_text((profile or root.name) + "\n")
-    return [java, "-Xmx256m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", "-Xshare:auto",
+    return [java, ONE_SHOT_HEAP, "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", "-Xshare:auto",
             *log_flags, "-cp", f"{classes}:{cp}", main]

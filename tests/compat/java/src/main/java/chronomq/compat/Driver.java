@@ -47,33 +47,118 @@ import org.apache.rocketmq.tools.admin.DefaultMQAdminExt;
 /**
  * A compatibility driver on the official RocketMQ Java client's 4.x API (rocketmq-client 4.9.x; the same
  * source builds for the 5.3.x remoting client, where the harness compiles it with the classes that moved
- * from org.apache.rocketmq.common.protocol to org.apache.rocketmq.remoting.protocol renamed). One JSON object on argv[0]; the result is the last stdout line, in JSON. Streaming
- * operations append a JSON line per delivery to args.out. Errors a client sees are reported as
- * {"code": responseCode, "message": errorMessage, "type": exceptionClass}.
+ * from org.apache.rocketmq.common.protocol to org.apache.rocketmq.remoting.protocol renamed). One JSON object
+ * on argv[0]; the result is the last stdout line, in JSON. With argv "serve" the JVM runs requests from stdin
+ * side by side instead (serve, below). Streaming operations append a JSON line per delivery to args.out.
+ * Errors a client sees are reported as {"code": responseCode, "message": errorMessage, "type": exceptionClass}.
  */
 public final class Driver {
     static final Gson GSON = new GsonBuilder().disableHtmlEscaping().serializeNulls().create();
 
+    /** True in the serve mode: ops run side by side in one JVM that outlives them. */
+    static volatile boolean serving;
+    /**
+     * The request id of the op on this thread in the serve mode ("-id"; "" in the one-shot mode): part of
+     * every client instance name, so concurrent ops get their own MQClientInstance (the 4.x client shares
+     * one per client id, IP@instanceName, with the name server of the first client that made it).
+     */
+    static final ThreadLocal<String> REQUEST = ThreadLocal.withInitial(() -> "");
+
     public static void main(String[] argv) throws Exception {
         java.io.PrintStream stdout = System.out;
         System.setOut(System.err);  // the client's own logging may write to stdout: the result line is ours
-        JsonObject args = JsonParser.parseString(argv[0]).getAsJsonObject();
-        String op = args.get("op").getAsString();
-        JsonObject result;
-        switch (op) {
-            case "bench_produce": result = benchProduce(args); break;
-            case "bench_consume": result = benchConsume(args); break;
-            case "produce": result = produce(args); break;
-            case "push_consume": result = pushConsume(args); break;
-            case "admin": result = admin(args); break;
-            case "transaction": result = transaction(args); break;
-            case "request_reply": result = requestReply(args); break;
-            case "lite_pull": result = litePull(args); break;
-            default: throw new IllegalArgumentException("unknown op " + op);
+        if (argv.length == 1 && argv[0].equals("serve")) {
+            serve(stdout);
+            return;
         }
+        JsonObject result = run(JsonParser.parseString(argv[0]).getAsJsonObject());
         stdout.println(GSON.toJson(result));
         stdout.flush();
         Runtime.getRuntime().halt(0);  // client threads (netty, timers) need not linger
+    }
+
+    static JsonObject run(JsonObject args) throws Exception {
+        String op = args.get("op").getAsString();
+        switch (op) {
+            case "bench_produce": return benchProduce(args);
+            case "bench_consume": return benchConsume(args);
+            case "produce": return produce(args);
+            case "push_consume": return pushConsume(args);
+            case "admin": return admin(args);
+            case "transaction": return transaction(args);
+            case "request_reply": return requestReply(args);
+            case "lite_pull": return litePull(args);
+            case "status": return status();
+            default: throw new IllegalArgumentException("unknown op " + op);
+        }
+    }
+
+    /**
+     * The serve mode (argv: serve): one JSON request per stdin line, {"id": n, "op": ..., the op's args},
+     * each run on a thread of its own; one line per request on stdout, written whole under a lock:
+     * {"id": n, "result": {...}} or {"id": n, "error": {"type", "code", "message", "stack"}}. Every op
+     * shuts its clients down before it answers. The JVM halts when stdin closes.
+     */
+    static void serve(java.io.PrintStream answers) throws IOException {
+        serving = true;
+        java.io.BufferedReader in = new java.io.BufferedReader(
+            new java.io.InputStreamReader(System.in, StandardCharsets.UTF_8));
+        for (String line = in.readLine(); line != null; line = in.readLine()) {
+            String request = line;
+            if (!request.isBlank()) {
+                Thread t = new Thread(() -> answer(request, answers), "driver-op");
+                t.setDaemon(true);
+                t.start();
+            }
+        }
+        Runtime.getRuntime().halt(0);
+    }
+
+    static void answer(String request, java.io.PrintStream answers) {
+        JsonObject reply = new JsonObject();
+        try {
+            JsonObject args = JsonParser.parseString(request).getAsJsonObject();
+            reply.add("id", args.get("id"));
+            REQUEST.set("-" + args.get("id").getAsString());
+            Thread.currentThread().setName("driver-op-" + args.get("id").getAsString());
+            reply.add("result", run(args));
+        } catch (Throwable t) {
+            java.io.StringWriter stack = new java.io.StringWriter();
+            t.printStackTrace(new java.io.PrintWriter(stack));
+            JsonObject e = error(t);
+            e.addProperty("stack", stack.toString());
+            reply.add("error", e);
+        }
+        String line = GSON.toJson(reply);
+        synchronized (answers) {
+            answers.println(line);
+            answers.flush();
+        }
+    }
+
+    /**
+     * The live threads but this one, by name, and each heap pool's peak use and size in MB since the JVM
+     * started (the serve mode's checks: ops leave no thread behind; what the heap cap leaves spare).
+     */
+    static JsonObject status() {
+        JsonArray names = new JsonArray();
+        Thread.getAllStackTraces().keySet().stream().filter(t -> t != Thread.currentThread())
+            .map(Thread::getName).sorted().forEach(names::add);
+        JsonObject heap = new JsonObject();
+        for (java.lang.management.MemoryPoolMXBean pool
+                 : java.lang.management.ManagementFactory.getMemoryPoolMXBeans()) {
+            if (pool.getType() == java.lang.management.MemoryType.HEAP) {
+                JsonObject p = new JsonObject();
+                p.addProperty("peakUsedMB", pool.getPeakUsage().getUsed() >> 20);
+                p.addProperty("committedMB", pool.getUsage().getCommitted() >> 20);
+                p.addProperty("maxMB", pool.getUsage().getMax() >> 20);
+                heap.add(pool.getName(), p);
+            }
+        }
+        JsonObject out = new JsonObject();
+        out.add("threads", names);
+        out.add("heap", heap);
+        return out;
     }
 
     // ---- helpers ----------------------------------------------------------------------------------------
@@ -176,12 +261,17 @@ public final class Driver {
         return o;
     }
 
+    /** A client instance name unique to this process and, in the serve mode, to the op (REQUEST). */
+    static String instance(String prefix) {
+        return prefix + "-" + ProcessHandle.current().pid() + REQUEST.get();
+    }
+
     static DefaultMQProducer configure(DefaultMQProducer p, JsonObject args) {
         p.setNamesrvAddr(args.get("namesrv").getAsString());
         p.setSendMsgTimeout((int) num(args, "timeoutMs", 10000));
         p.setRetryTimesWhenSendFailed((int) num(args, "retries", 2));
         p.setVipChannelEnabled(false);
-        p.setInstanceName("driver-" + ProcessHandle.current().pid());
+        p.setInstanceName(instance("driver"));
         return p;
     }
 
@@ -302,7 +392,7 @@ public final class Driver {
     static JsonObject benchConsume(JsonObject args) throws Exception {
         DefaultMQPushConsumer c = new DefaultMQPushConsumer(args.get("group").getAsString());
         c.setNamesrvAddr(args.get("namesrv").getAsString());
-        c.setInstanceName("bench-" + ProcessHandle.current().pid());
+        c.setInstanceName(instance("bench"));
         c.setVipChannelEnabled(false);
         c.setConsumeFromWhere(ConsumeFromWhere.CONSUME_FROM_FIRST_OFFSET);
         c.setPullBatchSize(32);
@@ -343,12 +433,15 @@ public final class Driver {
             }
             return ConsumeConcurrentlyStatus.CONSUME_SUCCESS;
         });
-        c.start();
-        if (args.has("readyFile")) {
-            java.nio.file.Files.writeString(java.nio.file.Path.of(args.get("readyFile").getAsString()), "ready\n");
+        try {
+            c.start();
+            if (args.has("readyFile")) {
+                java.nio.file.Files.writeString(java.nio.file.Path.of(args.get("readyFile").getAsString()), "ready\n");
+            }
+            enough.await(num(args, "maxSeconds", 60), TimeUnit.SECONDS);
+        } finally {
+            c.shutdown();
         }
-        enough.await(num(args, "maxSeconds", 60), TimeUnit.SECONDS);
-        c.shutdown();
         long[] values = late.values().stream().mapToLong(Long::longValue).sorted().toArray();
         JsonObject out = new JsonObject();
         out.addProperty("received", values.length);
@@ -483,7 +576,7 @@ public final class Driver {
         DefaultMQPushConsumer c = new DefaultMQPushConsumer(args.get("group").getAsString(), null,
             new AllocateMessageQueueAveragely(), flag(args, "trace"), null);
         c.setNamesrvAddr(args.get("namesrv").getAsString());
-        c.setInstanceName("driver-" + ProcessHandle.current().pid());
+        c.setInstanceName(instance("driver"));
         c.setVipChannelEnabled(false);
         c.setConsumeFromWhere(ConsumeFromWhere.CONSUME_FROM_FIRST_OFFSET);
         c.setPullBatchSize(32);
@@ -558,29 +651,34 @@ public final class Driver {
         }
         JsonObject res = new JsonObject();
         try {
-            c.start();
-        } catch (MQClientException e) {
-            res.addProperty("started", false);
-            res.add("error", error(e));
-            return res;
-        }
-        Runtime.getRuntime().addShutdownHook(new Thread(enough::countDown));
-        long quietMs = num(args, "quietMs", 0);
-        if (quietMs > 0) {  // stop once deliveries began and none came for quietMs
-            long deadline = System.currentTimeMillis() + num(args, "maxSeconds", 60) * 1000;
-            while (enough.getCount() > 0 && System.currentTimeMillis() < deadline
-                   && !(deliveries.get() > 0 && System.currentTimeMillis() - lastDelivery.get() >= quietMs)) {
-                Thread.sleep(50);
+            try {
+                c.start();
+            } catch (MQClientException e) {  // it may have started its client instance first (SQL92 check)
+                res.addProperty("started", false);
+                res.add("error", error(e));
+                return res;
             }
-            enough.countDown();
+            if (!serving) {  // SIGTERM (DriverProcess.stop): stop waiting, shut down, print the result
+                Runtime.getRuntime().addShutdownHook(new Thread(enough::countDown));
+            }
+            long quietMs = num(args, "quietMs", 0);
+            if (quietMs > 0) {  // stop once deliveries began and none came for quietMs
+                long deadline = System.currentTimeMillis() + num(args, "maxSeconds", 60) * 1000;
+                while (enough.getCount() > 0 && System.currentTimeMillis() < deadline
+                       && !(deliveries.get() > 0 && System.currentTimeMillis() - lastDelivery.get() >= quietMs)) {
+                    Thread.sleep(50);
+                }
+                enough.countDown();
+            }
+            enough.await(num(args, "maxSeconds", 60), TimeUnit.SECONDS);
+            // the consumer first: it waits for the listener calls in flight and their send-backs (below),
+            // whose consume traces (SubAfter) are queued as each call returns; then those traces; then the rest
+            c.getDefaultMQPushConsumerImpl().shutdown(c.getAwaitTerminationMillisWhenShutdown());
+            drainTraces(c.getTraceDispatcher());
+        } finally {
+            c.shutdown();
+            out.close();
         }
-        enough.await(num(args, "maxSeconds", 60), TimeUnit.SECONDS);
-        // the consumer first: it waits for the listener calls in flight and their send-backs (below), whose
-        // consume traces (SubAfter) are queued as each call returns; then those traces; then the rest
-        c.getDefaultMQPushConsumerImpl().shutdown(c.getAwaitTerminationMillisWhenShutdown());
-        drainTraces(c.getTraceDispatcher());
-        c.shutdown();
-        out.close();
         res.addProperty("started", true);
         res.addProperty("consumed", consumed.get());
         res.addProperty("deliveries", deliveries.get());
@@ -591,7 +689,7 @@ public final class Driver {
     static JsonObject admin(JsonObject args) throws Exception {
         DefaultMQAdminExt a = new DefaultMQAdminExt(num(args, "timeoutMs", 10000));
         a.setNamesrvAddr(args.get("namesrv").getAsString());
-        a.setInstanceName("driver-" + ProcessHandle.current().pid());
+        a.setInstanceName(instance("driver"));
         a.setVipChannelEnabled(false);
         a.start();
         JsonArray steps = new JsonArray();
@@ -729,11 +827,10 @@ public final class Driver {
         String namesrv = args.get("namesrv").getAsString();
         String topic = args.get("topic").getAsString();
         DefaultMQProducer replier = configure(new DefaultMQProducer(args.get("group").getAsString() + "_R"), args);
-        replier.setInstanceName("replier-" + ProcessHandle.current().pid());
-        replier.start();
+        replier.setInstanceName(instance("replier"));
         DefaultMQPushConsumer c = new DefaultMQPushConsumer(args.get("group").getAsString());
         c.setNamesrvAddr(namesrv);
-        c.setInstanceName("replier-" + ProcessHandle.current().pid());
+        c.setInstanceName(instance("replier"));
         c.setConsumeFromWhere(ConsumeFromWhere.CONSUME_FROM_LAST_OFFSET);
         c.subscribe(topic, "*");
         c.registerMessageListener((MessageListenerConcurrently) (ms, ctx) -> {
@@ -748,11 +845,12 @@ public final class Driver {
             }
             return ConsumeConcurrentlyStatus.CONSUME_SUCCESS;
         });
-        c.start();
         DefaultMQProducer requester = configure(new DefaultMQProducer(args.get("group").getAsString() + "_Q"), args);
-        requester.start();
         JsonArray results = new JsonArray();
-        try {
+        try {  // shutting down a client that did not start does nothing
+            replier.start();
+            c.start();
+            requester.start();
             for (JsonElement e : args.getAsJsonArray("bodies")) {
                 Message m = new Message(topic, e.getAsString().getBytes(StandardCharsets.UTF_8));
                 JsonObject o = new JsonObject();
@@ -789,35 +887,39 @@ public final class Driver {
     static JsonObject litePull(JsonObject args) throws Exception {
         DefaultLitePullConsumer c = new DefaultLitePullConsumer(args.get("group").getAsString());
         c.setNamesrvAddr(args.get("namesrv").getAsString());
-        c.setInstanceName("driver-" + ProcessHandle.current().pid());
+        c.setInstanceName(instance("driver"));
         c.setVipChannelEnabled(false);
         c.setAutoCommit(false);
         c.setPollTimeoutMillis(500);
         c.start();
-        String topic = args.get("topic").getAsString();
-        List<MessageQueue> queues = new ArrayList<>(c.fetchMessageQueues(topic));
-        queues.sort(java.util.Comparator.comparingInt(MessageQueue::getQueueId));
-        c.assign(queues);
-        long seek = num(args, "seek", 0);
-        for (MessageQueue q : queues) {
-            c.seek(q, seek);
-        }
-        int expect = (int) num(args, "expect", 1);
-        long deadline = System.currentTimeMillis() + num(args, "maxSeconds", 30) * 1000;
+        List<MessageQueue> queues;
         JsonArray got = new JsonArray();
-        while (got.size() < expect && System.currentTimeMillis() < deadline) {
-            for (MessageExt m : c.poll()) {
-                got.add(describe(m, System.currentTimeMillis()));
-            }
-        }
         JsonObject committed = new JsonObject();
-        if (flag(args, "commit")) {
-            c.commitSync();
+        try {
+            String topic = args.get("topic").getAsString();
+            queues = new ArrayList<>(c.fetchMessageQueues(topic));
+            queues.sort(java.util.Comparator.comparingInt(MessageQueue::getQueueId));
+            c.assign(queues);
+            long seek = num(args, "seek", 0);
             for (MessageQueue q : queues) {
-                committed.addProperty(String.valueOf(q.getQueueId()), c.committed(q));
+                c.seek(q, seek);
             }
+            int expect = (int) num(args, "expect", 1);
+            long deadline = System.currentTimeMillis() + num(args, "maxSeconds", 30) * 1000;
+            while (got.size() < expect && System.currentTimeMillis() < deadline) {
+                for (MessageExt m : c.poll()) {
+                    got.add(describe(m, System.currentTimeMillis()));
+                }
+            }
+            if (flag(args, "commit")) {
+                c.commitSync();
+                for (MessageQueue q : queues) {
+                    committed.addProperty(String.valueOf(q.getQueueId()), c.committed(q));
+                }
+            }
+        } finally {
+            c.shutdown();
         }
-        c.shutdown();
         JsonObject out = new JsonObject();
         out.addProperty("queues", queues.size());
         out.add("messages", got);

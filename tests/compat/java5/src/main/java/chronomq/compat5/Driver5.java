@@ -38,8 +38,9 @@ import org.apache.rocketmq.client.apis.producer.TransactionResolution;
 
 /**
  * A compatibility driver on the official RocketMQ 5.x Java client (rocketmq-client-java, gRPC). One JSON
- * object on argv[0]; the result is the last stdout line, in JSON. The client runs with its defaults (TLS on,
- * as ClientConfiguration has it) unless args.ssl is false. Errors the client raises are reported as
+ * object on argv[0]; the result is the last stdout line, in JSON. With argv "serve" the JVM runs requests
+ * from stdin side by side instead (serve, below; each client has a client id of its own). The client runs
+ * with its defaults (TLS on, as ClientConfiguration has it) unless args.ssl is false. Errors the client raises are reported as
  * {"type": exceptionClass, "code": the response code in the message or -1, "message": ...}.
  */
 public final class Driver5 {
@@ -50,18 +51,91 @@ public final class Driver5 {
     public static void main(String[] argv) throws Exception {
         java.io.PrintStream stdout = System.out;
         System.setOut(System.err);  // the client's own logging may write to stdout: the result line is ours
-        JsonObject args = JsonParser.parseString(argv[0]).getAsJsonObject();
-        String op = args.get("op").getAsString();
-        JsonObject result;
-        switch (op) {
-            case "produce": result = produce(args); break;
-            case "simple_consume": result = simpleConsume(args); break;
-            case "push_consume": result = pushConsume(args); break;
-            default: throw new IllegalArgumentException("unknown op " + op);
+        if (argv.length == 1 && argv[0].equals("serve")) {
+            serve(stdout);
+            return;
         }
+        JsonObject result = run(JsonParser.parseString(argv[0]).getAsJsonObject());
         stdout.println(GSON.toJson(result));
         stdout.flush();
         Runtime.getRuntime().halt(0);  // client threads (grpc, netty, schedulers) need not linger
+    }
+
+    static JsonObject run(JsonObject args) throws Exception {
+        String op = args.get("op").getAsString();
+        switch (op) {
+            case "produce": return produce(args);
+            case "simple_consume": return simpleConsume(args);
+            case "push_consume": return pushConsume(args);
+            case "status": return status();
+            default: throw new IllegalArgumentException("unknown op " + op);
+        }
+    }
+
+    /**
+     * The serve mode (argv: serve), as Driver's: one JSON request per stdin line, {"id": n, "op": ..., the
+     * op's args}, each on a thread of its own; one line per request on stdout, under a lock: {"id": n,
+     * "result": {...}} or {"id": n, "error": {"type", "code", "message", "stack"}}. Every op closes its
+     * clients before it answers. The JVM halts when stdin closes.
+     */
+    static void serve(java.io.PrintStream answers) throws java.io.IOException {
+        java.io.BufferedReader in = new java.io.BufferedReader(
+            new java.io.InputStreamReader(System.in, java.nio.charset.StandardCharsets.UTF_8));
+        for (String line = in.readLine(); line != null; line = in.readLine()) {
+            String request = line;
+            if (!request.isBlank()) {
+                Thread t = new Thread(() -> answer(request, answers), "driver-op");
+                t.setDaemon(true);
+                t.start();
+            }
+        }
+        Runtime.getRuntime().halt(0);
+    }
+
+    static void answer(String request, java.io.PrintStream answers) {
+        JsonObject reply = new JsonObject();
+        try {
+            JsonObject args = JsonParser.parseString(request).getAsJsonObject();
+            reply.add("id", args.get("id"));
+            Thread.currentThread().setName("driver-op-" + args.get("id").getAsString());
+            reply.add("result", run(args));
+        } catch (Throwable t) {
+            java.io.StringWriter stack = new java.io.StringWriter();
+            t.printStackTrace(new java.io.PrintWriter(stack));
+            JsonObject e = error(t);
+            e.addProperty("stack", stack.toString());
+            reply.add("error", e);
+        }
+        String line = GSON.toJson(reply);
+        synchronized (answers) {
+            answers.println(line);
+            answers.flush();
+        }
+    }
+
+    /**
+     * The live threads but this one, by name, and each heap pool's peak use and size in MB since the JVM
+     * started (the serve mode's checks: ops leave no thread behind; what the heap cap leaves spare).
+     */
+    static JsonObject status() {
+        JsonArray names = new JsonArray();
+        Thread.getAllStackTraces().keySet().stream().filter(t -> t != Thread.currentThread())
+            .map(Thread::getName).sorted().forEach(names::add);
+        JsonObject heap = new JsonObject();
+        for (java.lang.management.MemoryPoolMXBean pool
+                 : java.lang.management.ManagementFactory.getMemoryPoolMXBeans()) {
+            if (pool.getType() == java.lang.management.MemoryType.HEAP) {
+                JsonObject p = new JsonObject();
+                p.addProperty("peakUsedMB", pool.getPeakUsage().getUsed() >> 20);
+                p.addProperty("committedMB", pool.getUsage().getCommitted() >> 20);
+                p.addProperty("maxMB", pool.getUsage().getMax() >> 20);
+                heap.add(pool.getName(), p);
+            }
+        }
+        JsonObject out = new JsonObject();
+        out.add("threads", names);
+        out.add("heap", heap);
+        return out;
     }
 
     // ---- helpers ----------------------------------------------------------------------------------------
@@ -174,7 +248,21 @@ public final class Driver5 {
             result.add("results", results);
             return result;
         }
-        for (JsonElement el : args.getAsJsonArray("messages")) {
+        try {
+            sendAll(producer, args.getAsJsonArray("messages"), results);
+            awaitChecks(args, checks);
+            result.add("results", results);
+            synchronized (checks) {
+                result.add("checks", GSON.toJsonTree(checks));
+            }
+        } finally {
+            producer.close();
+        }
+        return result;
+    }
+
+    static void sendAll(Producer producer, JsonArray messages, JsonArray results) {
+        for (JsonElement el : messages) {
             JsonObject m = el.getAsJsonObject();
             JsonObject r = new JsonObject();
             try {
@@ -229,6 +317,10 @@ public final class Driver5 {
             }
             results.add(r);
         }
+    }
+
+    /** Until expectChecks checks were answered and every key of awaitChecks was checked, or maxSeconds. */
+    static void awaitChecks(JsonObject args, List<JsonObject> checks) throws InterruptedException {
         long expectChecks = num(args, "expectChecks", 0);
         long deadline = System.currentTimeMillis() + num(args, "maxSeconds", 60) * 1000;
         Set<String> awaited = new HashSet<>();
@@ -245,12 +337,6 @@ public final class Driver5 {
             }
             Thread.sleep(50);
         }
-        result.add("results", results);
-        synchronized (checks) {
-            result.add("checks", GSON.toJsonTree(checks));
-        }
-        producer.close();
-        return result;
     }
 
     // ---- simple_consume ---------------------------------------------------------------------------------
@@ -263,13 +349,10 @@ public final class Driver5 {
      * (ack / change) and the outcome.
      */
     static JsonObject simpleConsume(JsonObject args) throws Exception {
-        Map<String, String> change = strMap(args, "change");
-        Set<String> changed = ConcurrentHashMap.newKeySet();
         String topic = args.get("topic").getAsString();
         FilterExpression filter = new FilterExpression(str(args, "filter", "*"),
             FilterExpressionType.valueOf(str(args, "filterType", "TAG")));
         JsonObject result = new JsonObject();
-        JsonArray records = new JsonArray();
         SimpleConsumer consumer;
         try {
             consumer = PROVIDER.newSimpleConsumerBuilder().setClientConfiguration(config(args))
@@ -279,9 +362,21 @@ public final class Driver5 {
                 .build();
         } catch (Throwable t) {
             result.add("startError", error(t));
-            result.add("records", records);
+            result.add("records", new JsonArray());
             return result;
         }
+        try {
+            receiveAll(consumer, args, result);
+        } finally {
+            consumer.close();
+        }
+        return result;
+    }
+
+    static void receiveAll(SimpleConsumer consumer, JsonObject args, JsonObject result) throws InterruptedException {
+        Map<String, String> change = strMap(args, "change");
+        Set<String> changed = ConcurrentHashMap.newKeySet();
+        JsonArray records = new JsonArray();
         long expect = num(args, "expect", 1);
         Duration invisible = Duration.ofMillis(num(args, "invisibleMs", 15_000));
         long deadline = System.currentTimeMillis() + num(args, "maxSeconds", 60) * 1000;
@@ -327,8 +422,6 @@ public final class Driver5 {
         result.add("records", records);
         result.add("receiveErrors", receiveErrors);
         result.addProperty("acked", acked);
-        consumer.close();
-        return result;
     }
 
     // ---- push_consume -----------------------------------------------------------------------------------
@@ -367,23 +460,26 @@ public final class Driver5 {
             result.add("records", new JsonArray());
             return result;
         }
-        long expect = num(args, "expect", 1);
-        long deadline = System.currentTimeMillis() + num(args, "maxSeconds", 60) * 1000;
-        while (System.currentTimeMillis() < deadline) {
-            long ok;
+        try {
+            long expect = num(args, "expect", 1);
+            long deadline = System.currentTimeMillis() + num(args, "maxSeconds", 60) * 1000;
+            while (System.currentTimeMillis() < deadline) {
+                long ok;
+                synchronized (records) {
+                    ok = records.stream().filter(r -> r.get("answer").getAsString().equals("SUCCESS")).count();
+                }
+                if (ok >= expect) {
+                    break;
+                }
+                Thread.sleep(50);
+            }
+            Thread.sleep(num(args, "lingerMs", 0));  // a bounded look for deliveries beyond the expected ones
             synchronized (records) {
-                ok = records.stream().filter(r -> r.get("answer").getAsString().equals("SUCCESS")).count();
+                result.add("records", GSON.toJsonTree(records));
             }
-            if (ok >= expect) {
-                break;
-            }
-            Thread.sleep(50);
+        } finally {
+            consumer.close();
         }
-        Thread.sleep(num(args, "lingerMs", 0));  // a bounded look for deliveries beyond the expected ones
-        synchronized (records) {
-            result.add("records", GSON.toJsonTree(records));
-        }
-        consumer.close();
         return result;
     }
 }
