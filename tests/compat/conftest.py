@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.compat.harness import ChronomqProcess, CompatUnavailable, official_python
+from tests.compat.harness import ChronomqProcess, CompatUnavailable, official_python, stop_driver_servers
 from tests.compat.reference import (
     REFERENCE_POM,
     ROCKETMQ4,
@@ -112,6 +112,14 @@ def rocketmq5(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RocketMQProc
 def rocketmq4(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RocketMQProcess]:
     """Apache RocketMQ 4.9.x (name server + broker)."""
     yield from _reference(tmp_path_factory, ROCKETMQ4)
+
+
+@pytest.fixture(scope="package", autouse=True)
+def _java_driver_servers() -> Iterator[None]:
+    """The official Java clients' serve-mode JVMs (one per client kind, started on first use) go when a
+    worker's run leaves tests/compat, like the reference brokers, not at the end of the whole run."""
+    yield
+    stop_driver_servers()
 
 
 @pytest.fixture
