@@ -23,6 +23,7 @@ from chronomq.metrics import LATENESS_BUCKETS_MS
 from chronomq.remoting.codec import RemotingCommand
 from chronomq.remoting.codes import RequestCode
 from chronomq.remoting.server import Connection, ConnectionLimits, RemotingServer
+from chronomq.remoting.tls import ServerTls
 from chronomq.store.atomicfile import write_atomic
 
 from .processor import BrokerProcessor
@@ -121,6 +122,7 @@ class BrokerController:
             name="broker",
             sync_handler=self.processor.handle_sync,
             limits=connection_limits(config),  # on the real clock: peers live in real time
+            tls=ServerTls.from_config(config, "broker"),  # TLS and plaintext on one port (docs/tls.md)
         )
         self.server.close_callbacks.append(self._on_connection_closed)
         self.local_register = local_register
