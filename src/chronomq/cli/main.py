@@ -187,12 +187,14 @@ def cmd_start(args: argparse.Namespace) -> int:
     from chronomq.clock import SystemClock
     from chronomq.namesrv import NameServer
     from chronomq.remoting.server import raise_open_file_limit
+    from chronomq.remoting.tls import ServerTls
 
     raise_open_file_limit()
 
     async def main() -> None:
         clock = SystemClock()
-        ns = NameServer(host, ns_port, clock, limits=connection_limits(config))
+        ns = NameServer(host, ns_port, clock, limits=connection_limits(config),
+                        tls=ServerTls.from_config(config, "namesrv"))
         _namesrv_metrics(ns, host, 0 if config.metricsPort >= 0 else -1, ns_port)  # -1: neither has one
         broker = BrokerController(config, clock, bind_host=host, local_register=ns.routes.register_broker)
         if broker.processor.acl is not None:  # the embedded name server checks the same accounts
@@ -234,6 +236,7 @@ def cmd_namesrv(args: argparse.Namespace) -> int:
     from chronomq.broker.controller import connection_limits
     from chronomq.namesrv import NameServer
     from chronomq.remoting.server import raise_open_file_limit
+    from chronomq.remoting.tls import ServerTls
 
     raise_open_file_limit()
 
@@ -248,7 +251,8 @@ def cmd_namesrv(args: argparse.Namespace) -> int:
             raise ConfigError(f"--acl-file: {e}") from None
 
     async def main() -> None:
-        ns = NameServer(args.host, args.port, limits=connection_limits(config))
+        ns = NameServer(args.host, args.port, limits=connection_limits(config),
+                        tls=ServerTls.from_config(config, "namesrv"))
         _namesrv_metrics(ns, args.host, args.metrics_port, args.port)
         if acl is not None:
             from chronomq.acl import refusal

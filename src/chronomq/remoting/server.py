@@ -199,6 +199,10 @@ class Connection(asyncio.Protocol):
         self._frame_since: float | None = None
         self._buffered = 0
         self._unsent_seen = 0
+        # how a read is taken before the plaintext path: None (plaintext), the first-byte check, or the TLS
+        # layer. An attribute read by data_received, not a rebound data_received: uvloop takes the bound
+        # method when the transport is made, before connection_made, and never looks again.
+        self._reader: Callable[[bytes], None] | None = None
 
     # --- asyncio.Protocol ---------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -218,20 +222,20 @@ class Connection(asyncio.Protocol):
             stream.set_write_buffer_limits(high=lim.write_high, low=lim.write_low)
         # a new connection's first frame is on the clock from the moment it is accepted
         self._last_in = self._last_out = self._frame_since = self.server.clock.monotonic()
-        if self.server.tls is not None:  # the first read decides: TLS or plaintext (class attribute after)
-            self.data_received = self._greeting  # type: ignore[method-assign]
+        if self.server.tls is not None:  # the first read decides: TLS or plaintext
+            self._reader = self._greeting
 
     def _greeting(self, data: bytes) -> None:
         """A connection's first read on a port with TLS settings (``RemotingServer.tls``): a TLS handshake
         record (0x16) goes through a TLS layer from now on, anything else is the remoting protocol in
-        plaintext (the class's ``data_received``); the mode may refuse either."""
-        del self.data_received  # back to the class's: the plaintext path
+        plaintext; the mode may refuse either."""
+        self._reader = None  # the plaintext path from now on, unless this is a TLS handshake
         tls = self.server.tls
         if self.closed or tls is None:
             return
         if data[0] != HANDSHAKE:
             if tls.serves_plaintext:
-                self.data_received(data)
+                self._received(data)
             else:
                 self._refuse_by_mode("plaintext refused: tlsServerMode is enforcing (TLS only)")
             return
@@ -247,7 +251,7 @@ class Connection(asyncio.Protocol):
             return
         self.transport = _TlsTransport(self.transport, TlsSession(context))
         self.server.tls_connections += 1
-        self.data_received = self._tls_received  # type: ignore[method-assign]
+        self._reader = self._tls_received
         self._tls_received(data)
 
     def _refuse_by_mode(self, why: str) -> None:
@@ -289,7 +293,12 @@ class Connection(asyncio.Protocol):
             self._batching = False
             self._flush()
 
-    data_received = _received  # the plaintext path (a TLS connection's decrypted bytes take it too)
+    def data_received(self, data: bytes) -> None:
+        reader = self._reader
+        if reader is None:  # plaintext (a TLS connection's decrypted bytes take _received too)
+            self._received(data)
+        else:
+            reader(data)
 
     def _flush(self) -> None:
         if not self._out:
