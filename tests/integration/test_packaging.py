@@ -196,6 +196,7 @@ def test_artifacts_hold_the_kernels_their_sources_and_the_default_dependencies(d
         [meta] = [n for n in names if n.endswith(".dist-info/METADATA")]
         metadata = whl.read(meta).decode()
     assert any(re.fullmatch(r"chronomq/store/_speedups\.cpython-.*\.so", n) for n in names), names
+    assert any(re.fullmatch(r"chronomq/remoting/_decode\.cpython-.*\.so", n) for n in names), names
     assert any(n.startswith("chronomq/web/templates/") for n in names)
     assert any(n.startswith("chronomq/grpc/_proto/") and n.endswith(".proto") for n in names)
     requires = [ln.split(":", 1)[1].strip() for ln in metadata.splitlines()
@@ -206,7 +207,7 @@ def test_artifacts_hold_the_kernels_their_sources_and_the_default_dependencies(d
     with tarfile.open(dist["sdist"]) as sd:
         members = {m.name.split("/", 1)[1] for m in sd.getmembers() if "/" in m.name}
     assert {"setup.py", "pyproject.toml", "src/chronomq/store/_speedups.pyx",
-            "src/chronomq/store/_crc32.h"} <= members
+            "src/chronomq/store/_crc32.h", "src/chronomq/remoting/_decode.pyx"} <= members
 
 
 def test_wheel_in_a_fresh_venv_starts_quietly_and_delivers_a_timed_message(
@@ -228,6 +229,7 @@ def test_the_grpc_extra_still_installs(wheel_venv: Path, dist: dict[str, Path]) 
 def test_sdist_without_a_c_compiler_runs_the_pure_python_kernels(sdist_venv: Path, tmp_path: Path) -> None:
     assert _version(sdist_venv).endswith("hot-path kernels pure Python (not built)")
     assert not list(sdist_venv.parent.parent.glob("lib/python*/site-packages/chronomq/store/_speedups*.so"))
+    assert not list(sdist_venv.parent.parent.glob("lib/python*/site-packages/chronomq/remoting/_decode*.so"))
     proc = InstalledChronomq(tmp_path / "data", sdist_venv.parent / "chronomq")
     with _running(proc) as lines:
         assert "hot-path kernels: pure Python (not built)" in lines[0]
