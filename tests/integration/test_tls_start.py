@@ -1,9 +1,12 @@
 """``chronomq start`` with ``tlsServerMode=enforcing``: the embedded name server and the broker both serve
-TLS only (docs/tls.md), so chronomq's client produces and consumes with ``tls=True`` and a plaintext client
-is refused at the name server."""
+TLS only (docs/tls.md), so chronomq's client produces and consumes with ``tls=True``, ``chronomq admin``
+works with ``--tls``, and a plaintext client is refused at the name server."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -13,6 +16,7 @@ from tests.compat.harness import ChronomqProcess
 from tests.conftest import async_wait_for
 
 pytestmark = pytest.mark.timeout(120)
+REPO = Path(__file__).resolve().parents[2]
 
 
 async def test_an_enforcing_start_serves_tls_on_both_ports_and_refuses_plaintext(tmp_path: Path) -> None:
@@ -35,3 +39,17 @@ async def test_an_enforcing_start_serves_tls_on_both_ports_and_refuses_plaintext
             with pytest.raises(ConnectFailed):  # the name server closes a plaintext connection at once
                 await plain.send(Message("TlsStart", b"plaintext"))
         assert "plaintext refused" in proc.log_tail()
+
+        ok = _cli("admin", "topics", "-n", ns, "--tls")
+        assert ok.returncode == 0 and "TlsStart" in ok.stdout, ok.stdout + ok.stderr
+        for args, why in (((), "plaintext"), (("--tls", str(tmp_path / "missing.pem")), "--tls")):
+            r = _cli("admin", "topics", "-n", ns, *args)
+            assert r.returncode != 0 and "Traceback" not in r.stderr, r.stdout + r.stderr
+            assert why != "--tls" or "--tls" in r.stderr, r.stderr
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO / "src"),
+                                                                       os.environ.get("PYTHONPATH")]))}
+    return subprocess.run([sys.executable, "-m", "chronomq.cli.main", *args], capture_output=True, text=True,
+                          timeout=60, env=env, cwd=REPO)

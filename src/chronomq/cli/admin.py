@@ -164,6 +164,9 @@ def add_admin_parsers(p: argparse.ArgumentParser) -> None:
         sp.add_argument("-n", "--namesrv", default="127.0.0.1:9876", help="name server HOST:PORT")
         sp.add_argument("--access-key", help="ACL access key (or CHRONOMQ_ACCESS_KEY)")
         sp.add_argument("--secret-key", help="ACL secret key (better: CHRONOMQ_SECRET_KEY)")
+        sp.add_argument("--tls", nargs="?", const=True, default=None, metavar="CAFILE",
+                        help="connect over TLS (docs/tls.md); with CAFILE, verify the servers' certificates "
+                             "against it (without, they are not verified, as RocketMQ's clients do)")
         if broker:
             sp.add_argument("-b", "--broker", help="ask this broker HOST:PORT directly")
 

@@ -44,8 +44,11 @@ def open_admin(args: argparse.Namespace) -> Iterator[Any]:
     """The blocking facade of an Admin on ``args.namesrv`` (closed on leaving)."""
     if getattr(args, "broker", None):
         check_addr(args.broker, "-b")
-    client = Admin(check_addr(args.namesrv, "-n"), request_timeout=REQUEST_TIMEOUT,
-                   credentials=credentials(args))
+    try:
+        client = Admin(check_addr(args.namesrv, "-n"), request_timeout=REQUEST_TIMEOUT,
+                       credentials=credentials(args), tls=getattr(args, "tls", None))
+    except ValueError as e:  # --tls CAFILE that holds no usable certificate
+        raise AdminError(f"--tls: {e}") from None
     with client as admin:
         yield admin
 
