@@ -152,7 +152,25 @@ class AclValidator:
         seen[sig] = now + self.replay_window_ms
 
     def check(self, code: int, ext: Mapping[str, Any], body: bytes | None, remote_ip: str) -> None:
-        """Raise AclError when the request is refused."""
+        """Raise AclError when the remoting request is refused."""
+        ak = ext.get(ACCESS_KEY)
+
+        def verify(secret: str) -> bool:
+            if ext.get(SIGNATURE) != signature(ext, body, secret):
+                return False
+            self._check_replay(ext, self._now_ms())
+            return True
+
+        self.authorize(str(ak) if ak else None, remote_ip, verify, lambda: resources(code, ext, body),
+                       code in ADMIN_CODES, f"request code={code}")
+
+    def authorize(self, access_key: str | None, remote_ip: str, verify: Callable[[str], bool],
+                  need: Callable[[], Mapping[str, int]], admin: bool = False,
+                  what: str = "this request") -> None:
+        """The check of one request, whatever protocol carried it; raise AclError when it is refused.
+        ``verify`` is given the account's secret and says whether the request's signature holds (it may
+        raise AclError itself, as a replay); ``need`` gives what the request touches, resource -> PUB/SUB
+        (a group as %RETRY%<group>); ``admin``: the request needs an admin account."""
         now = self._now_ms()
         if now >= self._next_stat:
             self._next_stat = now + RELOAD_CHECK_MS
@@ -160,32 +178,30 @@ class AclValidator:
         acl = self.acl
         if any(w.match(remote_ip) for w in acl.global_white):
             return
-        ak = ext.get(ACCESS_KEY)
+        ak = access_key
         if not ak:
             raise AclError("No accessKey is configured")
-        account = acl.accounts.get(str(ak))
+        account = acl.accounts.get(ak)
         if account is None:
             raise AclError(f"No acl config for {ak}")
         if account.white.match(remote_ip):
             return
-        if ext.get(SIGNATURE) != signature(ext, body, account.secret_key):
+        if not verify(account.secret_key):
             raise AclError(f"Check signature failed for accessKey={ak}")
-        self._check_replay(ext, now)
-        need = resources(code, ext, body)
-        if need.get(TRACE_TOPIC) == PUB:
+        needed = need()
+        if needed.get(TRACE_TOPIC) == PUB:
             return
-        if code in ADMIN_CODES and not account.admin:
-            raise AclError(f"Need admin permission for request code={code}, but accessKey={ak} is not")
-        if not need or (account.admin and not account.perms):
+        if admin and not account.admin:
+            raise AclError(f"Need admin permission for {what}, but accessKey={ak} is not")
+        if not needed or (account.admin and not account.perms):
             return
-        for res, perm in need.items():
+        for res, perm in needed.items():
             group = res.startswith(RETRY_PREFIX)
             default = account.default_group_perm if group else account.default_topic_perm
             owned = account.perms.get(res, default)
             if not check_perm(perm, owned):
-                what = f"group:{res[len(RETRY_PREFIX):]}" if group else f"topic:{res}"
-                raise AclError(f"No default permission for {what}")
-
+                what_res = f"group:{res[len(RETRY_PREFIX):]}" if group else f"topic:{res}"
+                raise AclError(f"No default permission for {what_res}")
 
 
 def refusal(validator: AclValidator | None, req: Any, remote_addr: str) -> Any:
