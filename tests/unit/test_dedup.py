@@ -124,6 +124,11 @@ class _Store:
         return [m for m in self.indexed if m.topic == topic and m.uniq_key == key
                 and begin_ts <= m.store_timestamp <= end_ts][:max_num]
 
+    def query_messages(self, topic: str, keys: list[str], max_num: int, begin_ts: int, end_ts: int
+                       ) -> dict[str, list[MessageExt]]:
+        found = {k: self.query_message(topic, k, max_num, begin_ts, end_ts) for k in keys}
+        return {k: ms for k, ms in found.items() if ms}
+
 
 class _Timer:
     def records_of(self, uniq: str) -> list[Any]:

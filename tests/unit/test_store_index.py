@@ -111,3 +111,15 @@ def test_batches_of_any_size_give_the_same_index(tmp_path, batch):
         assert key_hits(one, k) == key_hits(many, k)
     one.close()
     many.close()
+
+
+def test_a_query_of_many_keys_finds_what_each_query_finds(tmp_path):
+    svc = IndexService(str(tmp_path), SLOTS, ENTRIES)
+    svc.put_batch(items(0, 45))  # several files, chains sharing slots
+    keys = [f"U{p}" for p in range(0, 50)] + [f"k{k}" for k in range(6)] + ["", "missing"]
+    many = svc.query_many("T", keys, 1000, 0, 2**62)
+    assert many == {k: svc.query("T", k, 1000, 0, 2**62) for k in keys if svc.query("T", k, 1000, 0, 2**62)}
+    assert set(many) == {f"U{p}" for p in range(45)} | {f"k{k}" for k in range(5)}
+    assert svc.query_many("Other", keys, 1000, 0, 2**62) == {}
+    assert svc.query_many("T", keys, 1000, 2**61, 2**62) == {}  # outside every file's time range
+    svc.close()

@@ -88,32 +88,53 @@ class SendDedup:
         this one was kept (a replay repeats the original's way in): NOW in the topic's queues, LEVEL
         parked under SCHEDULE_TOPIC until its level is due, TIMED in the timer; both of the latter end in
         the topic's queues once delivered."""
+        return self.find_many(key[0], [key[1]], kind)[0]
+
+    def find_many(self, topic: str, uniqs: list[str], kind: str = NOW) -> list[Original | None]:
+        """``find`` for several keys of one topic, the store's index asked once for all of them."""
         now = self.clock.now_ms()
-        hit = self._recent.get(key)
-        if hit is not None:
-            if now - hit[0] <= self.window_ms:
-                return hit[1]
-            del self._recent[key]
-        topic, uniq = key
-        begin = now - self.window_ms
+        out: list[Original | None] = [None] * len(uniqs)
+        ask: dict[str, int] = {}  # UNIQ_KEY -> its place, for the keys not found in memory
+        recent = self._recent
+        for i, uniq in enumerate(uniqs):
+            hit = recent.get((topic, uniq))
+            if hit is not None:
+                if now - hit[0] <= self.window_ms:
+                    out[i] = hit[1]
+                    continue
+                del recent[(topic, uniq)]
+            ask[uniq] = i
+        if not ask:
+            return out
+        begin, end = now - self.window_ms, now + 60_000
         if kind == TIMED:
-            try:
-                parked = self.timer.records_of(uniq)
-            except TimerError:  # the timer is closing: nothing more to find there
-                parked = []
-            for info in parked:
-                if info.topic == topic and info.created_ms >= begin:
-                    return Original(info.offset_msg_id, info.queue_id, 0, info.deliver_ms, uniq)
+            for uniq in list(ask):
+                try:
+                    parked = self.timer.records_of(uniq)
+                except TimerError:  # the timer is closing: nothing more to find there
+                    parked = []
+                for info in parked:
+                    if info.topic == topic and info.created_ms >= begin:
+                        o = Original(info.offset_msg_id, info.queue_id, 0, info.deliver_ms, uniq)
+                        out[ask.pop(uniq)] = o
+                        break
         elif kind == LEVEL:
-            for m in self.store.query_message(SCHEDULE_TOPIC, uniq, 4, begin, now + 60_000):
-                if m.uniq_key == uniq and m.properties.get(PROPERTY_REAL_TOPIC) == topic:
-                    return Original(create_offset_msg_id(self.store_host, m.commit_log_offset), m.queue_id,
-                                    m.queue_offset)
-        for m in self.store.query_message(topic, uniq, 4, begin, now + 60_000):
-            if m.uniq_key == uniq:
-                return Original(create_offset_msg_id(self.store_host, m.commit_log_offset), m.queue_id,
-                                m.queue_offset)
-        return None
+            for uniq, ms in self.store.query_messages(SCHEDULE_TOPIC, list(ask), 4, begin, end).items():
+                for m in ms:
+                    if m.uniq_key == uniq and m.properties.get(PROPERTY_REAL_TOPIC) == topic:
+                        out[ask.pop(uniq)] = self._stored(m)
+                        break
+        if ask:
+            for uniq, ms in self.store.query_messages(topic, list(ask), 4, begin, end).items():
+                for m in ms:
+                    if m.uniq_key == uniq:
+                        out[ask[uniq]] = self._stored(m)
+                        break
+        return out
+
+    def _stored(self, m: MessageExt) -> Original:
+        msg_id = create_offset_msg_id(self.store_host, m.commit_log_offset)
+        return Original(msg_id, m.queue_id, m.queue_offset)
 
     def plan(self, msgs: list[MessageExt], topic: str, kind: str) -> Plan | None:
         """What to do with the messages of one send request to ``topic``: None when none asks for
@@ -129,6 +150,7 @@ class SendDedup:
         key (stored once: this one repeats it)."""
         out: list[Original | int | None] = []
         first: dict[tuple[str, str], int] = {}
+        ask: dict[str, list[tuple[int, str]]] = {}  # topic -> (place, UNIQ_KEY) of the first sends of a key
         for i, key in enumerate(keys):
             if key is None:
                 out.append(None)
@@ -136,7 +158,11 @@ class SendDedup:
                 out.append(first[key])
             else:
                 first[key] = i
-                out.append(self.find(key, kind))
+                out.append(None)
+                ask.setdefault(key[0], []).append((i, key[1]))
+        for topic, places in ask.items():
+            for (i, _), o in zip(places, self.find_many(topic, [u for _, u in places], kind), strict=True):
+                out[i] = o
         return out
 
     def settle(self, keys: list[tuple[str, str] | None], plan: list[Original | int | None],

@@ -17,6 +17,7 @@ import os
 import struct
 import threading
 import zlib
+from collections.abc import Iterable
 
 from chronomq.store.mapped import MappedFile
 from chronomq.store.types import DispatchRequest
@@ -244,17 +245,30 @@ class IndexService:
         f.write_header()
 
     def query(self, topic: str, key: str, limit: int, begin_ts: int, end_ts: int) -> list[int]:
-        h = key_hash(topic + "#" + key)
-        out: list[int] = []
-        for f in reversed(self.files):
-            if len(out) >= limit:
-                break
-            if f.count <= 1 or f.end_ts < begin_ts or f.begin_ts > end_ts:
-                continue
-            try:
-                f.lookup(h, begin_ts, end_ts, limit, out)
-            except ValueError:
-                continue  # deleted meanwhile
+        return self.query_many(topic, (key,), limit, begin_ts, end_ts).get(key, [])
+
+    def query_many(self, topic: str, keys: Iterable[str], limit: int, begin_ts: int, end_ts: int
+                   ) -> dict[str, list[int]]:
+        """``query`` for several keys of one topic, the files chosen once: key -> candidate offsets (newest
+        file first), for the keys that have any."""
+        files = [f for f in reversed(self.files)
+                 if not (f.count <= 1 or f.end_ts < begin_ts or f.begin_ts > end_ts)]
+        out: dict[str, list[int]] = {}
+        if not files:
+            return out
+        crc32, prefix = zlib.crc32, topic + "#"
+        for key in keys:
+            h = crc32((prefix + key).encode()) & 0x7FFFFFFF  # key_hash, inlined
+            found: list[int] = []
+            for f in files:
+                if len(found) >= limit:
+                    break
+                try:
+                    f.lookup(h, begin_ts, end_ts, limit, found)
+                except ValueError:
+                    continue  # deleted meanwhile
+            if found:
+                out[key] = found
         return out
 
     def write_back(self) -> list[IndexFile]:

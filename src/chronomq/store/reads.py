@@ -6,7 +6,7 @@ never returned; a record that does not decode is treated as absent.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING
 
 from chronomq.message import MessageExt, MessageFormatError, decode_record
@@ -163,20 +163,30 @@ class ReadPath:
                       ) -> list[MessageExt]:
         """Messages of ``topic`` whose KEYS contain ``key`` or whose UNIQ_KEY is ``key``, stored within
         [begin_ts, end_ts]; at most ``max_num``, the newest ones, returned in commit-log order."""
-        if max_num <= 0 or not key:
-            return []
+        return self.query_messages(topic, (key,), max_num, begin_ts, end_ts).get(key, [])
+
+    def query_messages(self, topic: str, keys: Iterable[str], max_num: int, begin_ts: int, end_ts: int
+                       ) -> dict[str, list[MessageExt]]:
+        """``query_message`` for several keys of one topic (the dispatcher's pending index entries written
+        once for all): key -> its messages, for the keys that have any."""
+        if max_num <= 0:
+            return {}
         self._reput.index_pending()  # a key query sees every message dispatched before it
-        cands = self._index.query(topic, key, max_num * 2 + 16, begin_ts, end_ts)
-        out: dict[int, MessageExt] = {}
-        for phys in sorted(set(cands), reverse=True):
-            if len(out) >= max_num:
-                break
-            m = self.look_message_by_offset(phys)
-            if m is None or m.topic != topic or not (begin_ts <= m.store_timestamp <= end_ts):
-                continue
-            if m.uniq_key == key or key in m.keys:
-                out[phys] = m
-        return [out[p] for p in sorted(out)]
+        found = self._index.query_many(topic, [k for k in keys if k], max_num * 2 + 16, begin_ts, end_ts)
+        result: dict[str, list[MessageExt]] = {}
+        for key, cands in found.items():
+            out: dict[int, MessageExt] = {}
+            for phys in sorted(set(cands), reverse=True):
+                if len(out) >= max_num:
+                    break
+                m = self.look_message_by_offset(phys)
+                if m is None or m.topic != topic or not (begin_ts <= m.store_timestamp <= end_ts):
+                    continue
+                if m.uniq_key == key or key in m.keys:
+                    out[phys] = m
+            if out:
+                result[key] = [out[p] for p in sorted(out)]
+        return result
 
     def iter_messages(self, from_commit_log_offset: int) -> Iterator[MessageExt]:
         for _, data in self._cl.iter_records(from_commit_log_offset):
