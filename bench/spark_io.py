@@ -1,7 +1,12 @@
 """Spark <-> chronomq throughput: rows/s writing and reading N messages of 1 KiB through the ``chronomq``
 data source, next to Spark's own Kafka connector on a single-node Kafka broker (KRaft, ``acks=all``) and
 Spark writing and reading the same rows as Parquet, in the same run; on local[2], or on a standalone
-cluster the bench starts itself (``--cluster``).
+cluster the bench starts itself (``--cluster``). Each round also streams: a streaming query from the earliest
+offset over the round's N rows into a counting ``foreachBatch`` sink (rows/s from the query's start to the
+last row), and the produce-to-sink latency of min(N, 50,000) rows written in ten Spark batch writes one
+second apart while a query from the latest offset collects each micro-batch's produce times (chronomq's
+``born_timestamp``, Kafka's ``timestamp``, CreateTime: both set by the producer when it sends); a row's
+latency is the time its micro-batch reached the sink minus that time (p50 / p99 / max printed).
 
     .venv/bin/python bench/spark_io.py            # quick: 50,000 rows
     .venv/bin/python bench/spark_io.py --full     # 1,000,000 rows (about 1 GiB through the broker)
@@ -161,13 +166,21 @@ def main() -> int:
             if a.repeat > 1:
                 each += f"  {peer} rounds: " + " ".join(f"{x:.2f}" for x in ratios)
         print(line + each)
+    streamed = [p for p in ("chronomq", "kafka") if f"{p}_stream_s" in results]
+    for system in streamed:
+        rate = statistics.median(rows / t for t in results[f"{system}_stream_s"])
+        lat = sorted(results[f"{system}_latency_ms"])
+        pick = lat[min(len(lat) - 1, int(len(lat) * 0.99))] if lat else float("nan")
+        print(f"{system:8} streaming read from earliest: {rate:,.0f} rows/s (query start to the last row); "
+              f"produce-to-sink latency over {len(lat):,} rows: p50 {statistics.median(lat):,.0f} ms, "
+              f"p99 {pick:,.0f} ms, max {lat[-1]:,.0f} ms")
     for key, secs in broker_cpu.items():
         system, what = key.split("_")[:2]
         sec, wall = statistics.median(secs), statistics.median(results[key])
         print(f"{system} broker CPU during the {system} {what}: {sec:.2f} s of {wall:.2f} s wall, "
               f"{sec / rows * 1e6:.1f} us a message")
     print(json.dumps({"rows": rows, "master": "cluster" if a.cluster else master,
-                      **{k: [round(v, 3) for v in vs] for k, vs in results.items()}}))
+                      **{k: [round(v, 3) for v in vs] for k, vs in results.items() if "latency" not in k}}))
     return 0
 
 
@@ -265,9 +278,104 @@ def measure(spark: Any, namesrv: str, rows: int, size: int, repeat: int, work: P
             k = timed("kafka_read_s", lambda: kafka_reader(name).load().agg(*agg).collect()[0])
             assert k.n == rows and k.b == r.b, f"Kafka read {k.n} rows ({k.b} bytes), wrote {rows} ({r.b})"
 
+    def chronomq_stream(name: str, start: str) -> Any:
+        return (spark.readStream.format("chronomq").option("namesrv", namesrv).option("subscribe", name)
+                .option("startingOffsets", start).load())
+
+    def kafka_stream(name: str, start: str) -> Any:
+        return (spark.readStream.format("kafka").option("kafka.bootstrap.servers", kafka)
+                .option("subscribe", name).option("startingOffsets", start).load())
+
+    streams: list[tuple[str, Callable[[str, str], Any], Callable[[str, Any], Any], str]] = [
+        ("chronomq", chronomq_stream,
+         lambda name, frame: frame.write.format("chronomq").option("namesrv", namesrv).option("topic", name)
+         .mode("append").save(), "born_timestamp")]
+    if kafka is not None:
+        streams.append(("kafka", kafka_stream, lambda name, frame: kafka_writer(name, frame).save(),
+                        "timestamp"))
+
     for i in range(repeat):
         one_round(f"{topic}R{i}", str(work / f"bench{i}.parquet"))
+        for system, stream, write, ts_col in streams:
+            # streaming read of the round's N rows from the earliest offset, into a counting sink
+            counted = stream_until(stream(f"{topic}R{i}", "earliest"), rows, work / f"ckpt-{system}-{i}",
+                                   lambda _df: None)
+            results.setdefault(f"{system}_stream_s", []).append(counted)
+            # produce-to-sink latency: rows produced at a steady pace while a query from the latest
+            # offset hands each micro-batch to the sink; latency = the batch's sink time - the row's
+            # produce time (chronomq's born timestamp, Kafka's CreateTime: both set by the producer)
+            live = f"{topic}L{i}{system}"
+            lat = stream_latency(stream(live, "latest"), write, live, ts_col, min(rows, 50_000),
+                                 work / f"ckptl-{system}-{i}", df)
+            results.setdefault(f"{system}_latency_ms", []).extend(lat)
     return results, broker_cpu, load_before
+
+
+def stream_until(frame: Any, rows: int, checkpoint: Path, on_batch: Callable[[Any], None],
+                 timeout_s: float = 600) -> float:
+    """Run a streaming query of ``frame`` whose sink counts rows (and hands each micro-batch to
+    ``on_batch``) until ``rows`` were seen; the seconds it took from the query's start."""
+    seen = [0]
+
+    def sink(batch: Any, _batch_id: int) -> None:
+        seen[0] += batch.count()
+        on_batch(batch)
+
+    t0 = time.perf_counter()
+    q = frame.writeStream.foreachBatch(sink).option("checkpointLocation", str(checkpoint)).start()
+    try:
+        deadline = t0 + timeout_s
+        while seen[0] < rows:
+            if q.exception() is not None:
+                raise RuntimeError(f"the streaming query failed: {q.exception()}")
+            if time.perf_counter() > deadline:
+                raise RuntimeError(f"the streaming query saw {seen[0]} of {rows} rows in {timeout_s:.0f} s")
+            time.sleep(0.05)
+        return time.perf_counter() - t0
+    finally:
+        q.stop()
+
+
+def stream_latency(frame: Any, write: Callable[[str, Any], Any], topic: str, ts_col: str,
+                   rows: int, checkpoint: Path, source: Any, chunks: int = 10, pace_s: float = 1.0,
+                   timeout_s: float = 600) -> list[float]:
+    """Each row's produce-to-sink latency in ms: ``rows`` rows of ``source`` written to ``topic`` in
+    ``chunks`` batch writes, one every ``pace_s`` seconds, while a streaming query of ``frame`` (started
+    first, from the latest offset) collects, in each micro-batch, the rows' produce times (``ts_col``)."""
+    from pyspark.sql import functions as F
+
+    lat: list[float] = []
+    seen = [0]
+
+    def sink(batch: Any, _batch_id: int) -> None:
+        ts = [r[0] for r in batch.select(F.unix_millis(F.col(ts_col)).alias("t")).collect()]
+        now = time.time() * 1000
+        lat.extend(now - t for t in ts)
+        seen[0] += len(ts)
+
+    write(topic, source.limit(1))  # the topic exists before the query looks for it (1 row, not counted)
+    q = frame.writeStream.foreachBatch(sink).option("checkpointLocation", str(checkpoint)) \
+        .trigger(processingTime="0 seconds").start()
+    try:
+        deadline = time.perf_counter() + timeout_s
+        while q.lastProgress is None:  # the query has planned its first batch: "latest" is fixed
+            if q.exception() is not None or time.perf_counter() > deadline:
+                raise RuntimeError(f"the streaming query did not start: {q.exception()}")
+            time.sleep(0.05)
+        per = rows // chunks
+        t0 = time.perf_counter()
+        for c in range(chunks):
+            write(topic, source.limit(per))
+            time.sleep(max(0.0, t0 + (c + 1) * pace_s - time.perf_counter()))
+        while seen[0] < per * chunks:
+            if q.exception() is not None:
+                raise RuntimeError(f"the streaming query failed: {q.exception()}")
+            if time.perf_counter() > deadline:
+                raise RuntimeError(f"the streaming query saw {seen[0]} of {per * chunks} rows")
+            time.sleep(0.05)
+    finally:
+        q.stop()
+    return lat
 
 
 if __name__ == "__main__":
