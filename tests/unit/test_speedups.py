@@ -25,7 +25,7 @@ from chronomq.delay import delivery
 from chronomq.delay.timer import append, files
 from chronomq.message import MessageExt, MessageFormatError
 from chronomq.remoting import codec
-from chronomq.store import commitlog, put, speedups
+from chronomq.store import commitlog, index, put, speedups
 from chronomq.store.types import DispatchRequest, EncodedRecord
 
 native = speedups.native
@@ -557,3 +557,39 @@ def test_mark_delivered_run_matches_pure(rows, t, seq):
         last = fn(group, t, seq, marks, buf, pending, lates, out)
         outs.append((last, marks, bytes(buf), dict(pending), lates, out))
     assert outs[0] == outs[1]
+
+
+_words = st.text(st.characters(codec="utf-8"), min_size=1, max_size=6)
+
+
+@needs_native
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 1 << 50), st.integers(0, 1 << 45), st.sampled_from(["T", "Ü", "t2"]),
+                          st.one_of(st.none(), st.just(""), _words),
+                          st.one_of(st.none(), st.lists(_words, max_size=3))), max_size=12),
+       st.integers(1, 9), st.integers(0, 14), st.integers(0, 16), st.integers(0, 1 << 45), st.integers(0, 13),
+       st.integers(0, 3), st.binary(min_size=36, max_size=36))
+def test_index_entries_match_pure(reqs, slot_num, n, index_num, begin_ts, room, w, slot_bytes):
+    """Same entries, slots, dirty pages and stopping point, whether every word fits, the file fills, or the
+    allocated room ends first; from any word of the first item on."""
+    items = [DispatchRequest(phys, 100, topic, 0, 0, 0, ts, keys, uniq)
+             for phys, ts, topic, uniq, keys in reqs]
+    entries_at = 40 + slot_num * 4
+    size = entries_at + 20 * 16
+    allocated = entries_at + 20 * room
+    results = []
+    for fn in (native.index_entries, index.index_entries_py):
+        mm, slots, dirty = bytearray(size), bytearray(slot_bytes[:slot_num * 4]), {99}
+        got = fn(mm, entries_at, allocated, slots, slot_num, n, index_num, begin_ts, items, 0, w, dirty)
+        results.append((got, bytes(mm), bytes(slots), dirty))
+    assert results[0] == results[1]
+    end, _, i, _, _, _, _, _ = results[0][0]
+    # it stops only when done, at a full file, or at the end of the allocated room
+    assert i == len(items) or end >= index_num or entries_at + end * 20 + 20 > allocated
+
+
+def test_index_entries_refuse_a_short_slot_table():
+    if native is None:
+        pytest.skip("chronomq.store._speedups not in use")
+    with pytest.raises(ValueError):
+        native.index_entries(bytearray(100), 40, 100, bytearray(3), 1, 1, 5, 0, [], 0, 0, set())

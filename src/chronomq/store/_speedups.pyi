@@ -36,6 +36,9 @@ def pack_timer_records(encoded: list[tuple[MessageExt, int, bytearray]], tids: d
                        origin: int, pos: int, seg_size: int, placed: list[tuple[int, int, int, int]],
                        hash_items: list[tuple[int, int]], results: list[Any], result_cls: Callable[..., Any],
                        id_prefix: str) -> tuple[list[tuple[int, bytearray]], int]: ...
+def index_entries(mm: Buffer, entries_at: int, allocated: int, slots: bytearray, slot_num: int, n: int,
+                  index_num: int, begin_ts: int, items: list[DispatchRequest], i: int, w: int, dirty: set[int]
+                  ) -> tuple[int, int, int, int, int, int, int, int]: ...
 def pack_index_entries(links: list[tuple[int, int, int, int, int]], floor: int, slot_ms: int, start_idx: int,
                        per_seg: int, seg_max: dict[int, int], hot: int, wheel_get: Callable[[int], int]
                        ) -> tuple[bytearray, dict[int, int], list[tuple[int, Any]], int | None]: ...

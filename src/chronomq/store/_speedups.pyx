@@ -1,7 +1,7 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
 """Compiled kernels of the hot paths (a timed message's way in, its delivery): each one is a drop-in for
 its pure-Python twin (commitlog.splice_py, put.property_fields_py, put.append_run_py,
-delivery.record_to_put, codec.batch_items, message.encode_record, pull.due_ms_of, and the timer's
+index.index_entries_py, delivery.record_to_put, codec.batch_items, message.encode_record, pull.due_ms_of, and the timer's
 append.pack_timer_records_py, append.pack_index_entries_py, files.pack_hash_entries_py,
 window.mark_delivered_run_py), with the same results, the same refusals and the same exception types.
 The timer's kernels take what the timer store made itself (positions, sizes, ids, slots, all in range by
@@ -823,3 +823,76 @@ def mark_delivered_run(list group, int64_t t, int64_t seq, dict marks, bytearray
         lates[lk] = lates.get(lk, 0) + 1
         out[k] = "delivered"
     return seq
+
+
+def index_entries(object mm, Py_ssize_t entries_at, Py_ssize_t allocated, bytearray slots, Py_ssize_t slot_num,
+                  Py_ssize_t n, Py_ssize_t index_num, int64_t begin_ts, list items, Py_ssize_t i, Py_ssize_t w,
+                  set dirty):
+    """index.index_entries_py. The caller's sizes are trusted for the results (allocated within the
+    mapping, the slot table ``slot_num`` slots long) and checked for memory safety only (ValueError)."""
+    cdef Py_buffer v
+    cdef uint8_t* base
+    cdef uint8_t* sl
+    cdef Py_ssize_t count = len(items), nwords, epos, slot_pos, used = 0, tlen, wlen, limit
+    cdef int64_t phys = -1, ts = 0, e_phys, e_ts, tdiff, begin_phy = -1
+    cdef int32_t prev
+    cdef uint32_t h
+    cdef const char* tp
+    cdef const char* wp
+    cdef object req, uniq, keys, word
+    cdef bint has_uniq
+    if slot_num <= 0 or PyByteArray_GET_SIZE(slots) < slot_num * 4:
+        raise ValueError("the slot table is shorter than slot_num slots")
+    sl = <uint8_t*>PyByteArray_AS_STRING(slots)
+    PyObject_GetBuffer(mm, &v, PyBUF_WRITABLE)
+    try:
+        base = <uint8_t*>v.buf
+        limit = allocated if allocated < v.len else v.len
+        while i < count:
+            req = items[i]
+            uniq = req.uniq_key
+            keys = req.keys
+            has_uniq = bool(uniq)
+            nwords = (1 if has_uniq else 0) + (len(keys) if keys else 0)
+            if w < nwords:
+                e_phys = req.phys
+                e_ts = req.store_timestamp
+                tp = PyUnicode_AsUTF8AndSize(req.topic, &tlen)
+            while w < nwords:
+                epos = entries_at + n * 20
+                if n >= index_num or epos < 0 or epos + 20 > limit:
+                    return n, used, i, w, begin_ts, begin_phy, phys, ts
+                if n == 1:
+                    begin_ts = e_ts
+                    begin_phy = e_phys
+                word = uniq if (has_uniq and w == 0) else keys[w - 1 if has_uniq else w]
+                wp = PyUnicode_AsUTF8AndSize(word, &wlen)
+                h = cmq_crc32(<const uint8_t*>tp, tlen, 0)
+                h = cmq_crc32(<const uint8_t*>b"#", 1, h)
+                h = cmq_crc32(<const uint8_t*>wp, wlen, h) & 0x7FFFFFFF
+                slot_pos = (h % slot_num) * 4
+                prev = rd32(sl + slot_pos)
+                if prev <= 0 or prev >= n:
+                    prev = 0
+                    used += 1
+                if e_ts < begin_ts:
+                    tdiff = 0
+                else:
+                    tdiff = (e_ts - begin_ts) // 1000
+                    if tdiff > 0x7FFFFFFF:
+                        tdiff = 0x7FFFFFFF
+                wr32(base + epos, h)
+                wr64(base + epos + 4, e_phys)
+                wr32(base + epos + 12, tdiff)
+                wr32(base + epos + 16, prev)
+                wr32(sl + slot_pos, n)
+                dirty.add(slot_pos >> 12)
+                n += 1
+                w += 1
+                phys = e_phys
+                ts = e_ts
+            i += 1
+            w = 0
+    finally:
+        PyBuffer_Release(&v)
+    return n, used, i, w, begin_ts, begin_phy, phys, ts

@@ -13,6 +13,7 @@ store time (hash collisions, and entries left by a crash past the recovered end,
 
 from __future__ import annotations
 
+import mmap
 import os
 import struct
 import threading
@@ -20,6 +21,7 @@ import zlib
 from collections.abc import Iterable
 
 from chronomq.store.mapped import MappedFile
+from chronomq.store.speedups import kernels, pure_twin
 from chronomq.store.types import DispatchRequest
 
 HEADER = struct.Struct(">qqqqii")
@@ -39,7 +41,7 @@ def _pwrite_all(fd: int, data: bytes, off: int) -> None:
 
 
 def key_hash(key: str) -> int:
-    """Must match the hash put_batch computes inline."""
+    """Must match the hash index_entries computes inline."""
     return zlib.crc32(key.encode()) & 0x7FFFFFFF
 
 
@@ -155,6 +157,56 @@ class IndexFile:
             n = prev
 
 
+@pure_twin("index_entries")
+def index_entries_py(mm: mmap.mmap | bytearray, entries_at: int, allocated: int, slots: bytearray,
+                     slot_num: int, n: int, index_num: int, begin_ts: int, items: list[DispatchRequest],
+                     i: int, w: int, dirty: set[int]) -> tuple[int, int, int, int, int, int, int, int]:
+    """Write the index entries of ``items`` (each one's UNIQ_KEY, then each KEYS word) from item ``i``'s
+    word ``w`` on into one file: entries numbered from ``n`` on into ``mm`` (the file's mapping, entries
+    from byte ``entries_at``, ``allocated`` bytes of it backed by disk), their chains' heads into ``slots``
+    (the file's ``slot_num`` slots in memory; each slot page written goes into ``dirty``). The file's first
+    entry (``n == 1``) sets its begin time. Stops when every word is written, when the file holds
+    ``index_num`` entries, or when the next entry would lie past ``allocated``. Returns (n, slots newly
+    used, i, w, begin_ts, begin_phy, phys, ts): the next entry number; the next word to write (``i ==
+    len(items)`` when all are); the file's begin time and offset when its first entry was written here
+    (begin_phy -1 otherwise); the offset and store time of the last entry written (-1, 0 when none)."""
+    crc32 = zlib.crc32
+    unpack_slot, pack_slot, pack_entry = I32.unpack_from, I32.pack_into, ENTRY.pack_into
+    mark = dirty.add
+    used, begin_phy, phys, ts = 0, -1, -1, 0
+    count = len(items)
+    while i < count:
+        req = items[i]
+        uniq, keys = req.uniq_key, req.keys
+        words = ([uniq] if uniq else []) + (keys or [])
+        e_phys, e_ts = req.phys, req.store_timestamp
+        topic = req.topic
+        while w < len(words):
+            epos = entries_at + n * ENTRY_SIZE
+            if n >= index_num or epos + ENTRY_SIZE > allocated:
+                return n, used, i, w, begin_ts, begin_phy, phys, ts
+            if n == 1:
+                begin_ts, begin_phy = e_ts, e_phys
+            h = crc32(f"{topic}#{words[w]}".encode()) & 0x7FFFFFFF  # key_hash
+            slot_pos = (h % slot_num) * 4
+            prev = unpack_slot(slots, slot_pos)[0]
+            if prev <= 0 or prev >= n:
+                prev = 0
+                used += 1
+            tdiff = (e_ts - begin_ts) // 1000
+            if tdiff < 0 or tdiff > 0x7FFFFFFF:
+                tdiff = 0 if tdiff < 0 else 0x7FFFFFFF
+            pack_entry(mm, epos, h, e_phys, tdiff, prev)
+            pack_slot(slots, slot_pos, n)
+            mark(slot_pos >> SLOT_PAGE_BITS)
+            n, w, phys, ts = n + 1, w + 1, e_phys, e_ts
+        i, w = i + 1, 0
+    return n, used, i, w, begin_ts, begin_phy, phys, ts
+
+
+index_entries = kernels.index_entries
+
+
 class IndexService:
     """All index files; the dispatcher's backlog writer puts entries (on the broker's loop, the dispatcher
     thread, or a key query's thread first), any thread queries, the flush thread writes the slot tables
@@ -197,51 +249,24 @@ class IndexService:
             self._put_locked(items)
 
     def _put_locked(self, items: list[DispatchRequest]) -> None:
-        crc32 = zlib.crc32
         f = self._active()
-        mm, slots_n, entries_at, n, index_num = f.mm, f.slot_num, f.entries_at, f.count, f.index_num
-        slots, dirty = f.hold_slots(), f.dirty_pages
-        begin_ts, used = f.begin_ts, f.slots_used
-        unpack_slot, pack_slot, pack_entry = I32.unpack_from, I32.pack_into, ENTRY.pack_into
-        mark = dirty.add
-        phys = ts = 0
-        for req in items:
-            phys, topic, ts, keys, uniq = req.phys, req.topic, req.store_timestamp, req.keys, req.uniq_key
-            if keys:
-                words = [uniq, *keys] if uniq else keys
-            elif uniq:
-                words = [uniq]
+        i = w = 0
+        while True:
+            n, used, i, w, begin_ts, begin_phy, phys, ts = index_entries(
+                f.mm, f.entries_at, f.mf.allocated, f.hold_slots(), f.slot_num, f.count, f.index_num,
+                f.begin_ts, items, i, w, f.dirty_pages)
+            if begin_phy >= 0:
+                f.begin_ts, f.begin_phy = begin_ts, begin_phy
+            f.count = n
+            f.slots_used += used
+            if phys >= 0:
+                f.end_ts, f.end_phy = ts, phys
+            if i >= len(items):
+                break
+            if n >= f.index_num:
+                f = self._active()  # roll to a new file (the full one's header written)
             else:
-                continue
-            for w in words:
-                if n >= index_num:  # roll to a new file
-                    f.count, f.slots_used, f.end_ts, f.end_phy = n, used, ts, phys
-                    f = self._active()
-                    mm, entries_at, n, used = f.mm, f.entries_at, f.count, f.slots_used
-                    slots, dirty = f.hold_slots(), f.dirty_pages
-                    mark = dirty.add
-                if n == 1:
-                    f.begin_ts, f.begin_phy = ts, phys
-                    begin_ts = ts
-                epos = entries_at + n * ENTRY_SIZE
-                if epos + ENTRY_SIZE > f.mf.allocated:
-                    f.mf.allocate(epos + ENTRY_SIZE)
-                h = crc32(f"{topic}#{w}".encode()) & 0x7FFFFFFF
-                slot_pos = (h % slots_n) * 4
-                prev = unpack_slot(slots, slot_pos)[0]
-                if prev <= 0 or prev >= n:
-                    prev = 0
-                    used += 1
-                tdiff = (ts - begin_ts) // 1000
-                if tdiff < 0 or tdiff > 0x7FFFFFFF:
-                    tdiff = 0 if tdiff < 0 else 0x7FFFFFFF
-                pack_entry(mm, epos, h, phys, tdiff, prev)
-                pack_slot(slots, slot_pos, n)
-                mark(slot_pos >> SLOT_PAGE_BITS)
-                n += 1
-        f.count, f.slots_used = n, used
-        if n > 1:
-            f.end_ts, f.end_phy = ts, phys
+                f.mf.allocate(f.entries_at + (n + 1) * ENTRY_SIZE)
         f.write_header()
 
     def query(self, topic: str, key: str, limit: int, begin_ts: int, end_ts: int) -> list[int]:

@@ -54,6 +54,12 @@ class Kernels(Protocol):
         """message.encode_record."""
         ...
 
+    def index_entries(self, mm: Buffer, entries_at: int, allocated: int, slots: bytearray, slot_num: int,
+                      n: int, index_num: int, begin_ts: int, items: list[DispatchRequest], i: int, w: int,
+                      dirty: set[int], /) -> tuple[int, int, int, int, int, int, int, int]:
+        """index.index_entries_py."""
+        ...
+
     def record_to_put(self, buf: Buffer, pos: int, size: int, /) -> tuple[str, int, dict[str, str]]:
         """delay.delivery.record_to_put."""
         ...
