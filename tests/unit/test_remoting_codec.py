@@ -132,3 +132,47 @@ def test_text_that_is_not_unicode_still_makes_a_readable_header() -> None:
     got = FrameDecoder().feed(frame)[0]
     assert isinstance(got, RemotingCommand)
     assert got.opaque == 77 and got.ext_fields == ext and got.remark == "\udfff"
+
+
+@given(st.lists(st.tuples(st.integers(0, 400), st.binary(max_size=300), st.booleans()),
+                min_size=1, max_size=6), st.lists(st.integers(1, 700), max_size=12))
+def test_frames_decode_the_same_however_the_bytes_arrive(cmds, cuts) -> None:
+    """Whole frames in one read, a frame cut anywhere (in its length word too), many frames in one read,
+    reads as bytes or bytearray: the same commands, and nothing left over after the last frame; a frame
+    whose header is not JSON comes back as a FrameError in its place without losing the ones after it."""
+    frames = [codec.encode(RemotingCommand.request(code, {"k": str(code)}, body=body)) if ok
+              else _frame(b"{not json", body) for code, body, ok in cmds]
+    wire = b"".join(frames)
+    chunks, at = [], 0
+    for cut in cuts:
+        if at >= len(wire):
+            break
+        chunks.append(wire[at:at + cut])
+        at += cut
+    chunks.append(wire[at:])
+    decoder = FrameDecoder()
+    got: list[RemotingCommand | FrameError] = []
+    for i, chunk in enumerate(chunks):
+        got += decoder.feed(bytearray(chunk) if i % 2 else chunk)
+    assert decoder.buffered == 0
+    assert len(got) == len(cmds)
+    for (code, body, ok), cmd in zip(cmds, got, strict=True):
+        if ok:
+            assert isinstance(cmd, RemotingCommand) and (cmd.code, cmd.body, cmd.ext_fields) == (
+                code, body, {"k": str(code)})
+            assert type(cmd.body) is bytes
+        else:
+            assert isinstance(cmd, FrameError)
+
+
+def test_a_broken_length_word_raises_and_keeps_the_stream_from_resuming() -> None:
+    decoder = FrameDecoder(max_frame_size=1000)
+    good = codec.encode(RemotingCommand.request(10, {}))
+    with pytest.raises(FrameError, match="exceeds the 1000 byte limit"):
+        decoder.feed(good + struct.pack(">i", 5000) + b"x" * 10)
+    with pytest.raises(FrameError, match="too small"):
+        FrameDecoder().feed(struct.pack(">i", 2) + b"xx")
+    half = FrameDecoder()
+    assert half.feed(good[:3]) == [] and half.buffered == 3  # a length word not yet whole is kept
+    [cmd] = half.feed(good[3:])
+    assert isinstance(cmd, RemotingCommand) and cmd.code == 10 and half.buffered == 0

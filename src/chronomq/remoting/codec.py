@@ -242,7 +242,7 @@ def _decode_binary_header(raw: bytes, body: bytes) -> RemotingCommand:
                            language=language, version=version, serialize_type=SERIALIZE_ROCKETMQ)
 
 
-def decode_frame(frame: bytes) -> RemotingCommand:
+def decode_frame(frame: bytes | bytearray | memoryview) -> RemotingCommand:
     """Decode one frame *without* its 4-byte length prefix."""
     if len(frame) < 4:
         raise FrameError("frame shorter than its header word")
@@ -270,29 +270,44 @@ class FrameDecoder:
         self._max = max_frame_size
 
     def feed(self, data: bytes) -> list[RemotingCommand | FrameError]:
-        self._buf += data
-        out: list[RemotingCommand | FrameError] = []
+        """The commands of the frames that ``data`` completes. Each frame is decoded from a view of the
+        bytes received (its header and body are copied out once, by decode_frame); only an incomplete
+        frame's bytes are kept for the next read."""
         buf = self._buf
-        pos = 0
-        while len(buf) - pos >= 4:
-            (length,) = _I32.unpack_from(buf, pos)
-            if length < 4:
-                raise FrameError(f"frame length {length} is too small")
-            if length > self._max:
-                raise FrameError(f"frame of {length} bytes exceeds the {self._max} byte limit")
-            if len(buf) - pos - 4 < length:
-                break
-            frame = bytes(buf[pos + 4 : pos + 4 + length])
-            pos += 4 + length
-            try:
-                out.append(decode_frame(frame))
-            except FrameError as e:
-                if e.fatal:
-                    del buf[:pos]
-                    raise
-                out.append(e)
-        if pos:
+        if buf:
+            buf += data
+            src: bytes | bytearray = buf
+        else:
+            src = data  # the usual read: whole frames, decoded without a copy into the buffer first
+        out: list[RemotingCommand | FrameError] = []
+        fatal: FrameError | None = None
+        pos, end = 0, len(src)
+        with memoryview(src) as view:
+            while end - pos >= 4:
+                (length,) = _I32.unpack_from(view, pos)
+                if length < 4:
+                    fatal = FrameError(f"frame length {length} is too small")
+                    break
+                if length > self._max:
+                    fatal = FrameError(f"frame of {length} bytes exceeds the {self._max} byte limit")
+                    break
+                if end - pos - 4 < length:
+                    break
+                with view[pos + 4 : pos + 4 + length] as frame:
+                    pos += 4 + length
+                    try:
+                        out.append(decode_frame(frame))
+                    except FrameError as e:
+                        if e.fatal:
+                            fatal = e
+                            break
+                        out.append(e)
+            if src is not buf and pos < end:
+                buf += view[pos:]  # an incomplete frame's first bytes
+        if src is buf and pos:
             del buf[:pos]
+        if fatal is not None:
+            raise fatal
         return out
 
     @property
