@@ -342,11 +342,17 @@ class CappedBroker:
     def __init__(self, cap: int, lo: int = 0, hi: int = 10_000) -> None:
         self.cap, self.lo, self.hi = cap, lo, hi
         self.pulls: list[tuple[int, int]] = []
+        self.outstanding = self.peak = 0  # pulls in flight, now and at most
 
     async def pull(self, mq: object, offset: int, n: int, *, expression: str, raw: bool) -> PullResult:
         assert raw
         self.pulls.append((offset, n))
-        await asyncio.sleep(0)
+        self.outstanding += 1
+        self.peak = max(self.peak, self.outstanding)
+        try:
+            await asyncio.sleep(0)
+        finally:
+            self.outstanding -= 1
         if offset < self.lo:
             return PullResult(PullStatus.OFFSET_ILLEGAL, self.lo, self.lo, self.hi)
         upto = min(offset + n, offset + self.cap, self.hi)
@@ -374,8 +380,13 @@ def _read_offsets(consumer: CappedBroker, start: int, end: int, tags: str = "*",
 def test_range_batches_pipelined_pulls_read_each_offset_once(cap: int) -> None:
     c = CappedBroker(cap)
     assert _read_offsets(c, 7, 1000) == list(range(7, 1000))
-    if cap < 64:  # the broker answered fewer than asked: later windows shrink to what it answers
-        assert c.pulls[-1][1] <= cap
+    from chronomq.spark.io import MAX_PULLS_IN_FLIGHT, PULLS_IN_FLIGHT
+
+    if cap < 64:  # the broker answered fewer than asked: later windows shrink to what it answers, and
+        assert c.pulls[-1][1] <= cap  # more of them are in flight, as many messages as 3 full windows
+        assert c.peak == min(MAX_PULLS_IN_FLIGHT, PULLS_IN_FLIGHT * -(-64 // cap))
+    else:
+        assert c.peak == PULLS_IN_FLIGHT
     odd = CappedBroker(cap)
     assert _read_offsets(odd, 7, 300, tags="odd") == list(range(7, 300, 2))
     assert all(b[0] == a[0] + min(a[1], cap) for a, b in zip(odd.pulls, odd.pulls[1:], strict=False))

@@ -265,6 +265,9 @@ async def _next_or_none(it: AsyncIterator[T]) -> T | None:
 
 
 PULLS_IN_FLIGHT = 3  # pulls of one queue range outstanding at once (without a tag filter)
+# a broker that answers fewer messages a pull than asked (RocketMQ's maxTransferCountOnMessageInMemory, 32
+# by default) gets more pulls at once, up to this many, so as many messages are on their way
+MAX_PULLS_IN_FLIGHT = 24
 
 
 async def range_batches(consumer: Any, settings: ReadSettings, qr: QueueRange,
@@ -272,7 +275,8 @@ async def range_batches(consumer: Any, settings: ReadSettings, qr: QueueRange,
     """``read_range``'s batches, on the event loop. Without a tag filter, up to PULLS_IN_FLIGHT pulls of
     consecutive offset windows are outstanding while an answer is converted; an answer that ends before
     its window (a broker that returns fewer a pull, a gap) drops the pulls after it and the next ones start
-    where it ended. With a tag filter the broker decides where an answer ends: one pull at a time."""
+    where it ended; a broker that answers fewer than asked gets that many a pull and more pulls at once.
+    With a tag filter the broker decides where an answer ends: one pull at a time."""
     mq = MessageQueue(qr.topic, qr.broker, qr.queue_id)
     tags = tag_set(settings.tag_expression)
     depth = PULLS_IN_FLIGHT if tags is None else 1
@@ -325,6 +329,9 @@ async def range_batches(consumer: Any, settings: ReadSettings, qr: QueueRange,
             if nxt != offset + count:
                 if res.status == PullStatus.FOUND and offset < nxt < offset + count:
                     window = nxt - offset  # this broker answers at most that many a pull
+                    if tags is None:  # as many messages in flight as PULLS_IN_FLIGHT full-size pulls
+                        depth = min(MAX_PULLS_IN_FLIGHT,
+                                    PULLS_IN_FLIGHT * -(-settings.pull_batch_size // window))
                 replan(min(nxt, qr.end))
             fill()
             await asyncio.sleep(0)  # let the new pulls send their requests before this answer is converted
