@@ -28,11 +28,13 @@ lint: $(STAMP)
 # the pure pass run beside the suite gained nothing either; docs/testing.md). Tests sharing a module or
 # wider fixture stay on one worker (tests/conftest.py). `make test PYTEST_XDIST=` runs them in one process.
 PYTEST_XDIST ?= -n 2 --dist loadscope --no-loadscope-reorder
+# Every test's time and outcome also go to test-artifacts/suite.xml (JUnit XML), for a look at where a
+# run's time went beyond the ten slowest.
 test: $(STAMP)
 	$(BIN)/ruff check src tests bench scripts
 	$(BIN)/mypy
 	CHRONOMQ_PURE_PYTHON=1 $(BIN)/python -m pytest -q $(PYTEST_XDIST) tests/unit
-	$(BIN)/python -m pytest $(PYTEST_XDIST) --durations=10
+	$(BIN)/python -m pytest $(PYTEST_XDIST) --durations=10 --junitxml=test-artifacts/suite.xml
 
 clean:
 	rm -rf $(VENV) build *.egg-info src/*.egg-info
