@@ -6,7 +6,10 @@ offset over the round's N rows into a counting ``foreachBatch`` sink (rows/s fro
 last row), and the produce-to-sink latency of min(N, 50,000) rows written in ten Spark batch writes one
 second apart while a query from the latest offset collects each micro-batch's produce times (chronomq's
 ``born_timestamp``, Kafka's ``timestamp``, CreateTime: both set by the producer when it sends); a row's
-latency is the time its micro-batch reached the sink minus that time (p50 / p99 / max printed).
+latency is the time its micro-batch reached the sink minus that time (p50 / p99 / max printed). And, for
+chronomq alone (Kafka has no per-message delay), a delayed write: min(N, 20,000) rows written with a 5 s
+delay each (``delay_ms``) while a streaming query from the latest offset waits for them; printed: how long
+after its deliver time each row reached the sink, and how many were stored in their topic before it (0).
 
     .venv/bin/python bench/spark_io.py            # quick: 50,000 rows
     .venv/bin/python bench/spark_io.py --full     # 1,000,000 rows (about 1 GiB through the broker)
@@ -52,6 +55,10 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 os.environ["PYSPARK_PYTHON"] = sys.executable
 os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO / "src"), os.environ.get("PYTHONPATH")]))
+
+
+DELAYED_ROWS = 20_000  # rows of the delayed write (per round), each with a delay of DELAY_MS
+DELAY_MS = 5_000
 
 
 def cpu_seconds(pid: int | None) -> float | None:
@@ -174,13 +181,21 @@ def main() -> int:
         print(f"{system:8} streaming read from earliest: {rate:,.0f} rows/s (query start to the last row); "
               f"produce-to-sink latency over {len(lat):,} rows: p50 {statistics.median(lat):,.0f} ms, "
               f"p99 {pick:,.0f} ms, max {lat[-1]:,.0f} ms")
+    if "delayed_late_ms" in results:
+        late = sorted(results["delayed_late_ms"])
+        print(f"chronomq delayed write: {len(late):,} rows with a {DELAY_MS // 1000} s delay each, delivered "
+              f"to a streaming query's sink p50 {statistics.median(late):,.0f} ms, p99 "
+              f"{late[min(len(late) - 1, int(len(late) * 0.99))]:,.0f} ms, max {late[-1]:,.0f} ms after "
+              f"their deliver time; stored before it: {sum(results['delayed_early']):.0f} (no Kafka "
+              "counterpart)")
     for key, secs in broker_cpu.items():
         system, what = key.split("_")[:2]
         sec, wall = statistics.median(secs), statistics.median(results[key])
         print(f"{system} broker CPU during the {system} {what}: {sec:.2f} s of {wall:.2f} s wall, "
               f"{sec / rows * 1e6:.1f} us a message")
     print(json.dumps({"rows": rows, "master": "cluster" if a.cluster else master,
-                      **{k: [round(v, 3) for v in vs] for k, vs in results.items() if "latency" not in k}}))
+                      **{k: [round(v, 3) for v in vs] for k, vs in results.items()
+                         if "latency" not in k and "late_ms" not in k}}))
     return 0
 
 
@@ -305,9 +320,20 @@ def measure(spark: Any, namesrv: str, rows: int, size: int, repeat: int, work: P
             # offset hands each micro-batch to the sink; latency = the batch's sink time - the row's
             # produce time (chronomq's born timestamp, Kafka's CreateTime: both set by the producer)
             live = f"{topic}L{i}{system}"
-            lat = stream_latency(stream(live, "latest"), write, live, ts_col, min(rows, 50_000),
-                                 work / f"ckptl-{system}-{i}", df)
+            lat, _ = stream_latency(stream(live, "latest"), write, live, ts_col, min(rows, 50_000),
+                                    work / f"ckptl-{system}-{i}", df)
             results.setdefault(f"{system}_latency_ms", []).extend(lat)
+        # chronomq only (Kafka has no per-message delay): rows written with a 5 s delay each, one write,
+        # received by a streaming query; lateness = sink time - deliver time, and rows stored early
+        parked = f"{topic}D{i}"
+        t0 = time.perf_counter()
+        late, early = stream_latency(chronomq_stream(parked, "latest"), streams[0][2], parked, "deliver_time",
+                                     min(rows, DELAYED_ROWS), work / f"ckptd-{i}",
+                                     df.withColumn("delay_ms", F.lit(DELAY_MS)), chunks=1,
+                                     early_col="timestamp")
+        results.setdefault("delayed_s", []).append(time.perf_counter() - t0)
+        results.setdefault("delayed_late_ms", []).extend(late)
+        results.setdefault("delayed_early", []).append(early)
     return results, broker_cpu, load_before
 
 
@@ -338,22 +364,31 @@ def stream_until(frame: Any, rows: int, checkpoint: Path, on_batch: Callable[[An
 
 def stream_latency(frame: Any, write: Callable[[str, Any], Any], topic: str, ts_col: str,
                    rows: int, checkpoint: Path, source: Any, chunks: int = 10, pace_s: float = 1.0,
-                   timeout_s: float = 600) -> list[float]:
-    """Each row's produce-to-sink latency in ms: ``rows`` rows of ``source`` written to ``topic`` in
-    ``chunks`` batch writes, one every ``pace_s`` seconds, while a streaming query of ``frame`` (started
-    first, from the latest offset) collects, in each micro-batch, the rows' produce times (``ts_col``)."""
+                   timeout_s: float = 600, early_col: str | None = None) -> tuple[list[float], int]:
+    """Each row's latency at the sink in ms: ``rows`` rows of ``source`` written to ``topic`` in ``chunks``
+    batch writes, one every ``pace_s`` seconds, while a streaming query of ``frame`` (started first, from
+    the latest offset) collects, in each micro-batch, the rows' times ``ts_col`` (the produce time, or a
+    delayed row's deliver time); a row's latency is the time its micro-batch reached the sink minus that
+    time. With ``early_col`` also the count of rows whose ``early_col`` time (a delivered row's store
+    time in its topic) is before ``ts_col``'s."""
     from pyspark.sql import functions as F
 
     lat: list[float] = []
-    seen = [0]
+    seen = [0, 0]  # rows, early rows
 
     def sink(batch: Any, _batch_id: int) -> None:
-        ts = [r[0] for r in batch.select(F.unix_millis(F.col(ts_col)).alias("t")).collect()]
+        cols = [F.unix_millis(F.col(ts_col)).alias("t")]
+        if early_col is not None:
+            cols.append(F.unix_millis(F.col(early_col)).alias("e"))
+        got = batch.select(*cols).collect()
         now = time.time() * 1000
-        lat.extend(now - t for t in ts)
-        seen[0] += len(ts)
+        lat.extend(now - r[0] for r in got)
+        seen[0] += len(got)
+        if early_col is not None:
+            seen[1] += sum(1 for r in got if r[1] < r[0])
 
-    write(topic, source.limit(1))  # the topic exists before the query looks for it (1 row, not counted)
+    first = source.drop("delay_ms") if "delay_ms" in source.columns else source
+    write(topic, first.limit(1))  # the topic exists before the query looks for it (1 row, not counted)
     q = frame.writeStream.foreachBatch(sink).option("checkpointLocation", str(checkpoint)) \
         .trigger(processingTime="0 seconds").start()
     try:
@@ -375,7 +410,7 @@ def stream_latency(frame: Any, write: Callable[[str, Any], Any], topic: str, ts_
             time.sleep(0.05)
     finally:
         q.stop()
-    return lat
+    return lat, seen[1]
 
 
 if __name__ == "__main__":
