@@ -81,7 +81,8 @@ class IndexFile:
             if self.count <= 1:
                 self.slots = bytearray(self.slot_num * 4)  # a new file: all zeros
             else:
-                self.slots = bytearray(self.mm[HEADER_SIZE:self.entries_at])
+                with memoryview(self.mm) as view:  # one copy, not a bytes copy and then another
+                    self.slots = bytearray(view[HEADER_SIZE:self.entries_at])
         return self.slots
 
     def write_header(self) -> None:
