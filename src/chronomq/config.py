@@ -180,6 +180,13 @@ class BrokerConfig:
     aclFile: str = ""
     aclReplayWindowMs: int = 300_000  # a request signed with a Timestamp further away is refused
     aclRequireTimestamp: bool = False  # refuse requests without chronomq's Timestamp (RocketMQ's clients)
+    # ACL 2.0 (RocketMQ 5.3's keys; docs/acl.md): users and ACLs kept in authConfigPath
+    # ("": <storePathRootDir>/config/auth.json); the init user's JSON {"username","password"} is a Super user
+    authenticationEnabled: bool = False
+    authorizationEnabled: bool = False
+    initAuthenticationUser: str = ""
+    innerClientAuthenticationCredentials: str = ""  # {"accessKey","secretKey"}: also a Super user
+    authConfigPath: str = ""
     # transactions (RocketMQ's keys and defaults)
     rejectTransactionMessage: bool = False
     transactionTimeOut: int = 6000  # a half message undecided this long (ms) is checked
@@ -229,6 +236,11 @@ class BrokerConfig:
     @property
     def acl_path(self) -> Path:
         return Path(self.aclFile) if self.aclFile else Path(self.storePathRootDir) / "conf" / "plain_acl.yml"
+
+    @property
+    def auth_path(self) -> Path:
+        return Path(self.authConfigPath) if self.authConfigPath else (
+            Path(self.storePathRootDir) / "config" / "auth.json")
 
     @property
     def is_slave(self) -> bool:

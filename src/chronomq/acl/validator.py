@@ -19,7 +19,7 @@ import logging
 import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from chronomq.remoting.codes import RequestCode, ResponseCode
 from chronomq.remoting.signing import ACCESS_KEY, SIGNATURE, TIMESTAMP, signature
@@ -38,6 +38,14 @@ MAX_SEEN = 1_000_000
 
 class AclError(Exception):
     """A refused request; the text says why, never with a secret."""
+
+
+class Checker(Protocol):
+    """What the broker asks of its ACL (1.0's AclValidator, 2.0's Acl2Validator, or both chained)."""
+
+    refused: int
+
+    def check(self, code: int, ext: Mapping[str, Any], body: bytes | None, remote_ip: str) -> None: ...
 
 
 def _retry(group: Any) -> str | None:
@@ -204,7 +212,7 @@ class AclValidator:
                 raise AclError(f"No default permission for {what_res}")
 
 
-def refusal(validator: AclValidator | None, req: Any, remote_addr: str) -> Any:
+def refusal(validator: Checker | None, req: Any, remote_addr: str) -> Any:
     """The NO_PERMISSION answer to a request ``validator`` refuses (the reason as remark, and a log line
     naming the access key and address), or None when it passes or there is no validator. A oneway request
     gets no answer from the caller's server, but is refused all the same."""

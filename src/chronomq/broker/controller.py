@@ -115,6 +115,11 @@ class BrokerController:
                                                   config.aclReplayWindowMs, config.aclRequireTimestamp)
             except AclConfigError as e:
                 raise ConfigError(f"aclEnable: {e}") from None
+        if config.authenticationEnabled or config.authorizationEnabled:  # ACL 2.0, beside or instead of 1.0
+            from chronomq.acl.setup import acl2_validator
+
+            self.processor.acl = acl2_validator(config, self.processor.auth.auth_store, self.clock.now_ms,
+                                                self.processor.acl)
         self.server = RemotingServer(
             self.processor.handle,
             self.bind_host,

@@ -1,8 +1,8 @@
 """The broker's request dispatcher (docs/protocol.md#request-codes): ``BrokerProcessor`` joins the tables
 ``{request code: handler}`` of the processors in ``broker/processors/`` (send.py, reply.py, pull.py,
-client_manage.py, consumer_manage.py, admin.py, groups.py, broker_config.py, query.py, transaction.py) and
-of the timer codes 9001-9004 (``broker/timer_processor.py``) into one dispatch table; a code two of them
-register is refused when it is built.
+client_manage.py, consumer_manage.py, admin.py, groups.py, broker_config.py, query.py, transaction.py,
+auth.py) and of the timer codes 9001-9004 (``broker/timer_processor.py``) into one dispatch table; a
+code two of them register is refused when it is built.
 
 Most requests are answered inline (``handle_sync``: no task, no await). Two need to wait:
 - a PULL with the suspend flag and nothing to return: ``handle_sync`` returns None and the async
@@ -20,6 +20,7 @@ from chronomq.remoting.codes import RequestCode
 from chronomq.remoting.server import UnsupportedCode
 
 from .processors.admin import AdminProcessor
+from .processors.auth import AuthProcessor
 from .processors.base import Handler, RequestConnection, join_tables
 from .processors.broker_config import BrokerConfigProcessor
 from .processors.client_manage import ClientManageProcessor
@@ -32,7 +33,7 @@ from .processors.send import SendProcessor
 from .processors.transaction import TransactionProcessor
 
 if TYPE_CHECKING:
-    from chronomq.acl import AclValidator
+    from chronomq.acl.validator import Checker
 
     from .services import BrokerServices
     from .timer_processor import TimerProcessor
@@ -45,7 +46,7 @@ class BrokerProcessor:
     def __init__(self, services: BrokerServices, timers: TimerProcessor) -> None:
         self.services = services
         self.timers = timers
-        self.acl: AclValidator | None = None  # set when aclEnable (the controller loads the accounts)
+        self.acl: Checker | None = None  # set when aclEnable or ACL 2.0 (the controller loads the accounts)
         self.send = SendProcessor(services, timers)
         self.reply = ReplyProcessor(services, self.send)
         self.pull = PullProcessor(services)
@@ -56,9 +57,10 @@ class BrokerProcessor:
         self.groups = GroupProcessor(services)
         self.broker_config = BrokerConfigProcessor(services)
         self.transaction = TransactionProcessor(services)
+        self.auth = AuthProcessor(services)  # ACL 2.0 users and ACLs
         self._sync: dict[int, Handler] = join_tables([
             self.send, self.reply, self.pull, self.client_manage, self.consumer_manage, self.query,
-            self.admin, self.groups, self.broker_config, self.transaction, timers])
+            self.admin, self.groups, self.broker_config, self.transaction, self.auth, timers])
 
     def handler(self, code: int) -> Handler | None:
         """The handler of a request code, or None when no processor serves it."""

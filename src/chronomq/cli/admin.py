@@ -19,6 +19,7 @@ from typing import Any
 from chronomq.client import ClientError
 from chronomq.client.admin import NotANameServer
 
+from .admin_auth import add_auth_parsers, run_auth_verb
 from .admin_session import open_admin, targets
 from .admin_timer import add_timer_parsers, run_timer_verb, timer_stats_text
 from .output import AdminError, add_epoch_ms_arg, fmt_epoch_ms, fmt_ms, parse_time_ms, table, time_name
@@ -64,6 +65,8 @@ def _run_verb(args: argparse.Namespace) -> int:
     timer_exit = run_timer_verb(args)
     if timer_exit is not None:
         return timer_exit
+    if verb in ("user", "acl"):
+        return run_auth_verb(args)
     with open_admin(args) as admin:
         if verb == "delay-stats":
             for name, addr in targets(admin, args):
@@ -206,3 +209,4 @@ def add_admin_parsers(p: argparse.ArgumentParser) -> None:
                     help="move a queue only if that goes back (RocketMQ's force=false)")
     add_epoch_ms_arg(sp)
     add_timer_parsers(sub, common)
+    add_auth_parsers(sub, common)

@@ -66,6 +66,17 @@ class RequestCode(IntEnum):
     SEND_REPLY_MESSAGE = 324
     SEND_REPLY_MESSAGE_V2 = 325
     PUSH_REPLY_MESSAGE_TO_CLIENT = 326  # broker -> the requesting producer (request-reply)
+    # ACL 2.0 users and ACLs (RocketMQ 5.3)
+    AUTH_CREATE_USER = 3001
+    AUTH_UPDATE_USER = 3002
+    AUTH_DELETE_USER = 3003
+    AUTH_GET_USER = 3004
+    AUTH_LIST_USER = 3005
+    AUTH_CREATE_ACL = 3006
+    AUTH_UPDATE_ACL = 3007
+    AUTH_DELETE_ACL = 3008
+    AUTH_GET_ACL = 3009
+    AUTH_LIST_ACL = 3010
     # chronomq extensions (outside RocketMQ's used ranges)
     CHRONOMQ_DELAY_STATS = 9001
     CHRONOMQ_CANCEL_SCHEDULED = 9002
