@@ -13,6 +13,7 @@ from chronomq.acl.plain import PUB, SUB
 from chronomq.acl.validator import AclError
 from chronomq.acl.validator2 import Acl2Validator, admin_needs, from_need
 from chronomq.remoting.codes import RequestCode as R
+from chronomq.store.atomicfile import write_atomic
 
 
 def entry(res: str, actions: str, decision: str = "Allow", ips: str = "") -> Entry:
@@ -77,7 +78,7 @@ def test_needs_from_acl_1_resources_and_admin_codes():
 
 def test_the_store_file_is_rewritten_and_read_again(tmp_path: Path):
     path = tmp_path / "config" / "auth.json"
-    s = AuthStore(path)
+    s = AuthStore(path, write_atomic)
     s.create_user({"username": "alice", "password": "pw-alice"})
     with pytest.raises(AuthError, match="The user is existed"):
         s.create_user({"username": "alice", "password": "x"})
@@ -90,7 +91,7 @@ def test_the_store_file_is_rewritten_and_read_again(tmp_path: Path):
     s.update_acl("User:alice", parse_policies({"policies": [{"entries": [
         {"resource": "Group:g1", "actions": ["Sub"], "decision": "Allow"}]}]}))
     assert not path.with_name("auth.json.tmp").exists()
-    again = AuthStore(path)
+    again = AuthStore(path, write_atomic)
     assert again.users["alice"].password == "pw-alice" and again.users["alice"].user_type == "Normal"
     saved = json.loads(path.read_text())["acls"][0]["policies"][0]["entries"][0]
     assert saved == {"resource": "Topic:orders-*", "actions": ["Pub"], "sourceIps": ["127.0.0.0/8"],
@@ -101,16 +102,16 @@ def test_the_store_file_is_rewritten_and_read_again(tmp_path: Path):
 
     assert keys(again) == ["Topic:orders-*", "Group:g1"]
     again.delete_acl("User:alice", None, "Group:g1")
-    assert keys(AuthStore(path)) == ["Topic:orders-*"]
+    assert keys(AuthStore(path, write_atomic)) == ["Topic:orders-*"]
     again.delete_user("alice")  # its ACL goes with it
-    assert AuthStore(path).users == {} and AuthStore(path).acls == {}
+    assert AuthStore(path, write_atomic).users == {} and AuthStore(path, write_atomic).acls == {}
     path.write_text("{oops")
     with pytest.raises(AuthError, match="cannot be used"):
-        AuthStore(path)
+        AuthStore(path, write_atomic)
 
 
 def test_the_check_authenticates_then_authorizes(tmp_path: Path):
-    s = AuthStore(tmp_path / "auth.json")
+    s = AuthStore(tmp_path / "auth.json", write_atomic)
     s.create_user({"username": "root", "password": "root-pw", "userType": "Super"})
     s.create_user({"username": "alice", "password": "pw"})
     s.create_acl("User:alice", parse_policies({"policies": [{"entries": [

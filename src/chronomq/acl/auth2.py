@@ -16,12 +16,10 @@ from __future__ import annotations
 
 import ipaddress
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-
-from chronomq.store.atomicfile import write_atomic
 
 ACTIONS = ("All", "Any", "Pub", "Sub", "Create", "Update", "Delete", "Get", "List")
 RESOURCE_TYPES = ("Any", "Cluster", "Namespace", "Topic", "Group")
@@ -208,10 +206,12 @@ def merge(old: Acl, policies: Mapping[str, list[Entry]]) -> None:
 
 
 class AuthStore:
-    """Users and ACLs, kept in one JSON file (read at start, rewritten atomically on every change)."""
+    """Users and ACLs, kept in one JSON file (read at start, rewritten on every change by ``write``: the
+    broker's atomic write, temp + fsync + rename)."""
 
-    def __init__(self, path: str | Path) -> None:
+    def __init__(self, path: str | Path, write: Callable[[Path, bytes], None]) -> None:
         self.path = Path(path)
+        self._write = write
         self.users: dict[str, User] = {}
         self.acls: dict[str, Acl] = {}
         if self.path.exists():
@@ -231,7 +231,7 @@ class AuthStore:
     def save(self) -> None:
         doc = {"users": [u.to_json() for u in self.users.values()],
                "acls": [a.to_json() for a in self.acls.values()]}
-        write_atomic(self.path, json.dumps(doc, indent=1).encode("utf-8"))
+        self._write(self.path, json.dumps(doc, indent=1).encode("utf-8"))
         try:
             self.path.chmod(0o600)  # it holds passwords
         except OSError:

@@ -8,14 +8,14 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from chronomq.config import BrokerConfig, ConfigError
-
 from .auth2 import SUPER, AuthError, AuthStore
+from .plain import AclConfigError
 from .validator import Checker
 from .validator2 import Acl2Validator, ChainValidator
 
 
-def init_users(config: BrokerConfig, store: AuthStore) -> None:
+def init_users(config: Any, store: AuthStore) -> None:
+    """Raises AclConfigError naming the key."""
     for key, user_key, pass_key in (("initAuthenticationUser", "username", "password"),
                                     ("innerClientAuthenticationCredentials", "accessKey", "secretKey")):
         text = getattr(config, key)
@@ -25,15 +25,15 @@ def init_users(config: BrokerConfig, store: AuthStore) -> None:
             doc = json.loads(text)
             name, password = str(doc[user_key]), str(doc[pass_key])
         except (ValueError, KeyError, TypeError):
-            raise ConfigError(f"{key}: expected JSON with {user_key!r} and {pass_key!r}") from None
+            raise AclConfigError(f"{key}: expected JSON with {user_key!r} and {pass_key!r}") from None
         if name not in store.users:
             try:
                 store.create_user({"username": name, "password": password, "userType": SUPER})
             except AuthError as e:
-                raise ConfigError(f"{key}: {e}") from None
+                raise AclConfigError(f"{key}: {e}") from None
 
 
-def acl2_validator(config: BrokerConfig, store: AuthStore, now_ms: Callable[[], int],
+def acl2_validator(config: Any, store: AuthStore, now_ms: Callable[[], int],
                    acl1: Checker | None) -> Any:
     init_users(config, store)
     v2 = Acl2Validator(store, now_ms, authentication=config.authenticationEnabled,

@@ -39,7 +39,8 @@ def from_need(need: Mapping[str, int]) -> list[Need]:
     out: list[Need] = []
     for res, perm in need.items():
         if res.startswith(RETRY_PREFIX):
-            out.append(("Group", res[len(RETRY_PREFIX):], "Sub"))
+            if res != RETRY_PREFIX:  # a blank group (a producer's unregister) is not checked, as in RocketMQ
+                out.append(("Group", res[len(RETRY_PREFIX):], "Sub"))
             continue
         if perm & PUB:
             out.append(("Topic", res, "Pub"))

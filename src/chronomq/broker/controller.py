@@ -116,10 +116,14 @@ class BrokerController:
             except AclConfigError as e:
                 raise ConfigError(f"aclEnable: {e}") from None
         if config.authenticationEnabled or config.authorizationEnabled:  # ACL 2.0, beside or instead of 1.0
+            from chronomq.acl import AclConfigError
             from chronomq.acl.setup import acl2_validator
 
-            self.processor.acl = acl2_validator(config, self.processor.auth.auth_store, self.clock.now_ms,
-                                                self.processor.acl)
+            try:
+                self.processor.acl = acl2_validator(config, self.processor.auth.auth_store, self.clock.now_ms,
+                                                    self.processor.acl)
+            except (AclConfigError, ValueError) as e:  # the init users' JSON, an unreadable auth.json
+                raise ConfigError(f"ACL 2.0: {e}") from None
         self.server = RemotingServer(
             self.processor.handle,
             self.bind_host,

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from chronomq.remoting.codec import RemotingCommand
 from chronomq.remoting.codes import RequestCode, ResponseCode
 from chronomq.remoting.signing import ACCESS_KEY
+from chronomq.store.atomicfile import write_atomic
 
 from .base import Handler, ProcessorBase, RequestConnection
 
@@ -45,7 +46,7 @@ class AuthProcessor(ProcessorBase):
     @property
     def auth_store(self) -> AuthStore:
         if self._store is None:
-            self._store = _a().AuthStore(self.config.auth_path)
+            self._store = _a().AuthStore(self.config.auth_path, write_atomic)
         return self._store
 
     def handlers(self) -> dict[int, Handler]:
