@@ -250,8 +250,8 @@ class BrokerController:
         port = self.config.grpcListenPort
         if port < 0:
             return
-        if self.config.aclEnable:
-            log.error("gRPC endpoint: off, because aclEnable is on and the 5.x endpoint does not check "
+        if self.config.aclEnable or self.config.authenticationEnabled or self.config.authorizationEnabled:
+            log.error("gRPC endpoint: off, because an ACL is on and the 5.x endpoint does not check "
                       "accounts yet (set grpcListenPort=-1 to silence this)")
             return
         try:
