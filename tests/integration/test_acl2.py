@@ -15,18 +15,18 @@ from chronomq.broker.controller import BrokerController
 from chronomq.cli.admin import add_admin_parsers, run_admin
 from chronomq.client import Admin, Message, NotPermitted, Producer, SimpleConsumer
 from chronomq.clock import VirtualClock
-from chronomq.config import BrokerConfig
+from chronomq.config import BrokerConfig, ConfigError
 from chronomq.namesrv.server import NameServer
 from tests.conftest import free_port
 
 ROOT = ("root", "root-secret")
 
 
-def _broker(tmp_path: Path, ns: NameServer, clock: VirtualClock, port: int) -> BrokerController:
+def _broker(tmp_path: Path, ns: NameServer, clock: VirtualClock, port: int, **keys: str) -> BrokerController:
     values = {"storePathRootDir": str(tmp_path), "listenPort": str(port), "haListenPort": str(free_port()),
               "namesrvAddr": ns.address, "metricsPort": "-1", "authenticationEnabled": "true",
               "authorizationEnabled": "true",
-              "initAuthenticationUser": '{"username": "root", "password": "root-secret"}'}
+              "initAuthenticationUser": '{"username": "root", "password": "root-secret"}', **keys}
     config, _ = BrokerConfig.load(None, values)
     return BrokerController(config, clock, local_register=ns.routes.register_broker)
 
@@ -114,3 +114,37 @@ async def test_users_and_acls_through_the_admin_codes_decide_what_clients_may_do
     finally:
         await b.shutdown()
         await ns.stop()
+
+
+async def test_only_a_super_user_makes_a_super_user(tmp_path: Path):
+    """With authentication alone every signed user may call the admin codes (as in RocketMQ), but a Super
+    user is made, changed or deleted only by a Super user."""
+    clock = VirtualClock()
+    ns = NameServer("127.0.0.1", free_port(), clock)
+    await ns.start()
+    b = _broker(tmp_path, ns, clock, free_port(), authorizationEnabled="false")
+    await b.start()
+    try:
+        addr = b.server.address
+        async with Admin(ns.address, credentials=ROOT, clock=clock) as root:
+            await root.create_user(addr, "alice", "alice-pw")
+            async with Admin(ns.address, credentials=("alice", "alice-pw"), clock=clock) as alice:
+                with pytest.raises(NotPermitted, match="The super user can only be create by super user"):
+                    await alice.create_user(addr, "mallory", "mallory-pw", "Super")
+                with pytest.raises(NotPermitted, match="The super user can only be update by super user"):
+                    await alice.delete_user(addr, "root")
+                await alice.create_user(addr, "carol", "carol-pw")  # a Normal user: allowed
+            await root.create_user(addr, "admin2", "admin2-pw", "Super")
+            assert {u["username"]: u["userType"] for u in await root.list_users(addr)} == {
+                "root": "Super", "alice": "Normal", "carol": "Normal", "admin2": "Super"}
+            with pytest.raises(NotPermitted, match="The user is existed"):
+                await root.create_user(addr, "alice", "again")
+    finally:
+        await b.shutdown()
+        await ns.stop()
+
+
+def test_a_bad_init_user_stops_the_broker(tmp_path: Path):
+    ns = NameServer("127.0.0.1", free_port(), VirtualClock())
+    with pytest.raises(ConfigError, match="initAuthenticationUser: expected JSON with 'username'"):
+        _broker(tmp_path, ns, VirtualClock(), free_port(), initAuthenticationUser="root:secret")
