@@ -138,3 +138,25 @@ def test_the_check_authenticates_then_authorizes(tmp_path: Path):
     # authorization alone: the AccessKey names the user, the signature is not checked
     v2 = Acl2Validator(s, lambda: 0, authentication=False)
     v2.authorize("root", "127.0.0.1", lambda secret: False, lambda: {"t": PUB})
+
+
+def test_both_acls_on_a_request_must_pass_each(tmp_path: Path):
+    import yaml
+
+    from chronomq.acl.validator import AclValidator
+    from chronomq.acl.validator2 import ChainValidator
+
+    plain = tmp_path / "plain_acl.yml"
+    plain.write_text(yaml.safe_dump({"accounts": [
+        {"accessKey": "alice00", "secretKey": "secret00", "defaultTopicPerm": "PUB"}]}))
+    s = AuthStore(tmp_path / "auth.json", write_atomic)
+    s.create_user({"username": "alice00", "password": "secret00"})
+    s.create_acl("User:alice00", parse_policies({"policies": [{"entries": [
+        {"resource": "Topic:orders-*", "actions": ["Pub"], "decision": "Allow"}]}]}))
+    chain = ChainValidator([AclValidator(plain, lambda: 0), Acl2Validator(s, lambda: 0)])
+    ok = lambda secret: secret == "secret00"  # noqa: E731
+    chain.authorize("alice00", "127.0.0.1", ok, lambda: {"orders-1": PUB})
+    with pytest.raises(AclError, match=r"Topic:audit \(Pub\) from 127\.0\.0\.1, no matched"):  # 2.0 refuses
+        chain.authorize("alice00", "127.0.0.1", ok, lambda: {"audit": PUB})
+    with pytest.raises(AclError, match="No default permission for topic:orders-1"):  # 1.0 refuses
+        chain.authorize("alice00", "127.0.0.1", ok, lambda: {"orders-1": SUB})

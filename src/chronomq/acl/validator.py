@@ -47,6 +47,10 @@ class Checker(Protocol):
 
     def check(self, code: int, ext: Mapping[str, Any], body: bytes | None, remote_ip: str) -> None: ...
 
+    def authorize(self, access_key: str | None, remote_ip: str, verify: Callable[[str], bool],
+                  need: Callable[[], Mapping[str, int]], admin: bool = False,
+                  what: str = "this request") -> None: ...
+
 
 def _retry(group: Any) -> str | None:
     return None if group is None else RETRY_PREFIX + str(group)

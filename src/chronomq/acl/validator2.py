@@ -136,7 +136,11 @@ class ChainValidator:
         for v in self.validators:
             v.check(code, ext, body, remote_ip)
 
-    def authorize(self, *args: Any, **kw: Any) -> None:
+    def authorize(self, access_key: str | None, remote_ip: str, verify: Callable[[str], bool],
+                  need: Callable[[], Mapping[str, int]], admin: bool = False, what: str = "this request",
+                  *, actions: Sequence[Need] = ()) -> None:
         for v in self.validators:
-            v.authorize(*args, **({k: x for k, x in kw.items() if k != "actions"} if not hasattr(
-                v, "store") else kw))
+            if isinstance(v, Acl2Validator):
+                v.authorize(access_key, remote_ip, verify, need, admin, what, actions=actions)
+            else:
+                v.authorize(access_key, remote_ip, verify, need, admin, what)
