@@ -245,14 +245,11 @@ class BrokerController:
                       "answer SLAVE_NOT_AVAILABLE", self.bind_host, self.config.ha_port, e)
 
     async def _start_grpc(self) -> None:
-        """The 5.x endpoint on grpcListenPort; off at -1, without grpcio/protobuf, or with aclEnable (it has
-        no authentication yet). A port that cannot be bound is logged, not fatal."""
+        """The 5.x endpoint on grpcListenPort; off at -1 or without grpcio/protobuf. With an ACL on, every
+        call is checked against the same accounts (grpc/auth.py). A port that cannot be bound is logged,
+        not fatal."""
         port = self.config.grpcListenPort
         if port < 0:
-            return
-        if self.config.aclEnable or self.config.authenticationEnabled or self.config.authorizationEnabled:
-            log.error("gRPC endpoint: off, because an ACL is on and the 5.x endpoint does not check "
-                      "accounts yet (set grpcListenPort=-1 to silence this)")
             return
         try:
             from chronomq.grpc import GrpcServer, MessagingService
@@ -263,6 +260,12 @@ class BrokerController:
         from .inproc import LocalCalls
 
         svc = MessagingService(self.services, LocalCalls(self.processor), (self.config.brokerIP1, port))
+        if self.processor.acl is not None:
+            from chronomq.grpc.auth import Guard
+
+            svc.guard = Guard(self.processor.acl, self.clock.now_ms,
+                              require_date_time=self.config.aclRequireTimestamp,
+                              window_ms=self.config.aclReplayWindowMs)
         server = GrpcServer(svc, self.bind_host, port)
         try:
             await server.start()

@@ -34,10 +34,15 @@ MAX_MESSAGE_BYTES = 130 * 1024 * 1024  # a 5.x client allows bodies up to 128 Mi
 UnaryFn = Callable[[Any, grpc.aio.ServicerContext], Awaitable[Any]]
 
 
-def _unary(fn: UnaryFn, req_type: Any, resp_type: Any) -> grpc.RpcMethodHandler:
+def _unary(
+    svc: MessagingService, rpc: str, fn: UnaryFn, req_type: Any, resp_type: Any
+) -> grpc.RpcMethodHandler:
     """``fn`` served for requests of the generated message class ``req_type`` (the generated classes read
-    as Any), answering ``resp_type``."""
+    as Any), answering ``resp_type``, once the accounts' check (``svc.refused``) lets the call through."""
     async def call(req: Any, ctx: grpc.aio.ServicerContext) -> Any:
+        refused = svc.refused(rpc, req, ctx)
+        if refused is not None:
+            return resp_type(status=refused)
         try:
             return await fn(req, ctx)
         except Refused as e:
@@ -78,7 +83,7 @@ class _Handler(grpc.GenericRpcHandler):
             "RecallMessage": (svc.recall_message, pb.RecallMessageRequest, pb.RecallMessageResponse),
         }
         self.methods: dict[str, grpc.RpcMethodHandler] = {
-            f"/{SERVICE}/{name}": _unary(*spec) for name, spec in unary.items()
+            f"/{SERVICE}/{name}": _unary(svc, name, *spec) for name, spec in unary.items()
         }
         self.methods[f"/{SERVICE}/ReceiveMessage"] = grpc.unary_stream_rpc_method_handler(
             svc.receive_message,

@@ -31,6 +31,7 @@ from chronomq.store.types import GetStatus
 
 from . import convert
 from ._proto import rocketmq_v2_pb2 as pb
+from .auth import Guard
 from .convert import BadMessage, Receipt, status
 from .pop import MAX_INFLIGHT_PER_QUEUE, AckOutcome, PopTable, QueueState
 from .telemetry import TelemetryChannel
@@ -127,6 +128,7 @@ class MessagingService:
         self.pop = PopTable(services.offsets.path.parent)  # beside consumerOffset.json
         # grpc's peer() -> the client's address: the server's front relays every connection from 127.0.0.1
         self.peer_of: Callable[[str], str] = lambda peer: peer
+        self.guard: Guard | None = None  # the accounts' check, when an ACL is on
         for (group, topic, q), st in self.pop.queues.items():  # consumerOffset.json may be older
             services.offsets.commit(group, topic, q, st.committed)
         self.clients: dict[str, ClientRecord] = {}
@@ -142,6 +144,14 @@ class MessagingService:
     def _client_peer(self, ctx: grpc.aio.ServicerContext) -> str:
         """The client's address as grpc writes a peer (ipv4:host:port), not the front's relay."""
         return self.peer_of(ctx.peer() or "")
+
+    def refused(self, rpc: str, req: Any, ctx: grpc.aio.ServicerContext) -> pb.Status | None:
+        """UNAUTHORIZED when the guard refuses the call (``req`` None: its credentials only), else None."""
+        if self.guard is None:
+            return None
+        peer = self._client_peer(ctx)
+        reason = self.guard.refusal(rpc, req, _metadata(ctx), _peer(peer)[0], peer)
+        return None if reason is None else status(pb.UNAUTHORIZED, reason)
 
     # --- shared checks -------------------------------------------------------------------------------------
     def _topic(self, name: str, *, create: bool = False) -> TopicConfig:
@@ -255,6 +265,10 @@ class MessagingService:
         registers it for transaction checks); other commands from the client (stack traces, verify
         results) need no answer. The server's own commands (transaction checks) go out on the same
         stream. It stays open until the client ends it or the server stops."""
+        refused = self.refused("Telemetry", None, ctx)
+        if refused is not None:
+            yield pb.TelemetryCommand(status=refused)
+            return
         peer = self._client_peer(ctx)
         channel = TelemetryChannel(_metadata(ctx).get("x-mq-client-id", "") or peer, peer)
         reader = asyncio.ensure_future(self._read_telemetry(requests, ctx, channel))
@@ -276,6 +290,10 @@ class MessagingService:
         try:
             async for cmd in requests:
                 if cmd.WhichOneof("command") != "settings":
+                    continue
+                refused = self.refused("Telemetry", cmd, ctx)
+                if refused is not None:
+                    channel.put(pb.TelemetryCommand(status=refused))
                     continue
                 s = cmd.settings
                 group = s.subscription.group.name if s.HasField("subscription") else ""
@@ -455,6 +473,10 @@ class MessagingService:
     async def receive_message(
         self, req: pb.ReceiveMessageRequest, ctx: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.ReceiveMessageResponse]:
+        refused = self.refused("ReceiveMessage", req, ctx)
+        if refused is not None:
+            yield pb.ReceiveMessageResponse(status=refused)
+            return
         try:
             msgs = await self._receive(req, ctx)
         except Refused as e:
