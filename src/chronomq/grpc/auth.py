@@ -141,16 +141,19 @@ class Guard:
         return verify
 
     def refusal(self, rpc: str, req: Any, metadata: Mapping[str, str], ip: str, peer: str) -> str | None:
-        header = metadata.get(AUTHORIZATION, "")
         ak: str | None = None
+        sig, bad_header = "", ""
+        if metadata.get(AUTHORIZATION):
+            try:
+                ak, sig = parse_authorization(metadata[AUTHORIZATION])
+            except AclError as e:  # refused below, unless the address is globally white
+                bad_header = str(e)
         try:
-            sig = ""
-            if header:
-                ak, sig = parse_authorization(header)
             self.acl.authorize(ak, ip, self._verify(metadata.get(DATE_TIME, ""), sig),
                                lambda: need(rpc, req) if req is not None else {}, False, rpc)
         except AclError as e:
             self.acl.refused += 1
-            log.warning("ACL: refused %s from %s (AccessKey %s): %s", rpc, peer, ak or "-", e)
-            return str(e)
+            reason = bad_header or str(e)
+            log.warning("ACL: refused %s from %s (AccessKey %s): %s", rpc, peer, ak or "-", reason)
+            return reason
         return None

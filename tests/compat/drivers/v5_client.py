@@ -25,11 +25,18 @@ receive: group, topic, expect (stop after this many acked messages), invisible_s
   -> {"messages": [{topic, message_id, body, tag, keys, props, attempt, group, delivery_ms, asked_ms (just
        before the receive call that got it), received_ms, acked, ack_ms (just before the ack was sent),
        change_ms (just before the change was sent), stale_ack}], "errors": [..]}
+auth: topic, group: a Producer starts and sends one message, then a SimpleConsumer starts, receives it (up to
+  deadline_s, default 20) and acks it; each step that fails is reported and the ones after it skipped
+  -> {"steps": {producer_start, send, consumer_start, receive, ack: "ok" | "<error>" | "skipped"}}
+Every mode: access_key and secret_key (the client's Credentials, default none), tls (bool: the client's
+tls_enable), ca_file (a PEM file the client is to trust for TLS, as GRPC_DEFAULT_SSL_ROOTS_FILE_PATH: the
+client verifies the server against the default roots).
 """
 
 from __future__ import annotations
 
 import copy
+import os
 import time
 from typing import Any
 
@@ -220,11 +227,56 @@ def receive(args: dict[str, Any], cfg: Any) -> dict[str, Any]:
     return {"messages": out, "errors": errors}
 
 
+def auth(args: dict[str, Any], cfg: Any) -> dict[str, Any]:
+    from rocketmq import FilterExpression, Message, Producer, SimpleConsumer
+
+    tls, topic = bool(args.get("tls")), args["topic"]
+    steps = dict.fromkeys(("producer_start", "send", "consumer_start", "receive", "ack"), "skipped")
+
+    def step(name: str, fn: Any) -> Any:
+        try:
+            out = fn()
+            steps[name] = "ok"
+            return out
+        except Exception as e:
+            steps[name] = f"{type(e).__name__}: {e}"[:500]
+            return None
+
+    producer = Producer(cfg, (topic,), tls_enable=tls)
+    step("producer_start", producer.startup)
+    if steps["producer_start"] == "ok":
+        m = Message()
+        m.topic, m.body = topic, b"auth"
+        step("send", lambda: producer.send(m))
+    producer.shutdown()
+    consumer = SimpleConsumer(cfg, args["group"], {topic: FilterExpression("*")}, await_duration=1,
+                              tls_enable=tls)
+    step("consumer_start", consumer.startup)
+    if steps["consumer_start"] == "ok":
+        deadline = time.monotonic() + float(args.get("deadline_s", 20))
+
+        def first() -> Any:
+            while time.monotonic() < deadline:
+                got = consumer.receive(1, 10)
+                if got:
+                    return got[0]
+            raise TimeoutError("nothing received")
+
+        got = step("receive", first)
+        if got is not None:
+            step("ack", lambda: consumer.ack(got))
+        consumer.shutdown()
+    return {"steps": steps}
+
+
 def main() -> None:
     args = load_args(("endpoint", "mode"))
+    if args.get("ca_file"):
+        os.environ["GRPC_DEFAULT_SSL_ROOTS_FILE_PATH"] = args["ca_file"]  # read when grpc loads its roots
     from rocketmq import ClientConfiguration, Credentials
 
-    cfg = ClientConfiguration(args["endpoint"], Credentials())
+    cfg = ClientConfiguration(args["endpoint"], Credentials(args.get("access_key", ""),
+                                                            args.get("secret_key", "")))
     if args["mode"] == "produce":
         emit(produce(args, cfg))
     elif args["mode"] == "transaction":
@@ -233,6 +285,8 @@ def main() -> None:
         emit(push(args, cfg))
     elif args["mode"] == "receive":
         emit(receive(args, cfg))
+    elif args["mode"] == "auth":
+        emit(auth(args, cfg))
     else:
         fail(f"unknown mode {args['mode']!r}")
 

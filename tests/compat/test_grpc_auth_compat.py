@@ -1,0 +1,90 @@
+"""Credentials on the 5.x endpoint with the official Python 5.x client (rocketmq-python-client), unchanged:
+with aclEnable, the right access key and secret are served (route, send, heartbeat, assignment-free
+receive and ack over plaintext and TLS), a wrong secret and no credentials are refused on every RPC the
+client makes; then, with tlsServerMode=enforcing, TLS is served and plaintext refused. One broker for the
+module (restarted once to change the TLS mode)."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.compat.harness import ChronomqProcess, free_port, grpc5_python, run_driver
+from tests.compat.test_grpc_compat import create_topic
+
+pytestmark = pytest.mark.compat
+
+TOPIC, GROUP = "AuthTopic", "AuthGroup"
+ACL = f"""
+accounts:
+  - accessKey: grpcUser01
+    secretKey: grpcSecret01
+    defaultTopicPerm: DENY
+    defaultGroupPerm: DENY
+    topicPerms:
+      - {TOPIC}=PUB|SUB
+    groupPerms:
+      - {GROUP}=SUB
+"""
+RIGHT = {"access_key": "grpcUser01", "secret_key": "grpcSecret01"}
+STEPS = ("producer_start", "send", "consumer_start", "receive", "ack")
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ChronomqProcess]:
+    grpc5_python()
+    tmp = tmp_path_factory.mktemp("grpc_auth")
+    (tmp / "acl.yml").write_text(ACL)
+    port = free_port()
+    p = ChronomqProcess(tmp / "data", {"grpcListenPort": str(port), "minInvisibleTimeMillsForRecv": "1000"})
+    p.start()
+    try:
+        create_topic(p, TOPIC)  # before the ACL is on: the topic is made with an unsigned admin request
+        p.stop(timeout=30)
+        p.overrides.update({"aclEnable": "true", "aclFile": str(tmp / "acl.yml")})
+        p.start()
+        p.grpc_endpoint = f"127.0.0.1:{port}"  # type: ignore[attr-defined]
+        yield p
+    finally:
+        p.stop(timeout=30)
+
+
+def probe(server: ChronomqProcess, **args: Any) -> dict[str, str]:
+    endpoint = server.grpc_endpoint  # type: ignore[attr-defined]
+    out = run_driver("v5_client", {"endpoint": endpoint, "mode": "auth", "topic": TOPIC, "group": GROUP,
+                                   **args}, timeout=120)
+    return out["steps"]
+
+
+def refused_rpcs(server: ChronomqProcess, start: int) -> set[str]:
+    return set(re.findall(r"ACL: refused (\w+) from", server.log_tail(1_000_000)[start:]))
+
+
+def test_right_credentials_are_served_wrong_and_none_refused_on_every_rpc(server: ChronomqProcess) -> None:
+    mark = len(server.log_tail(1_000_000))
+    steps = probe(server, **RIGHT)
+    assert steps == dict.fromkeys(STEPS, "ok")
+    assert refused_rpcs(server, mark) == set()  # nor its heartbeats, settings, ...
+    for creds in ({"access_key": "grpcUser01", "secret_key": "not-the-secret"}, {}):
+        mark = len(server.log_tail(1_000_000))
+        steps = probe(server, **creds, deadline_s=3)
+        # the client asks for the route first and stops there: nothing else reaches the endpoint
+        assert "route" in steps["send"] and "route" in steps["receive"] and steps["ack"] == "skipped", steps
+        assert refused_rpcs(server, mark) == {"QueryRoute"}
+        log = server.log_tail(1_000_000)[mark:]
+        assert "grpcSecret01" not in log and "not-the-secret" not in log
+
+
+def test_tls_with_credentials_in_permissive_then_enforcing_refuses_plaintext(server: ChronomqProcess) -> None:
+    ca = str(Path(server.data_dir) / "tls" / "selfsigned.crt")
+    assert probe(server, **RIGHT, tls=True, ca_file=ca) == dict.fromkeys(STEPS, "ok")
+    server.stop(timeout=30)
+    server.overrides["tlsServerMode"] = "enforcing"
+    server.start()
+    assert probe(server, **RIGHT, tls=True, ca_file=ca) == dict.fromkeys(STEPS, "ok")
+    steps = probe(server, **RIGHT, deadline_s=3)
+    assert steps["send"] != "ok" and steps["receive"] != "ok", steps
