@@ -13,7 +13,8 @@ from typing import Any
 
 import pytest
 
-from tests.compat.harness import ChronomqProcess, free_port, grpc5_python, run_driver
+from tests.compat.harness import ChronomqProcess, CompatUnavailable, free_port, grpc5_python, run_driver
+from tests.compat.observe import b64
 from tests.compat.test_grpc_compat import create_topic
 
 pytestmark = pytest.mark.compat
@@ -88,3 +89,33 @@ def test_tls_with_credentials_in_permissive_then_enforcing_refuses_plaintext(ser
     assert probe(server, **RIGHT, tls=True, ca_file=ca) == dict.fromkeys(STEPS, "ok")
     steps = probe(server, **RIGHT, deadline_s=3)
     assert steps["send"] != "ok" and steps["receive"] != "ok", steps
+
+
+def test_java_client_with_right_wrong_and_no_credentials(server: ChronomqProcess) -> None:
+    """The Java 5.x client over TLS (its default; the broker is in enforcing mode when the test above ran
+    first): sends and receives with the right key, and cannot start with a wrong one or none."""
+    from tests.compat.jvm import java_driver
+
+    try:
+        java_driver("java5")
+    except CompatUnavailable as e:
+        pytest.skip(str(e))
+    ep = server.grpc_endpoint  # type: ignore[attr-defined]
+    right = {"accessKey": RIGHT["access_key"], "secretKey": RIGHT["secret_key"]}
+    mark = len(server.log_tail(1_000_000))
+    sent = run_driver("java5:produce", {"endpoint": ep, "topics": [TOPIC], **right, "messages": [
+        {"topic": TOPIC, "body": b64(f"j{i}"), "keys": [f"J{i}"]} for i in range(2)]}, timeout=120)
+    assert [r["ok"] for r in sent["results"]] == [True, True], sent
+    got = run_driver("java5:simple_consume", {"endpoint": ep, "group": GROUP, "topic": TOPIC, **right,
+                                              "expect": 2, "maxSeconds": 30}, timeout=120)
+    assert got["acked"] >= 2, got
+    assert refused_rpcs(server, mark) == set()
+    for creds in ({"accessKey": RIGHT["access_key"], "secretKey": "not-the-secret"}, {}):
+        mark = len(server.log_tail(1_000_000))
+        sent = run_driver("java5:produce", {"endpoint": ep, "topics": [TOPIC], **creds, "messages": [
+            {"topic": TOPIC, "body": b64("x"), "keys": ["X"]}]}, timeout=120)
+        assert sent["startError"]["code"] == 40100 and sent["results"] == [], sent  # UnauthorizedException
+        got = run_driver("java5:simple_consume", {"endpoint": ep, "group": GROUP, "topic": TOPIC, **creds,
+                                                  "expect": 1, "maxSeconds": 5}, timeout=120)
+        assert got["startError"]["code"] == 40100 and got["records"] == [], got
+        assert "QueryRoute" in refused_rpcs(server, mark)

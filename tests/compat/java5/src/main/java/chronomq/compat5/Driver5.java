@@ -20,6 +20,8 @@ import java.util.concurrent.ConcurrentHashMap;
 import java.util.regex.Matcher;
 import java.util.regex.Pattern;
 import org.apache.rocketmq.client.apis.ClientConfiguration;
+import org.apache.rocketmq.client.apis.ClientConfigurationBuilder;
+import org.apache.rocketmq.client.apis.StaticSessionCredentialsProvider;
 import org.apache.rocketmq.client.apis.ClientException;
 import org.apache.rocketmq.client.apis.ClientServiceProvider;
 import org.apache.rocketmq.client.apis.consumer.ConsumeResult;
@@ -40,7 +42,8 @@ import org.apache.rocketmq.client.apis.producer.TransactionResolution;
  * A compatibility driver on the official RocketMQ 5.x Java client (rocketmq-client-java, gRPC). One JSON
  * object on argv[0]; the result is the last stdout line, in JSON. With argv "serve" the JVM runs requests
  * from stdin side by side instead (serve, below; each client has a client id of its own). The client runs
- * with its defaults (TLS on, as ClientConfiguration has it) unless args.ssl is false. Errors the client raises are reported as
+ * with its defaults (TLS on, as ClientConfiguration has it) unless args.ssl is false, and signs its calls with
+ * args.accessKey and args.secretKey when given. Errors the client raises are reported as
  * {"type": exceptionClass, "code": the response code in the message or -1, "message": ...}.
  */
 public final class Driver5 {
@@ -173,11 +176,15 @@ public final class Driver5 {
     }
 
     static ClientConfiguration config(JsonObject args) {
-        return ClientConfiguration.newBuilder()
+        ClientConfigurationBuilder b = ClientConfiguration.newBuilder()
             .setEndpoints(args.get("endpoint").getAsString())
             .enableSsl(!args.has("ssl") || args.get("ssl").getAsBoolean())
-            .setRequestTimeout(Duration.ofMillis(num(args, "requestTimeoutMs", 10_000)))
-            .build();
+            .setRequestTimeout(Duration.ofMillis(num(args, "requestTimeoutMs", 10_000)));
+        if (args.has("accessKey")) {
+            b.setCredentialProvider(new StaticSessionCredentialsProvider(str(args, "accessKey", ""),
+                str(args, "secretKey", "")));
+        }
+        return b.build();
     }
 
     static JsonObject view(MessageView v, Set<String> keysOf) {
