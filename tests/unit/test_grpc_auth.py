@@ -173,3 +173,36 @@ async def test_an_acl_broker_serves_signed_calls_and_refuses_the_others_on_every
     assert len(lines) == 4 * 5 + 3
     assert any("SendMessage" in s and "AccessKey RocketMQ" in s and "127.0.0.1" in s for s in lines)
     assert any("replay" in s for s in lines) and not any("12345678" in s for s in lines)
+
+
+def test_white_addresses_pass_a_blank_credential_and_the_date_time_window_is_kept(tmp_path: Path) -> None:
+    from chronomq.acl.validator import AclValidator
+    from chronomq.clock import VirtualClock
+    from chronomq.grpc.auth import Guard, date_time_ms
+
+    (tmp_path / "acl.yml").write_text("globalWhiteRemoteAddresses: [10.1.*.*]\n" + ACL)
+    clock = VirtualClock(date_time_ms("20260101T120000Z"))
+    guard = Guard(AclValidator(tmp_path / "acl.yml", clock.now_ms), clock.now_ms, require_date_time=True,
+                  window_ms=60_000)
+    # what the Python client sends with Credentials(): a Credential of nothing, signed with no secret
+    blank = {"x-mq-date-time": "20260101T120000Z", "authorization":
+             "MQv2-HMAC-SHA1 Credential=, SignedHeaders=x-mq-date-time, Signature=" + sign("", "x")}
+    send = _send("TopicA")
+    assert guard.refusal("SendMessage", send, blank, "10.1.2.3", "ipv4:10.1.2.3:1") is None
+    assert guard.refusal("SendMessage", send, blank, "10.2.2.3", "ipv4:10.2.2.3:1") == \
+        "the authorization header names no Credential"
+    assert guard.refusal("SendMessage", send, {}, "10.2.2.3", "p") == "No accessKey is configured"
+
+    def signed(dt: str) -> dict[str, str]:
+        return {"x-mq-date-time": dt, "authorization": "MQv2-HMAC-SHA1 Credential=RocketMQ, "
+                "SignedHeaders=x-mq-date-time, Signature=" + sign("12345678", dt).upper()}
+
+    assert guard.refusal("SendMessage", send, signed("20260101T120059Z"), "10.2.2.3", "p") is None
+    def refusal(dt: str) -> str:
+        return str(guard.refusal("SendMessage", send, signed(dt), "10.2.2.3", "p"))
+
+    assert "possible replay" in refusal("20260101T120101Z")
+    assert "bad x-mq-date-time" in refusal("yesterday")
+    guard.require_date_time = False  # as RocketMQ's proxy: no window
+    assert guard.refusal("SendMessage", send, signed("20200101T000000Z"), "10.2.2.3", "p") is None
+    assert guard.acl.refused == 4
