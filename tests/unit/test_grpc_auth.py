@@ -206,3 +206,27 @@ def test_white_addresses_pass_a_blank_credential_and_the_date_time_window_is_kep
     guard.require_date_time = False  # as RocketMQ's proxy: no window
     assert guard.refusal("SendMessage", send, signed("20200101T000000Z"), "10.2.2.3", "p") is None
     assert guard.acl.refused == 4
+
+
+def test_acl_2_users_and_policies_check_5x_calls(tmp_path: Path) -> None:
+    from chronomq.acl.auth2 import AuthStore, parse_policies
+    from chronomq.acl.validator2 import Acl2Validator
+    from chronomq.grpc.auth import Guard
+    from chronomq.store.atomicfile import write_atomic
+
+    s = AuthStore(tmp_path / "auth.json", write_atomic)
+    s.create_user({"username": "alice00", "password": "alice-pw"})
+    s.create_acl("User:alice00", parse_policies({"policies": [{"entries": [
+        {"resource": "Topic:orders-*", "actions": ["Pub"], "decision": "Allow"},
+        {"resource": "Group:G", "actions": ["Sub"], "decision": "Allow"}]}]}))
+    guard = Guard(Acl2Validator(s, lambda: 0), lambda: 0)
+    md = dict(_md("alice00", "alice-pw"))
+    assert guard.refusal("SendMessage", _send("orders-1"), md, "127.0.0.1", "p") is None
+    assert guard.refusal("Heartbeat", pb.HeartbeatRequest(group=_res("G")), md, "127.0.0.1", "p") is None
+    refused = guard.refusal("SendMessage", _send("payments"), md, "127.0.0.1", "p")
+    assert "Topic:payments (Pub)" in str(refused)
+    recv = pb.ReceiveMessageRequest(group=_res("G"), message_queue=pb.MessageQueue(topic=_res("orders-1")))
+    assert "Topic:orders-1 (Sub)" in str(guard.refusal("ReceiveMessage", recv, md, "127.0.0.1", "p"))
+    wrong = dict(_md("alice00", "nope"))
+    assert "check signature failed" in str(guard.refusal("SendMessage", _send("orders-1"), wrong, "127.0.0.1",
+                                                         "p"))
