@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from chronomq.acl.auth2 import Acl, AuthError, AuthStore, Entry, Resource, parse_policies
-from chronomq.acl.plain import PUB, SUB
+from chronomq.acl.plain import ANY, PUB, SUB
 from chronomq.acl.validator import AclError
 from chronomq.acl.validator2 import Acl2Validator, admin_needs, from_need
 from chronomq.remoting.codes import RequestCode as R
@@ -160,3 +160,26 @@ def test_both_acls_on_a_request_must_pass_each(tmp_path: Path):
         chain.authorize("alice00", "127.0.0.1", ok, lambda: {"audit": PUB})
     with pytest.raises(AclError, match="No default permission for topic:orders-1"):  # 1.0 refuses
         chain.authorize("alice00", "127.0.0.1", ok, lambda: {"orders-1": SUB})
+
+
+def test_a_need_of_either_pub_or_sub_passes_with_either_and_not_with_another_action(tmp_path: Path):
+    """A 5.x route query needs Pub or Sub on its topic (ACL 1.0's ANY), as RocketMQ's proxy asks."""
+    assert from_need({"orders-1": ANY}) == [("Topic", "orders-1", "Pub|Sub")]
+    s = AuthStore(tmp_path / "auth.json", write_atomic)
+    for name in ("pub", "sub", "maker", "denied"):
+        s.create_user({"username": name, "password": "pw"})
+    rules = {"pub": [("Topic:orders-*", "Pub", "Allow")], "sub": [("Topic:orders-*", "Sub", "Allow")],
+             "maker": [("Topic:orders-*", "Create", "Allow")],
+             "denied": [("Topic:orders-*", "Sub", "Allow"), ("Topic:orders-1", "Pub", "Deny")]}
+    for name, entries in rules.items():
+        s.create_acl(f"User:{name}", parse_policies({"policies": [{"entries": [
+            {"resource": r, "actions": [a], "decision": d} for r, a, d in entries]}]}))
+    v = Acl2Validator(s, lambda: 0)
+    ok = lambda secret: True  # noqa: E731
+    v.authorize("pub", "127.0.0.1", ok, lambda: {"orders-1": ANY})
+    v.authorize("sub", "127.0.0.1", ok, lambda: {"orders-1": ANY})
+    v.authorize("denied", "127.0.0.1", ok, lambda: {"orders-1": ANY})  # its Sub is allowed
+    with pytest.raises(AclError, match=r"Topic:orders-1 \(Pub\|Sub\) from 127.0.0.1, no matched policies"):
+        v.authorize("maker", "127.0.0.1", ok, lambda: {"orders-1": ANY})
+    with pytest.raises(AclError, match="no matched policies"):
+        v.authorize("pub", "127.0.0.1", ok, lambda: {"audit": ANY})

@@ -20,7 +20,7 @@ from chronomq.remoting.codes import RequestCode
 from chronomq.remoting.signing import ACCESS_KEY, SIGNATURE, signature
 
 from .auth2 import DISABLE, SUPER, AuthStore
-from .plain import PUB, RETRY_PREFIX, SUB
+from .plain import ANY, PUB, RETRY_PREFIX, SUB
 from .validator import AclError, resources
 
 Need = tuple[str, str, str]  # resource type, name, action
@@ -46,6 +46,8 @@ def from_need(need: Mapping[str, int]) -> list[Need]:
             out.append(("Topic", res, "Pub"))
         if perm & SUB:
             out.append(("Topic", res, "Sub"))
+        if perm & ANY and not perm & (PUB | SUB):
+            out.append(("Topic", res, "Pub|Sub"))  # either one (a 5.x route query, as RocketMQ's proxy asks)
     return out
 
 
@@ -117,7 +119,13 @@ class Acl2Validator:
             raise AclError(f"Need a Super user for {what}, but User:{access_key} is not")
         acl = self.store.acls.get("User:" + user.username)
         for kind, name, action in needed:
-            entry = acl.decide(kind, name, action, remote_ip) if acl is not None else None
+            entry = None
+            for one in action.split("|"):  # "Pub|Sub": the first alternative allowed, else the first found
+                found = acl.decide(kind, name, one, remote_ip) if acl is not None else None
+                if found is not None and (entry is None or found.decision == "Allow"):
+                    entry = found
+                if entry is not None and entry.decision == "Allow":
+                    break
             if entry is None or entry.decision != "Allow":
                 detail = "no matched policies" if entry is None else "the decision is deny"
                 raise AclError(f"User:{user.username} has no permission to access {kind}:{name} ({action}) "
