@@ -67,7 +67,7 @@ async def test_each_code_is_dispatched_to_its_processors_handler(env: Env) -> No
     for code, handler in expected.items():
         assert p.handler(code) == handler, code
     tables = [p.send, p.reply, p.pull, p.client_manage, p.consumer_manage, p.query, p.admin, p.groups,
-              p.broker_config, p.transaction, timers]
+              p.broker_config, p.transaction, p.auth, timers]
     assert len(p._sync) == sum(len(t.handlers()) for t in tables)  # every code of every table, once
     assert p.handler(99_999) is None
     # the reply processor works on the send processor's stamps, less CLUSTER
