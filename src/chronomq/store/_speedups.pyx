@@ -1,9 +1,10 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
 """Compiled kernels of the hot paths (a timed message's way in, its delivery): each one is a drop-in for
 its pure-Python twin (commitlog.splice_py, put.property_fields_py, put.append_run_py,
-index.index_entries_py, delivery.record_to_put, codec.batch_items, message.encode_record, pull.due_ms_of, and the timer's
-append.pack_timer_records_py, append.pack_index_entries_py, files.pack_hash_entries_py,
-window.mark_delivered_run_py), with the same results, the same refusals and the same exception types.
+index.index_entries_py, delivery.record_to_put, codec.batch_items, message.encode_record,
+pull.due_ms_of, and the timer's append.pack_timer_records_py, append.pack_index_entries_py,
+files.pack_hash_entries_py, window.mark_delivered_run_py), with the same results, the same refusals and
+the same exception types.
 The timer's kernels take what the timer store made itself (positions, sizes, ids, slots, all in range by
 construction) and do not repeat the range checks of struct packing. chronomq.store.speedups chooses
 between this module and the twins (``kernels``); _speedups.pyi gives mypy its types."""
@@ -825,9 +826,9 @@ def mark_delivered_run(list group, int64_t t, int64_t seq, dict marks, bytearray
     return seq
 
 
-def index_entries(object mm, Py_ssize_t entries_at, Py_ssize_t allocated, bytearray slots, Py_ssize_t slot_num,
-                  Py_ssize_t n, Py_ssize_t index_num, int64_t begin_ts, list items, Py_ssize_t i, Py_ssize_t w,
-                  set dirty):
+def index_entries(object mm, Py_ssize_t entries_at, Py_ssize_t allocated, bytearray slots,
+                  Py_ssize_t slot_num, Py_ssize_t n, Py_ssize_t index_num, int64_t begin_ts, list items,
+                  Py_ssize_t i, Py_ssize_t w, set dirty):
     """index.index_entries_py. The caller's sizes are trusted for the results (allocated within the
     mapping, the slot table ``slot_num`` slots long) and checked for memory safety only (ValueError)."""
     cdef Py_buffer v
@@ -836,7 +837,7 @@ def index_entries(object mm, Py_ssize_t entries_at, Py_ssize_t allocated, bytear
     cdef Py_ssize_t count = len(items), nwords, epos, slot_pos, used = 0, tlen, wlen, limit
     cdef int64_t phys = -1, ts = 0, e_phys, e_ts, tdiff, begin_phy = -1
     cdef int32_t prev
-    cdef uint32_t h
+    cdef uint32_t h, th = 0
     cdef const char* tp
     cdef const char* wp
     cdef object req, uniq, keys, word
@@ -858,6 +859,7 @@ def index_entries(object mm, Py_ssize_t entries_at, Py_ssize_t allocated, bytear
                 e_phys = req.phys
                 e_ts = req.store_timestamp
                 tp = PyUnicode_AsUTF8AndSize(req.topic, &tlen)
+                th = cmq_crc32(<const uint8_t*>b"#", 1, cmq_crc32(<const uint8_t*>tp, tlen, 0))  # "topic#"
             while w < nwords:
                 epos = entries_at + n * 20
                 if n >= index_num or epos < 0 or epos + 20 > limit:
@@ -867,9 +869,7 @@ def index_entries(object mm, Py_ssize_t entries_at, Py_ssize_t allocated, bytear
                     begin_phy = e_phys
                 word = uniq if (has_uniq and w == 0) else keys[w - 1 if has_uniq else w]
                 wp = PyUnicode_AsUTF8AndSize(word, &wlen)
-                h = cmq_crc32(<const uint8_t*>tp, tlen, 0)
-                h = cmq_crc32(<const uint8_t*>b"#", 1, h)
-                h = cmq_crc32(<const uint8_t*>wp, wlen, h) & 0x7FFFFFFF
+                h = cmq_crc32(<const uint8_t*>wp, wlen, th) & 0x7FFFFFFF
                 slot_pos = (h % slot_num) * 4
                 prev = rd32(sl + slot_pos)
                 if prev <= 0 or prev >= n:
