@@ -544,27 +544,69 @@ public final class Driver {
     }
 
     /**
-     * With enableMsgTrace a producer or consumer hands its trace records to a background executor that
-     * sends them asynchronously; shutdown() does not wait for a send in flight (and stops the trace
-     * producer). Flush, then wait (bounded) until that executor is idle, so the records are on the wire
-     * before the client shuts down and the JVM halts.
+     * With enableMsgTrace a producer or consumer hands its trace records to a background worker thread and
+     * executor that send them asynchronously; shutdown() does not wait for a send in flight (and stops the
+     * trace producer). The dispatcher's own flush() gives up after 500 ms and can return while the worker
+     * holds a record between its queue and its batch (4.9.x keeps batches per topic until they fill or age).
+     * So: flush, and again whenever a record is still queued, batched or being sent, until nothing has been
+     * for 300 ms in a row (bounded: 20 s), so the records are on the wire before the client shuts down.
      */
     static void drainTraces(Object dispatcher) {
         if (dispatcher == null) {
             return;
         }
         try {
-            dispatcher.getClass().getMethod("flush").invoke(dispatcher);
-            java.lang.reflect.Field f = dispatcher.getClass().getDeclaredField("traceExecutor");
-            f.setAccessible(true);
-            java.util.concurrent.ThreadPoolExecutor ex = (java.util.concurrent.ThreadPoolExecutor) f.get(dispatcher);
-            long deadline = System.currentTimeMillis() + 10000;
-            while ((ex.getActiveCount() > 0 || !ex.getQueue().isEmpty()) && System.currentTimeMillis() < deadline) {
+            java.lang.reflect.Method flush = dispatcher.getClass().getMethod("flush");
+            java.util.concurrent.ThreadPoolExecutor ex =
+                (java.util.concurrent.ThreadPoolExecutor) field(dispatcher, "traceExecutor");
+            java.util.Collection<?> contexts = (java.util.Collection<?>) field(dispatcher, "traceContextQueue");
+            java.util.Collection<?> appender = (java.util.Collection<?>) field(dispatcher, "appenderQueue");
+            Map<?, ?> segments = null;  // 4.9.x only: the batches per trace topic
+            try {
+                segments = (Map<?, ?>) field(dispatcher, "taskQueueByTopic");
+            } catch (NoSuchFieldException e) {
+                // 5.x batches in its worker thread
+            }
+            long deadline = System.currentTimeMillis() + 20000;
+            long idleSince = -1;
+            while (System.currentTimeMillis() < deadline) {
+                boolean pending = !contexts.isEmpty() || !appender.isEmpty() || ex.getActiveCount() > 0
+                    || !ex.getQueue().isEmpty() || batched(segments);
+                long now = System.currentTimeMillis();
+                if (pending) {
+                    idleSince = -1;
+                    flush.invoke(dispatcher);
+                } else if (idleSince < 0) {
+                    idleSince = now;
+                } else if (now - idleSince >= 300) {
+                    return;
+                }
                 Thread.sleep(5);
             }
+            System.err.println("trace drain: records still pending after 20 s");
         } catch (ReflectiveOperationException | InterruptedException e) {
             System.err.println("trace drain: " + e);
         }
+    }
+
+    static Object field(Object o, String name) throws ReflectiveOperationException {
+        java.lang.reflect.Field f = o.getClass().getDeclaredField(name);
+        f.setAccessible(true);
+        return f.get(o);
+    }
+
+    static boolean batched(Map<?, ?> segments) throws ReflectiveOperationException {
+        if (segments == null) {
+            return false;
+        }
+        synchronized (segments) {
+            for (Object segment : segments.values()) {
+                if (!((java.util.Collection<?>) field(segment, "traceTransferBeanList")).isEmpty()) {
+                    return true;
+                }
+            }
+        }
+        return false;
     }
 
     // ---- push consume -----------------------------------------------------------------------------------
