@@ -35,7 +35,15 @@ TLS_KEY_ALIASES = {
     "tls.server.keyPath": "tlsKeyPath",
     "tls.server.need.client.auth": "tlsServerNeedClientAuth",
     "tls.server.trustCertPath": "tlsServerTrustCertPath",
+    # the client side: the broker's own connections (name servers, a slave's master)
+    "tls.enable": "tlsEnable",
+    "tls.client.authServer": "tlsClientAuthServer",
+    "tls.client.trustCertPath": "tlsClientTrustCertPath",
+    "tls.client.certPath": "tlsClientCertPath",
+    "tls.client.keyPath": "tlsClientKeyPath",
 }
+# chronomq's name of a TLS key -> its RocketMQ name, for error messages
+_TLS_ROCKETMQ_NAMES = {v: k for k, v in TLS_KEY_ALIASES.items()}
 
 
 class ConfigError(ValueError):
@@ -175,6 +183,13 @@ class BrokerConfig:
     tlsKeyPath: str = ""  # its PEM private key, unencrypted
     tlsServerNeedClientAuth: str = "none"  # none | require (mutual TLS: a client certificate is verified)
     tlsServerTrustCertPath: str = ""  # PEM certificates client certificates must chain to (with require)
+    # TLS on the broker's own connections: its registrations with name servers and a slave's links to its
+    # master (metadata over remoting, the HA link); RocketMQ's client keys (docs/tls.md, "Outgoing")
+    tlsEnable: bool = False
+    tlsClientAuthServer: bool = False  # verify the server's certificate (else any is taken, as RocketMQ)
+    tlsClientTrustCertPath: str = ""  # PEM certificates to verify it with ("": the system's roots)
+    tlsClientCertPath: str = ""  # a client certificate for mutual TLS (PEM chain)
+    tlsClientKeyPath: str = ""  # its PEM private key, unencrypted
     # ACL 1.0: every request signed by an account of aclFile ("": <storePathRootDir>/conf/plain_acl.yml)
     aclEnable: bool = False
     aclFile: str = ""
@@ -263,6 +278,7 @@ class BrokerConfig:
             raise ConfigError(f"grpcListenPort: {self.grpcListenPort} must be -1 (off), 0 (any free port) "
                               "or a TCP port other than listenPort and the HA port")
         self._validate_tls()
+        self._validate_tls_client()
         if not 0 <= self.haListenPort < 65536 or self.ha_port == self.listenPort or self.ha_port > 65535:
             raise ConfigError(f"haListenPort: {self.haListenPort} must be a TCP port other than listenPort")
         for name in ("haSendHeartbeatInterval", "haHousekeepingInterval", "haTransferBatchSize",
@@ -344,6 +360,54 @@ class BrokerConfig:
             raise ConfigError(f"tlsServerNeedClientAuth=require needs tlsServerMode=enforcing "
                               f"(tls.server.mode), not {self.tlsServerMode}: a {self.tlsServerMode} port "
                               "accepts clients without any certificate")
+
+    def _validate_tls_client(self) -> None:
+        """The client keys: certificate and key set together; with tlsEnable, each file the broker will use
+        readable and usable (checked with the ssl module, so a mistake stops the start, not a connection)."""
+        def name(key: str) -> str:
+            return f"{key} ({_TLS_ROCKETMQ_NAMES[key]})"
+
+        if bool(self.tlsClientCertPath) != bool(self.tlsClientKeyPath):
+            raise ConfigError(f"{name('tlsClientCertPath')} and {name('tlsClientKeyPath')}: set both or "
+                              "neither")
+        if not self.tlsEnable:
+            return  # not used
+        used = ["tlsClientCertPath", "tlsClientKeyPath"]
+        if self.tlsClientAuthServer:
+            used.append("tlsClientTrustCertPath")
+        pems: dict[str, bytes] = {}
+        for key in used:
+            path = getattr(self, key)
+            if not path:
+                continue
+            try:
+                pems[key] = Path(path).read_bytes()
+            except OSError as e:
+                raise ConfigError(f"{name(key)}: cannot read {path}: {e.strerror or e}") from None
+        import ssl  # only for brokers whose outgoing connections use TLS
+
+        check = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+        trust = self.tlsClientTrustCertPath
+        if "tlsClientTrustCertPath" in pems:
+            try:
+                check.load_verify_locations(cadata=pems["tlsClientTrustCertPath"].decode("ascii"))
+            except (ssl.SSLError, ValueError, UnicodeDecodeError) as e:
+                raise ConfigError(f"{name('tlsClientTrustCertPath')}: no usable PEM certificate in {trust}: "
+                                  f"{e}") from None
+        if "tlsClientKeyPath" in pems:
+            cert, key = self.tlsClientCertPath, self.tlsClientKeyPath
+            if b"ENCRYPTED" in pems["tlsClientKeyPath"]:
+                raise ConfigError(f"{name('tlsClientKeyPath')}: the private key {key} is encrypted; chronomq "
+                                  "needs it unencrypted (openssl pkey -in KEY -out PLAIN_KEY)")
+
+            def no_password() -> bytes:
+                raise ValueError("the private key is encrypted")
+
+            try:
+                check.load_cert_chain(cert, key, password=no_password)
+            except (OSError, ValueError) as e:  # ssl.SSLError is an OSError
+                raise ConfigError(f"{name('tlsClientCertPath')} {cert} and {name('tlsClientKeyPath')} {key} "
+                                  f"cannot be used together: {e}") from None
 
     def _validate_connection_limits(self) -> None:
         least = self.maxMessageSize + 64 * 1024  # a message of the largest size and its header

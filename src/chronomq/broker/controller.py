@@ -23,7 +23,7 @@ from chronomq.metrics import LATENESS_BUCKETS_MS
 from chronomq.remoting.codec import RemotingCommand
 from chronomq.remoting.codes import RequestCode
 from chronomq.remoting.server import Connection, ConnectionLimits, RemotingServer
-from chronomq.remoting.tls import ServerTls
+from chronomq.remoting.tls import ServerTls, StreamAcceptor, outgoing_context
 from chronomq.store.atomicfile import write_atomic
 
 from .processor import BrokerProcessor
@@ -184,14 +184,15 @@ class BrokerController:
             self.store.add_arrival_listener(self._journal_arrival)
             self.timer_follower.apply_available()
         await self.server.start()
+        client_tls = outgoing_context(self.config)  # the broker's own connections: TLS with tlsEnable
         if slave:
             from chronomq.remoting.client import RemotingClient
 
             from .slave_sync import SlaveSynchronize
 
-            self.ha_client = HAClient(self.config, self.store, self.clock)
+            self.ha_client = HAClient(self.config, self.store, self.clock, ssl_context=client_tls)
             self.ha_client.start()
-            self._sync_client = RemotingClient()
+            self._sync_client = RemotingClient(ssl_context=client_tls)
             self.slave_sync = SlaveSynchronize(self.topics, self.offsets, str(self.root),
                                                self._sync_client.invoke)
         else:
@@ -202,7 +203,8 @@ class BrokerController:
         if self.local_register is None:
             from .nsclient import NamesrvClient
 
-            self.ns_client = NamesrvClient([a for a in self.config.namesrvAddr.split(";") if a.strip()])
+            self.ns_client = NamesrvClient([a for a in self.config.namesrvAddr.split(";") if a.strip()],
+                                           ssl_context=client_tls)
         self._tasks = [
             asyncio.create_task(self._persist_loop(), name="offset-persist"),
             asyncio.create_task(self._housekeeping_loop(), name="housekeeping"),
@@ -236,7 +238,9 @@ class BrokerController:
 
     async def _start_ha_service(self) -> None:
         """A master's end of the slaves' link; a port that cannot be bound is logged, not fatal."""
-        self.ha = HAService(self.config, self.store, self.clock)
+        # the HA port serves TLS and plaintext by the first byte, as the broker's port (tlsServerMode)
+        accept = StreamAcceptor(ServerTls.from_config(self.config, "HA"), "HA", self.clock)
+        self.ha = HAService(self.config, self.store, self.clock, accept=accept)
         self.services.set_ha(self.ha)
         try:
             await self.ha.start(self.bind_host)

@@ -1,5 +1,7 @@
 """The broker's client for its name servers: REGISTER_BROKER every 30 s (and at once when a topic is
-created), UNREGISTER_BROKER at shutdown. One TCP connection per name server, reopened after errors."""
+created), UNREGISTER_BROKER at shutdown. One TCP connection per name server, reopened after errors; TLS
+with an ``ssl_context`` (the broker's ``tlsEnable``, ``remoting.tls.outgoing_context``). A failure is logged
+when a name server's state changes (registered or not), not at every round."""
 
 from __future__ import annotations
 
@@ -7,6 +9,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import ssl
 from typing import Any
 
 from chronomq.config import BrokerConfig
@@ -19,8 +22,10 @@ log = logging.getLogger("chronomq.broker")
 class RemotingClientConnection:
     """A minimal async request/response connection (opaque-matched, concurrent requests)."""
 
-    def __init__(self, addr: str) -> None:
+    def __init__(self, addr: str, ssl_context: ssl.SSLContext | None = None) -> None:
         self.addr = addr
+        self.ssl_context = ssl_context
+        self.answered = False  # the current connection has answered a request
         self._reader: asyncio.StreamReader | None = None
         self._writer: asyncio.StreamWriter | None = None
         self._pending: dict[int, asyncio.Future[RemotingCommand]] = {}
@@ -31,8 +36,11 @@ class RemotingClientConnection:
         if self._writer is not None and not self._writer.is_closing():
             return
         host, _, port = self.addr.rpartition(":")
-        reader, self._writer = await asyncio.wait_for(asyncio.open_connection(host, int(port)), 3)
+        opened = (asyncio.open_connection(host, int(port)) if self.ssl_context is None else
+                  asyncio.open_connection(host, int(port), ssl=self.ssl_context, ssl_handshake_timeout=3))
+        reader, self._writer = await asyncio.wait_for(opened, 3)
         self._reader = reader
+        self.answered = False
         self._read_task = asyncio.create_task(self._read_loop(reader))
 
     async def _read_loop(self, reader: asyncio.StreamReader) -> None:
@@ -45,6 +53,7 @@ class RemotingClientConnection:
                 for item in dec.feed(data):
                     if isinstance(item, FrameError):
                         continue
+                    self.answered = True
                     fut = self._pending.pop(item.opaque, None)
                     if fut is not None and not fut.done():
                         fut.set_result(item)
@@ -87,8 +96,8 @@ class RemotingClientConnection:
 
 
 class NamesrvClient:
-    def __init__(self, addrs: list[str]) -> None:
-        self.conns = [RemotingClientConnection(a.strip()) for a in addrs]
+    def __init__(self, addrs: list[str], ssl_context: ssl.SSLContext | None = None) -> None:
+        self.conns = [RemotingClientConnection(a.strip(), ssl_context) for a in addrs]
         self.registered: dict[str, bool] = {}
 
     def _header(self, config: BrokerConfig, broker_addr: str) -> dict[str, Any]:
@@ -123,7 +132,13 @@ class NamesrvClient:
                 resp = await conn.invoke(req, 3.0)
             except (OSError, TimeoutError, ConnectionError) as e:
                 if self.registered.get(conn.addr, True):
-                    log.warning("cannot register with name server %s: %s", conn.addr, e or type(e).__name__)
+                    why = str(e) or type(e).__name__
+                    if isinstance(e, ssl.SSLError):
+                        why = f"TLS handshake failed: {why}"
+                    elif conn.ssl_context is None and not conn.answered and isinstance(e, ConnectionError):
+                        why += (" before any answer (a name server whose tlsServerMode is enforcing closes "
+                                "plaintext connections: set tlsEnable=true)")
+                    log.warning("cannot register with name server %s: %s", conn.addr, why)
                 self.registered[conn.addr] = False
                 return
             if resp.code != 0:

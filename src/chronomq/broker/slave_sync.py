@@ -4,7 +4,9 @@ GET_ALL_CONSUMER_OFFSET and GET_ALL_DELAY_OFFSET, first 3 s after start, then ev
 does. Rules: the topic table is replaced whole when the master's dataVersion differs from the slave's;
 consumer offsets are taken key by key (a topic@group the master has overwrites the slave's, others
 stay); the delay offsets go to the slave's delayOffset.json, for the schedule service of a slave that
-becomes master. Each part is pulled on its own: a failure is logged and retried on the next round.
+becomes master. Each part is pulled on its own: a failure is retried on the next round, logged when its
+reason changes (the same reason again at DEBUG), and its end logged too. The connection is the broker's
+(TLS with tlsEnable); a master that cannot be reached or refuses it fails the round, never the loop.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from chronomq.delay.offsets import OffsetFile, OffsetSnapshot
+from chronomq.remoting.client import RemotingError
 from chronomq.remoting.codec import RemotingCommand
 from chronomq.remoting.codes import RequestCode, ResponseCode
 
@@ -56,6 +59,7 @@ class SlaveSynchronize:
         self.master_addr = ""  # the master's remoting address, from the name server's register answer
         self.rounds = 0
         self.last: SyncResult | None = None
+        self._failing: dict[str, str] = {}  # part -> the reason last logged
 
     async def _fetch(self, code: int, what: str) -> Any:
         resp = await self._invoke(self.master_addr, RemotingCommand.request(code), REQUEST_TIMEOUT_S)
@@ -78,10 +82,16 @@ class SlaveSynchronize:
                            ("delay offsets", self._sync_delay_offsets)):
             try:
                 await step(res)
-            except (SyncError, OSError, ValueError, TypeError, KeyError) as e:
-                res.errors[part] = str(e) or type(e).__name__
-                log.warning("slave sync: %s from master %s failed: %s", part, self.master_addr,
-                            res.errors[part])
+            except (SyncError, RemotingError, OSError, ValueError, TypeError, KeyError) as e:
+                why = res.errors[part] = str(e) or type(e).__name__
+                if self._failing.get(part) != why:
+                    self._failing[part] = why
+                    log.warning("slave sync: %s from master %s failed: %s", part, self.master_addr, why)
+                else:
+                    log.debug("slave sync: %s from master %s failed again: %s", part, self.master_addr, why)
+            else:
+                if self._failing.pop(part, None) is not None:
+                    log.info("slave sync: %s from master %s read again", part, self.master_addr)
         self.rounds += 1
         self.last = res
         return res

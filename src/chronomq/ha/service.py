@@ -11,7 +11,9 @@ would have a gap) is refused the same way. A slave silent for
 waits are kept in offset order, so one ack releases every send below it. ``lag()`` says how far the best
 slave is behind, in bytes and in milliseconds: the log's end is noted at each ``wake()`` while a slave is
 connected (at most ``MAX_MARKS`` notes; past that the newest note is moved forward, which can only make the
-reported lag larger), and an ack drops the notes it covers.
+reported lag larger), and an ack drops the notes it covers. With ``accept`` (the broker passes the port's TLS,
+``remoting.tls.StreamAcceptor``) each connection is first handed to it: TLS or plaintext by its first byte,
+as the broker's ``tlsServerMode`` allows (docs/tls.md).
 """
 
 from __future__ import annotations
@@ -21,8 +23,9 @@ import heapq
 import itertools
 import logging
 from collections import deque
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from chronomq.clock import Clock
 from chronomq.config import BrokerConfig
@@ -33,6 +36,24 @@ from chronomq.store.replica import ReplicaError
 log = logging.getLogger("chronomq.ha")
 
 MAX_MARKS = 65_536  # notes of (log end, time) kept for the lag in ms
+
+
+class StreamOut(Protocol):
+    """What a slave connection is written through: an asyncio.StreamWriter, or a TLS layer's writer."""
+
+    def write(self, data: bytes) -> None: ...
+
+    async def drain(self) -> None: ...
+
+    def close(self) -> None: ...
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any: ...
+
+
+# a new connection -> (the reader and writer to serve it with, the bytes already read from it), or None when
+# it is not to be served (refused or failed: closed and logged by the callable)
+Accept = Callable[[asyncio.StreamReader, asyncio.StreamWriter],
+                  Awaitable[tuple[asyncio.StreamReader, StreamOut, bytes] | None]]
 
 
 class SlaveWait:
@@ -51,8 +72,10 @@ class SlaveLink:
 
 
 class HAService:
-    def __init__(self, config: BrokerConfig, store: MessageStore, clock: Clock) -> None:
+    def __init__(self, config: BrokerConfig, store: MessageStore, clock: Clock,
+                 accept: Accept | None = None) -> None:
         self.config = config
+        self.accept = accept
         self.store = store
         self.clock = clock
         self.links: dict[int, SlaveLink] = {}
@@ -161,17 +184,40 @@ class HAService:
         self._prune_at = max(1024, 2 * len(self._waits))
 
     # --- one slave connection ------------------------------------------------------------------------
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        peer = writer.get_extra_info("peername")
+    async def _serve(self, reader: asyncio.StreamReader, raw: asyncio.StreamWriter) -> None:
+        peer = raw.get_extra_info("peername")
         addr = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
+        task = asyncio.current_task()
+        assert task is not None
+        self._tasks.add(task)
+        try:
+            accepted = await self._accepted(reader, raw, addr)
+            if accepted is not None:
+                await self._serve_link(*accepted, addr)
+        finally:
+            self._tasks.discard(task)
+
+    async def _accepted(self, reader: asyncio.StreamReader, raw: asyncio.StreamWriter, addr: str
+                        ) -> tuple[asyncio.StreamReader, StreamOut, bytes] | None:
+        """The connection to serve (through ``accept`` when there is one), or None: refused or failed."""
+        if self.accept is None:
+            return reader, raw, b""
+        wait_ms = self.config.haHousekeepingInterval
+        try:
+            return await asyncio.wait_for(self.accept(reader, raw), wait_ms / 1000)
+        except (TimeoutError, ConnectionError, OSError) as e:
+            log.info("HA: connection from %s closed: %s", addr,
+                     f"nothing received within {wait_ms} ms" if isinstance(e, TimeoutError) else e)
+            raw.close()
+            return None
+
+    async def _serve_link(self, reader: asyncio.StreamReader, writer: StreamOut, head: bytes,
+                          addr: str) -> None:
         cid = next(self._ids)
         link = SlaveLink(addr, last_report_ms=self.clock.now_ms())
         wake = asyncio.Event()
         first = asyncio.get_running_loop().create_future()
-        task = asyncio.current_task()
-        assert task is not None
-        self._tasks.add(task)
-        reading = asyncio.ensure_future(self._read_reports(reader, link, first))
+        reading = asyncio.ensure_future(self._read_reports(reader, link, first, head))
         try:
             start = await asyncio.wait_for(asyncio.shield(first), self.config.haHousekeepingInterval / 1000)
             oldest = self.store.min_phy_offset
@@ -207,13 +253,14 @@ class HAService:
             self._wakers.discard(wake)
             reading.cancel()
             writer.close()
-            self._tasks.discard(task)
 
     async def _read_reports(self, reader: asyncio.StreamReader, link: SlaveLink,
-                            first: asyncio.Future[int]) -> None:
+                            first: asyncio.Future[int], head: bytes = b"") -> None:
         dec = ReportDecoder()
+        data = head
         while True:
-            data = await reader.read(4096)
+            if not data:
+                data = await reader.read(4096)
             if not data:
                 raise ConnectionError("the slave closed the connection")
             offsets = dec.feed(data)
@@ -224,8 +271,9 @@ class HAService:
                     first.set_result(offsets[0])
                 else:
                     self._acked(link.acked)
+            data = b""
 
-    async def _stream(self, writer: asyncio.StreamWriter, link: SlaveLink, start: int, wake: asyncio.Event,
+    async def _stream(self, writer: StreamOut, link: SlaveLink, start: int, wake: asyncio.Event,
                       reading: asyncio.Future[None]) -> None:
         cfg = self.config
         nxt = start

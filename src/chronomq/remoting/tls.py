@@ -8,11 +8,16 @@
 - ``TlsSession``: the server side of TLS over one connection, sans-IO (two ``ssl.MemoryBIO`` and an
   ``SSLObject``): bytes from the network in, plaintext out, and the reverse;
 - ``client_context``: a client's context from its ``tls`` option (RocketMQ's clients do not verify the
-  server's certificate unless told to).
+  server's certificate unless told to); ``outgoing_context``: the broker's own connections' context, from
+  its client keys (``tlsEnable``, ``tlsClientAuthServer``, ...);
+- ``StreamAcceptor``: the same first-byte choice for a port served with asyncio streams (the HA port):
+  a TLS connection goes through a ``TlsSession`` behind a stream writer of its own.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import os
 import socket
@@ -21,6 +26,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from chronomq.clock import Clock
 
 from . import selfsigned
 
@@ -293,3 +300,226 @@ def client_context(tls: TlsOption) -> ssl.SSLContext | None:
                              f"with: {e}") from None
         ctx.verify_mode = ssl.CERT_REQUIRED
     return ctx
+
+
+def outgoing_context(config: Any) -> ssl.SSLContext | None:
+    """The context of a broker's own connections (its registrations with name servers, a slave's links to
+    its master) from the client keys of ``config``, as RocketMQ's clients read them: None (plaintext)
+    without ``tlsEnable``; TLS not verifying the server unless ``tlsClientAuthServer``, then verifying its
+    chain against ``tlsClientTrustCertPath`` (the system's roots without one; never the host name, see
+    ``client_context``); ``tlsClientCertPath``/``tlsClientKeyPath`` presented for mutual TLS. The config's
+    validation checked the files; OSError naming the key when they cannot be used now."""
+    if not getattr(config, "tlsEnable", False):
+        return None
+    try:
+        if not config.tlsClientAuthServer:
+            ctx = client_context(True)
+        elif config.tlsClientTrustCertPath:
+            ctx = client_context(config.tlsClientTrustCertPath)
+        else:  # verify against the system's roots
+            ctx = client_context(ssl.create_default_context(ssl.Purpose.SERVER_AUTH))
+            assert ctx is not None
+            ctx.check_hostname = False
+            ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    except ValueError as e:
+        raise OSError(f"TLS (tlsClientTrustCertPath): {e}") from None
+    assert ctx is not None
+    if config.tlsClientCertPath:
+        try:
+            ctx.load_cert_chain(config.tlsClientCertPath, config.tlsClientKeyPath, password=_no_password)
+        except (OSError, ValueError) as e:
+            raise OSError(f"TLS: the client certificate {config.tlsClientCertPath} and key "
+                          f"{config.tlsClientKeyPath} (tlsClientCertPath, tlsClientKeyPath) cannot be used "
+                          f"together: {e}") from None
+    return ctx
+
+
+class TlsStreamWriter:
+    """The writer of a TLS connection accepted by ``StreamAcceptor``: what is written is encrypted by the
+    connection's ``TlsSession`` and the records written to the socket's writer in one call; ``close`` sends
+    close_notify and stops the task that decrypts what arrives (into the connection's reader)."""
+
+    def __init__(self, raw: asyncio.StreamWriter, session: TlsSession) -> None:
+        self.raw = raw
+        self.session = session
+        self.pump: asyncio.Task[None] | None = None
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        try:
+            records = self.session.send(bytes(data))
+        except ssl.SSLError as e:  # the layer failed on a read before: nothing more can be sent
+            self.raw.transport.abort()
+            raise ConnectionError(f"TLS stream failed: {_reason(e)}") from None
+        self.raw.write(records)
+
+    async def drain(self) -> None:
+        await self.raw.drain()
+
+    def is_closing(self) -> bool:
+        return self.raw.is_closing()
+
+    def close(self) -> None:
+        if self.pump is not None:
+            self.pump.cancel()
+        if self.raw.is_closing():
+            return
+        bye = self.session.close_notify()
+        if bye:
+            self.raw.write(bye)
+        self.raw.close()
+
+    async def wait_closed(self) -> None:
+        with contextlib.suppress(Exception):
+            await self.raw.wait_closed()
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        if name == "ssl_object":
+            return self.session.ssl_object
+        if name == "peercert":
+            return self.session.ssl_object.getpeercert()
+        return self.raw.get_extra_info(name, default)
+
+
+# a stream connection as StreamAcceptor hands it on: its reader, its writer, and the plaintext already read
+# from it (a plaintext connection's first bytes: the handler reads them before the reader's)
+Accepted = tuple[asyncio.StreamReader, asyncio.StreamWriter | TlsStreamWriter, bytes]
+
+
+def _reason(e: ssl.SSLError) -> str:
+    """One line for a TLS failure: OpenSSL's reason (or the certificate check's message)."""
+    why = getattr(e, "verify_message", None) or getattr(e, "reason", None) or str(e)
+    return why.lower().replace("_", " ")
+
+
+def _peer(writer: asyncio.StreamWriter) -> str:
+    peer = writer.get_extra_info("peername")
+    return f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) and len(peer) >= 2 else str(peer)
+
+
+class StreamAcceptor:
+    """TLS and plaintext on one port served with asyncio streams (the HA port), as ``RemotingServer`` serves
+    them on the remoting ports: the first bytes of a connection tell (0x16, a TLS handshake record, else
+    the port's own protocol in plaintext) and ``tls``'s mode may refuse either.
+
+    ``await acceptor(reader, writer)`` (a stream server's new connection) reads its first bytes and returns
+    ``(reader, writer, head)`` to serve it with: the same reader and writer and the bytes read (``head``)
+    for plaintext; for TLS, once the handshake is done (a ``TlsSession``, sans-IO), a reader of the
+    decrypted bytes, a ``TlsStreamWriter`` and the plaintext that came with the handshake. None when the
+    connection was refused by the mode (closed; a WARNING at once, then at most one every 10 s with the
+    count since), when its handshake failed (INFO, one line) or when it closed first (DEBUG). A caller
+    bounds the wait (the first bytes and the handshake) with its own timeout; cancelled, nothing is left
+    open."""
+
+    def __init__(self, tls: ServerTls, name: str, clock: Clock) -> None:
+        self.tls = tls
+        self.name = name
+        self.clock = clock
+        self.tls_connections = 0
+        self.tls_failures = 0
+        self.refused_by_tls_mode = 0
+        self._unlogged = 0
+        self._logged_at: float | None = None
+
+    def _refuse(self, writer: asyncio.StreamWriter, why: str) -> None:
+        writer.close()
+        self.refused_by_tls_mode += 1
+        self._unlogged += 1
+        now = self.clock.monotonic()
+        last = self._logged_at
+        if last is None or now - last >= 10.0:
+            log.warning("%s: refused %d connection(s)%s, the last from %s: %s", self.name, self._unlogged,
+                        "" if last is None else f" in {now - last:.0f} s", _peer(writer), why)
+            self._unlogged = 0
+            self._logged_at = now
+
+    async def __call__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> Accepted | None:
+        try:
+            return await self._accept(reader, writer)
+        except BaseException:
+            writer.close()
+            raise
+
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> Accepted | None:
+        tls = self.tls
+        try:
+            first = await reader.read(READ_CHUNK)
+        except (ConnectionError, OSError) as e:
+            log.debug("%s: %s left before it sent anything: %s", self.name, _peer(writer), e)
+            writer.close()
+            return None
+        if not first:
+            log.debug("%s: %s closed before it sent anything", self.name, _peer(writer))
+            writer.close()
+            return None
+        if first[0] != HANDSHAKE:
+            if tls.serves_plaintext:
+                return reader, writer, first
+            self._refuse(writer, "plaintext refused: tlsServerMode is enforcing (TLS only)")
+            return None
+        if not tls.serves_tls:
+            self._refuse(writer, "TLS refused: tlsServerMode is disabled (plaintext only)")
+            return None
+        try:
+            context = tls.context()
+        except OSError as e:  # the self-signed certificate, made at the first TLS connection
+            log.error("%s: cannot serve TLS to %s: %s", self.name, _peer(writer), e)
+            writer.close()
+            return None
+        session = TlsSession(context)
+        data, head = first, b""
+        try:
+            while True:
+                head += session.receive(data)
+                out = session.take()
+                if out:
+                    writer.write(out)
+                if session.handshaken:
+                    break
+                data = await reader.read(READ_CHUNK)
+                if not data:
+                    log.debug("%s: %s closed during the TLS handshake", self.name, _peer(writer))
+                    writer.close()
+                    return None
+        except ssl.SSLError as e:
+            self.tls_failures += 1
+            log.info("%s: TLS handshake with %s failed: %s", self.name, _peer(writer), _reason(e))
+            writer.close()
+            return None
+        except (ConnectionError, OSError) as e:
+            log.debug("%s: %s left during the TLS handshake: %s", self.name, _peer(writer), e)
+            writer.close()
+            return None
+        self.tls_connections += 1
+        plain = asyncio.StreamReader()
+        if session.eof:
+            plain.feed_eof()
+        out_writer = TlsStreamWriter(writer, session)
+        out_writer.pump = asyncio.ensure_future(self._pump(reader, out_writer, plain))
+        return plain, out_writer, head
+
+    async def _pump(self, reader: asyncio.StreamReader, writer: TlsStreamWriter,
+                    plain: asyncio.StreamReader) -> None:
+        """What arrives on a TLS connection, decrypted into ``plain`` until either side ends it."""
+        session = writer.session
+        try:
+            while not session.eof:
+                data = await reader.read(READ_CHUNK)
+                if not data:
+                    break
+                got = session.receive(data)
+                out = session.take()
+                if out and not writer.raw.is_closing():
+                    writer.raw.write(out)
+                if got:
+                    plain.feed_data(got)
+            plain.feed_eof()
+        except ssl.SSLError as e:
+            self.tls_failures += 1
+            log.info("%s: TLS stream with %s failed: %s", self.name, _peer(writer.raw), _reason(e))
+            plain.set_exception(ConnectionError(f"TLS stream failed: {_reason(e)}"))
+            writer.raw.close()
+        except (ConnectionError, OSError) as e:
+            plain.set_exception(e)
+        except asyncio.CancelledError:
+            plain.feed_eof()
+            raise
