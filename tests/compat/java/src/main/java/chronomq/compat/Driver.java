@@ -271,8 +271,24 @@ public final class Driver {
         p.setSendMsgTimeout((int) num(args, "timeoutMs", 10000));
         p.setRetryTimesWhenSendFailed((int) num(args, "retries", 2));
         p.setVipChannelEnabled(false);
+        tls(p, args);
         p.setInstanceName(instance("driver"));
         return p;
+    }
+
+    /**
+     * args.tls (default false): the client's connections, to the name servers and the brokers alike, over
+     * TLS, as ClientConfig.setUseTLS(true) puts them (what -Dtls.enable=true sets as every client's default;
+     * a property of the whole JVM, so not usable per op in the serve mode). Its context is
+     * TlsHelper.buildSslContext(true) with the JVM's tls.* properties: in their defaults (test mode) it
+     * trusts any server certificate and presents none. Each op's client has an instance of its own (instance),
+     * so TLS and plaintext clients never share a connection.
+     */
+    static <T extends org.apache.rocketmq.client.ClientConfig> T tls(T client, JsonObject args) {
+        if (flag(args, "tls")) {
+            client.setUseTLS(true);
+        }
+        return client;
     }
 
     // ---- bench: scheduling rate and lateness as the official client sees them (bench/compare) -----------
@@ -394,6 +410,7 @@ public final class Driver {
         c.setNamesrvAddr(args.get("namesrv").getAsString());
         c.setInstanceName(instance("bench"));
         c.setVipChannelEnabled(false);
+        tls(c, args);
         c.setConsumeFromWhere(ConsumeFromWhere.CONSUME_FROM_FIRST_OFFSET);
         c.setPullBatchSize(32);
         c.setConsumeMessageBatchMaxSize(32);
@@ -620,6 +637,7 @@ public final class Driver {
         c.setNamesrvAddr(args.get("namesrv").getAsString());
         c.setInstanceName(instance("driver"));
         c.setVipChannelEnabled(false);
+        tls(c, args);
         c.setConsumeFromWhere(ConsumeFromWhere.CONSUME_FROM_FIRST_OFFSET);
         c.setPullBatchSize(32);
         if (args.has("maxReconsumeTimes")) {
@@ -733,6 +751,7 @@ public final class Driver {
         a.setNamesrvAddr(args.get("namesrv").getAsString());
         a.setInstanceName(instance("driver"));
         a.setVipChannelEnabled(false);
+        tls(a, args);
         a.start();
         JsonArray steps = new JsonArray();
         try {
@@ -873,6 +892,7 @@ public final class Driver {
         DefaultMQPushConsumer c = new DefaultMQPushConsumer(args.get("group").getAsString());
         c.setNamesrvAddr(namesrv);
         c.setInstanceName(instance("replier"));
+        tls(c, args);
         c.setConsumeFromWhere(ConsumeFromWhere.CONSUME_FROM_LAST_OFFSET);
         c.subscribe(topic, "*");
         c.registerMessageListener((MessageListenerConcurrently) (ms, ctx) -> {
@@ -931,6 +951,7 @@ public final class Driver {
         c.setNamesrvAddr(args.get("namesrv").getAsString());
         c.setInstanceName(instance("driver"));
         c.setVipChannelEnabled(false);
+        tls(c, args);
         c.setAutoCommit(false);
         c.setPollTimeoutMillis(500);
         c.start();
