@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -287,6 +289,49 @@ async def test_a_heavy_load_is_flushed_every_flush_entries_not_only_every_interv
             # with the virtual clock standing still, only the count can have started those flushes
             assert behind() < 100, (k, behind())
     finally:
+        await svc.shutdown()
+
+
+async def test_a_count_flush_asked_while_one_runs_starts_when_that_one_ends(tmp_path: Path) -> None:
+    # the loop never runs two flushes at once; a count reached meanwhile must not wait for the interval
+    clock = VirtualClock()
+    svc = TimerService(FakeStore(clock), None, clock, timer_config=small_config(flush_entries=100),
+                       root_dir=tmp_path / "timer")
+    await svc.start()
+    gate = threading.Event()
+    fsyncs: list[int] = []
+    real_fsync = svc.timer._fsync_all
+
+    def held_fsync(fds: list[int]) -> None:  # the first flush, its snapshot taken, waits for the gate
+        fsyncs.append(len(fds))
+        if len(fsyncs) == 1:
+            gate.wait(30)
+        real_fsync(fds)
+
+    svc.timer._fsync_all = held_fsync  # type: ignore[method-assign]
+    ckpt = tmp_path / "timer" / "checkpoint.json"
+    try:
+        far = clock.now_ms() + 3_600_000
+
+        async def wait_until(cond: Callable[[], bool], what: str) -> None:
+            for _ in range(1000):  # bounded: the flush runs in a worker thread
+                await svc.settle()
+                if cond():
+                    return
+                await asyncio.sleep(0.01)
+            raise AssertionError(what)
+
+        await svc.schedule_batch_async([(msg(f"a{i}"), far + i) for i in range(100)])
+        await wait_until(lambda: len(fsyncs) == 1, "the first flush did not start")
+        await svc.schedule_batch_async([(msg(f"b{i}"), far + i) for i in range(100)])
+        await svc.settle()
+        assert len(fsyncs) == 1  # held: no second flush beside it
+        gate.set()
+        # the virtual clock stands still: only the count can start the second flush
+        await wait_until(lambda: json.loads(ckpt.read_text())["index_end"] == svc.timer.index_end,
+                         f"the checkpoint stayed behind after the held flush ended: {fsyncs}")
+    finally:
+        gate.set()
         await svc.shutdown()
 
 

@@ -246,10 +246,15 @@ class TimerService:
         self.timer.flush()
 
     def _flushed(self, fut: asyncio.Future[None]) -> None:
-        """A flush ended: its failure logged; more may have been parked meanwhile."""
+        """A flush ended: its failure logged; more may have been parked meanwhile. A flush asked for by
+        count while this one ran (the loop does not start a second one) is started now: the loop is woken,
+        not left asleep until the interval."""
         if not fut.cancelled() and fut.exception() is not None:
             log.error("timer flush failed (retried at the next interval): %r", fut.exception())
-        self._flush_if_many()
+        if self._flush_soon and self._event is not None:
+            self._event.set()  # a done callback: on the loop's thread
+        else:
+            self._flush_if_many()
 
     def _flush_if_many(self) -> None:
         """Wake the delivery loop to flush now when ``flush_entries`` entries were parked since the last
