@@ -195,20 +195,29 @@ class ServerTls:
             self._use(settings)
             assert self._context is not None
             return self._context
-        stamp = self._stamps()
-        if stamp != self._stamp:
-            self._stamp = stamp
-            try:
-                ctx = self._build()
-            except (OSError, ValueError) as e:  # ssl.SSLError is an OSError
-                log.warning("%s TLS: the changed certificate files cannot be used (%s); still serving "
-                            "the ones loaded before", self.name, e)
-            else:
-                self._context = ctx
-                self.reloads += 1
-                log.info("%s TLS: certificate files changed, reloaded %s", self.name, self.settings.cert_path)
+        self.refresh()
         assert self._context is not None, "context() of a port whose TLS is disabled"
         return self._context
+
+    def refresh(self) -> bool:
+        """Looks at the files (a stat of each) and, when one changed since the last look, builds the context
+        anew from them: True when it did (INFO), False when nothing changed or the changed files cannot be
+        used together (WARNING, the context loaded before kept). ``context()`` calls it; the gRPC endpoint
+        calls it too, before each TLS handshake."""
+        stamp = self._stamps()
+        if stamp == self._stamp:
+            return False
+        self._stamp = stamp
+        try:
+            ctx = self._build()
+        except (OSError, ValueError) as e:  # ssl.SSLError is an OSError
+            log.warning("%s TLS: the changed certificate files cannot be used (%s); still serving "
+                        "the ones loaded before", self.name, e)
+            return False
+        self._context = ctx
+        self.reloads += 1
+        log.info("%s TLS: certificate files changed, reloaded %s", self.name, self.settings.cert_path)
+        return True
 
 
 class TlsSession:
