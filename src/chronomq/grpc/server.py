@@ -7,7 +7,8 @@ INTERNAL_ERROR; nothing hangs.
 
 TLS (docs/grpc.md, "TLS"): grpc listens on 127.0.0.1 only, on a plaintext port unless the mode is
 enforcing and on a TLS port (grpc's own TLS) unless it is disabled; the public port is ``front.PortFront``,
-which sends each connection to the internal port of its kind or closes it. Every port is bound without
+which sends each connection to the internal port of its kind or closes it. The TLS port's credentials
+reload the certificate files when they change (``tls.Certificates``). Every port is bound without
 SO_REUSEPORT, so a second broker on the same port fails to start its endpoint instead of sharing the port.
 """
 
@@ -24,7 +25,7 @@ from ._proto import rocketmq_v2_pb2 as pb
 from .convert import status
 from .front import PortFront
 from .service import MessagingService, Refused
-from .tls import TlsSettings
+from .tls import Certificates, TlsSettings
 
 log = logging.getLogger("chronomq.grpc")
 
@@ -111,6 +112,7 @@ class GrpcServer:
         self.port = port
         self.tls = tls
         self.front: PortFront | None = None
+        self.certificates: Certificates | None = None  # the files the TLS port serves, unless disabled
         self._server: grpc.aio.Server | None = None
 
     @property
@@ -134,7 +136,8 @@ class GrpcServer:
             if tls.serves_plaintext:
                 plaintext_port = server.add_insecure_port("127.0.0.1:0")
             if tls.serves_tls:
-                tls_port = server.add_secure_port("127.0.0.1:0", tls.server_credentials())
+                self.certificates = Certificates(tls)
+                tls_port = server.add_secure_port("127.0.0.1:0", self.certificates.credentials())
         except RuntimeError as e:
             raise OSError(f"cannot listen on an internal port of 127.0.0.1: {e}") from None
         if plaintext_port == 0 or tls_port == 0:
