@@ -157,6 +157,9 @@ class BrokerConfig:
     writeBufferLowWaterMark: int = 32 * 1024  # and below which it resumes
     # the Prometheus endpoint (/metrics): 0 = listenPort + 2, -1 = off
     metricsPort: int = 0
+    # `chronomq start`: the embedded name server's /metrics: 0 = its port + 2, -1 = off (metricsPort -1 turns
+    # both off)
+    namesrvMetricsPort: int = 0
     # the RocketMQ 5.x gRPC endpoint (docs/grpc.md): -1 = off, 0 = any free port; `chronomq start` and
     # `chronomq broker` default it to 8081, the port of RocketMQ's proxy
     grpcListenPort: int = -1
@@ -277,6 +280,10 @@ class BrokerConfig:
         if not -1 <= self.grpcListenPort < 65536 or self.grpcListenPort in (self.listenPort, self.ha_port):
             raise ConfigError(f"grpcListenPort: {self.grpcListenPort} must be -1 (off), 0 (any free port) "
                               "or a TCP port other than listenPort and the HA port")
+        for name in ("metricsPort", "namesrvMetricsPort"):
+            if not -1 <= getattr(self, name) < 65536:
+                raise ConfigError(f"{name}: {getattr(self, name)} must be -1 (off), 0 (its default port) "
+                                  "or a TCP port")
         self._validate_tls()
         self._validate_tls_client()
         if not 0 <= self.haListenPort < 65536 or self.ha_port == self.listenPort or self.ha_port > 65535:

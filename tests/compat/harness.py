@@ -86,6 +86,8 @@ class ChronomqProcess:
         # free_port reserved; the HA port on one it did (its default, the broker port + 1, may be taken)
         self.overrides = {"metricsPort": "-1", "grpcListenPort": "-1", "haListenPort": str(free_port()),
                           **(overrides or {})}
+        if self.overrides["metricsPort"] != "-1":  # the embedded name server's too, not at its port + 2
+            self.overrides.setdefault("namesrvMetricsPort", str(free_port()))
         self.env: dict[str, str] = {}  # extra environment of the next start (e.g. CHRONOMQ_FAULTS)
         self.host = "127.0.0.1"
         self.namesrv_port = free_port()

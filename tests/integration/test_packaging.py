@@ -14,6 +14,7 @@ import re
 import subprocess
 import sys
 import tarfile
+import urllib.request
 import zipfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -164,6 +165,10 @@ def _running(proc: InstalledChronomq) -> Iterator[list[str]]:
         assert not [ln for ln in lines if LOUD.search(ln)], "\n".join(lines)
         assert any("gRPC endpoint (RocketMQ 5.x clients) on" in ln for ln in lines), "\n".join(lines)
         assert any(ln.startswith("chronomq ready ") and " grpc=" in ln for ln in proc.stdout_lines)
+        # the embedded name server's /metrics on the port it was given (namesrvMetricsPort), not its port + 2
+        ns_metrics = f"http://127.0.0.1:{proc.overrides['namesrvMetricsPort']}/metrics"
+        with urllib.request.urlopen(ns_metrics, timeout=10) as r:
+            assert b"chronomq_namesrv_requests_total" in r.read()
         yield lines
     finally:
         code = proc.stop()

@@ -35,6 +35,8 @@ def test_properties_file(tmp_path) -> None:
     ("deleteWhen", "25", "deleteWhen"),
     ("mappedFileSizeConsumeQueue", "21", "multiple of 20"),
     ("messageDelayLevel", "1s 2q", "messageDelayLevel"),
+    ("metricsPort", "-2", "metricsPort: -2 must be -1"),
+    ("namesrvMetricsPort", "65536", "namesrvMetricsPort: 65536 must be -1"),
 ])
 def test_bad_values_refused(key: str, value: str, match: str) -> None:
     with pytest.raises(ConfigError, match=match):

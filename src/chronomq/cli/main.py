@@ -195,7 +195,8 @@ def cmd_start(args: argparse.Namespace) -> int:
         clock = SystemClock()
         ns = NameServer(host, ns_port, clock, limits=connection_limits(config),
                         tls=ServerTls.from_config(config, "namesrv"))
-        _namesrv_metrics(ns, host, 0 if config.metricsPort >= 0 else -1, ns_port)  # -1: neither has one
+        # metricsPort -1: neither has one
+        _namesrv_metrics(ns, host, config.namesrvMetricsPort if config.metricsPort >= 0 else -1, ns_port)
         broker = BrokerController(config, clock, bind_host=host, local_register=ns.routes.register_broker)
         if broker.processor.acl is not None:  # the embedded name server checks the same accounts
             from chronomq.acl import refusal
