@@ -15,13 +15,10 @@ import pytest
 
 grpc = pytest.importorskip("grpc", reason="grpcio and protobuf (chronomq dependencies) are not installed")
 
-from tests.conftest import free_port  # noqa: E402
+from test_grpc_tls import Broker as GrpcBroker  # noqa: E402
 
-from chronomq.clock import SystemClock  # noqa: E402
-from chronomq.config import BrokerConfig  # noqa: E402
 from chronomq.grpc import selfsigned, tls  # noqa: E402
 from chronomq.grpc._proto import rocketmq_v2_pb2 as pb  # noqa: E402
-from chronomq.namesrv import RouteInfoManager  # noqa: E402
 
 SERVICE = "/apache.rocketmq.v2.MessagingService/"
 HOSTS = ["localhost", "127.0.0.1"]
@@ -41,27 +38,8 @@ def _replace(data: bytes, dst: Path) -> None:
     os.replace(tmp, dst)
 
 
-class Broker:
-    def __init__(self, tmp_path: Path, **overrides: str) -> None:
-        from chronomq.broker.controller import BrokerController
-
-        values = {"storePathRootDir": str(tmp_path / "store"), "listenPort": str(free_port()),
-                  "haListenPort": str(free_port()), "metricsPort": "-1", "grpcListenPort": "0", **overrides}
-        self.config, _ = BrokerConfig.load(None, values)
-        self.broker = BrokerController(self.config, SystemClock(),
-                                       local_register=RouteInfoManager().register_broker)
-        self.channels: list[Any] = []
-
-    async def __aenter__(self) -> Broker:
-        await self.broker.start()
-        assert self.broker.grpc is not None, "the endpoint did not start"
-        self.broker.topics.create_in_send("TT", None, 0)
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        for ch in self.channels:
-            await ch.close()
-        await self.broker.shutdown()
+class Broker(GrpcBroker):
+    """The TLS tests' broker, with the endpoint's certificates and channels that verify against a CA."""
 
     @property
     def certificates(self) -> tls.Certificates:

@@ -143,11 +143,7 @@ class _TlsTransport(asyncio.Transport):
         return self.raw.is_closing()
 
     def get_extra_info(self, name: str, default: Any = None) -> Any:
-        if name == "ssl_object":
-            return self.session.ssl_object
-        if name == "peercert":
-            return self.session.ssl_object.getpeercert()
-        return self.raw.get_extra_info(name, default)
+        return self.session.extra_info(self.raw, name, default)
 
     def get_write_buffer_size(self) -> int:
         return self.raw.get_write_buffer_size()

@@ -240,6 +240,15 @@ class TlsSession:
     def ssl_object(self) -> ssl.SSLObject:
         return self._obj
 
+    def extra_info(self, raw: Any, name: str, default: Any = None) -> Any:
+        """``get_extra_info`` of a transport or writer carrying this session over ``raw``: the TLS names
+        from the session, the others from ``raw``."""
+        if name == "ssl_object":
+            return self._obj
+        if name == "peercert":
+            return self._obj.getpeercert()
+        return raw.get_extra_info(name, default)
+
     def receive(self, data: bytes) -> bytes:
         self._incoming.write(data)
         obj = self._obj
@@ -382,11 +391,7 @@ class TlsStreamWriter:
             await self.raw.wait_closed()
 
     def get_extra_info(self, name: str, default: Any = None) -> Any:
-        if name == "ssl_object":
-            return self.session.ssl_object
-        if name == "peercert":
-            return self.session.ssl_object.getpeercert()
-        return self.raw.get_extra_info(name, default)
+        return self.session.extra_info(self.raw, name, default)
 
 
 # a stream connection as StreamAcceptor hands it on: its reader, its writer, and the plaintext already read
