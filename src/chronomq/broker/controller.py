@@ -619,8 +619,11 @@ class BrokerController:
             return asyncio.run_coroutine_threadsafe(on_loop(), loop).result(10)
 
         try:
-            self.metrics = MetricsServer(snapshot, self.bind_host, port)
-            log.info("metrics on http://%s:%d/metrics", self.bind_host, self.metrics.port)
+            # HTTPS too, by the first byte, with the broker port's mode and certificate (docs/metrics.md)
+            tls = ServerTls.from_config(self.config, "metrics")
+            self.metrics = MetricsServer(snapshot, self.bind_host, port, tls=tls, loop=loop,
+                                         monotonic=self.clock.monotonic)
+            log.info("metrics on %s (%s)", self.metrics.url(), self.metrics.scheme)
         except OSError as e:
             log.error("metrics: cannot listen on %s:%d (%s); set metricsPort to a free port, or -1",
                       self.bind_host, port, e)

@@ -157,15 +157,21 @@ def load_config(args: argparse.Namespace, namesrv_addr: str | None = None) -> Br
     return config
 
 
-def _namesrv_metrics(ns: Any, host: str, port: int, ns_port: int) -> None:
-    """The name server's /metrics on ``port`` (0: its own port + 2, -1: none); a port that cannot be bound
-    is logged, not fatal."""
+def _namesrv_metrics(ns: Any, host: str, port: int, ns_port: int, config: BrokerConfig) -> None:
+    """The name server's /metrics on ``port`` (0: its own port + 2, -1: none), HTTP and HTTPS as its port
+    serves plaintext and TLS (``config``'s tlsServerMode and certificate); a port that cannot be bound is
+    logged, not fatal. Called on the name server's event loop."""
     if port < 0:
         return
     from chronomq.metrics import MetricsServer, namesrv_families
+    from chronomq.remoting.tls import ServerTls
 
     try:
-        MetricsServer(ns.metrics_snapshot, host, port or ns_port + 2, namesrv_families)
+        server = MetricsServer(ns.metrics_snapshot, host, port or ns_port + 2, namesrv_families,
+                               tls=ServerTls.from_config(config, "namesrv metrics"),
+                               loop=asyncio.get_running_loop(), monotonic=ns.clock.monotonic,
+                               name="namesrv metrics")
+        log.info("name server metrics on %s (%s)", server.url(), server.scheme)
     except OSError as e:
         log.error("name server metrics: cannot listen on %s:%d (%s)", host, port or ns_port + 2, e)
 
@@ -196,7 +202,8 @@ def cmd_start(args: argparse.Namespace) -> int:
         ns = NameServer(host, ns_port, clock, limits=connection_limits(config),
                         tls=ServerTls.from_config(config, "namesrv"))
         # metricsPort -1: neither has one
-        _namesrv_metrics(ns, host, config.namesrvMetricsPort if config.metricsPort >= 0 else -1, ns_port)
+        _namesrv_metrics(ns, host, config.namesrvMetricsPort if config.metricsPort >= 0 else -1, ns_port,
+                         config)
         broker = BrokerController(config, clock, bind_host=host, local_register=ns.routes.register_broker)
         if broker.processor.acl is not None:  # the embedded name server checks the same accounts
             from chronomq.acl import refusal
@@ -254,7 +261,7 @@ def cmd_namesrv(args: argparse.Namespace) -> int:
     async def main() -> None:
         ns = NameServer(args.host, args.port, limits=connection_limits(config),
                         tls=ServerTls.from_config(config, "namesrv"))
-        _namesrv_metrics(ns, args.host, args.metrics_port, args.port)
+        _namesrv_metrics(ns, args.host, args.metrics_port, args.port, config)
         if acl is not None:
             from chronomq.acl import refusal
 

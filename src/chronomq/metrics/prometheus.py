@@ -1,14 +1,23 @@
 """The prometheus-client side of chronomq.metrics: the metric families of a broker's or a name server's
 snapshot (``families``, ``namesrv_families``) and the HTTP endpoint serving them (``MetricsServer``).
-Loaded only when a /metrics endpoint starts (see the package's docstring)."""
+Loaded only when a /metrics endpoint starts (see the package's docstring).
+
+The endpoint serves HTTP and HTTPS on one port by a connection's first byte (0x16: a TLS handshake), as
+the broker's remoting port does, following its ``tlsServerMode`` (docs/metrics.md, "HTTPS")."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
+import socket
+import ssl
+import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from socketserver import ThreadingMixIn
-from typing import Any
+from typing import Any, Protocol
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from prometheus_client import CollectorRegistry, make_wsgi_app
@@ -172,8 +181,56 @@ class _Collector:
         yield from self.to_families(s)
 
 
+HANDSHAKE = 0x16  # a TLS record of type handshake: the first byte a TLS client sends
+FIRST_BYTES_TIMEOUT_S = 10.0  # the first byte and, for TLS, the handshake must arrive within this
+REFUSED_LOG_EVERY_S = 10.0
+_HTTPS_ONLY_TEXT = b"this port serves HTTPS only (tlsServerMode is enforcing): use https://\n"
+_HTTPS_ONLY = (b"HTTP/1.1 400 Bad Request\r\nContent-Type: text/plain; charset=utf-8\r\nConnection: close\r\n"
+               b"Content-Length: %d\r\n\r\n%s" % (len(_HTTPS_ONLY_TEXT), _HTTPS_ONLY_TEXT))
+
+
+class PortTls(Protocol):
+    """What the endpoint asks of a port's TLS (``chronomq.remoting.tls.ServerTls`` is one): the mode and
+    the context a TLS connection is served with (made or reloaded by ``context()``)."""
+
+    mode: str
+    serves_tls: bool
+    serves_plaintext: bool
+
+    def context(self) -> ssl.SSLContext: ...
+
+
+def _peer(address: Any) -> str:
+    return f"{address[0]}:{address[1]}" if isinstance(address, tuple) and len(address) >= 2 else str(address)
+
+
+def _reason(e: ssl.SSLError) -> str:
+    why = getattr(e, "verify_message", None) or getattr(e, "reason", None) or str(e)
+    return str(why).lower().replace("_", " ")
+
+
 class _Server(ThreadingMixIn, WSGIServer):
     daemon_threads = True
+    endpoint: MetricsServer | None = None
+
+    def finish_request(self, request: Any, client_address: Any) -> None:
+        # in the connection's own thread (ThreadingMixIn): a slow first byte or handshake holds only it
+        endpoint = self.endpoint
+        conn = request if endpoint is None else endpoint._accept(request, client_address)
+        if conn is None:
+            return
+        try:
+            super().finish_request(conn, client_address)
+        finally:
+            if isinstance(conn, ssl.SSLSocket):  # TLS: close_notify, without waiting for the peer's
+                with contextlib.suppress(OSError, ValueError):
+                    conn.settimeout(0)
+                    conn.unwrap()
+                conn.close()
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        e = sys.exc_info()[1]  # a peer gone mid-request: one DEBUG line, not a traceback on stderr
+        log.debug("metrics: a request from %s failed: %s", _peer(client_address), e or type(e).__name__)
 
 
 class _QuietHandler(WSGIRequestHandler):
@@ -183,19 +240,140 @@ class _QuietHandler(WSGIRequestHandler):
 
 class MetricsServer:
     """The HTTP endpoint (``/metrics``, prometheus-client's WSGI app) in a thread of its own; ``stop()``
-    closes it within a poll interval (50 ms)."""
+    closes it within a poll interval (50 ms).
+
+    ``tls`` (a port's TLS, see ``PortTls``): None or mode ``disabled``, plain HTTP; ``permissive``, HTTP and
+    HTTPS on the port, told apart by a connection's first byte; ``enforcing``, HTTPS only, a plaintext
+    request answered 400 and closed (a WARNING at once, then at most one every 10 s with the count since).
+    ``loop``: ``tls.context()`` is called on that event loop (where the port's owner makes the self-signed
+    certificate and reloads changed files), else in the connection's thread under a lock. A failed
+    handshake is an INFO line. Counted: ``tls_connections``, ``tls_failures``, ``refused_by_tls_mode``."""
 
     def __init__(self, snapshot: Callable[[], dict[str, Any]], host: str, port: int,
-                 to_families: Callable[[dict[str, Any]], Iterator[Metric]] = families) -> None:
+                 to_families: Callable[[dict[str, Any]], Iterator[Metric]] = families, *,
+                 tls: PortTls | None = None, loop: asyncio.AbstractEventLoop | None = None,
+                 monotonic: Callable[[], float] = time.monotonic, name: str = "metrics") -> None:
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(_Collector(snapshot, to_families))
+        self.tls = tls if tls is not None and tls.serves_tls else None
+        self.https_only = self.tls is not None and not self.tls.serves_plaintext
+        self.name = name
+        self.tls_connections = 0
+        self.tls_failures = 0
+        self.refused_by_tls_mode = 0
+        self._loop = loop
+        self._monotonic = monotonic
+        self._lock = threading.Lock()
+        self._unlogged = 0
+        self._logged_at: float | None = None
         self._server = make_server(host, port, make_wsgi_app(self.registry), _Server, _QuietHandler)
+        if self.tls is not None:
+            self._server.endpoint = self
         self.port = int(self._server.server_address[1])
         self.host = host
         self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05},
                                         name="chronomq-metrics", daemon=True)
         self._thread.start()
 
+    @property
+    def scheme(self) -> str:
+        """``http``, ``https`` or ``http+https`` (both on the port)."""
+        if self.tls is None:
+            return "http"
+        return "https" if self.https_only else "http+https"
+
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{'https' if self.https_only else 'http'}://{host}:{self.port}/metrics"
+
     def stop(self) -> None:
         self._server.shutdown()
         self._server.server_close()
+
+    # --- one connection, in its own thread ----------------------------------------------------------------
+    def _accept(self, sock: socket.socket, address: Any) -> socket.socket | None:
+        """The socket to serve the connection on (``sock`` for plain HTTP, an ``ssl.SSLSocket`` once the
+        handshake is done), or None when it was refused, failed or left (closed by the caller's
+        ``shutdown_request``)."""
+        assert self.tls is not None
+        try:
+            sock.settimeout(FIRST_BYTES_TIMEOUT_S)
+            first = sock.recv(1, socket.MSG_PEEK)
+        except OSError as e:  # socket.timeout included
+            log.debug("%s: %s sent nothing: %s", self.name, _peer(address), e)
+            return None
+        if not first:
+            return None
+        if first[0] != HANDSHAKE:
+            if not self.https_only:
+                sock.settimeout(None)  # plain HTTP, as without TLS
+                return sock
+            self._refuse(sock, address)
+            return None
+        try:
+            context = self._context()
+        except Exception as e:  # the self-signed certificate cannot be made, the loop is gone
+            log.error("%s: cannot serve TLS to %s: %s", self.name, _peer(address), e or type(e).__name__)
+            return None
+        try:
+            conn = context.wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
+        except (OSError, ValueError) as e:
+            log.debug("%s: %s left before TLS: %s", self.name, _peer(address), e)
+            return None
+        try:
+            conn.do_handshake()
+        except ssl.SSLEOFError as e:  # the client closed during the handshake
+            log.debug("%s: %s closed during the TLS handshake: %s", self.name, _peer(address), e)
+            conn.close()
+            return None
+        except ssl.SSLError as e:
+            with self._lock:
+                self.tls_failures += 1
+            log.info("%s: TLS handshake with %s failed: %s", self.name, _peer(address), _reason(e))
+            conn.close()
+            return None
+        except OSError as e:  # timeout, reset
+            log.debug("%s: %s left during the TLS handshake: %s", self.name, _peer(address), e)
+            conn.close()
+            return None
+        with self._lock:
+            self.tls_connections += 1
+        return conn
+
+    def _context(self) -> ssl.SSLContext:
+        tls = self.tls
+        assert tls is not None
+        loop = self._loop
+        if loop is None:
+            with self._lock:
+                return tls.context()
+
+        async def on_loop() -> ssl.SSLContext:
+            return tls.context()
+
+        return asyncio.run_coroutine_threadsafe(on_loop(), loop).result(FIRST_BYTES_TIMEOUT_S)
+
+    def _refuse(self, sock: socket.socket, address: Any) -> None:
+        """Plain HTTP under ``enforcing``: a 400 that says why, then the connection closed (after the
+        peer's request is read, so that the close does not reset the answer away)."""
+        with self._lock:
+            self.refused_by_tls_mode += 1
+            self._unlogged += 1
+            now = self._monotonic()
+            last = self._logged_at
+            due = last is None or now - last >= REFUSED_LOG_EVERY_S
+            if due:
+                count, self._unlogged, self._logged_at = self._unlogged, 0, now
+        if due:
+            log.warning("%s: refused %d connection(s)%s, the last from %s: plain HTTP refused: tlsServerMode "
+                        "is enforcing (HTTPS only)", self.name, count,
+                        "" if last is None else f" in {now - last:.0f} s", _peer(address))
+        try:
+            sock.settimeout(1.0)
+            sock.sendall(_HTTPS_ONLY)
+            sock.shutdown(socket.SHUT_WR)
+            for _ in range(16):  # what the request left unread, until the peer closes
+                if not sock.recv(65536):
+                    break
+        except OSError:
+            pass
