@@ -22,6 +22,15 @@ def add_console_args(p: argparse.ArgumentParser, prefix: str = "") -> None:
                    help="console address (default 127.0.0.1; any other needs --users)")
     p.add_argument(f"--{prefix}users" if prefix else "--users", metavar="FILE", dest="dashboard_users",
                    help="YAML users file (users: [{name, password_hash}]): a login on every page")
+    p.add_argument(f"--{prefix}tls-cert", metavar="FILE", dest="dashboard_tls_cert",
+                   help="serve the console over HTTPS with this PEM certificate chain (with --"
+                        f"{prefix}tls-key)")
+    p.add_argument(f"--{prefix}tls-key", metavar="FILE", dest="dashboard_tls_key",
+                   help="the certificate's PEM private key, unencrypted")
+    p.add_argument(f"--{prefix}broker-tls", nargs="?", const=True, default=None, metavar="CAFILE",
+                   dest="dashboard_broker_tls",
+                   help="connect to the name server and brokers over TLS; with CAFILE, verify their "
+                        "certificates against it (docs/tls.md)")
 
 
 def add_parser(sub: Any) -> None:
@@ -43,15 +52,19 @@ def _web() -> Any:
     return web
 
 
-def console_config(args: argparse.Namespace, namesrv: str) -> Any:
+def console_config(args: argparse.Namespace, namesrv: str, broker_tls: bool | str | None = None) -> Any:
+    """The console's settings from its options; ``broker_tls``: the Admin's ``tls=`` when the command line
+    does not say (``chronomq start`` gives True when its own ports serve TLS only)."""
     ConsoleConfig = _web().ConsoleConfig
 
     from .admin_session import credentials
 
     creds = credentials(args)
+    given = args.dashboard_broker_tls
     return ConsoleConfig(namesrv=namesrv, host=args.dashboard_host, port=args.dashboard_port,
                          users_file=args.dashboard_users, access_key=creds[0] if creds else None,
-                         secret_key=creds[1] if creds else None)
+                         secret_key=creds[1] if creds else None, tls_cert=args.dashboard_tls_cert,
+                         tls_key=args.dashboard_tls_key, broker_tls=broker_tls if given is None else given)
 
 
 def make_console(cfg: Any) -> Any:

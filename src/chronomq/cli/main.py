@@ -187,7 +187,9 @@ def cmd_start(args: argparse.Namespace) -> int:
     if args.dashboard:
         from .dashboard import console_config, make_console
 
-        console = make_console(console_config(args, config.namesrvAddr))
+        # its own name server and broker serving TLS only: the console connects over TLS unless told
+        console = make_console(console_config(args, config.namesrvAddr,
+                                              True if config.tlsServerMode == "enforcing" else None))
 
     from chronomq.broker.controller import BrokerController, connection_limits
     from chronomq.clock import SystemClock

@@ -25,7 +25,15 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from chronomq import message as m
-from chronomq.client import Admin, BrokerError, ClientError, NoRouteError, NotPermitted, TopicNotFound
+from chronomq.client import (
+    Admin,
+    BrokerError,
+    ClientError,
+    ConnectFailed,
+    NoRouteError,
+    NotPermitted,
+    TopicNotFound,
+)
 
 from . import charts
 from .auth import Accounts, Session, Sessions
@@ -105,12 +113,14 @@ class Console:
     """The pages. ``require_login``: every page needs a logged-in account from ``accounts``."""
 
     def __init__(self, admin: Admin, *, accounts: Accounts | None, require_login: bool,
-                 now_ms: Callable[[], int]) -> None:
+                 now_ms: Callable[[], int], secure_cookies: bool = False, broker_tls: bool = False) -> None:
         if require_login and accounts is None:
             raise ValueError("a console that requires a login needs accounts")
         self.admin = admin
         self.accounts = accounts
         self.require_login = require_login
+        self.secure_cookies = secure_cookies  # served over HTTPS: the cookie never goes over plain HTTP
+        self.broker_tls = broker_tls
         self.now_ms = now_ms
         self.sessions = Sessions(now_ms)
         self.view = ClusterView(admin, TpsSampler(now_ms))
@@ -139,7 +149,8 @@ class Console:
         for k, v in SECURITY_HEADERS.items():
             resp.headers[k] = v
         if new:
-            resp.set_cookie(COOKIE, session.id, httponly=True, samesite="strict", path="/")
+            resp.set_cookie(COOKIE, session.id, httponly=True, samesite="strict", path="/",
+                            secure=self.secure_cookies)
         return resp
 
     async def _form(self, request: Request) -> dict[str, str]:
@@ -176,7 +187,7 @@ class Console:
             except ValueError as e:  # BadInput, or an argument the client refused
                 return self._error(request, session, new, 400, str(e))
             except ClientError as e:  # the cluster's refusal, said plainly
-                return self._error(request, session, new, _status_of(e), str(e))
+                return self._error(request, session, new, _status_of(e), self._reason(e))
             except OSError as e:
                 return self._error(request, session, new, 502, f"the cluster cannot be reached: {e}")
             except Exception as e:  # a bug of the console: logged in full, a plain page for the user
@@ -188,6 +199,13 @@ class Console:
             return self._render(request, session, new, template, **ctx)
 
         return endpoint
+
+    def _reason(self, e: ClientError) -> str:
+        text = str(e)
+        if isinstance(e, ConnectFailed) and not self.broker_tls:
+            text += (" (a name server or broker whose tlsServerMode is enforcing closes plaintext "
+                     "connections: start the console with --broker-tls)")
+        return text
 
     def _error(self, request: Request, session: Session, new: bool, status: int, text: str) -> Response:
         return self._render(request, session, new, "error.html", status=status, message=text,
@@ -398,11 +416,15 @@ class Console:
 
 
 def create_app(admin: Admin, *, accounts: Accounts | None = None, require_login: bool = False,
-               now_ms: Callable[[], int] | None = None, own_admin: bool = True) -> Starlette:
+               now_ms: Callable[[], int] | None = None, own_admin: bool = True, secure_cookies: bool = False,
+               broker_tls: bool = False) -> Starlette:
     """The console as an ASGI app, on ``admin``'s clock unless ``now_ms`` is given. With ``own_admin`` the
-    app starts ``admin`` and closes it on shutdown; otherwise the caller does both."""
+    app starts ``admin`` and closes it on shutdown; otherwise the caller does both. ``secure_cookies``:
+    served over HTTPS (the session cookie is marked Secure); ``broker_tls``: ``admin`` connects over TLS
+    (else a refused connection's page says how to turn it on)."""
     console = Console(admin, accounts=accounts, require_login=require_login,
-                      now_ms=now_ms or admin.clock.now_ms)
+                      now_ms=now_ms or admin.clock.now_ms, secure_cookies=secure_cookies,
+                      broker_tls=broker_tls)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
