@@ -64,7 +64,7 @@ def test_the_table_is_consistent() -> None:
 def test_known_keys_come_from_the_table() -> None:
     assert o.keys_for(o.WRITE) == {"namesrv", "nameserver", "topic", "producergroup", "batchsize",
                                    "maxinflight", "writeid", "requesttimeoutms", "accesskey", "secretkey",
-                                   "dedup"}
+                                   "dedup", "tls"}
     assert "maxoffsetspertrigger" in o.READ_KEYS and "endingoffsets" in o.READ_KEYS
     assert "deliverfrom" not in o.READ_KEYS and "subscribe" not in o.PENDING_KEYS
     with pytest.raises(OptionError, match=r"known options: accesskey, batchsize, dedup, maxinflight, "):

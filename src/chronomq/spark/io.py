@@ -84,13 +84,13 @@ class Metadata:
         if self._consumer is None:
             self._consumer = SimpleConsumer(READER_GROUP, self.opts.namesrv,
                                             request_timeout=self.opts.request_timeout_s,
-                                            credentials=self.opts.credentials).blocking()
+                                            credentials=self.opts.credentials, tls=self.opts.tls).blocking()
         return self._consumer
 
     def _a(self) -> Any:
         if self._admin is None:
             self._admin = Admin(self.opts.namesrv, request_timeout=self.opts.request_timeout_s,
-                                credentials=self.opts.credentials).blocking()
+                                credentials=self.opts.credentials, tls=self.opts.tls).blocking()
         return self._admin
 
     def close(self) -> None:
@@ -225,11 +225,12 @@ class ReadSettings:
     levels_ms: tuple[int, ...] = field(default_factory=lambda: tuple(DEFAULT_LEVELS_MS))
     rows_per_batch: int = 4096
     credentials: tuple[str, str] | None = None
+    tls: bool | str | None = None  # the clients' tls=: True, or a CA file's path (the same on executors)
 
     @classmethod
     def of(cls, opts: ReadOptions, levels_ms: Sequence[int]) -> ReadSettings:
         return cls(opts.namesrv, opts.tag_expression, opts.fail_on_data_loss, opts.pull_batch_size,
-                   opts.request_timeout_s, tuple(levels_ms), credentials=opts.credentials)
+                   opts.request_timeout_s, tuple(levels_ms), credentials=opts.credentials, tls=opts.tls)
 
 
 def read_range(settings: ReadSettings, qr: QueueRange, schema: pa.Schema) -> Iterator[pa.RecordBatch]:
@@ -240,7 +241,7 @@ def read_range(settings: ReadSettings, qr: QueueRange, schema: pa.Schema) -> Ite
     if qr.end <= qr.start:
         return
     proxy = SimpleConsumer(READER_GROUP, settings.namesrv, request_timeout=settings.request_timeout_s,
-                           credentials=settings.credentials).blocking()
+                           credentials=settings.credentials, tls=settings.tls).blocking()
     batches = range_batches(proxy.async_client, settings, qr, schema)
     try:
         while True:
@@ -376,7 +377,7 @@ def read_pending(opts: PendingOptions, schema: pa.Schema) -> Iterator[pa.RecordB
     """Every pending message matching the filters, one Arrow batch per page, paging through all master
     brokers with Admin.pending's cursor (ordered by broker, then deliver time)."""
     proxy = Admin(opts.namesrv, request_timeout=opts.request_timeout_s,
-                  credentials=opts.credentials).blocking()
+                  credentials=opts.credentials, tls=opts.tls).blocking()
     seen: set[str] = set()
     cursor: str | None = None
     try:
@@ -512,7 +513,7 @@ def write_rows(opts: WriteOptions, batches: Iterator[pa.RecordBatch], query_id: 
     (Spark retries it: at-least-once, the same UNIQ_KEYs are sent again)."""
     stats = WriteStats()
     proxy = Producer(opts.producer_group, opts.namesrv, send_timeout=opts.request_timeout_s,
-                     credentials=opts.credentials).blocking()
+                     credentials=opts.credentials, tls=opts.tls).blocking()
     producer = proxy.async_client
     sem_holder: dict[str, asyncio.Semaphore] = {}
 

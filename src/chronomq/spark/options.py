@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import re
+import ssl
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -76,6 +77,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("mode", _READ | {PENDING}, "messages (default: the rows of topics) or pending (the timer stores)"),
     Option("accessKey", _EVERYWHERE, "ACL access key (with secretKey)"),
     Option("secretKey", _EVERYWHERE, "ACL secret key (with accessKey)"),
+    Option("tls", _EVERYWHERE, "TLS to the name servers and brokers: true (not verifying them), false "
+           "(default), or a PEM CA file to verify them with"),
     Option("topic", frozenset({PENDING, WRITE}),
            "pending: only messages for this topic; write: the topic, over a topic column"),
     Option("key", frozenset({PENDING}), "only messages with this key or message id"),
@@ -148,6 +151,7 @@ class ReadOptions:
     request_timeout_s: float
     streaming: bool
     credentials: tuple[str, str] | None = None
+    tls: bool | str | None = None
 
     def named_topics(self) -> list[str] | None:
         """Topics named by subscribe/assign (None for subscribePattern: resolved against the cluster)."""
@@ -169,6 +173,7 @@ class WriteOptions:
     request_timeout_s: float
     credentials: tuple[str, str] | None = None
     dedup: bool = True
+    tls: bool | str | None = None
 
 
 def _lower(options: Mapping[str, str]) -> dict[str, str]:
@@ -212,6 +217,24 @@ def _credentials(opts: dict[str, str]) -> tuple[str, str] | None:
     if not ak or not sk:
         raise OptionError("options 'accessKey' and 'secretKey' go together: give both or neither")
     return ak, sk
+
+
+def _tls(opts: dict[str, str]) -> bool | str | None:
+    """The ``tls`` option as chronomq's clients take it (``tls=``): None (plaintext) for false or nothing,
+    True for true, else the path of a PEM CA file, read here so that a wrong one fails on the driver with
+    its reason (executors read the same path)."""
+    raw = _text(opts, "tls")
+    if not raw or raw.lower() == "false":
+        return None
+    if raw.lower() == "true":
+        return True
+    try:
+        ssl.create_default_context(cafile=raw)
+    except (OSError, ValueError) as e:  # ssl.SSLError is an OSError
+        why = e.strerror if isinstance(e, OSError) and e.strerror else str(e) or type(e).__name__
+        raise OptionError(f"option 'tls': {raw!r} must be true, false or the path of a PEM CA file to "
+                          f"verify the servers with; that file cannot be used: {why}") from None
+    return raw
 
 
 def _option(name: str, kind: type) -> Option:
@@ -458,6 +481,7 @@ def parse_read_options(options: Mapping[str, str], streaming: bool) -> ReadOptio
         request_timeout_s=_timeout_s(opts),
         streaming=streaming,
         credentials=_credentials(opts),
+        tls=_tls(opts),
     )
 
 
@@ -488,6 +512,7 @@ class PendingOptions:
     page_size: int
     request_timeout_s: float
     credentials: tuple[str, str] | None = None
+    tls: bool | str | None = None
 
 
 def parse_time_ms(raw: str, name: str) -> int:
@@ -545,6 +570,7 @@ def parse_pending_options(options: Mapping[str, str], streaming: bool) -> Pendin
         page_size=_count(opts, "pageSize"),
         request_timeout_s=_timeout_s(opts),
         credentials=_credentials(opts),
+        tls=_tls(opts),
     )
 
 
@@ -566,4 +592,5 @@ def parse_write_options(options: Mapping[str, str]) -> WriteOptions:
         request_timeout_s=_timeout_s(opts),
         credentials=_credentials(opts),
         dedup=_bool(opts, "dedup"),
+        tls=_tls(opts),
     )
