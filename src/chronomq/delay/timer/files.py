@@ -398,13 +398,19 @@ def pack_hash_entries_py(items: list[tuple[int, int]], count: int, buckets: int,
 class _HashGeneration:
     def __init__(self, directory: Path, gen: int, buckets: int, capacity: int) -> None:
         self.gen = gen
-        self.buckets = buckets
-        self.capacity = capacity
         self.bucket_path = directory / f"{gen:08d}.buckets"
         self.entry_path = directory / f"{gen:08d}.entries"
         self._bfd = os.open(self.bucket_path, os.O_RDWR | os.O_CREAT, 0o644)
-        if os.fstat(self._bfd).st_size != buckets * 8:
+        size = os.fstat(self._bfd).st_size
+        if size and not size % 8 and size // 8 != buckets:
+            # the table on disk wins (a small first generation, or one made with another setting); its
+            # entries in proportion, as HashIndex sizes a small first generation
+            capacity = max(1, capacity * (size // 8) // buckets)
+            buckets = size // 8
+        elif size != buckets * 8:
             os.ftruncate(self._bfd, buckets * 8)
+        self.buckets = buckets
+        self.capacity = capacity
         self.bmap = mmap.mmap(self._bfd, buckets * 8)
         self._backing = BackedPages(self._bfd, buckets * 8)
         self.efd = os.open(self.entry_path, os.O_RDWR | os.O_CREAT, 0o644)
@@ -573,9 +579,20 @@ class _HashGeneration:
             self.entry_path.unlink(missing_ok=True)
 
 
+# A new key hash starts with a first generation FIRST_GENERATION_SHRINK times smaller than the configured
+# one (buckets and entries alike, so its chains are as long when it is full), so that a store holding few
+# keys has a small bucket table on disk (the configured 2^20 buckets are 8 MiB once keys touch every page)
+# and a crash's recovery checks a small table; the generations after it have the configured size. Not
+# when that would leave fewer than FIRST_GENERATION_MIN_BUCKETS buckets.
+FIRST_GENERATION_SHRINK = 16
+FIRST_GENERATION_MIN_BUCKETS = 4096
+
+
 class HashIndex:
     """Key -> data positions, in generations (each: a bucket table + an append-only entry file). The
-    newest generation takes writes; a generation is dropped once every position it names is gone."""
+    newest generation takes writes; a generation is dropped once every position it names is gone. The
+    first generation of a new hash is smaller (FIRST_GENERATION_SHRINK); each generation's table size is
+    its file's."""
 
     def __init__(self, directory: Path, buckets: int, capacity: int) -> None:
         self.dir = directory
@@ -585,7 +602,12 @@ class HashIndex:
         gens = sorted(int(p.name.split(".")[0]) for p in self.dir.glob("*.entries"))
         self.gens = [_HashGeneration(self.dir, g, buckets, capacity) for g in gens]
         if not self.gens:
-            self.gens.append(_HashGeneration(self.dir, 0, buckets, capacity))
+            small = buckets // FIRST_GENERATION_SHRINK
+            if small >= FIRST_GENERATION_MIN_BUCKETS:
+                first = _HashGeneration(self.dir, 0, small, max(1, capacity // FIRST_GENERATION_SHRINK))
+            else:
+                first = _HashGeneration(self.dir, 0, buckets, capacity)
+            self.gens.append(first)
 
     def add_many(self, items: list[tuple[int, int]]) -> None:
         while items:
