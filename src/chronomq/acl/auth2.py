@@ -144,7 +144,7 @@ class Entry:
 @dataclass
 class User:
     username: str
-    password: str
+    password: str = field(repr=False)  # never in a repr or a log line
     user_type: str = NORMAL
     status: str = ENABLE
 

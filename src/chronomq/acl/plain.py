@@ -97,7 +97,7 @@ class AddressRule:
 @dataclass
 class Account:
     access_key: str
-    secret_key: str
+    secret_key: str = field(repr=False)  # never in a repr, a log line or an error
     white: AddressRule
     admin: bool = False
     default_topic_perm: int = DENY

@@ -24,7 +24,7 @@ from typing import Any, Protocol
 from chronomq.remoting.codes import RequestCode, ResponseCode
 from chronomq.remoting.signing import ACCESS_KEY, SIGNATURE, TIMESTAMP, signature
 
-from .plain import PUB, RETRY_PREFIX, SUB, AclConfigError, PlainAcl, check_perm, parse
+from .plain import ANY, PUB, RETRY_PREFIX, SUB, AclConfigError, PlainAcl, check_perm, parse
 
 log = logging.getLogger("chronomq.acl")
 
@@ -96,6 +96,19 @@ def resources(code: int, ext: Mapping[str, Any], body: bytes | None) -> dict[str
         add(_retry(g("consumerGroup")), SUB)
         add(g("topic"), SUB)
     return need
+
+
+def asked(need: Mapping[str, int]) -> str:
+    """What a request asks for, as a refusal's log line names it: ``topic:orders Pub, group:g1 Sub``."""
+    out = []
+    for res, perm in sorted(need.items()):
+        if res.startswith(RETRY_PREFIX):
+            if res != RETRY_PREFIX:  # a producer's blank group (its unregister) names none
+                out.append(f"group:{res[len(RETRY_PREFIX):]} Sub")
+            continue
+        actions = [a for bit, a in ((PUB, "Pub"), (SUB, "Sub")) if perm & bit]
+        out.append(f"topic:{res} {'|'.join(actions) or ('Pub|Sub' if perm & ANY else '?')}")
+    return ", ".join(out) or "no topic or group"
 
 
 class AclValidator:
@@ -227,7 +240,11 @@ def refusal(validator: Checker | None, req: Any, remote_addr: str) -> Any:
         validator.check(req.code, req.ext_fields, req.body, ip.strip("[]"))
     except AclError as e:
         validator.refused += 1
-        log.warning("ACL: refused request code %s from %s (AccessKey %s): %s", req.code, remote_addr,
-                    req.ext_fields.get(ACCESS_KEY) or "-", e)
+        try:
+            what = asked(resources(req.code, req.ext_fields, req.body))
+        except AclError:  # a heartbeat body that is not JSON: the reason says so
+            what = "?"
+        log.warning("ACL: refused request code %s (%s) from %s (AccessKey %s): %s", req.code, what,
+                    remote_addr, req.ext_fields.get(ACCESS_KEY) or "-", e)
         return req.response(ResponseCode.NO_PERMISSION, remark=f"AclException: {e}")
     return None

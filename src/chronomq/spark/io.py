@@ -224,7 +224,7 @@ class ReadSettings:
     request_timeout_s: float
     levels_ms: tuple[int, ...] = field(default_factory=lambda: tuple(DEFAULT_LEVELS_MS))
     rows_per_batch: int = 4096
-    credentials: tuple[str, str] | None = None
+    credentials: tuple[str, str] | None = field(default=None, repr=False)  # never in a repr
     tls: bool | str | None = None  # the clients' tls=: True, or a CA file's path (the same on executors)
 
     @classmethod

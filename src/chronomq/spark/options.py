@@ -17,7 +17,7 @@ import json
 import re
 import ssl
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
 from chronomq.message import validate_topic
@@ -150,7 +150,7 @@ class ReadOptions:
     pull_batch_size: int
     request_timeout_s: float
     streaming: bool
-    credentials: tuple[str, str] | None = None
+    credentials: tuple[str, str] | None = field(default=None, repr=False)  # never in a repr
     tls: bool | str | None = None
 
     def named_topics(self) -> list[str] | None:
@@ -171,7 +171,7 @@ class WriteOptions:
     max_in_flight: int
     write_id: str | None
     request_timeout_s: float
-    credentials: tuple[str, str] | None = None
+    credentials: tuple[str, str] | None = field(default=None, repr=False)  # never in a repr
     dedup: bool = True
     tls: bool | str | None = None
 
@@ -511,7 +511,7 @@ class PendingOptions:
     deliver_to_ms: int | None
     page_size: int
     request_timeout_s: float
-    credentials: tuple[str, str] | None = None
+    credentials: tuple[str, str] | None = field(default=None, repr=False)  # never in a repr
     tls: bool | str | None = None
 
 

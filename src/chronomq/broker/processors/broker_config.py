@@ -1,7 +1,8 @@
 """The broker's configuration and traffic figures as RocketMQ's admin tools ask for them:
 GET_BROKER_CONFIG (26), UPDATE_BROKER_CONFIG (25) and VIEW_BROKER_STATS_DATA (315).
 
-Rules: the configuration travels as Java properties text (``key=value`` lines). An update applies only
+Rules: the configuration travels as Java properties text (``key=value`` lines), a secret's value (a
+password, a secret key, credentials, a private key's path) as ``***`` when it is set. An update applies only
 the keys in RUNTIME_KEYS (ones read afresh at each use), for this run: a request naming any other key
 changes nothing and is refused with NO_PERMISSION, naming the keys it may change. The stats answer from
 chronomq's traffic counters, which count since the broker started (there is no per-minute history): every
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import re
 from typing import TYPE_CHECKING, Any
 
 from chronomq.config import BrokerConfig, ConfigError, parse_properties
@@ -37,14 +39,26 @@ PUT_STATS = {"TOPIC_PUT_NUMS": 0, "TOPIC_PUT_SIZE": 1}
 GET_STATS = {"GROUP_GET_NUMS": 0, "GROUP_GET_SIZE": 1}
 
 
+# keys whose values are secrets (initAuthenticationUser's and innerClientAuthenticationCredentials' JSON
+# hold a password and a secret key; tlsKeyPath and tlsClientKeyPath name private keys), and any other key,
+# RocketMQ's or unknown, whose name says it holds one
+SECRET_KEYS = frozenset({"initAuthenticationUser", "innerClientAuthenticationCredentials", "tlsKeyPath",
+                         "tlsClientKeyPath"})
+_SECRET_NAME = re.compile(r"password|secret|credential|keypath|privatekey", re.IGNORECASE)
+MASK = "***"
+
+
 def config_properties(config: BrokerConfig) -> str:
-    """Every key and value of ``config`` as Java properties text, sorted by key."""
+    """Every key and value of ``config`` as Java properties text, sorted by key; a secret's value that is
+    set shows as ``***`` (an unset one stays empty)."""
     values: dict[str, Any] = {f.name: getattr(config, f.name) for f in dataclasses.fields(config)
                               if f.name != "extra"}
     values.update(config.extra)
     lines = []
     for key in sorted(values):
         v = values[key]
+        if v not in ("", None) and (key in SECRET_KEYS or _SECRET_NAME.search(key)):
+            v = MASK
         lines.append(f"{key}={('true' if v else 'false') if isinstance(v, bool) else v}")
     return "\n".join(lines) + "\n"
 
