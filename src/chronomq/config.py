@@ -202,8 +202,9 @@ class BrokerConfig:
     # ("": <storePathRootDir>/config/auth.json); the init user's JSON {"username","password"} is a Super user
     authenticationEnabled: bool = False
     authorizationEnabled: bool = False
-    initAuthenticationUser: str = ""
-    innerClientAuthenticationCredentials: str = ""  # {"accessKey","secretKey"}: also a Super user
+    initAuthenticationUser: str = field(default="", repr=False)  # secret: never in a repr
+    # {"accessKey","secretKey"}: also a Super user; secret: never in a repr
+    innerClientAuthenticationCredentials: str = field(default="", repr=False)
     authConfigPath: str = ""
     # transactions (RocketMQ's keys and defaults)
     rejectTransactionMessage: bool = False

@@ -72,3 +72,11 @@ def test_connection_limit_keys_have_rocketmq_defaults_and_are_checked() -> None:
     ]:
         with pytest.raises(ConfigError, match=match):
             BrokerConfig().apply({key: value})
+
+
+def test_the_authentication_secrets_are_not_in_the_repr() -> None:
+    cfg = BrokerConfig()
+    cfg.apply({"initAuthenticationUser": '{"username":"root","password":"pw-not-shown"}',
+               "innerClientAuthenticationCredentials": '{"accessKey":"inner","secretKey":"sk-not-shown"}'})
+    assert "pw-not-shown" in cfg.initAuthenticationUser
+    assert "pw-not-shown" not in repr(cfg) and "sk-not-shown" not in repr(cfg)
