@@ -172,6 +172,8 @@ async def test_an_acl_broker_serves_signed_calls_and_refuses_the_others_on_every
     lines = [r.getMessage() for r in caplog.records if "ACL: refused" in r.getMessage()]
     assert len(lines) == 4 * 5 + 3
     assert any("SendMessage" in s and "AccessKey RocketMQ" in s and "127.0.0.1" in s for s in lines)
+    # who and what: the refused send names its topic and the action it needs
+    assert any(s.startswith("ACL: refused SendMessage (topic:TopicS Pub) from ") for s in lines), lines
     assert any("replay" in s for s in lines) and not any("12345678" in s for s in lines)
 
 

@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 from chronomq.acl.plain import ANY, PUB, RETRY_PREFIX, SUB
-from chronomq.acl.validator import AclError
+from chronomq.acl.validator import AclError, asked
 
 from ._proto import rocketmq_v2_pb2 as pb
 
@@ -154,6 +154,10 @@ class Guard:
         except AclError as e:
             self.acl.refused += 1
             reason = bad_header or str(e)
-            log.warning("ACL: refused %s from %s (AccessKey %s): %s", rpc, peer, ak or "-", reason)
+            try:
+                what = asked(need(rpc, req)) if req is not None else "no topic or group"
+            except Exception:  # a request too malformed to name its resources is still refused
+                what = "?"
+            log.warning("ACL: refused %s (%s) from %s (AccessKey %s): %s", rpc, what, peer, ak or "-", reason)
             return reason
         return None
