@@ -22,7 +22,6 @@ import heapq
 import json
 import os
 import threading
-import uuid
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -228,6 +227,8 @@ class TimerStore(WindowPath):
                     raise TimerError(reason)
                 valid_topic = msg.topic
             if not msg.properties.get(PROPERTY_UNIQ_KEY):
+                import uuid  # not at module level: it imports platform, about 2 ms of every start
+
                 msg.properties[PROPERTY_UNIQ_KEY] = uuid.uuid4().hex.upper()
             msg.properties[PROPERTY_TIMER_DELIVER_MS] = str(deliver_ms)
             try:
