@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import operator
 import os
 import struct
 import zlib
@@ -43,6 +44,8 @@ if TYPE_CHECKING:
     from .store import TimerStore
 
 log = logging.getLogger("chronomq.delay.timer.store")
+_MAGIC = struct.Struct("<i")  # a data record's first field
+_POSITION = operator.itemgetter(1)  # of a (key hash, data position) item
 
 
 def _index_entries(s: TimerStore, first: int, end: int, chunk: int = 1 << 13
@@ -183,37 +186,44 @@ class Recovery:
     def _recover_tail(self, tail_start: int, ck_data_end: int) -> list[IndexEntry]:
         """After a crash: validate index entries written since the checkpoint, cut torn tails, re-link
         entries the wheel missed, recount schedules, and drop message bytes no entry names. Returns the
-        entries kept from ``tail_start`` on, in order."""
+        entries kept from ``tail_start`` on, in order. The wheel is read and written once per slot the
+        tail touches, and the counters once at the end (a crash's tail can be tens of thousands)."""
         s = self.store
         idx = tail_start
         data_end = ck_data_end
         file_end_idx = s.index.file_end() // IDX_SIZE
         data_file_end = s.data.file_end()
-        relinked = 0
         data = _DataWindow(s.data)
+        magic = _MAGIC.pack(DATA_MAGIC)
         kept: list[IndexEntry] = []
+        keep = kept.append
+        by_slot: dict[int, list[tuple[int, int]]] = {}  # slot -> (entry number, prev) in order
         for idx, e in _index_entries(s, tail_start, file_end_idx):
             if e is None:
                 break
-            if e.pos + e.size > data_file_end or e.prev > idx:
+            pos, size = e.pos, e.size
+            if (pos + size > data_file_end or size < DATA_HDR_SIZE or e.prev > idx
+                    or data.read(pos, 4) != magic):
                 break
-            hdr = data.read(e.pos, DATA_HDR_SIZE)
-            if len(hdr) < DATA_HDR_SIZE or unpack_header(hdr).magic != DATA_MAGIC:
-                break
-            head = s.wheel.get(e.slot)
-            if head < idx + 1:
-                if head != e.prev:
-                    log.warning("timer wheel slot %d inconsistent after crash; rebuilding", e.slot)
-                s.wheel.set(e.slot, idx + 1)
-                relinked += 1
-            if e.gen == 0:
-                s.pending[e.topic_id] += 1
-            seg = idx // s.idx_seg_entries
-            s.idx_seg_max[seg] = max(s.idx_seg_max.get(seg, e.slot), e.slot)
-            data_end = max(data_end, e.pos + e.size)
-            kept.append(e)
+            chain = by_slot.get(e.slot)
+            if chain is None:
+                by_slot[e.slot] = [(idx, e.prev)]
+            else:
+                chain.append((idx, e.prev))
+            if pos + size > data_end:
+                data_end = pos + size
+            keep(e)
         else:  # every entry up to the file's end is whole (or there was none past the checkpoint)
             idx = max(tail_start, file_end_idx)
+        relinked = self._relink(by_slot)
+        pending = s.pending
+        for e in kept:
+            if e.gen == 0:
+                pending[e.topic_id] += 1
+        per_seg, seg_max = s.idx_seg_entries, s.idx_seg_max
+        for slot, chain in by_slot.items():
+            for seg in {n // per_seg for n, _prev in chain}:
+                seg_max[seg] = max(seg_max.get(seg, slot), slot)
         s.index_end = idx
         s.index.truncate(idx * IDX_SIZE)
         s.data_end = data_end
@@ -221,6 +231,24 @@ class Recovery:
         if relinked:
             log.info("timer recovery re-linked %d index entries", relinked)
         return kept
+
+    def _relink(self, by_slot: dict[int, list[tuple[int, int]]]) -> int:
+        """Point each slot's wheel head at its newest entry when the crash lost that move: the entries of
+        a slot, in order, whose number is past the head are linked in (one read and at most one write per
+        slot; a link that does not continue the head is logged). Returns how many were linked."""
+        wheel = self.store.wheel
+        relinked = 0
+        for slot, chain in by_slot.items():
+            head = first = wheel.get(slot)
+            for n, prev in chain:
+                if head < n + 1:
+                    if head != prev:
+                        log.warning("timer wheel slot %d inconsistent after crash; rebuilding", slot)
+                    head = n + 1
+                    relinked += 1
+            if head != first:
+                wheel.set(slot, head)
+        return relinked
 
     def _recover_hash(self, ckpt: dict[str, Any], tail: list[IndexEntry], ck_data_end: int) -> None:
         """After a crash: the key hash is synced by the periodic flush, not by a SYNC_FLUSH round (as
@@ -247,7 +275,7 @@ class Recovery:
             except (struct.error, IndexError, MessageFormatError):
                 continue  # a damaged record is never handed out; its keys do not matter
             add_key_items(items, props.get(PROPERTY_UNIQ_KEY) or "", props.get(PROPERTY_KEYS), pos)
-        items.sort(key=lambda it: it[1])
+        items.sort(key=_POSITION)
         s.hash.add_many(items)
         s.hash.sync()
         if fixed or items:
