@@ -200,6 +200,7 @@ def cmd_start(args: argparse.Namespace) -> int:
     raise_open_file_limit()
 
     async def main() -> None:
+        log.info("%s", runtime_line(loop_name))  # the start's first line: what runs
         clock = SystemClock()
         ns = NameServer(host, ns_port, clock, limits=connection_limits(config),
                         tls=ServerTls.from_config(config, "namesrv"))
@@ -231,7 +232,6 @@ def cmd_start(args: argparse.Namespace) -> int:
                 line += f" grpc={broker.grpc_addr}"
             return line + (f" console={console.url}" if console is not None else "")
 
-        log.info("%s", runtime_line(loop_name))
         await run_until_signal(start, stop, ready)
 
     asyncio.run(main())
