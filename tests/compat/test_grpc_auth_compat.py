@@ -62,7 +62,8 @@ def probe(server: ChronomqProcess, **args: Any) -> dict[str, str]:
 
 
 def refused_rpcs(server: ChronomqProcess, start: int) -> set[str]:
-    return set(re.findall(r"ACL: refused (\w+) from", server.log_tail(1_000_000)[start:]))
+    # "ACL: refused QueryRoute (topic:AuthTopic Pub|Sub) from ...": the RPC, what it asked for, who
+    return set(re.findall(r"ACL: refused (\w+) \([^)]*\) from", server.log_tail(1_000_000)[start:]))
 
 
 def test_right_credentials_are_served_wrong_and_none_refused_on_every_rpc(server: ChronomqProcess) -> None:
