@@ -7,6 +7,7 @@ import asyncio
 import json
 import random
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -264,6 +265,19 @@ async def test_first_batch_after_a_wake_up_is_small_then_batches_grow(tmp_path: 
     assert sizes[0] <= 16 and max(sizes) > 16
 
 
+def _checkpoint_index_end(path: Path) -> int:
+    """The checkpoint's index_end. write_atomic(backup=True) moves the old file aside before the new one is
+    moved in: between the two the file is missing for a moment, and is read again (bounded)."""
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            return int(json.loads(path.read_text())["index_end"])
+        except FileNotFoundError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.001)
+
+
 async def test_a_heavy_load_is_flushed_every_flush_entries_not_only_every_interval(tmp_path: Path) -> None:
     clock = VirtualClock()
     svc = TimerService(FakeStore(clock), None, clock, timer_config=small_config(flush_entries=100),
@@ -271,13 +285,13 @@ async def test_a_heavy_load_is_flushed_every_flush_entries_not_only_every_interv
     await svc.start()
     try:
         ckpt = tmp_path / "timer" / "checkpoint.json"
-        at_start = json.loads(ckpt.read_text())["index_end"]
+        at_start = _checkpoint_index_end(ckpt)
         far = clock.now_ms() + 3_600_000
         await svc.schedule_batch_async([(msg(f"a{i}"), far + i) for i in range(99)])
         await svc.settle()
-        assert json.loads(ckpt.read_text())["index_end"] == at_start  # below the count: the interval's
+        assert _checkpoint_index_end(ckpt) == at_start  # below the count: the interval's
         def behind() -> int:
-            return svc.timer.index_end - json.loads(ckpt.read_text())["index_end"]
+            return svc.timer.index_end - _checkpoint_index_end(ckpt)
 
         for k in range(3):
             await svc.schedule_batch_async([(msg(f"b{k}-{i}"), far + i) for i in range(60)])
@@ -328,7 +342,7 @@ async def test_a_count_flush_asked_while_one_runs_starts_when_that_one_ends(tmp_
         assert len(fsyncs) == 1  # held: no second flush beside it
         gate.set()
         # the virtual clock stands still: only the count can start the second flush
-        await wait_until(lambda: json.loads(ckpt.read_text())["index_end"] == svc.timer.index_end,
+        await wait_until(lambda: _checkpoint_index_end(ckpt) == svc.timer.index_end,
                          f"the checkpoint stayed behind after the held flush ended: {fsyncs}")
     finally:
         gate.set()
