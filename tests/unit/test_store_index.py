@@ -4,6 +4,8 @@ crash before the write-back loses only entries that re-dispatch puts back."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from chronomq.store import index as index_mod
@@ -122,4 +124,45 @@ def test_a_query_of_many_keys_finds_what_each_query_finds(tmp_path):
     assert set(many) == {f"U{p}" for p in range(45)} | {f"k{k}" for k in range(5)}
     assert svc.query_many("Other", keys, 1000, 0, 2**62) == {}
     assert svc.query_many("T", keys, 1000, 2**61, 2**62) == {}  # outside every file's time range
+    svc.close()
+
+
+def test_a_new_file_leaves_its_slot_table_a_hole_until_slots_are_written(tmp_path):
+    """The slot table is written with pwrite and read with pread only: a new file's table takes no disk,
+    a flush backs just the pages that hold slots, and full files (read from disk) and a reopen still find
+    every key, the table's holes reading as zero."""
+    slots = 1 << 20  # a 4 MiB table: 1,024 pages
+    svc = IndexService(str(tmp_path), slots, 100)
+    svc.put_batch(items(0, 40))  # 80 entries: one file
+    f = svc.files[-1]
+    assert os.fstat(f.mf.fd).st_blocks * 512 < 1 << 20, "a new file's slot table is not written out as zeros"
+    svc.flush()
+    held = os.fstat(f.mf.fd).st_blocks * 512
+    assert held < 2 * 80 * 8192 + (1 << 20), "only the pages holding slots get disk blocks"
+    svc.put_batch(items(40, 20))  # the first file fills: its lookups read the file's own table
+    svc.flush()
+    assert svc.files[0].slots is None
+    assert all(uniq_hits(svc, p) == [p * 100] for p in range(60))
+    assert key_hits(svc, 3) == [p * 100 for p in range(60) if p % 5 == 3]
+    svc.close()
+    again = IndexService(str(tmp_path), slots, 100)
+    again.load()
+    assert all(uniq_hits(again, p) == [p * 100] for p in range(60))
+    again.put_batch(items(60, 5))  # the reopened active file reads its table (holes and all) into memory
+    assert key_hits(again, 0) == [p * 100 for p in range(65) if p % 5 == 0]
+    again.close()
+
+
+def test_truncating_entries_rewrites_the_table_without_filling_its_holes(tmp_path):
+    slots = 1 << 20
+    svc = IndexService(str(tmp_path), slots, 1000)
+    svc.put_batch(items(0, 30))
+    svc.flush()
+    f = svc.files[-1]
+    f.truncate_entries(20, 1_000_000 + 9)  # entries 1..20: messages 0..9 (two entries each)
+    assert os.fstat(f.mf.fd).st_blocks * 512 < 2 * 60 * 8192 + (1 << 20)
+    assert f.slots_used == len({index_mod.key_hash(f"T#{w}") % slots
+                                for p in range(10) for w in (f"U{p}", f"k{p % 5}")})
+    assert all(uniq_hits(svc, p) == [p * 100] for p in range(10))
+    assert all(uniq_hits(svc, p) == [] for p in range(10, 30))
     svc.close()

@@ -13,6 +13,7 @@ store time (hash collisions, and entries left by a crash past the recovered end,
 
 from __future__ import annotations
 
+import array
 import mmap
 import os
 import struct
@@ -20,7 +21,7 @@ import threading
 import zlib
 from collections.abc import Iterable
 
-from chronomq.store.mapped import MappedFile
+from chronomq.store.mapped import MappedFile, data_pages
 from chronomq.store.speedups import kernels, pure_twin
 from chronomq.store.types import DispatchRequest
 
@@ -34,10 +35,36 @@ SLOT_PAGE = 1 << SLOT_PAGE_BITS  # write-back granularity of an in-memory slot t
 RUN_PAGES = 64  # at most this many pages are copied out at once while the writer waits
 
 
-def _pwrite_all(fd: int, data: bytes, off: int) -> None:
+def _pwrite_all(fd: int, data: bytes | memoryview, off: int) -> None:
     view, done = memoryview(data), 0
     while done < len(data):
         done += os.pwrite(fd, view[done:], off + done)
+
+
+def _pread_table(fd: int, n: int) -> bytearray:
+    """The slot table of a file, read into memory with one copy (its holes read as zeros)."""
+    table = bytearray(n)
+    view, done = memoryview(table), 0
+    while done < n:
+        got = os.preadv(fd, [view[done:]], HEADER_SIZE + done)
+        if got <= 0:
+            break  # past the file's end: zeros
+        done += got
+    return table
+
+
+def _write_table(fd: int, table: bytearray) -> None:
+    """Write a whole slot table back: the pages that hold a slot, and the pages of the file's table that
+    have disk blocks (they may hold old slots); pages that are holes and stay zero are left holes."""
+    backed = data_pages(fd, HEADER_SIZE + len(table), SLOT_PAGE)
+    view = memoryview(table)
+    zero = bytes(SLOT_PAGE)
+    for first in range(0, len(table), SLOT_PAGE):
+        page = view[first:first + SLOT_PAGE]
+        at = HEADER_SIZE + first
+        had_blocks = at // SLOT_PAGE in backed or (at + len(page) - 1) // SLOT_PAGE in backed
+        if had_blocks or page != zero[:len(page)]:
+            _pwrite_all(fd, page, at)
 
 
 def key_hash(key: str) -> int:
@@ -57,8 +84,12 @@ class IndexFile:
         self.size = HEADER_SIZE + slot_num * 4 + index_num * ENTRY_SIZE
         self.mf = MappedFile(path, int(os.path.basename(path)), self.size)
         self.mm = self.mf.mm
-        self.mf.allocate(HEADER_SIZE + slot_num * 4)  # header and the (randomly written) slot table
         self.entries_at = HEADER_SIZE + slot_num * 4
+        # the header's page is stored through the mapping; the slot table only ever with pwrite (which
+        # reports a full disk as ENOSPC) and read with pread, so it stays a hole until a page is written:
+        # a new file costs no 20 MB of zeros, on disk or in time
+        self.mf.allocate(HEADER_SIZE, chunk=SLOT_PAGE)
+        self.mf.skip_allocation(self.entries_at)
         self.dirty = False
         self.slots: bytearray | None = None  # the slot table in memory while the file takes entries
         self.dirty_pages: set[int] = set()  # SLOT_PAGE-sized pages of ``slots`` not yet written back
@@ -81,8 +112,7 @@ class IndexFile:
             if self.count <= 1:
                 self.slots = bytearray(self.slot_num * 4)  # a new file: all zeros
             else:
-                with memoryview(self.mm) as view:  # one copy, not a bytes copy and then another
-                    self.slots = bytearray(view[HEADER_SIZE:self.entries_at])
+                self.slots = _pread_table(self.mf.fd, self.slot_num * 4)
         return self.slots
 
     def write_header(self) -> None:
@@ -124,11 +154,11 @@ class IndexFile:
             slot = (h % self.slot_num) * 4
             ENTRY.pack_into(self.mm, epos, h, phys, tdiff, I32.unpack_from(slots, slot)[0])
             I32.pack_into(slots, slot, n)
-        self.mm[HEADER_SIZE:self.entries_at] = slots
+        _write_table(self.mf.fd, slots)
         self.slots = None
         self.dirty_pages = set()
         self.count = last + 1
-        self.slots_used = sum(1 for i in range(0, len(slots), 4) if slots[i:i + 4] != b"\0\0\0\0")
+        self.slots_used = self.slot_num - array.array("i", slots).count(0)
         if last == 0:
             self.begin_ts = self.end_ts = 0
             self.begin_phy = self.end_phy = -1
@@ -141,7 +171,11 @@ class IndexFile:
         mm = self.mm
         slots = self.slots
         pos = (h % self.slot_num) * 4
-        n = I32.unpack_from(slots, pos)[0] if slots is not None else I32.unpack_from(mm, HEADER_SIZE + pos)[0]
+        if slots is not None:
+            n = I32.unpack_from(slots, pos)[0]
+        else:  # the file's own table: a hole reads as zero (a load from a hole in a mapping can fault)
+            raw = os.pread(self.mf.fd, 4, HEADER_SIZE + pos)
+            n = I32.unpack(raw)[0] if len(raw) == 4 else 0
         count = self.count
         seen = 0
         lo_s = (begin_ts - self.begin_ts) // 1000 - 1

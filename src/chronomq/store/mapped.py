@@ -86,6 +86,13 @@ class MappedFile:
                 return
             self.allocated = end
 
+    def skip_allocation(self, upto: int) -> None:
+        """Bytes below ``upto`` (relative) are never stored through the mapping (the owner writes them
+        with pwrite, which reports a full disk as ENOSPC, and reads them with pread): ``allocate`` gives
+        blocks from there on only, and leaves the rest holes."""
+        with self._alloc_lock:
+            self.allocated = max(self.allocated, min(upto, self.file_size))
+
     def flush(self, upto: int | None = None) -> int:
         """Make [flushed, upto) durable (relative; default: everything written) with one fdatasync of the
         file. Returns the new flushed mark."""
