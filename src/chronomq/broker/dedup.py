@@ -63,6 +63,11 @@ class Plan:
     def settle(self, stored: list[Original]) -> list[Original]:
         return self.dedup.settle(self.keys, self.repeats, stored)
 
+    def settle_ids(self, ids: list[str], queue_id: int, first_offset: int) -> str:
+        """``settle`` for a batch whose stored messages got ``ids`` (in order) at consecutive offsets of
+        ``queue_id`` from ``first_offset``: every message's id, comma-joined, as the answer gives them."""
+        return self.dedup.settle_ids(self.keys, self.repeats, ids, queue_id, first_offset)
+
 
 class SendDedup:
     def __init__(self, store: MessageStore, timer: TimerService, config: BrokerConfig, clock: Clock,
@@ -73,7 +78,10 @@ class SendDedup:
         self.recent_max = config.dedupRecentMax
         self.clock = clock
         self.store_host = store_host
-        self._recent: OrderedDict[tuple[str, str], tuple[int, Original]] = OrderedDict()
+        # (topic, UNIQ_KEY) -> (when, its Original, or (offset msg id, queue id, queue offset) of a batch's
+        # message: tuples of plain values, which the cycle collector stops tracking)
+        self._recent: OrderedDict[tuple[str, str], tuple[int, Original | tuple[str, int, int]]] = \
+            OrderedDict()
         self.replays = 0  # sends answered as their original
 
     def key_of(self, msg: MessageExt, topic: str) -> tuple[str, str] | None:
@@ -100,7 +108,8 @@ class SendDedup:
             hit = recent.get((topic, uniq))
             if hit is not None:
                 if now - hit[0] <= self.window_ms:
-                    out[i] = hit[1]
+                    o = hit[1]
+                    out[i] = o if isinstance(o, Original) else Original(*o)
                     continue
                 del recent[(topic, uniq)]
             ask[uniq] = i
@@ -144,6 +153,14 @@ class SendDedup:
         keys = [self.key_of(m, topic) for m in msgs]
         return Plan(self, keys, self.split(keys, kind)) if any(keys) else None
 
+    def plan_uniqs(self, topic: str, asks: list[str | None], kind: str = NOW) -> Plan | None:
+        """``plan`` for a batch to ``topic`` whose keys are known: ``asks[i]`` is the UNIQ_KEY of a message
+        that asks for de-duplication, None for one that does not."""
+        if not self.window_ms:
+            return None
+        keys = [None if u is None else (topic, u) for u in asks]
+        return Plan(self, keys, self.split(keys, kind))
+
     def split(self, keys: list[tuple[str, str] | None], kind: str = NOW) -> list[Original | int | None]:
         """For each message of one request (its key, or None when it does not ask): the Original it
         repeats, None to store it, or the index of an earlier message of the same request with the same
@@ -182,6 +199,31 @@ class SendDedup:
                 out.append(out[o] if isinstance(o, int) else o)
                 self.replays += 1
         return out
+
+    def settle_ids(self, keys: list[tuple[str, str] | None], plan: list[Original | int | None],
+                   ids: list[str], queue_id: int, first_offset: int) -> str:
+        """``settle`` for a batch put: the stored messages (``plan[i] is None``) got ``ids`` in order at
+        consecutive offsets of ``queue_id`` from ``first_offset``; returns every message's id, comma-joined
+        in request order, and remembers the new keys (without an Original each)."""
+        now = self.clock.now_ms()
+        recent = self._recent
+        out: list[str] = []
+        j = 0
+        for key, o in zip(keys, plan, strict=True):
+            if o is None:
+                mid = ids[j]
+                if key is not None:
+                    if key in recent:
+                        recent.move_to_end(key)
+                    recent[key] = (now, (mid, queue_id, first_offset + j))
+                out.append(mid)
+                j += 1
+            else:
+                out.append(out[o] if isinstance(o, int) else o.offset_msg_id)
+                self.replays += 1
+        for _ in range(len(recent) - self.recent_max):
+            recent.popitem(last=False)
+        return ",".join(out)
 
     def remember(self, key: tuple[str, str], original: Original, now: int | None = None) -> None:
         recent = self._recent

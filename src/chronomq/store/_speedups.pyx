@@ -1,6 +1,6 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
 """Compiled kernels of the hot paths (a timed message's way in, its delivery): each one is a drop-in for
-its pure-Python twin (commitlog.splice_py, put.property_fields_py, put.append_run_py,
+its pure-Python twin (commitlog.splice_py, put.property_fields_py, put.append_run_py, put.batch_records_py,
 index.index_entries_py, delivery.record_to_put, codec.batch_items, message.encode_record,
 pull.due_ms_of, and the timer's append.pack_timer_records_py, append.pack_index_entries_py,
 files.pack_hash_entries_py, window.mark_delivered_run_py), with the same results, the same refusals and
@@ -10,7 +10,7 @@ construction) and do not repeat the range checks of struct packing. chronomq.sto
 between this module and the twins (``kernels``); _speedups.pyi gives mypy its types."""
 
 from cpython.buffer cimport PyBUF_SIMPLE, PyBUF_WRITABLE, PyBuffer_Release, PyObject_GetBuffer
-from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
 from cpython.number cimport PyNumber_Index
 from cpython.bytearray cimport PyByteArray_AS_STRING, PyByteArray_GET_SIZE, PyByteArray_Resize
 from cpython.unicode cimport PyUnicode_DecodeASCII, PyUnicode_DecodeUTF8
@@ -593,6 +593,174 @@ def append_run(object mm, Py_ssize_t r, int64_t wrote, int64_t qoff, int64_t ts,
     finally:
         PyBuffer_Release(&view)
     return r, wrote, qoff
+
+
+# --- a send's batch body straight to its records (put.batch_records_py) ---------------------------------
+cdef object _EncodedRecord = None
+cdef bytes _N_TAGS = b"TAGS"
+cdef bytes _N_KEYS = b"KEYS"
+cdef bytes _N_UNIQ = b"UNIQ_KEY"
+cdef bytes _N_DEDUP = b"CHRONOMQ_DEDUP"
+cdef Py_ssize_t C_ITEM_NAMES = 64  # an item with more properties goes the general way
+
+
+cdef object _encoded_type():
+    global _EncodedRecord
+    if _EncodedRecord is None:
+        from chronomq.store.types import EncodedRecord
+        _EncodedRecord = EncodedRecord
+    return _EncodedRecord
+
+
+cdef inline bint _named(const uint8_t* p, Py_ssize_t n, bytes name) noexcept:
+    return n == PyBytes_GET_SIZE(name) and memcmp(p, PyBytes_AS_STRING(name), n) == 0
+
+
+def batch_records(object data, bytes topic_b, int64_t queue_id, int64_t sys_flag, int64_t born_ts,
+                  bytes born_host_b, bytes store_host_b, int64_t reconsume, bytes stamps_b, tuple special,
+                  Py_ssize_t max_body, Py_ssize_t max_record, object tag_cache):
+    """put.batch_records_py: a batch body's items as the records encode would build (their properties
+    stored as they came, closed by 0x02, then ``stamps_b``), with (entries, the UNIQ_KEYs asking for
+    de-duplication or None, body bytes); None for anything but the plain case."""
+    cdef Py_buffer view
+    cdef const uint8_t* b
+    cdef const uint8_t* q
+    cdef uint8_t* o
+    cdef Py_ssize_t n, pos = 0, p, bp, plen, blen, total, i, j, s, k, nnames, lim, pl, size, w
+    cdef Py_ssize_t tl = PyBytes_GET_SIZE(topic_b), sl = PyBytes_GET_SIZE(stamps_b), bodies = 0
+    cdef Py_ssize_t hl = min(PyBytes_GET_SIZE(born_host_b), 8), shl = min(PyBytes_GET_SIZE(store_host_b), 8)
+    cdef Py_ssize_t nspecial = len(special)
+    cdef Py_ssize_t name_at[64]
+    cdef Py_ssize_t name_len[64]
+    cdef bint closed, dedup, asked = False
+    cdef int32_t flag
+    cdef uint32_t crc
+    cdef list entries = [], asks = []
+    cdef object etype = _encoded_type(), tags, keys, uniq, keys_l, h, ask, e
+    cdef bytes sp
+    for sp in special:  # a TypeError for anything but bytes, as the pure twin's lookups would not raise
+        pass
+    if tl > 255:
+        return None
+    PyObject_GetBuffer(data, &view, PyBUF_SIMPLE)
+    try:
+        b = <const uint8_t*>view.buf
+        n = view.len
+        if n == 0:
+            return None
+        while pos < n:
+            if n - pos < C_BATCH_HEAD + 2:
+                return None
+            total = rd32(b + pos)
+            flag = rd32(b + pos + 12)
+            blen = rd32(b + pos + 16)
+            if total < C_BATCH_HEAD + 2 or pos + total > n or blen < 0 or blen > total - C_BATCH_HEAD - 2 \
+                    or blen > max_body:
+                return None
+            bp = pos + C_BATCH_HEAD
+            p = bp + blen
+            plen = <int16_t>((b[p] << 8) | b[p + 1])
+            p += 2
+            if plen < 0 or p + plen != pos + total:
+                return None
+            pos += total
+            try:
+                PyUnicode_DecodeUTF8(<const char*>b + p, plen, NULL)
+            except UnicodeDecodeError:
+                return None
+            tags = keys = uniq = None
+            dedup = False
+            nnames = 0
+            closed = plen == 0 or b[p + plen - 1] == 2
+            if plen:
+                lim = p + plen - 1 if b[p + plen - 1] == 2 else p + plen
+                i = p
+                while True:  # the pieces of b[p:lim] split on 0x02 (one empty piece when lim == p)
+                    q = <const uint8_t*>memchr(b + i, 2, lim - i) if i < lim else NULL
+                    j = (q - b) if q != NULL else lim
+                    q = <const uint8_t*>memchr(b + i, 1, j - i) if i < j else NULL
+                    if q == NULL or q == b + i:
+                        return None
+                    s = q - b
+                    if s + 1 < j and memchr(b + s + 1, 1, j - s - 1) != NULL:
+                        return None
+                    if nnames == C_ITEM_NAMES:
+                        return None
+                    for k in range(nnames):
+                        if name_len[k] == s - i and memcmp(b + name_at[k], b + i, s - i) == 0:
+                            return None
+                    for k in range(nspecial):
+                        if _named(b + i, s - i, <bytes>special[k]):
+                            return None
+                    name_at[nnames] = i
+                    name_len[nnames] = s - i
+                    nnames += 1
+                    if _named(b + i, s - i, _N_TAGS):
+                        tags = PyUnicode_DecodeUTF8(<const char*>b + s + 1, j - s - 1, NULL)
+                    elif _named(b + i, s - i, _N_KEYS):
+                        keys = PyUnicode_DecodeUTF8(<const char*>b + s + 1, j - s - 1, NULL)
+                    elif _named(b + i, s - i, _N_UNIQ):
+                        uniq = PyUnicode_DecodeUTF8(<const char*>b + s + 1, j - s - 1, NULL)
+                    elif _named(b + i, s - i, _N_DEDUP):
+                        dedup = j - s - 1 == 4 and memcmp(b + s + 1, b"true", 4) == 0
+                    if j >= lim:
+                        break
+                    i = j + 1
+            pl = plen + (0 if closed else 1) + sl
+            if pl > C_MAX_PROPS:
+                return None
+            size = C_FIXED + blen + tl + pl
+            if size > max_record:
+                return None
+            rec = PyBytes_FromStringAndSize(NULL, size)
+            o = <uint8_t*>PyBytes_AS_STRING(rec)
+            crc = cmq_crc32(b + bp, blen, 0)
+            wr32(o, size)
+            wr32(o + 4, C_MAGIC)
+            wr32(o + 8, crc & 0x7FFFFFFF)
+            wr32(o + 12, queue_id)
+            wr32(o + 16, flag)
+            memset(o + 20, 0, 16)  # queue offset, physical offset: patched by the append
+            wr32(o + 36, sys_flag & C_HOST_MASK)
+            wr64(o + 40, born_ts)
+            memset(o + 48, 0, 8)
+            memcpy(o + 48, PyBytes_AS_STRING(born_host_b), hl)
+            memset(o + 56, 0, 16)  # store timestamp (patched), store host
+            memcpy(o + 64, PyBytes_AS_STRING(store_host_b), shl)
+            wr32(o + 72, reconsume)
+            memset(o + 76, 0, 8)  # prepared transaction offset
+            wr32(o + 84, blen)
+            memcpy(o + C_BODY, b + bp, blen)
+            w = C_BODY + blen
+            o[w] = <uint8_t>tl
+            memcpy(o + w + 1, PyBytes_AS_STRING(topic_b), tl)
+            w += 1 + tl
+            o[w] = (pl >> 8) & 0xFF
+            o[w + 1] = pl & 0xFF
+            w += 2
+            memcpy(o + w, b + p, plen)
+            w += plen
+            if not closed:
+                o[w] = 2
+                w += 1
+            memcpy(o + w, PyBytes_AS_STRING(stamps_b), sl)
+            keys_l = [x for x in keys.split(" ") if x] if keys else None
+            h = tag_cache[tags] if tags else 0
+            e = PyType_GenericAlloc(<PyTypeObject*>etype, 5)
+            _set(e, 0, rec)
+            _set(e, 1, h)
+            _set(e, 2, None)
+            _set(e, 3, keys_l)
+            _set(e, 4, uniq)
+            entries.append(e)
+            ask = uniq if dedup and uniq else None
+            if ask is not None:
+                asked = True
+            asks.append(ask)
+            bodies += blen
+        return entries, (asks if asked else None), bodies
+    finally:
+        PyBuffer_Release(&view)
 
 
 # --- the timer's schedule path (chronomq.delay.timer: append.pack_timer_records, append.pack_index_entries,

@@ -35,9 +35,9 @@ H16 = struct.Struct(">H")
 QQ = struct.Struct(">qq")
 PATCH = struct.Struct(">qq")  # queue offset + physical offset (adjacent fields at 20 and 28)
 BLANK_HEAD = struct.Struct(">ii")
-_HOST_MASK = ~(SYSFLAG_BORNHOST_V6 | SYSFLAG_STOREHOST_V6)
+HOST_MASK = ~(SYSFLAG_BORNHOST_V6 | SYSFLAG_STOREHOST_V6)
 MIN_BLANK = 8
-_TOPIC_LEN = [bytes((n,)) for n in range(256)]
+TOPIC_LEN = [bytes((n,)) for n in range(256)]
 
 
 def encode(msg: MessageExt, topic_b: bytes, props_b: bytes, store_host_b: bytes, born_host_b: bytes
@@ -47,9 +47,9 @@ def encode(msg: MessageExt, topic_b: bytes, props_b: bytes, store_host_b: bytes,
     body = msg.body
     total = RECORD_FIXED_SIZE + len(body) + len(topic_b) + len(props_b)
     head = HEAD.pack(total, MAGIC_V1, zlib.crc32(body) & 0x7FFFFFFF, msg.queue_id, msg.flag, 0, 0,
-                     msg.sys_flag & _HOST_MASK, msg.born_timestamp, born_host_b, 0, store_host_b,
+                     msg.sys_flag & HOST_MASK, msg.born_timestamp, born_host_b, 0, store_host_b,
                      msg.reconsume_times, msg.prepared_transaction_offset, len(body))
-    return b"".join((head, body, _TOPIC_LEN[len(topic_b)], topic_b, H16.pack(len(props_b)), props_b))
+    return b"".join((head, body, TOPIC_LEN[len(topic_b)], topic_b, H16.pack(len(props_b)), props_b))
 
 
 @pure_twin("splice")
@@ -73,8 +73,8 @@ def splice_py(buf: bytes | bytearray | memoryview, pos: int, size: int, topic_b:
     body = buf[b : b + body_len]
     new_total = RECORD_FIXED_SIZE + body_len + len(topic_b) + len(props_b)
     head = HEAD.pack(new_total, MAGIC_V1, zlib.crc32(body) & 0x7FFFFFFF, queue_id, flag, 0, 0,
-                     sys_flag & _HOST_MASK, born_ts, born_host_b, 0, store_host_b, reconsume, 0, body_len)
-    rec = b"".join((head, body, _TOPIC_LEN[len(topic_b)], topic_b, H16.pack(len(props_b)), props_b))
+                     sys_flag & HOST_MASK, born_ts, born_host_b, 0, store_host_b, reconsume, 0, body_len)
+    rec = b"".join((head, body, TOPIC_LEN[len(topic_b)], topic_b, H16.pack(len(props_b)), props_b))
     return rec, body_len
 
 

@@ -19,11 +19,15 @@ from typing import TYPE_CHECKING, TypeVar
 from chronomq.levels import parked_delay_ms, queue_tags_code
 from chronomq.message import (
     BLANK_MAGIC,
+    MAGIC_V1,
     MAX_PROPERTIES_LENGTH,
+    PROPERTY_DEDUP,
     PROPERTY_KEYS,
     PROPERTY_TAGS,
     PROPERTY_UNIQ_KEY,
     PROPERTY_WAIT_STORE_MSG_OK,
+    RECORD_FIXED_SIZE,
+    SCHEDULE_TOPIC,
     MessageExt,
     pack_host,
     tags_code,
@@ -31,9 +35,19 @@ from chronomq.message import (
 )
 from chronomq.store import faults
 from chronomq.store.allocate import ALLOCATE_AHEAD
-from chronomq.store.commitlog import BLANK_HEAD, I64, PATCH, CommitLog, encode
+from chronomq.store.commitlog import (
+    BLANK_HEAD,
+    H16,
+    HEAD,
+    HOST_MASK,
+    I64,
+    PATCH,
+    TOPIC_LEN,
+    CommitLog,
+    encode,
+)
 from chronomq.store.mapped import MappedFile
-from chronomq.store.speedups import kernels, pure_twin
+from chronomq.store.speedups import crc32, kernels, pure_twin
 from chronomq.store.types import AppendResult, DispatchRequest, EncodedRecord, PutResult, PutStatus
 
 if TYPE_CHECKING:
@@ -96,6 +110,102 @@ def append_run_py(mm: mmap.mmap | bytearray, r: int, wrote: int, qoff: int, ts: 
         r += size
         wrote += size
     return r, wrote, qoff
+
+
+_ITEM_HEAD = struct.Struct(">iiiii")  # a batch item's total, magic, crc, flag, body length
+_ITEM_HEAD_SIZE = 20
+_I16 = struct.Struct(">h")
+_NAME_TAGS, _NAME_KEYS = PROPERTY_TAGS.encode(), PROPERTY_KEYS.encode()
+_NAME_UNIQ, _NAME_DEDUP = PROPERTY_UNIQ_KEY.encode(), PROPERTY_DEDUP.encode()
+# A batch as put_encoded takes it: the entries, each item's UNIQ_KEY when it asks for de-duplication
+# (None when no item asks) and the items' body bytes.
+EncodedBatch = tuple[list[EncodedRecord], list[str | None] | None, int]
+
+
+@pure_twin("batch_records")
+def batch_records_py(data: bytes | bytearray | memoryview, topic_b: bytes, queue_id: int, sys_flag: int,
+                     born_ts: int, born_host_b: bytes, store_host_b: bytes, reconsume: int, stamps_b: bytes,
+                     special: tuple[bytes, ...], max_body: int, max_record: int, tag_cache: dict[str, int]
+                     ) -> EncodedBatch | None:
+    """A SEND_BATCH_MESSAGE body (TOTALSIZE | MAGIC | BODYCRC | FLAG | BODYLEN | BODY | PROPLEN(int16) |
+    PROPS, repeated) straight to the records ``encode`` would build for its items, in one pass: each
+    item's properties text is stored as it came, closed by 0x02, followed by ``stamps_b`` (the broker's
+    stamped properties, encoded). None when an item is anything but the plain case, for the general
+    path to decide (it stores or refuses exactly as before): a malformed or empty body, a body over
+    ``max_body``, properties that are not UTF-8 or not well formed (an empty item or name, a value with
+    0x01, a name twice), a name in ``special`` (what admission, the timer or the stamps act on),
+    properties over MAX_PROPERTIES_LENGTH, a record over ``max_record``. ``tag_cache[tags]`` is a TAGS
+    text's hash. Returns (entries, the UNIQ_KEY of each item asking for de-duplication or None, None
+    when no item asks; body bytes)."""
+    n = len(data)
+    if not n:
+        return None
+    entries: list[EncodedRecord] = []
+    asks: list[str | None] = []
+    asked = False
+    bodies = 0
+    sys_flag &= HOST_MASK
+    tlen = TOPIC_LEN[len(topic_b)]
+    pos = 0
+    while pos < n:
+        if n - pos < _ITEM_HEAD_SIZE + 2:
+            return None
+        total, _magic, _crc, flag, blen = _ITEM_HEAD.unpack_from(data, pos)
+        if total < _ITEM_HEAD_SIZE + 2 or pos + total > n or blen < 0 or blen > total - _ITEM_HEAD_SIZE - 2 \
+                or blen > max_body:
+            return None
+        p = pos + _ITEM_HEAD_SIZE
+        body = bytes(data[p : p + blen])
+        p += blen
+        (plen,) = _I16.unpack_from(data, p)
+        p += 2
+        if plen < 0 or p + plen != pos + total:
+            return None
+        raw = bytes(data[p : p + plen])
+        pos += total
+        try:
+            raw.decode()
+        except UnicodeDecodeError:
+            return None
+        pieces = raw.split(b"\x02")
+        if pieces[-1] == b"":
+            pieces.pop()
+        else:
+            raw += b"\x02"
+        names: set[bytes] = set()
+        tags = keys = uniq = dedup = None
+        for piece in pieces:
+            i = piece.find(b"\x01")
+            if i <= 0 or piece.find(b"\x01", i + 1) >= 0:
+                return None
+            name = piece[:i]
+            if name in names or name in special:
+                return None
+            names.add(name)
+            if name == _NAME_TAGS:
+                tags = piece[i + 1 :].decode()
+            elif name == _NAME_KEYS:
+                keys = piece[i + 1 :].decode()
+            elif name == _NAME_UNIQ:
+                uniq = piece[i + 1 :].decode()
+            elif name == _NAME_DEDUP:
+                dedup = piece[i + 1 :]
+        props_b = raw + stamps_b
+        if len(props_b) > MAX_PROPERTIES_LENGTH:
+            return None
+        size = RECORD_FIXED_SIZE + blen + len(topic_b) + len(props_b)
+        if size > max_record:
+            return None
+        head = HEAD.pack(size, MAGIC_V1, crc32(body) & 0x7FFFFFFF, queue_id, flag, 0, 0, sys_flag, born_ts,
+                         born_host_b, 0, store_host_b, reconsume, 0, blen)
+        rec = b"".join((head, body, tlen, topic_b, H16.pack(len(props_b)), props_b))
+        keys_l = [k for k in keys.split(" ") if k] if keys else None
+        entries.append(_new(EncodedRecord, (rec, tag_cache[tags] if tags else 0, None, keys_l, uniq)))
+        ask = uniq if dedup == b"true" and uniq else None
+        asked = asked or ask is not None
+        asks.append(ask)
+        bodies += blen
+    return entries, asks if asked else None, bodies
 
 
 class _Cache(dict[K, V]):
@@ -304,6 +414,39 @@ class PutPath:
             m.store_timestamp = ts
             m.store_host = host
             off += size
+        return self._batch_result(first_phys, first_q, ts, sizes, total)
+
+    def encode_batch(self, topic: str, queue_id: int, body: bytes | bytearray | memoryview, sys_flag: int,
+                     born_ts: int, born_host: tuple[str, int], reconsume: int, stamps_b: bytes,
+                     special: tuple[bytes, ...]) -> EncodedBatch | None:
+        """A send's batch body encoded for ``put_encoded`` in one pass (the batch_records kernel: the
+        records ``put_messages`` would write for its items, the items' properties followed by
+        ``stamps_b``), or None when the batch is not the plain case and must go the general way
+        (decoded into messages, ``put_messages``), which stores or refuses it as it always did."""
+        if topic == SCHEDULE_TOPIC or queue_id.__class__ is not int or not 0 <= queue_id <= 0x7FFFFFFF \
+                or not -0x80000000 <= sys_flag <= 0x7FFFFFFF or not -0x80000000 <= reconsume <= 0x7FFFFFFF \
+                or not -(1 << 63) <= born_ts < (1 << 63):
+            return None
+        try:
+            topic_b = self._topic_cache[topic]
+            born_b = self._host_cache[born_host]
+        except _Refused:
+            return None
+        return kernels.batch_records(body, topic_b, queue_id, sys_flag, born_ts, born_b, self._store_host_b,
+                                     reconsume, stamps_b, special, self._max_body, self._seg_size - 8,
+                                     self._tag_cache)
+
+    def put_encoded(self, topic: str, queue_id: int, entries: list[EncodedRecord]) -> PutResult:
+        """put_messages for the entries of ``encode_batch`` (all of them or any subset, in order): the
+        same append, result and refusals."""
+        if not entries:
+            return PutResult(PutStatus.MESSAGE_ILLEGAL, None, "an empty batch")
+        try:
+            sizes = [len(e.record) for e in entries]
+            total = sum(sizes)
+            first_phys, first_q, ts = self._append_run(topic, queue_id, entries, total)
+        except _Refused as refused:
+            return refused.result
         return self._batch_result(first_phys, first_q, ts, sizes, total)
 
     def _append_run(self, topic: str, qid: int, entries: list[EncodedRecord], total: int,

@@ -50,6 +50,13 @@ class Kernels(Protocol):
         """put.append_run_py."""
         ...
 
+    def batch_records(self, data: Buffer, topic_b: bytes, queue_id: int, sys_flag: int, born_ts: int,
+                      born_host_b: bytes, store_host_b: bytes, reconsume: int, stamps_b: bytes,
+                      special: tuple[bytes, ...], max_body: int, max_record: int, tag_cache: dict[str, int], /
+                      ) -> tuple[list[EncodedRecord], list[str | None] | None, int] | None:
+        """put.batch_records_py."""
+        ...
+
     def encode_record(self, msg: MessageExt, properties_text: str | None = None, /) -> bytearray:
         """message.encode_record."""
         ...

@@ -12,6 +12,7 @@ import asyncio
 import concurrent.futures
 import logging
 import random
+import struct
 import threading
 import zlib
 from collections.abc import Callable
@@ -19,11 +20,16 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from chronomq.config import SYNC_MASTER
 from chronomq.delay.delivery import PROPERTY_DELAY_SOURCE
+from chronomq.delay.timer.props import TIMER_PROPERTIES
 from chronomq.ha import SlaveWait
 from chronomq.message import (
     DLQ_GROUP_TOPIC_PREFIX,
+    POS_BODYLENGTH,
+    PROPERTY_CLUSTER,
     PROPERTY_DELAY_TIME_LEVEL,
     PROPERTY_MAX_RECONSUME_TIMES,
+    PROPERTY_MSG_REGION,
+    PROPERTY_TRACE_SWITCH,
     PROPERTY_WAIT_STORE_MSG_OK,
     RETRY_GROUP_TOPIC_PREFIX,
     SCHEDULE_TOPIC,
@@ -55,6 +61,8 @@ from .base import (
 )
 
 if TYPE_CHECKING:
+    from chronomq.store.put import EncodedBatch
+
     from ..services import BrokerServices
     from ..timer_processor import TimerProcessor
 
@@ -104,6 +112,20 @@ pure_twin("batch_items")(batch_items)
 _batch_items = kernels.batch_items
 
 
+# What admission, the timer and the stamps act on in a batch item's properties: an item with one of these
+# goes the general way (decoded, admitted, stamped), one without is stored as it came plus the stamps.
+PLAIN_ONLY = tuple(name.encode() for name in (
+    PROPERTY_DELAY_TIME_LEVEL, *TIMER_PROPERTIES, PROPERTY_DELAY_SOURCE,
+    PROPERTY_CLUSTER, PROPERTY_MSG_REGION, PROPERTY_TRACE_SWITCH))
+_BODY_LEN = struct.Struct(">i")
+
+
+def takes_encoded(store: object) -> bool:
+    """The store encodes and puts a batch body itself (MessageStore.encode_batch / put_encoded), and its
+    put_messages is its class's own (not replaced on the instance, as a test's recorder does)."""
+    return hasattr(type(store), "encode_batch") and "put_messages" not in getattr(store, "__dict__", ())
+
+
 class SendTarget(NamedTuple):
     """Where a SEND goes and the header fields its messages share."""
 
@@ -146,6 +168,11 @@ class SendProcessor(ProcessorBase):
         self.stamps = stamped_properties(self.config)
         self.region = self.config.regionId
         self.trace_on = self.stamps["TRACE_ON"]
+        # the stamps as a batch item's properties text ends with them (encode_batch); None when a stamp
+        # would not be a plain property (then every batch goes the general way, which refuses it)
+        text = "".join(f"{k}\x01{v}\x02" for k, v in self.stamps.items())
+        clean = all(k and not {"\x01", "\x02"} & set(k + v) for k, v in self.stamps.items())
+        self.stamps_b = text.encode() if clean else b""
 
     def handlers(self) -> dict[int, Handler]:
         return {
@@ -174,6 +201,13 @@ class SendProcessor(ProcessorBase):
             if result.ok:
                 self.services.traffic.produce(target.topic, "Transaction", 1, len(req.body))
             return self._put_response(req, conn, result, True, target.queue_id)
+        if batch and self.stamps_b and not target.sys_flag & SYSFLAG_COMPRESSED \
+                and not target.topic.startswith(RETRY_GROUP_TOPIC_PREFIX) and takes_encoded(self.store):
+            encoded = self.store.encode_batch(target.topic, target.queue_id, req.body, target.sys_flag,
+                                              target.born_timestamp, conn.remote, target.reconsume_times,
+                                              self.stamps_b, PLAIN_ONLY)
+            if encoded is not None:
+                return self._put_encoded(req, conn, target, encoded)
         if batch:
             msgs = self._batch_messages(req, conn, target)
             if isinstance(msgs, RemotingCommand):
@@ -213,6 +247,34 @@ class SendProcessor(ProcessorBase):
             kind = "Delay" if put[0].topic == SCHEDULE_TOPIC else "Normal"
             self.services.traffic.produce(target.topic, kind, len(put), sum(len(msg.body) for msg in put))
         return self._put_response(req, conn, result, wait, target.queue_id)
+
+    def _put_encoded(self, req: RemotingCommand, conn: RequestConnection, target: SendTarget,
+                     encoded: EncodedBatch) -> RemotingCommand:
+        """A plain batch (no item with a deliver time, a level or a stamp of its own: what admission
+        passes as it is) encoded in one pass by the store: de-duplicated, put, answered as
+        ``send_message`` answers the same batch decoded into messages."""
+        entries, asks, body_bytes = encoded
+        topic, qid = target.topic, target.queue_id
+        dedup = self.services.dedup
+        plan = None if dedup is None or asks is None else dedup.plan_uniqs(topic, asks, NOW)
+        if plan is not None:
+            n = len(entries)
+            entries = plan.keep(entries)
+            if not entries:  # every one was stored before: answered as the first time
+                originals = plan.settle([])
+                return req.response(ext_fields=send_result_fields(
+                    ",".join(o.offset_msg_id for o in originals), originals[0].queue_id,
+                    originals[0].queue_offset, self.region, self.trace_on))
+            if len(entries) != n:
+                body_bytes = sum(_BODY_LEN.unpack_from(e.record, POS_BODYLENGTH)[0] for e in entries)
+        result = self.store.put_encoded(topic, qid, entries)
+        self.services.put_stats.record(result)
+        if result.ok and result.append is not None:
+            if plan is not None:
+                a = result.append
+                a.msg_id = plan.settle_ids(a.msg_id.split(","), qid, a.queue_offset)
+            self.services.traffic.produce(topic, "Normal", len(entries), body_bytes)
+        return self._put_response(req, conn, result, True, qid)
 
     def send_target(self, req: RemotingCommand, batch: bool, stamps: dict[str, str] | None = None
                     ) -> SendTarget | RemotingCommand:
