@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, TypeVar, cast
 
 from chronomq.delay.timer import TimerError
 from chronomq.message import (
@@ -69,6 +69,11 @@ class Plan:
         return self.dedup.settle_ids(self.keys, self.repeats, ids, queue_id, first_offset)
 
 
+def _original(hit: tuple[int, Original] | tuple[int, str, int, int]) -> Original:
+    """The Original of a remembered send (SendDedup._recent's value)."""
+    return hit[1] if len(hit) == 2 else Original(hit[1], hit[2], hit[3])
+
+
 class SendDedup:
     def __init__(self, store: MessageStore, timer: TimerService, config: BrokerConfig, clock: Clock,
                  store_host: tuple[str, int]) -> None:
@@ -78,9 +83,9 @@ class SendDedup:
         self.recent_max = config.dedupRecentMax
         self.clock = clock
         self.store_host = store_host
-        # (topic, UNIQ_KEY) -> (when, its Original, or (offset msg id, queue id, queue offset) of a batch's
-        # message: tuples of plain values, which the cycle collector stops tracking)
-        self._recent: OrderedDict[tuple[str, str], tuple[int, Original | tuple[str, int, int]]] = \
+        # (topic, UNIQ_KEY) -> (when, its Original), or for a batch's message (when, offset msg id, queue id,
+        # queue offset): a tuple of plain values, which the cycle collector stops tracking
+        self._recent: OrderedDict[tuple[str, str], tuple[int, Original] | tuple[int, str, int, int]] = \
             OrderedDict()
         self.replays = 0  # sends answered as their original
 
@@ -108,8 +113,7 @@ class SendDedup:
             hit = recent.get((topic, uniq))
             if hit is not None:
                 if now - hit[0] <= self.window_ms:
-                    o = hit[1]
-                    out[i] = o if isinstance(o, Original) else Original(*o)
+                    out[i] = _original(hit)
                     continue
                 del recent[(topic, uniq)]
             ask[uniq] = i
@@ -159,7 +163,20 @@ class SendDedup:
         if not self.window_ms:
             return None
         keys = [None if u is None else (topic, u) for u in asks]
-        return Plan(self, keys, self.split(keys, kind))
+        repeats: list[Original | int | None] = [None] * len(asks)
+        first: dict[str, int] = {}
+        setdefault = first.setdefault
+        for i, u in enumerate(asks):
+            if u is not None:
+                j = setdefault(u, i)
+                if j != i:
+                    repeats[i] = j  # a key twice in the request: stored once
+        if first:
+            uniqs = list(first)
+            for u, o in zip(uniqs, self.find_many(topic, uniqs, kind), strict=True):
+                if o is not None:
+                    repeats[first[u]] = o
+        return Plan(self, keys, repeats)
 
     def split(self, keys: list[tuple[str, str] | None], kind: str = NOW) -> list[Original | int | None]:
         """For each message of one request (its key, or None when it does not ask): the Original it
@@ -209,18 +226,25 @@ class SendDedup:
         recent = self._recent
         out: list[str] = []
         j = 0
-        for key, o in zip(keys, plan, strict=True):
-            if o is None:
-                mid = ids[j]
-                if key is not None:
-                    if key in recent:
-                        recent.move_to_end(key)
-                    recent[key] = (now, (mid, queue_id, first_offset + j))
-                out.append(mid)
-                j += 1
-            else:
-                out.append(out[o] if isinstance(o, int) else o.offset_msg_id)
-                self.replays += 1
+        if len(ids) == len(plan) and None not in keys and recent.keys().isdisjoint(keys):
+            # the usual batch: every message asked, every one stored, none remembered before
+            stored = cast(list[tuple[str, str]], keys)
+            values = [(now, mid, queue_id, first_offset + i) for i, mid in enumerate(ids)]
+            recent.update(zip(stored, values, strict=True))
+            out = ids
+        else:
+            for key, o in zip(keys, plan, strict=True):
+                if o is None:
+                    mid = ids[j]
+                    if key is not None:
+                        if key in recent:
+                            recent.move_to_end(key)
+                        recent[key] = (now, mid, queue_id, first_offset + j)
+                    out.append(mid)
+                    j += 1
+                else:
+                    out.append(out[o] if isinstance(o, int) else o.offset_msg_id)
+                    self.replays += 1
         for _ in range(len(recent) - self.recent_max):
             recent.popitem(last=False)
         return ",".join(out)

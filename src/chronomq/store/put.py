@@ -14,6 +14,7 @@ import mmap
 import struct
 import threading
 from collections.abc import Callable
+from itertools import accumulate
 from typing import TYPE_CHECKING, TypeVar
 
 from chronomq.levels import parked_delay_ms, queue_tags_code
@@ -475,13 +476,9 @@ class PutPath:
 
     def _batch_result(self, first_phys: int, first_q: int, ts: int, sizes: list[int], total: int,
                       with_ids: bool = True) -> PutResult:
-        ids = []
-        if with_ids:
-            prefix = self._msg_id_prefix
-            off = first_phys
-            for size in sizes:
-                ids.append(f"{prefix}{off:016X}")
-                off += size
+        ids: list[str] | map[str] = []
+        if with_ids and sizes:  # "<prefix><offset as 16 hex digits>" for each record's offset
+            ids = map(f"{self._msg_id_prefix}%016X".__mod__, accumulate(sizes[:-1], initial=first_phys))
         fut = self._request_flush(first_phys + total) if self._sync else None
         return PutResult(PutStatus.PUT_OK,
                          AppendResult(first_phys, total, ",".join(ids), first_q, ts, len(sizes)), None, fut)

@@ -2,8 +2,10 @@
 the way in for produced and sent-back messages (RocketMQ's SendMessageProcessor).
 
 Rules: a sent message goes through ``services.delay.admit`` / ``admit_batch`` (timed ones are parked by
-``TimerProcessor.schedule``), everything else into the store; under SYNC_FLUSH the answer is DEFERRED and
-written from the flush future's callback through the event loop, which never waits on fsync.
+``TimerProcessor.schedule``), everything else into the store; a plain batch (no item that admission, the
+timer or the stamps act on: ``PLAIN_ONLY``) goes from its body to the store's records in one pass
+(``MessageStore.encode_batch``), which admission would pass unchanged; under SYNC_FLUSH the answer is
+DEFERRED and written from the flush future's callback through the event loop, which never waits on fsync.
 """
 
 from __future__ import annotations
