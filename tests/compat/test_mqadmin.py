@@ -261,7 +261,7 @@ def test_rocketmq4_tool_cluster_config_groups_progress_and_reset(
         try:
             wait_for(lambda: len(got) == 6, timeout=30, message="the 3 messages again after the reset")
         except BaseException:  # what the tool printed and what the broker did, to tell which side missed
-            print(reset, server.log_tail(6000), sep="\n--- broker log ---\n")
+            print(reset, f"received: {got}", "--- broker log ---", server.log_tail(6000), sep="\n")
             raise
     assert [r[:4] for r in _columns(_ok(clusters), "DefaultCluster")] == [
         ["DefaultCluster", "broker-a", "0", server.broker_addr]]

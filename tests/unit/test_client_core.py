@@ -860,6 +860,37 @@ async def test_push_consumer_notify_triggers_rebalance(broker):
         await a.close()
 
 
+async def test_an_offset_reset_and_a_rebalance_pass_never_interleave(broker):
+    """A rebalance pass run while the broker's offset reset had stopped a queue (and was storing its new
+    offset) took the queue too; the reset's own take then replaced it in the table, and the pass's pull
+    task ran on unseen: two pull tasks on one queue, every later message handed on twice."""
+    broker.topics["T"] = 1
+    c = PushConsumer("GR", "T", lambda msg: None, broker.addr, rebalance_interval=60, long_poll_timeout=0.3)
+    await c.start()
+    try:
+        [mq] = [q for q in c.assigned_queues() if q.topic == "T"]
+        store, entered, gate = c._offset_commit.store, asyncio.Event(), asyncio.Event()
+
+        async def held_store(q, offset):
+            entered.set()
+            await gate.wait()
+            return await store(q, offset)
+
+        c._offset_commit.store = held_store
+        reset = asyncio.create_task(c.reset_offsets("T", {mq: 0}))
+        await asyncio.wait_for(entered.wait(), 10)
+        rebalance = asyncio.create_task(c._rebalancer.rebalance())
+        await asyncio.wait({rebalance}, timeout=1.0)  # as far as the pass gets while the reset holds
+        gate.set()
+        assert await asyncio.wait_for(reset, 10) == [mq]
+        await asyncio.wait_for(rebalance, 10)
+        pullers = [t for t in asyncio.all_tasks() if t.get_name() == f"chronomq-pull-{mq}" and not t.done()]
+        assert len(pullers) == 1, "one pull task per queue"
+        assert c.offsets()[mq] == 0
+    finally:
+        await c.close()
+
+
 # --- blocking facade -----------------------------------------------------------------------------------
 def test_blocking_facade_and_no_leaked_threads():
     before = {t.name for t in threading.enumerate()}

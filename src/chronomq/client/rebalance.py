@@ -56,6 +56,11 @@ class Rebalancer:
     def __init__(self, consumer: ConsumerState) -> None:
         self.consumer = consumer
         self._now = asyncio.Event()  # set: rebalance at once (the broker said the group changed)
+        # a rebalance pass and an offset reset never interleave: a pass that took a queue the reset had
+        # just stopped would be replaced by the reset's own take, its pull task left running unseen
+        # (every later message of the queue handed on twice), as RocketMQ's client suspends its
+        # rebalance while it resets
+        self._queues_lock = asyncio.Lock()
 
     def wake(self) -> None:
         """Rebalance now rather than at the next interval."""
@@ -76,6 +81,10 @@ class Rebalancer:
                 log.warning("%s: rebalance failed: %s", c.group, e)
 
     async def rebalance(self) -> None:
+        async with self._queues_lock:
+            await self._rebalance()
+
+    async def _rebalance(self) -> None:
         c = self.consumer
         brokers = {a for addrs in c._instance.broker_addrs.values() for a in addrs.values()}
         if c._need_heartbeat or brokers - c._known_brokers:
@@ -166,6 +175,10 @@ class Rebalancer:
 
     async def reset_offsets(self, topic: str, offsets: dict[MessageQueue, int]) -> list[MessageQueue]:
         """PushConsumer.reset_offsets."""
+        async with self._queues_lock:
+            return await self._reset_offsets(topic, offsets)
+
+    async def _reset_offsets(self, topic: str, offsets: dict[MessageQueue, int]) -> list[MessageQueue]:
         c = self.consumer
         moved = []
         for mq, offset in sorted(offsets.items()):
@@ -174,8 +187,6 @@ class Rebalancer:
             pq = await self._stop_queue(mq)
             if pq is None:
                 continue
-            while mq in c._pqs:  # a rebalance took it again meanwhile
-                await self._stop_queue(mq)
             c._offsets[mq] = offset
             if not c.broadcasting:
                 with contextlib.suppress(ClientError):
