@@ -22,6 +22,7 @@ import hashlib
 import os
 import re
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -187,11 +188,11 @@ async def run(a: argparse.Namespace, servers: list[tuple[str, ChronomqProcess]])
                     work = bodies(a.batches, f"q{r}{mode}{label}{time.time_ns()}", mode == "dedup")
                     us, wall = await phase(p, topic, server.pid, work)
                     figures.setdefault((label, mode), []).append(us)
-                    print(f"  round {r} {label:>8} {mode:>5}: {us:5.2f} µs a message, "
+                    print(f"  round {r} {label:>12} {mode:>5}: {us:5.2f} µs a message, "
                           f"{n / wall:8,.0f} msgs/s", flush=True)
         print(f"medians (min-max) of broker CPU a message; load average {os.getloadavg()[0]:.2f}")
         for (label, mode), xs in figures.items():
-            print(f"  {label:>8} {mode:>5}: {statistics.median(xs):5.2f} µs ({min(xs):.2f}-{max(xs):.2f})")
+            print(f"  {label:>12} {mode:>5}: {statistics.median(xs):5.2f} µs ({min(xs):.2f}-{max(xs):.2f})")
         if a.threads:
             await threads(a, servers[0][1], producers[0], topic)
         if a.profile:
@@ -215,7 +216,7 @@ async def profile(a: argparse.Namespace, server: ChronomqProcess, producer: Prod
     spy_proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     await asyncio.sleep(1.0)  # py-spy attaches
     us, _ = await phase(producer, topic, server.pid, work)
-    spy_proc.send_signal(subprocess.signal.SIGINT)
+    spy_proc.send_signal(signal.SIGINT)
     _, err = spy_proc.communicate(timeout=60)
     print(f"profile of a dedup phase ({us:.2f} µs a message) in {a.profile}; py-spy: {err.strip()[-300:]}")
 
@@ -241,8 +242,9 @@ def main() -> None:
             if a.pure:
                 server.env["CHRONOMQ_PURE_PYTHON"] = "1"
             stack.enter_context(server)
-            label = Path(src).resolve().parent.name if len(srcs) > 1 else "broker"
-            label = label[-8:] if label[-8:] not in (s[0] for s in servers) else f"{label[-6:]}{i}"
+            label = Path(src).resolve().parent.name[:12] if len(srcs) > 1 else "broker"
+            if label in (s[0] for s in servers):
+                label = f"{label[:10]}#{i}"
             servers.append((label, server))
         asyncio.run(run(a, servers))
 
