@@ -7,6 +7,7 @@ module (restarted once to change the TLS mode)."""
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -56,8 +57,11 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ChronomqProcess
 
 def probe(server: ChronomqProcess, **args: Any) -> dict[str, str]:
     endpoint = server.grpc_endpoint  # type: ignore[attr-defined]
+    t0 = time.monotonic()
     out = run_driver("v5_client", {"endpoint": endpoint, "mode": "auth", "topic": TOPIC, "group": GROUP,
                                    **args}, timeout=120)
+    # each step's time, the receives it took and the driver's whole run, shown when a test fails
+    print(f"probe ({time.monotonic() - t0:.1f} s in all):", out)
     return out["steps"]
 
 

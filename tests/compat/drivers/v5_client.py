@@ -232,8 +232,10 @@ def auth(args: dict[str, Any], cfg: Any) -> dict[str, Any]:
 
     tls, topic = bool(args.get("tls")), args["topic"]
     steps = dict.fromkeys(("producer_start", "send", "consumer_start", "receive", "ack"), "skipped")
+    took: dict[str, float] = {}  # seconds per step, for a slow run's diagnosis
 
     def step(name: str, fn: Any) -> Any:
+        t0 = time.monotonic()
         try:
             out = fn()
             steps[name] = "ok"
@@ -241,6 +243,8 @@ def auth(args: dict[str, Any], cfg: Any) -> dict[str, Any]:
         except Exception as e:
             steps[name] = f"{type(e).__name__}: {e}"[:500]
             return None
+        finally:
+            took[name] = round(time.monotonic() - t0, 3)
 
     producer = Producer(cfg, (topic,), tls_enable=tls)
     step("producer_start", producer.startup)
@@ -248,25 +252,34 @@ def auth(args: dict[str, Any], cfg: Any) -> dict[str, Any]:
         m = Message()
         m.topic, m.body = topic, b"auth"
         step("send", lambda: producer.send(m))
+    t0 = time.monotonic()
     producer.shutdown()
+    took["producer_shutdown"] = round(time.monotonic() - t0, 3)
     consumer = SimpleConsumer(cfg, args["group"], {topic: FilterExpression("*")}, await_duration=1,
                               tls_enable=tls)
+    receives = 0
     step("consumer_start", consumer.startup)
     if steps["consumer_start"] == "ok":
         deadline = time.monotonic() + float(args.get("deadline_s", 20))
 
         def first() -> Any:
+            nonlocal receives
             while time.monotonic() < deadline:
-                got = consumer.receive(1, 10)
+                # invisible for 5 s: a receive whose answer reached the client after its own deadline
+                # hands the message out again soon (it is acked right after it arrives)
+                receives += 1
+                got = consumer.receive(1, 5)
                 if got:
                     return got[0]
-            raise TimeoutError("nothing received")
+            raise TimeoutError(f"nothing received in {receives} receives")
 
         got = step("receive", first)
         if got is not None:
             step("ack", lambda: consumer.ack(got))
+        t0 = time.monotonic()
         consumer.shutdown()
-    return {"steps": steps}
+        took["consumer_shutdown"] = round(time.monotonic() - t0, 3)
+    return {"steps": steps, "seconds": took, "receives": receives}
 
 
 def main() -> None:
