@@ -271,8 +271,11 @@ class TimerService:
     # --- delivery loop ----------------------------------------------------------------------------------
     def _on_wakeup(self, deliver_ms: int) -> None:
         self._version += 1
-        # a message falling due within the staging window wakes the loop in time to stage it
-        if (deliver_ms - self.timer.cfg.stage_ahead_ms < self._sleep_target and self._event is not None
+        # a message falling due within the staging window (at its widest) wakes the loop in time to
+        # stage it
+        cfg = self.timer.cfg
+        lead = cfg.stage_ahead_ms + cfg.stage_limit * cfg.stage_item_us // 1000 if cfg.stage_ahead_ms else 0
+        if (deliver_ms - lead < self._sleep_target and self._event is not None
                 and self._loop is not None):
             if threading.get_ident() == self._loop_thread:
                 self._event.set()
@@ -339,7 +342,8 @@ class TimerService:
                         await asyncio.sleep(0)  # let the loop breathe between staging steps
                         continue
                     if stage_ahead and wake is not None and wake > now and t.staged_count() < cfg.stage_limit:
-                        wake = max(wake - stage_ahead, now + 1)  # wake up in time to stage it
+                        # wake up in time to stage it
+                        wake = max(wake - t.stage_lead_ms(stage_ahead, cfg.stage_limit), now + 1)
                     staged = t.staged_due_ms()
                     if staged is not None and (wake is None or staged < wake):
                         wake = staged
