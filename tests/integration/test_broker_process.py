@@ -200,46 +200,20 @@ def test_separate_namesrv_and_brokers_register(tmp_path: Path) -> None:
         assert "ready" in line, line
         return proc
 
+    def broker(data: str, port: int, *sets: str) -> subprocess.Popen[str]:
+        # every port a broker opens is one free_port chose: the defaults (HA at the broker's port + 1,
+        # /metrics at + 2, the 5.x endpoint at 8081) were never reserved, and another test's process may
+        # hold them
+        extra = [f"haListenPort={free_port()}", "metricsPort=-1", "grpcListenPort=-1", *sets]
+        return spawn("broker", "-n", ns_addr, "--data-dir", str(tmp_path / data), "--broker-port", str(port),
+                     *(arg for kv in extra for arg in ("--set", kv)))
+
     try:
-        spawn("namesrv", "--port", str(ns_port))
+        spawn("namesrv", "--port", str(ns_port), "--metrics-port", "-1")
         ports = [free_port() for _ in range(3)]
-        spawn(
-            "broker",
-            "-n",
-            ns_addr,
-            "--data-dir",
-            str(tmp_path / "a"),
-            "--broker-port",
-            str(ports[0]),
-            "--set",
-            "brokerName=broker-a",
-        )
-        spawn(
-            "broker",
-            "-n",
-            ns_addr,
-            "--data-dir",
-            str(tmp_path / "a1"),
-            "--broker-port",
-            str(ports[1]),
-            "--set",
-            "brokerName=broker-a",
-            "--set",
-            "brokerId=1",
-            "--set",
-            "brokerRole=SLAVE",
-        )
-        b_proc = spawn(
-            "broker",
-            "-n",
-            ns_addr,
-            "--data-dir",
-            str(tmp_path / "b"),
-            "--broker-port",
-            str(ports[2]),
-            "--set",
-            "brokerName=broker-b",
-        )
+        broker("a", ports[0], "brokerName=broker-a")
+        broker("a1", ports[1], "brokerName=broker-a", "brokerId=1", "brokerRole=SLAVE")
+        b_proc = broker("b", ports[2], "brokerName=broker-b")
         with RawClient(ns_addr) as ns:
             route = json.loads(ns.request(R.GET_ROUTEINFO_BY_TOPIC, {"topic": "TBW102"}).body)
             addrs = {bd["brokerName"]: bd["brokerAddrs"] for bd in route["brokerDatas"]}
