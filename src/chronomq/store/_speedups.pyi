@@ -43,6 +43,9 @@ def pack_timer_records(encoded: list[tuple[MessageExt, int, bytearray]], tids: d
 def index_entries(mm: Buffer, entries_at: int, allocated: int, slots: bytearray, slot_num: int, n: int,
                   index_num: int, begin_ts: int, items: list[DispatchRequest], i: int, w: int, dirty: set[int]
                   ) -> tuple[int, int, int, int, int, int, int, int]: ...
+def index_query(topic: str, keys: list[str],
+                files: list[tuple[Buffer, int, bytearray | None, int, int, int, int]], limit: int,
+                begin_ts: int, end_ts: int) -> dict[str, list[int]]: ...
 def pack_index_entries(links: list[tuple[int, int, int, int, int]], floor: int, slot_ms: int, start_idx: int,
                        per_seg: int, seg_max: dict[int, int], hot: int, wheel_get: Callable[[int], int]
                        ) -> tuple[bytearray, dict[int, int], list[tuple[int, Any]], int | None]: ...

@@ -1,10 +1,10 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
 """Compiled kernels of the hot paths (a timed message's way in, its delivery): each one is a drop-in for
-its pure-Python twin (commitlog.splice_py, put.property_fields_py, put.append_run_py, put.batch_records_py,
-index.index_entries_py, delivery.record_to_put, codec.batch_items, message.encode_record,
-pull.due_ms_of, and the timer's append.pack_timer_records_py, append.pack_index_entries_py,
-files.pack_hash_entries_py, window.mark_delivered_run_py), with the same results, the same refusals and
-the same exception types.
+its pure-Python twin (commitlog.splice_py, put.property_fields_py, put.append_run_py,
+put.batch_records_py, index.index_entries_py, index.index_query_py, delivery.record_to_put,
+codec.batch_items, message.encode_record, pull.due_ms_of, and the timer's append.pack_timer_records_py,
+append.pack_index_entries_py, files.pack_hash_entries_py, window.mark_delivered_run_py), with the same
+results, the same refusals and the same exception types.
 The timer's kernels take what the timer store made itself (positions, sizes, ids, slots, all in range by
 construction) and do not repeat the range checks of struct packing. chronomq.store.speedups chooses
 between this module and the twins (``kernels``); _speedups.pyi gives mypy its types."""
@@ -16,6 +16,9 @@ from cpython.bytearray cimport PyByteArray_AS_STRING, PyByteArray_GET_SIZE, PyBy
 from cpython.unicode cimport PyUnicode_DecodeASCII, PyUnicode_DecodeUTF8
 from libc.stdint cimport int16_t, int32_t, int64_t, uint8_t, uint32_t, uint64_t
 from libc.string cimport memchr, memcmp, memcpy, memset
+from libc.errno cimport EINTR, errno
+from cpython.mem cimport PyMem_Calloc, PyMem_Free
+from posix.unistd cimport pread
 
 
 cdef extern from "Python.h":
@@ -1064,3 +1067,144 @@ def index_entries(object mm, Py_ssize_t entries_at, Py_ssize_t allocated, bytear
     finally:
         PyBuffer_Release(&v)
     return n, used, i, w, begin_ts, begin_phy, phys, ts
+
+
+cdef struct _IndexFileView:
+    const uint8_t* base  # the mapping (NULL: closed, passed over)
+    Py_ssize_t size
+    const uint8_t* slots  # the slot table in memory (NULL: read with pread)
+    int fd
+    int64_t slot_num
+    int64_t entries_at
+    int64_t count
+    int64_t lo_s  # the window in seconds since the file's begin time, widened by one each way
+    int64_t hi_s
+
+
+cdef int64_t C_HEADER = 40  # index.HEADER_SIZE
+cdef int64_t C_ENTRY = 20  # index.ENTRY_SIZE
+
+
+cdef inline int64_t rd64(const uint8_t* p) noexcept nogil:
+    return <int64_t>((<uint64_t><uint32_t>rd32(p) << 32) | <uint32_t>rd32(p + 4))
+
+
+cdef int _pread_slot(int fd, int64_t off, int32_t* n) noexcept:
+    """os.pread(fd, 4, off) as index_query_py reads a slot into ``n`` (0 from a short read); -1 when it
+    fails (the file was closed meanwhile)."""
+    cdef uint8_t b[4]
+    cdef ssize_t r
+    while True:
+        r = pread(fd, b, 4, off)
+        if r >= 0 or errno != EINTR:
+            break
+    if r < 0:
+        return -1
+    n[0] = rd32(b) if r == 4 else 0
+    return 0
+
+
+cdef inline int64_t _window_s(object v) except? -1:
+    """(ts - begin) // 1000 -+ 1 as index_query_py computes it, clamped to where it compares with an int32
+    seconds field the same way."""
+    if v < -(1 << 40):
+        return -(1 << 40)
+    if v > (1 << 40):
+        return 1 << 40
+    return <int64_t>v
+
+
+def index_query(str topic, list keys, list files, Py_ssize_t limit, object begin_ts, object end_ts):
+    """index.index_query_py. The mapping is held (its buffer) for the whole call, which keeps the GIL: no
+    other thread closes it meanwhile."""
+    cdef Py_ssize_t nf = len(files), k, j, tlen, wlen, got
+    cdef _IndexFileView* fv
+    cdef Py_buffer* bufs
+    cdef _IndexFileView* f
+    cdef const char* tp
+    cdef const char* wp
+    cdef uint32_t th, h
+    cdef int32_t n, eh, tdiff, prev
+    cdef int64_t seen, epos
+    cdef dict out = {}
+    cdef list found
+    cdef object t, mm, slots, key
+    for t in files:
+        slots = t[2]
+        if t[3] <= 0 or (slots is not None and len(slots) < t[3] * 4):
+            raise ValueError("the slot table is shorter than slot_num slots")
+    if nf == 0 or not keys:
+        return out
+    fv = <_IndexFileView*>PyMem_Calloc(nf, sizeof(_IndexFileView))
+    bufs = <Py_buffer*>PyMem_Calloc(nf, sizeof(Py_buffer))
+    if fv == NULL or bufs == NULL:
+        PyMem_Free(fv)
+        PyMem_Free(bufs)
+        raise MemoryError()
+    try:
+        for j in range(nf):
+            t = files[j]
+            mm, slots = t[0], t[2]
+            f = &fv[j]
+            f.fd = t[1]
+            f.slot_num = t[3]
+            f.entries_at = t[4]
+            f.count = t[5]
+            f.lo_s = _window_s((begin_ts - t[6]) // 1000 - 1)
+            f.hi_s = _window_s((end_ts - t[6]) // 1000 + 1)
+            if slots is not None:
+                if not isinstance(slots, bytearray):
+                    raise TypeError("a slot table is a bytearray")
+                f.slots = <const uint8_t*>PyByteArray_AS_STRING(slots)
+            try:
+                PyObject_GetBuffer(mm, &bufs[j], PyBUF_SIMPLE)
+            except ValueError:
+                continue  # the mapping is closed
+            f.base = <const uint8_t*>bufs[j].buf
+            f.size = bufs[j].len
+        tp = PyUnicode_AsUTF8AndSize(topic, &tlen)
+        th = cmq_crc32(<const uint8_t*>b"#", 1, cmq_crc32(<const uint8_t*>tp, tlen, 0))  # "topic#"
+        for key in keys:
+            wp = PyUnicode_AsUTF8AndSize(key, &wlen)
+            h = cmq_crc32(<const uint8_t*>wp, wlen, th) & 0x7FFFFFFF
+            found = None
+            got = 0
+            for j in range(nf):
+                if got >= limit:
+                    break
+                f = &fv[j]
+                if f.slots != NULL:
+                    n = rd32(f.slots + (h % f.slot_num) * 4)
+                else:
+                    if _pread_slot(f.fd, C_HEADER + (h % f.slot_num) * 4, &n) < 0:
+                        continue
+                if not (0 < n and n < f.count) or f.base == NULL:
+                    continue
+                seen = 0
+                while 0 < n and n < f.count and got < limit and seen < f.count:
+                    epos = f.entries_at + <int64_t>n * C_ENTRY
+                    if epos < 0 or epos + C_ENTRY > f.size:
+                        break
+                    eh = rd32(f.base + epos)
+                    tdiff = rd32(f.base + epos + 12)
+                    prev = rd32(f.base + epos + 16)
+                    seen += 1
+                    if tdiff < f.lo_s:
+                        break  # chains run newest to oldest
+                    if <uint32_t>eh == h and tdiff <= f.hi_s:
+                        if found is None:
+                            found = []
+                        found.append(rd64(f.base + epos + 4))
+                        got += 1
+                    if prev >= n:
+                        break
+                    n = prev
+            if found is not None:
+                out[key] = found
+    finally:
+        for j in range(nf):
+            if fv[j].base != NULL:
+                PyBuffer_Release(&bufs[j])
+        PyMem_Free(fv)
+        PyMem_Free(bufs)
+    return out

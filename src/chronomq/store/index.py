@@ -22,7 +22,7 @@ import zlib
 from collections.abc import Iterable
 
 from chronomq.store.mapped import MappedFile, data_pages
-from chronomq.store.speedups import kernels, pure_twin
+from chronomq.store.speedups import Buffer, kernels, pure_twin
 from chronomq.store.types import DispatchRequest
 
 HEADER = struct.Struct(">qqqqii")
@@ -33,6 +33,9 @@ I32 = struct.Struct(">i")
 SLOT_PAGE_BITS = 12
 SLOT_PAGE = 1 << SLOT_PAGE_BITS  # write-back granularity of an in-memory slot table
 RUN_PAGES = 64  # at most this many pages are copied out at once while the writer waits
+# IndexFile.view: (mapping, descriptor, slot table in memory or None, slot count, entries' start, entry
+# count, begin time)
+IndexView = tuple[Buffer, int, bytearray | None, int, int, int, int]
 
 
 def _pwrite_all(fd: int, data: bytes | memoryview, off: int) -> None:
@@ -167,29 +170,72 @@ class IndexFile:
         self.header_intact = True
         self.write_header()
 
-    def lookup(self, h: int, begin_ts: int, end_ts: int, limit: int, out: list[int]) -> None:
-        mm = self.mm
-        slots = self.slots
-        pos = (h % self.slot_num) * 4
-        if slots is not None:
-            n = I32.unpack_from(slots, pos)[0]
-        else:  # the file's own table: a hole reads as zero (a load from a hole in a mapping can fault)
-            raw = os.pread(self.mf.fd, 4, HEADER_SIZE + pos)
-            n = I32.unpack(raw)[0] if len(raw) == 4 else 0
-        count = self.count
-        seen = 0
-        lo_s = (begin_ts - self.begin_ts) // 1000 - 1
-        hi_s = (end_ts - self.begin_ts) // 1000 + 1
-        while 0 < n < count and len(out) < limit and seen < count:
-            eh, phys, tdiff, prev = ENTRY.unpack_from(mm, self.entries_at + n * ENTRY_SIZE)
-            seen += 1
-            if tdiff < lo_s:
-                break  # chains run newest to oldest
-            if eh == h and tdiff <= hi_s:
-                out.append(phys)
-            if prev >= n:
+    def view(self) -> IndexView:
+        """What ``index_query`` reads of this file: its mapping, its descriptor, its slot table in memory
+        (None: the file's own table, read with pread), slot count, where entries begin, entry count and
+        begin time."""
+        return self.mm, self.mf.fd, self.slots, self.slot_num, self.entries_at, self.count, self.begin_ts
+
+
+@pure_twin("index_query")
+def index_query_py(topic: str, keys: list[str], files: list[IndexView], limit: int, begin_ts: int,
+                   end_ts: int) -> dict[str, list[int]]:
+    """The candidate offsets of each of ``keys`` (of ``topic``) stored within [begin_ts, end_ts] in
+    ``files`` (IndexFile.view, newest first): key -> offsets, newest file first and newest first within a
+    file, at most ``limit``, for the keys that have any. A key's chain is walked from its slot (a slot
+    table in memory, else read with pread: a load from a hole in a mapping can fault) newest to oldest,
+    stopping at the first entry older than the window, a link that does not lead back, an entry past the
+    mapping or after ``count`` steps. A file whose mapping or descriptor is closed (deleted meanwhile) is
+    passed over. ValueError when a slot table is shorter than its slot count."""
+    for _, _, slots, slot_num, _, _, _ in files:
+        if slot_num <= 0 or (slots is not None and len(slots) < slot_num * 4):
+            raise ValueError("the slot table is shorter than slot_num slots")
+    out: dict[str, list[int]] = {}
+    crc32, prefix = zlib.crc32, topic + "#"
+    unpack_slot, unpack_entry, pread = I32.unpack_from, ENTRY.unpack_from, os.pread
+    for key in keys:
+        h = crc32((prefix + key).encode()) & 0x7FFFFFFF  # key_hash
+        found: list[int] = []
+        for mm, fd, slots, slot_num, entries_at, count, f_begin in files:
+            if len(found) >= limit:
                 break
-            n = prev
+            pos = (h % slot_num) * 4
+            if slots is not None:
+                n = unpack_slot(slots, pos)[0]
+            else:
+                try:
+                    raw = pread(fd, 4, HEADER_SIZE + pos)
+                except OSError:
+                    continue
+                n = I32.unpack(raw)[0] if len(raw) == 4 else 0
+            if not 0 < n < count:
+                continue
+            try:
+                size = len(mm)
+            except ValueError:
+                continue  # the mapping is closed
+            lo_s = (begin_ts - f_begin) // 1000 - 1
+            hi_s = (end_ts - f_begin) // 1000 + 1
+            seen = 0
+            while 0 < n < count and len(found) < limit and seen < count:
+                epos = entries_at + n * ENTRY_SIZE
+                if epos < 0 or epos + ENTRY_SIZE > size:
+                    break
+                eh, phys, tdiff, prev = unpack_entry(mm, epos)
+                seen += 1
+                if tdiff < lo_s:
+                    break  # chains run newest to oldest
+                if eh == h and tdiff <= hi_s:
+                    found.append(phys)
+                if prev >= n:
+                    break
+                n = prev
+        if found:
+            out[key] = found
+    return out
+
+
+index_query = kernels.index_query
 
 
 @pure_twin("index_entries")
@@ -311,25 +357,12 @@ class IndexService:
                    ) -> dict[str, list[int]]:
         """``query`` for several keys of one topic, the files chosen once: key -> candidate offsets (newest
         file first), for the keys that have any."""
-        files = [f for f in reversed(self.files)
+        files = [f.view() for f in reversed(self.files)
                  if not (f.count <= 1 or f.end_ts < begin_ts or f.begin_ts > end_ts)]
-        out: dict[str, list[int]] = {}
         if not files:
-            return out
-        crc32, prefix = zlib.crc32, topic + "#"
-        for key in keys:
-            h = crc32((prefix + key).encode()) & 0x7FFFFFFF  # key_hash, inlined
-            found: list[int] = []
-            for f in files:
-                if len(found) >= limit:
-                    break
-                try:
-                    f.lookup(h, begin_ts, end_ts, limit, found)
-                except ValueError:
-                    continue  # deleted meanwhile
-            if found:
-                out[key] = found
-        return out
+            return {}
+        return index_query(topic, keys if isinstance(keys, list) else list(keys), files, limit, begin_ts,
+                           end_ts)
 
     def write_back(self) -> list[IndexFile]:
         """Write every changed slot-table page to its file (not synced), one run at a time so a writer

@@ -67,6 +67,12 @@ class Kernels(Protocol):
         """index.index_entries_py."""
         ...
 
+    def index_query(self, topic: str, keys: list[str],
+                    files: list[tuple[Buffer, int, bytearray | None, int, int, int, int]], limit: int,
+                    begin_ts: int, end_ts: int, /) -> dict[str, list[int]]:
+        """index.index_query_py."""
+        ...
+
     def record_to_put(self, buf: Buffer, pos: int, size: int, /) -> tuple[str, int, dict[str, str]]:
         """delay.delivery.record_to_put."""
         ...
