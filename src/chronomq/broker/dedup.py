@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass
+from itertools import count, repeat
 from typing import TYPE_CHECKING, TypeVar, cast
 
 from chronomq.delay.timer import TimerError
@@ -105,20 +106,28 @@ class SendDedup:
 
     def find_many(self, topic: str, uniqs: list[str], kind: str = NOW) -> list[Original | None]:
         """``find`` for several keys of one topic, the store's index asked once for all of them."""
+        return self._find(topic, uniqs, None, kind)
+
+    def _find(self, topic: str, uniqs: list[str], keys: list[tuple[str, str]] | None, kind: str
+              ) -> list[Original | None]:
+        """``find_many``; ``keys``, when given, are the (topic, UNIQ_KEY) of ``uniqs``."""
         now = self.clock.now_ms()
         out: list[Original | None] = [None] * len(uniqs)
-        ask: dict[str, int] = {}  # UNIQ_KEY -> its place, for the keys not found in memory
         recent = self._recent
-        for i, uniq in enumerate(uniqs):
-            hit = recent.get((topic, uniq))
-            if hit is not None:
-                if now - hit[0] <= self.window_ms:
-                    out[i] = _original(hit)
-                    continue
-                del recent[(topic, uniq)]
-            ask[uniq] = i
-        if not ask:
-            return out
+        if not recent or recent.keys().isdisjoint([(topic, u) for u in uniqs] if keys is None else keys):
+            ask = dict(zip(uniqs, range(len(uniqs)), strict=True))  # none in memory: all asked (last place)
+        else:
+            ask = {}  # UNIQ_KEY -> its place, for the keys not found in memory
+            for i, uniq in enumerate(uniqs):
+                hit = recent.get((topic, uniq))
+                if hit is not None:
+                    if now - hit[0] <= self.window_ms:
+                        out[i] = _original(hit)
+                        continue
+                    del recent[(topic, uniq)]
+                ask[uniq] = i
+            if not ask:
+                return out
         begin, end = now - self.window_ms, now + 60_000
         if kind == TIMED:
             for uniq in list(ask):
@@ -162,6 +171,13 @@ class SendDedup:
         that asks for de-duplication, None for one that does not."""
         if not self.window_ms:
             return None
+        if None not in asks:
+            uniqs = cast(list[str], asks)
+            if len(dict.fromkeys(uniqs)) == len(uniqs):  # the usual batch: every one asks, no key twice
+                tkeys = [(topic, u) for u in uniqs]
+                found = self._find(topic, uniqs, tkeys, kind)
+                return Plan(self, cast(list[tuple[str, str] | None], tkeys),
+                            cast(list[Original | int | None], found))
         keys = [None if u is None else (topic, u) for u in asks]
         repeats: list[Original | int | None] = [None] * len(asks)
         first: dict[str, int] = {}
@@ -229,7 +245,7 @@ class SendDedup:
         if len(ids) == len(plan) and None not in keys and recent.keys().isdisjoint(keys):
             # the usual batch: every message asked, every one stored, none remembered before
             stored = cast(list[tuple[str, str]], keys)
-            values = [(now, mid, queue_id, first_offset + i) for i, mid in enumerate(ids)]
+            values = zip(repeat(now), ids, repeat(queue_id), count(first_offset), strict=False)
             recent.update(zip(stored, values, strict=True))
             out = ids
         else:
