@@ -3,17 +3,19 @@ CHRONOMQ_DEDUP=true (the Spark sink does, so a retried task's rows are stored on
 
 Rules: a send that asks, whose UNIQ_KEY this topic already stored within ``dedupWindowSec`` (put now,
 parked under a delay level, or parked in the timer), is answered with the original's ids and not stored
-again. What was stored is found in memory for the moments after the put (``dedupRecentMax`` keys), then
-in the store's index (put now or under a level) and in the timer's key index (timed): both are on disk,
-so the window survives a restart, as far back as the commit log and the timer keep the originals.
-Plain RocketMQ traffic never carries the property and is never looked up.
+again. What was stored is found in memory for the moments after the put (``dedupRecentMax`` keys, the
+oldest forgotten first: ``RecentKeys``), then in the store's index (put now or under a level) and in the
+timer's key index (timed): both are on disk, so the window survives a restart, as far back as the commit
+log and the timer keep the originals. Plain RocketMQ traffic never carries the property and is never
+looked up.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import deque
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from itertools import count, repeat
+from itertools import islice, repeat
 from typing import TYPE_CHECKING, TypeVar, cast
 
 from chronomq.delay.timer import TimerError
@@ -49,17 +51,156 @@ class Original:
     uniq_key: str = ""
 
 
-@dataclass(slots=True)
-class Plan:
-    """One request's messages: their keys and what each repeats (SendDedup.split)."""
+class Kept:
+    """Sends of one topic remembered together (a batch put's, or one send's): their UNIQ_KEYs, each
+    once, when they were stored, and their answers: ``original``, or the i-th key's message id ``ids[i]``
+    (``ids`` a list, or the put's answer text, comma-joined) at ``offsets[i]`` of ``queue_id``."""
 
-    dedup: SendDedup
-    keys: list[tuple[str, str] | None]
-    repeats: list[Original | int | None]
+    __slots__ = ("ids", "offsets", "original", "queue_id", "topic", "uniqs", "when")
+
+    def __init__(self, topic: str, uniqs: Sequence[str], when: int, ids: Sequence[str] | str = (),
+                 queue_id: int = 0, offsets: Sequence[int] = (), original: Original | None = None) -> None:
+        self.topic = topic
+        self.uniqs = uniqs
+        self.when = when
+        self.ids = ids
+        self.queue_id = queue_id
+        self.offsets = offsets
+        self.original = original
+
+    def original_of(self, uniq: str) -> Original:
+        if self.original is not None:
+            return self.original
+        i = self.uniqs.index(uniq)
+        ids = self.ids.split(",") if isinstance(self.ids, str) else self.ids
+        return Original(ids[i], self.queue_id, self.offsets[i])
+
+
+class RecentKeys:
+    """The keys remembered last, at most ``limit``: ``(topic, UNIQ_KEY)`` -> the Kept that holds it,
+    iterated oldest first, the oldest dropped first (an OrderedDict's order: a key remembered again
+    moves to the end).
+
+    Each topic's keys are a plain dict (UNIQ_KEY -> Kept); the order is a deque of the Kept as they were
+    remembered, whose first one has lost its first ``_front`` keys already. A key remembered again
+    belongs to its newest Kept, and a key forgotten to none: its place in an older Kept is stale (there
+    are ``_stale`` such places), which dropping skips. A whole batch is remembered with one dict update
+    and no object per key."""
+
+    __slots__ = ("_front", "_n", "_order", "_stale", "_topics", "limit")
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._topics: dict[str, dict[str, Kept]] = {}
+        self._order: deque[Kept] = deque()
+        self._front = 0
+        self._n = 0
+        self._stale = 0
+
+    def __len__(self) -> int:
+        return self._n
+
+    def __contains__(self, key: object) -> bool:
+        if not isinstance(key, tuple) or len(key) != 2:
+            return False
+        held = self._topics.get(key[0])
+        return held is not None and key[1] in held
+
+    def __iter__(self) -> Iterator[tuple[str, str]]:
+        front = self._front
+        for kept in self._order:
+            held = self._topics.get(kept.topic)
+            if held is not None:
+                for uniq in islice(kept.uniqs, front, None):
+                    if held.get(uniq) is kept:
+                        yield kept.topic, uniq
+            front = 0
+
+    def of_topic(self, topic: str) -> dict[str, Kept] | None:
+        """UNIQ_KEY -> its Kept for ``topic`` (read only), or None when none is held."""
+        return self._topics.get(topic)
+
+    def forget(self, topic: str, uniq: str) -> None:
+        del self._topics[topic][uniq]
+        self._n -= 1
+        self._stale += 1
+
+    def add(self, kept: Kept) -> None:
+        """Remember ``kept``'s keys (each once in it) as the newest, then drop the oldest beyond ``limit``."""
+        held = self._topics.get(kept.topic)
+        if held is None:
+            held = self._topics[kept.topic] = {}
+        before = len(held)
+        held.update(zip(kept.uniqs, repeat(kept)))
+        added = len(held) - before
+        self._n += added
+        self._stale += len(kept.uniqs) - added  # remembered before: their older places are stale
+        self._order.append(kept)
+        if self._n > self.limit:
+            self._drop(self._n - self.limit)
+
+    def _drop(self, count: int) -> None:
+        order, topics = self._order, self._topics
+        while count > 0 and order:
+            kept = order[0]
+            uniqs = kept.uniqs
+            start, end = self._front, len(uniqs)
+            held = topics.get(kept.topic)
+            if not self._stale and held is not None:  # every place is its key's: no look before deleting
+                stop = min(end, start + count)
+                deque(map(held.__delitem__, islice(uniqs, start, stop)), 0)
+                count -= stop - start
+                self._n -= stop - start
+            else:
+                stop = start
+                while stop < end and count > 0:
+                    uniq = uniqs[stop]
+                    stop += 1
+                    if held is not None and held.get(uniq) is kept:
+                        del held[uniq]
+                        count -= 1
+                        self._n -= 1
+                    else:
+                        self._stale -= 1
+            if stop == end:
+                order.popleft()
+                self._front = 0
+                if held is not None and not held:
+                    del topics[kept.topic]
+            else:
+                self._front = stop
+
+
+class Plan:
+    """One request's messages: their keys and what each repeats (SendDedup.split). A batch planned from
+    its UNIQ_KEYs (``plan_uniqs``) holds ``topic`` and ``asks`` and makes ``keys`` only when asked;
+    ``fresh`` when every message asked, each key once."""
+
+    __slots__ = ("_keys", "asks", "dedup", "fresh", "repeats", "topic")
+
+    def __init__(self, dedup: SendDedup, keys: list[tuple[str, str] | None] | None,
+                 repeats: list[Original | int | None], topic: str = "",
+                 asks: list[str | None] | None = None, fresh: bool = False) -> None:
+        self.dedup = dedup
+        self._keys = keys
+        self.repeats = repeats
+        self.topic = topic
+        self.asks = asks
+        self.fresh = fresh
+
+    @property
+    def keys(self) -> list[tuple[str, str] | None]:
+        if self._keys is None:
+            topic = self.topic
+            self._keys = [None if u is None else (topic, u) for u in self.asks or ()]
+        return self._keys
 
     def keep(self, items: list[T]) -> list[T]:
         """The items (one per message, in order) of the messages to store."""
-        return [x for x, o in zip(items, self.repeats, strict=True) if o is None]
+        repeats = self.repeats
+        if repeats.count(None) == len(repeats):
+            return items  # none repeats: all of them
+        return [x for x, o in zip(items, repeats, strict=True) if o is None]
 
     def settle(self, stored: list[Original]) -> list[Original]:
         return self.dedup.settle(self.keys, self.repeats, stored)
@@ -67,12 +208,18 @@ class Plan:
     def settle_ids(self, ids: list[str], queue_id: int, first_offset: int) -> str:
         """``settle`` for a batch whose stored messages got ``ids`` (in order) at consecutive offsets of
         ``queue_id`` from ``first_offset``: every message's id, comma-joined, as the answer gives them."""
+        if self.fresh and len(ids) == len(self.repeats):
+            self.dedup.remember_batch(self.topic, cast(list[str], self.asks), ids, queue_id, first_offset)
+            return ",".join(ids)
         return self.dedup.settle_ids(self.keys, self.repeats, ids, queue_id, first_offset)
 
-
-def _original(hit: tuple[int, Original] | tuple[int, str, int, int]) -> Original:
-    """The Original of a remembered send (SendDedup._recent's value)."""
-    return hit[1] if len(hit) == 2 else Original(hit[1], hit[2], hit[3])
+    def settle_text(self, ids: str, count: int, queue_id: int, first_offset: int) -> str:
+        """``settle_ids`` for a put's answer: ``ids`` its ``count`` message ids, comma-joined. The usual
+        batch (every message asked and was stored) is answered with ``ids`` as they are, never split."""
+        if self.fresh and count == len(self.repeats):
+            self.dedup.remember_batch(self.topic, cast(list[str], self.asks), ids, queue_id, first_offset)
+            return ids
+        return self.settle_ids(ids.split(",") if count else [], queue_id, first_offset)
 
 
 class SendDedup:
@@ -81,14 +228,19 @@ class SendDedup:
         self.store = store
         self.timer = timer
         self.window_ms = config.dedupWindowSec * 1000
-        self.recent_max = config.dedupRecentMax
         self.clock = clock
         self.store_host = store_host
-        # (topic, UNIQ_KEY) -> (when, its Original), or for a batch's message (when, offset msg id, queue id,
-        # queue offset): a tuple of plain values, which the cycle collector stops tracking
-        self._recent: OrderedDict[tuple[str, str], tuple[int, Original] | tuple[int, str, int, int]] = \
-            OrderedDict()
+        self._recent = RecentKeys(config.dedupRecentMax)
         self.replays = 0  # sends answered as their original
+
+    @property
+    def recent_max(self) -> int:
+        """The most keys held in memory (``dedupRecentMax``)."""
+        return self._recent.limit
+
+    @recent_max.setter
+    def recent_max(self, n: int) -> None:
+        self._recent.limit = n
 
     def key_of(self, msg: MessageExt, topic: str) -> tuple[str, str] | None:
         """(topic, UNIQ_KEY) when ``msg`` asks to be stored once and de-duplication is on."""
@@ -106,25 +258,27 @@ class SendDedup:
 
     def find_many(self, topic: str, uniqs: list[str], kind: str = NOW) -> list[Original | None]:
         """``find`` for several keys of one topic, the store's index asked once for all of them."""
-        return self._find(topic, uniqs, None, kind)
-
-    def _find(self, topic: str, uniqs: list[str], keys: list[tuple[str, str]] | None, kind: str
-              ) -> list[Original | None]:
-        """``find_many``; ``keys``, when given, are the (topic, UNIQ_KEY) of ``uniqs``."""
         now = self.clock.now_ms()
         out: list[Original | None] = [None] * len(uniqs)
-        recent = self._recent
-        if not recent or recent.keys().isdisjoint([(topic, u) for u in uniqs] if keys is None else keys):
-            ask = dict(zip(uniqs, range(len(uniqs)), strict=True))  # none in memory: all asked (last place)
+        if not uniqs:
+            return out
+        held = self._recent.of_topic(topic)
+        if held is None or held.keys().isdisjoint(uniqs):
+            if kind == NOW:  # none in memory: the index asked for all of them
+                found = self.store.query_messages(topic, uniqs, 4, now - self.window_ms, now + 60_000)
+                if found:
+                    self._take(topic, dict(zip(uniqs, range(len(uniqs)), strict=True)), found, out)
+                return out
+            ask = dict(zip(uniqs, range(len(uniqs)), strict=True))  # UNIQ_KEY -> its (last) place
         else:
             ask = {}  # UNIQ_KEY -> its place, for the keys not found in memory
             for i, uniq in enumerate(uniqs):
-                hit = recent.get((topic, uniq))
-                if hit is not None:
-                    if now - hit[0] <= self.window_ms:
-                        out[i] = _original(hit)
+                kept = held.get(uniq)
+                if kept is not None:
+                    if now - kept.when <= self.window_ms:
+                        out[i] = kept.original_of(uniq)
                         continue
-                    del recent[(topic, uniq)]
+                    self._recent.forget(topic, uniq)
                 ask[uniq] = i
             if not ask:
                 return out
@@ -147,12 +301,17 @@ class SendDedup:
                         out[ask.pop(uniq)] = self._stored(m)
                         break
         if ask:
-            for uniq, ms in self.store.query_messages(topic, list(ask), 4, begin, end).items():
-                for m in ms:
-                    if m.uniq_key == uniq:
-                        out[ask[uniq]] = self._stored(m)
-                        break
+            self._take(topic, ask, self.store.query_messages(topic, list(ask), 4, begin, end), out)
         return out
+
+    def _take(self, topic: str, ask: dict[str, int], found: dict[str, list[MessageExt]],
+              out: list[Original | None]) -> None:
+        """Into ``out`` at the places ``ask`` gives: the stored message of each key the index ``found``."""
+        for uniq, ms in found.items():
+            for m in ms:
+                if m.uniq_key == uniq:
+                    out[ask[uniq]] = self._stored(m)
+                    break
 
     def _stored(self, m: MessageExt) -> Original:
         msg_id = create_offset_msg_id(self.store_host, m.commit_log_offset)
@@ -173,12 +332,9 @@ class SendDedup:
             return None
         if None not in asks:
             uniqs = cast(list[str], asks)
-            if len(dict.fromkeys(uniqs)) == len(uniqs):  # the usual batch: every one asks, no key twice
-                tkeys = [(topic, u) for u in uniqs]
-                found = self._find(topic, uniqs, tkeys, kind)
-                return Plan(self, cast(list[tuple[str, str] | None], tkeys),
-                            cast(list[Original | int | None], found))
-        keys = [None if u is None else (topic, u) for u in asks]
+            if len(set(uniqs)) == len(uniqs):  # the usual batch: every one asks, no key twice
+                found = self.find_many(topic, uniqs, kind)
+                return Plan(self, None, cast(list[Original | int | None], found), topic, asks, True)
         repeats: list[Original | int | None] = [None] * len(asks)
         first: dict[str, int] = {}
         setdefault = first.setdefault
@@ -192,7 +348,7 @@ class SendDedup:
             for u, o in zip(uniqs, self.find_many(topic, uniqs, kind), strict=True):
                 if o is not None:
                     repeats[first[u]] = o
-        return Plan(self, keys, repeats)
+        return Plan(self, None, repeats, topic, asks)
 
     def split(self, keys: list[tuple[str, str] | None], kind: str = NOW) -> list[Original | int | None]:
         """For each message of one request (its key, or None when it does not ask): the Original it
@@ -242,33 +398,25 @@ class SendDedup:
         recent = self._recent
         out: list[str] = []
         j = 0
-        if len(ids) == len(plan) and None not in keys and recent.keys().isdisjoint(keys):
-            # the usual batch: every message asked, every one stored, none remembered before
-            stored = cast(list[tuple[str, str]], keys)
-            values = zip(repeat(now), ids, repeat(queue_id), count(first_offset), strict=False)
-            recent.update(zip(stored, values, strict=True))
-            out = ids
-        else:
-            for key, o in zip(keys, plan, strict=True):
-                if o is None:
-                    mid = ids[j]
-                    if key is not None:
-                        if key in recent:
-                            recent.move_to_end(key)
-                        recent[key] = (now, mid, queue_id, first_offset + j)
-                    out.append(mid)
-                    j += 1
-                else:
-                    out.append(out[o] if isinstance(o, int) else o.offset_msg_id)
-                    self.replays += 1
-        for _ in range(len(recent) - self.recent_max):
-            recent.popitem(last=False)
+        for key, o in zip(keys, plan, strict=True):
+            if o is None:
+                mid = ids[j]
+                if key is not None:
+                    recent.add(Kept(key[0], (key[1],), now, (mid,), queue_id, (first_offset + j,)))
+                out.append(mid)
+                j += 1
+            else:
+                out.append(out[o] if isinstance(o, int) else o.offset_msg_id)
+                self.replays += 1
         return ",".join(out)
 
+    def remember_batch(self, topic: str, uniqs: list[str], ids: list[str] | str, queue_id: int,
+                       first_offset: int) -> None:
+        """Remember a batch whose every message asked, each key once, and was stored: the i-th with the
+        id ``ids[i]`` (``ids`` a list, or the answer's text) at ``first_offset + i`` of ``queue_id``."""
+        self._recent.add(Kept(topic, uniqs, self.clock.now_ms(), ids, queue_id,
+                              range(first_offset, first_offset + len(uniqs))))
+
     def remember(self, key: tuple[str, str], original: Original, now: int | None = None) -> None:
-        recent = self._recent
-        if key in recent:
-            recent.move_to_end(key)
-        recent[key] = (self.clock.now_ms() if now is None else now, original)
-        if len(recent) > self.recent_max:
-            recent.popitem(last=False)
+        self._recent.add(Kept(key[0], (key[1],), self.clock.now_ms() if now is None else now,
+                              original=original))

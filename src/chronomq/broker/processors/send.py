@@ -274,7 +274,7 @@ class SendProcessor(ProcessorBase):
         if result.ok and result.append is not None:
             if plan is not None:
                 a = result.append
-                a.msg_id = plan.settle_ids(a.msg_id.split(","), qid, a.queue_offset)
+                a.msg_id = plan.settle_text(a.msg_id, a.msg_count, qid, a.queue_offset)
             self.services.traffic.produce(topic, "Normal", len(entries), body_bytes)
         return self._put_response(req, conn, result, True, qid)
 
