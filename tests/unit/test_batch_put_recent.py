@@ -29,12 +29,13 @@ _limit = st.tuples(st.just("limit"), st.integers(1, 8), st.just(""))
 @given(st.integers(1, 8), st.lists(st.one_of(_add, _one, _forget, _limit), max_size=40))
 def test_the_memory_is_an_ordered_dict_with_move_to_end_and_oldest_first_eviction(limit: int,
                                                                                    ops: list[Any]) -> None:
-    recent = RecentKeys(limit)
+    recent = RecentKeys(limit, compact_at=2)  # stale places compacted away often
     model: OrderedDict[tuple[str, str], Original] = OrderedDict()
     for step, (op, a, b) in enumerate(ops):
         if op == "add":  # a batch: ids and consecutive offsets
             ids = [f"ID{step}.{i}" for i in range(len(b))]
-            recent.add(Kept(a, b, step, ids, 2, range(100 * step, 100 * step + len(b))))
+            answer = ",".join(ids) if step % 2 else ids  # the put's answer text, or its ids
+            recent.add(Kept(a, b, step, answer, 2, range(100 * step, 100 * step + len(b))))
             for i, u in enumerate(b):
                 model.pop((a, u), None)
                 model[(a, u)] = Original(ids[i], 2, 100 * step + i)
@@ -47,6 +48,7 @@ def test_the_memory_is_an_ordered_dict_with_move_to_end_and_oldest_first_evictio
             if (a, b) in recent:
                 recent.forget(a, b)
                 del model[(a, b)]
+            assert list(recent) == list(model)
             continue
         else:
             recent.limit = limit = a
@@ -62,6 +64,7 @@ def test_the_memory_is_an_ordered_dict_with_move_to_end_and_oldest_first_evictio
                 if (t, u) in model:
                     assert held[u].original_of(u) == model[(t, u)]
     assert list(recent) == list(model)
+    assert recent._stale <= max(len(recent), 2)
 
 
 def test_a_forgotten_key_remembered_again_is_dropped_at_its_new_place() -> None:
@@ -79,6 +82,19 @@ def test_a_forgotten_key_remembered_again_is_dropped_at_its_new_place() -> None:
     assert list(recent) == [("U", "x"), ("U", "y"), ("U", "z")] and recent.of_topic("T") is None
     u = recent.of_topic("U")
     assert u is not None and u["y"].original_of("y") == Original("Y", 1, 1)
+
+
+def test_keys_forgotten_and_remembered_again_and_again_leave_no_trail() -> None:
+    recent = RecentKeys(100, compact_at=8)
+    recent.add(Kept("T", ["a", "b", "c", "d"], 0, "A,B,C,D", 0, range(4)))
+    for i in range(1, 1_000):  # a key resent after the window, again and again: forgotten, then stored
+        recent.forget("T", "a")
+        recent.add(Kept("T", ["a"], i, [f"A{i}"], 0, range(i + 3, i + 4)))
+        assert len(recent._order) <= 10 and recent._stale <= 8
+    assert list(recent) == [("T", "b"), ("T", "c"), ("T", "d"), ("T", "a")]
+    held = recent.of_topic("T")
+    assert held is not None and held["c"].original_of("c") == Original("C", 0, 2)
+    assert held["a"].original_of("a") == Original("A999", 0, 1002)
 
 
 class _Store:
@@ -104,7 +120,8 @@ class _Timer:
 def _dedup(tmp: Path, indexed: dict[str, int], recent_max: int) -> SendDedup:
     config, _ = BrokerConfig.load(None, {"storePathRootDir": str(tmp), "dedupWindowSec": "60"})
     store: Any = _Store(indexed)
-    d = SendDedup(store, _Timer(), config, VirtualClock(1_000_000), ("127.0.0.1", 10911))
+    timer: Any = _Timer()
+    d = SendDedup(store, timer, config, VirtualClock(1_000_000), ("127.0.0.1", 10911))
     d.recent_max = recent_max
     return d
 

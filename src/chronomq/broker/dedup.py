@@ -84,13 +84,15 @@ class RecentKeys:
     Each topic's keys are a plain dict (UNIQ_KEY -> Kept); the order is a deque of the Kept as they were
     remembered, whose first one has lost its first ``_front`` keys already. A key remembered again
     belongs to its newest Kept, and a key forgotten to none: its place in an older Kept is stale (there
-    are ``_stale`` such places), which dropping skips. A whole batch is remembered with one dict update
-    and no object per key."""
+    are ``_stale`` such places), which dropping skips, and which are compacted away once there are more
+    of them than keys held (and ``compact_at``). A whole batch is remembered with one dict update and no
+    object per key."""
 
-    __slots__ = ("_front", "_n", "_order", "_stale", "_topics", "limit")
+    __slots__ = ("_front", "_n", "_order", "_stale", "_topics", "compact_at", "limit")
 
-    def __init__(self, limit: int) -> None:
+    def __init__(self, limit: int, compact_at: int = 1024) -> None:
         self.limit = limit
+        self.compact_at = compact_at
         self._topics: dict[str, dict[str, Kept]] = {}
         self._order: deque[Kept] = deque()
         self._front = 0
@@ -124,6 +126,8 @@ class RecentKeys:
         del self._topics[topic][uniq]
         self._n -= 1
         self._stale += 1
+        if self._stale > max(self._n, self.compact_at):
+            self._compact()
 
     def add(self, kept: Kept) -> None:
         """Remember ``kept``'s keys (each once in it) as the newest, then drop the oldest beyond ``limit``."""
@@ -138,6 +142,8 @@ class RecentKeys:
         self._order.append(kept)
         if self._n > self.limit:
             self._drop(self._n - self.limit)
+        if self._stale > max(self._n, self.compact_at):
+            self._compact()
 
     def _drop(self, count: int) -> None:
         order, topics = self._order, self._topics
@@ -169,6 +175,29 @@ class RecentKeys:
                     del topics[kept.topic]
             else:
                 self._front = stop
+
+    def _compact(self) -> None:
+        """Every Kept again with its live keys only, in the same order (no stale place left)."""
+        order: deque[Kept] = deque()
+        front = self._front
+        for kept in self._order:
+            held = self._topics.get(kept.topic)
+            places = [] if held is None else \
+                [i for i in range(front, len(kept.uniqs)) if held.get(kept.uniqs[i]) is kept]
+            front = 0
+            if not places or held is None:
+                continue
+            if kept.original is not None or len(places) == len(kept.uniqs):
+                new = kept
+            else:
+                ids = kept.ids.split(",") if isinstance(kept.ids, str) else kept.ids
+                new = Kept(kept.topic, [kept.uniqs[i] for i in places], kept.when, [ids[i] for i in places],
+                           kept.queue_id, [kept.offsets[i] for i in places])
+                held.update(zip(new.uniqs, repeat(new)))
+            order.append(new)
+        self._order = order
+        self._front = 0
+        self._stale = 0
 
 
 class Plan:
