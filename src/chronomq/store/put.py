@@ -12,7 +12,9 @@ from __future__ import annotations
 import concurrent.futures
 import mmap
 import struct
+import sys
 import threading
+from array import array
 from collections.abc import Callable
 from itertools import accumulate
 from typing import TYPE_CHECKING, TypeVar
@@ -64,6 +66,19 @@ K = TypeVar("K")
 V = TypeVar("V")
 PropertyFields = tuple[bytes, str | None, list[str] | None, str | None]
 StoredRecord = tuple[bytes | bytearray | memoryview, int, int, dict[str, str]]  # see put_records
+
+
+_LITTLE = sys.byteorder == "little"
+
+
+def batch_msg_ids(prefix: str, first: int, sizes: list[int]) -> str:
+    """The offset message ids, comma-joined, of records of ``sizes`` bytes written back to back from
+    ``first``: ``prefix`` (the store host's hex) and each record's offset as 16 hex digits. One hex
+    conversion of the offsets' big-endian bytes, no string per record."""
+    offsets = array("Q", accumulate(sizes[:-1], initial=first))
+    if _LITTLE:
+        offsets.byteswap()
+    return prefix + offsets.tobytes().hex(",", 8).upper().replace(",", "," + prefix)
 
 
 @pure_twin("property_fields")
@@ -476,12 +491,10 @@ class PutPath:
 
     def _batch_result(self, first_phys: int, first_q: int, ts: int, sizes: list[int], total: int,
                       with_ids: bool = True) -> PutResult:
-        ids: list[str] | map[str] = []
-        if with_ids and sizes:  # "<prefix><offset as 16 hex digits>" for each record's offset
-            ids = map(f"{self._msg_id_prefix}%016X".__mod__, accumulate(sizes[:-1], initial=first_phys))
+        ids = batch_msg_ids(self._msg_id_prefix, first_phys, sizes) if with_ids and sizes else ""
         fut = self._request_flush(first_phys + total) if self._sync else None
-        return PutResult(PutStatus.PUT_OK,
-                         AppendResult(first_phys, total, ",".join(ids), first_q, ts, len(sizes)), None, fut)
+        result = AppendResult(first_phys, total, ids, first_q, ts, len(sizes))
+        return PutResult(PutStatus.PUT_OK, result, None, fut)
 
     def put_records(self, topic: str, queue_id: int, records: list[StoredRecord]) -> PutResult:
         """put_messages for records the caller holds as stored bytes (a parked delayed message): each
