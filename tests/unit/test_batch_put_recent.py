@@ -5,15 +5,13 @@ is settled without being split, to the same answer and memory as its ids one by 
 from __future__ import annotations
 
 from collections import OrderedDict
-from pathlib import Path
 from typing import Any
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from tests.unit.test_batch_put_dedup import _dedup
 
-from chronomq.broker.dedup import Kept, Original, RecentKeys, SendDedup
-from chronomq.clock import VirtualClock
-from chronomq.config import BrokerConfig
+from chronomq.broker.dedup import Kept, Original, RecentKeys
 
 TOPICS = ("T", "U")
 UNIQS = ("a", "b", "c", "d", "e", "f")
@@ -97,33 +95,6 @@ def test_keys_forgotten_and_remembered_again_and_again_leave_no_trail() -> None:
     assert held["a"].original_of("a") == Original("A999", 0, 1002)
 
 
-class _Store:
-    def __init__(self, indexed: dict[str, int]) -> None:
-        self.indexed = indexed
-
-    def query_messages(self, topic: str, keys: list[str], max_num: int, begin_ts: int, end_ts: int
-                       ) -> dict[str, list[Any]]:
-        out = {}
-        for k in keys:
-            if k in self.indexed:
-                m = type("M", (), {"uniq_key": k, "commit_log_offset": self.indexed[k], "queue_id": 3,
-                                   "queue_offset": self.indexed[k] // 10, "properties": {}})()
-                out[k] = [m]
-        return out
-
-
-class _Timer:
-    def records_of(self, uniq: str) -> list[Any]:
-        return []
-
-
-def _dedup(tmp: Path, indexed: dict[str, int], recent_max: int) -> SendDedup:
-    config, _ = BrokerConfig.load(None, {"storePathRootDir": str(tmp), "dedupWindowSec": "60"})
-    store: Any = _Store(indexed)
-    timer: Any = _Timer()
-    d = SendDedup(store, timer, config, VirtualClock(1_000_000), ("127.0.0.1", 10911))
-    d.recent_max = recent_max
-    return d
 
 
 keys = st.sampled_from(["a", "b", "c", "d", "e", "f"])
