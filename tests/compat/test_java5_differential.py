@@ -32,6 +32,7 @@ from tests.compat.harness import (
 )
 from tests.compat.observe import assert_same, b64, text, uniq
 from tests.compat.reference import RocketMQProcess
+from tests.conftest import wait_for
 
 pytestmark = pytest.mark.compat
 
@@ -189,11 +190,15 @@ def test_delivery_timestamp_is_not_delivered_before_its_time(
     # so the bound is "not before the timestamp" for chronomq and "not before it minus 100 ms" for RocketMQ.
     def scenario(ep: Endpoint) -> dict[str, Any]:
         topic = create_topic(ep, "DELAY")
-        # the consumer first, so that it is polling when the time comes (the sender sets it 3 s ahead)
+        # the consumer first, so that it is polling when the time comes (the sender sets it 3 s ahead): the
+        # messages are sent once it says it receives (a JVM's start under load can take longer than 3 s)
+        out = tmp_path / f"{ep.name}-receiving.jsonl"
         consumer = start_driver("java5:simple_consume", {
             "endpoint": ep.endpoint, "group": uniq("SG"), "topic": topic, "expect": 2, "awaitMs": 5000,
-            "maxSeconds": 60}, tmp_path)
+            "maxSeconds": 60, "out": str(out)}, tmp_path)
         try:
+            wait_for(lambda: consumer.records() or not consumer.alive(), timeout=60,
+                     message=f"{ep.name}: the consumer receiving")
             msgs = [{"topic": topic, "body": b64(f"d{i}"), "keys": [f"D{i}"], "deliveryDelayMs": 3000}
                     for i in range(2)]
             sent = produce(ep, msgs, topics=[topic])

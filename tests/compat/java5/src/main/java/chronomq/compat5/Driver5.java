@@ -391,6 +391,15 @@ public final class Driver5 {
         long doneAt = expect > 0 ? Long.MAX_VALUE : System.currentTimeMillis();
         int acked = 0;
         JsonArray receiveErrors = new JsonArray();
+        if (args.has("out")) {  // the consumer is built (route and settings known): the receives start now
+            try {
+                java.nio.file.Files.writeString(java.nio.file.Path.of(args.get("out").getAsString()),
+                    "{\"event\":\"receiving\"}\n", java.nio.file.StandardOpenOption.CREATE,
+                    java.nio.file.StandardOpenOption.APPEND);
+            } catch (java.io.IOException e) {
+                receiveErrors.add(error(e));
+            }
+        }
         while (System.currentTimeMillis() < deadline
                && (doneAt == Long.MAX_VALUE || System.currentTimeMillis() < doneAt + linger)) {
             List<MessageView> got;
