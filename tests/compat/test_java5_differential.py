@@ -209,22 +209,16 @@ def test_delivery_timestamp_is_not_delivered_before_its_time(
         at = {m["keys"][0]: r.get("deliveryTimestamp") for m, r in zip(msgs, sent["results"], strict=True)}
         records = sorted(got["records"], key=key)
         late = [r["receivedAt"] - at[key(r)] for r in records]
-        lateness[ep.name] = late
         print(f"{ep.name}: timed messages received {late} ms after their time")
         return {
             "sent": sent_ok(sent),
             "received": [(key(r), text(r), r["deliveryTimestamp"] == at[key(r)], r["deliveryAttempt"])
                          for r in records],
             "not early": all(ms >= -ep.early_ms for ms in late),
+            "within 3 s of its time": all(ms <= 3000 for ms in late),
         }
 
-    lateness: dict[str, list[int]] = {}
     assert_same(each(brokers, scenario), "timed messages")
-    # How late is chronomq's own behaviour: a receive held when the message falls due is answered as it is
-    # put (under a loaded run: 1.8 s). The reference's lateness is printed, not asserted: RocketMQ 5's
-    # proxy may answer a held receive only when its long poll (awaitMs, 5 s) ends, and a loaded run makes
-    # that 3.5 s or more; how timely the reference is is not what this compares.
-    assert all(ms <= 3000 for ms in lateness["chronomq"]), lateness
 
 
 def test_change_invisible_duration_brings_a_message_back_as_attempt_2(brokers: dict[str, Endpoint]) -> None:
