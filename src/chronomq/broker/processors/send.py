@@ -228,11 +228,8 @@ class SendProcessor(ProcessorBase):
             dedup.plan(put, target.topic, LEVEL if put[0].topic == SCHEDULE_TOPIC else NOW)
         if plan is not None:
             put = plan.keep(put)
-            if not put:  # every one was stored before: answered as the first time
-                originals = plan.settle([])
-                return req.response(ext_fields=send_result_fields(
-                    ",".join(o.offset_msg_id for o in originals), originals[0].queue_id,
-                    originals[0].queue_offset, self.region, self.trace_on))
+            if not put:
+                return self._replayed(req, plan.settle([]))
         if batch:
             result = self.store.put_messages(put)
             wait = True
@@ -250,6 +247,12 @@ class SendProcessor(ProcessorBase):
             self.services.traffic.produce(target.topic, kind, len(put), sum(len(msg.body) for msg in put))
         return self._put_response(req, conn, result, wait, target.queue_id)
 
+    def _replayed(self, req: RemotingCommand, originals: list[Original]) -> RemotingCommand:
+        """A send whose every message was stored before: answered as the first time was."""
+        return req.response(ext_fields=send_result_fields(
+            ",".join(o.offset_msg_id for o in originals), originals[0].queue_id, originals[0].queue_offset,
+            self.region, self.trace_on))
+
     def _put_encoded(self, req: RemotingCommand, conn: RequestConnection, target: SendTarget,
                      encoded: EncodedBatch) -> RemotingCommand:
         """A plain batch (no item with a deliver time, a level or a stamp of its own: what admission
@@ -262,11 +265,8 @@ class SendProcessor(ProcessorBase):
         if plan is not None:
             n = len(entries)
             entries = plan.keep(entries)
-            if not entries:  # every one was stored before: answered as the first time
-                originals = plan.settle([])
-                return req.response(ext_fields=send_result_fields(
-                    ",".join(o.offset_msg_id for o in originals), originals[0].queue_id,
-                    originals[0].queue_offset, self.region, self.trace_on))
+            if not entries:
+                return self._replayed(req, plan.settle([]))
             if len(entries) != n:
                 body_bytes = sum(_BODY_LEN.unpack_from(e.record, POS_BODYLENGTH)[0] for e in entries)
         result = self.store.put_encoded(topic, qid, entries)
