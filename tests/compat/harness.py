@@ -697,12 +697,10 @@ class DriverProcess:
     def records(self) -> list[dict[str, Any]]:
         if self.out_path is None or not self.out_path.exists():
             return []
-        out = []
-        with open(self.out_path, encoding="utf-8") as f:
-            for line in f:
-                if line.endswith("\n"):  # skip a line still being written
-                    out.append(json.loads(line))
-        return out
+        # one read to the end: a line still being written can only be the last, and is left out (a line
+        # iterator that met the end mid-line would go on reading and yield that line's rest as a line)
+        text = self.out_path.read_text(encoding="utf-8")
+        return [json.loads(line) for line in text.split("\n")[:-1] if line]
 
     def stderr(self) -> str:
         return _tail(self.stderr_path)

@@ -21,11 +21,14 @@ def test_puts_pulls_and_clean_concurrently(tmp_path):
     s.disk_usage_ratio = lambda: 0.99  # the cleaner deletes every segment but the current one
     errors: list[BaseException] = []
     done = threading.Event()
+    cleaned = threading.Event()  # a pass deleted a segment (the writers wait for one halfway)
     per_writer = 300
 
     def writer(k: int) -> None:
         try:
             for i in range(per_writer):
+                if i == per_writer // 2:  # the cleaner has run beside the puts before they go on
+                    assert cleaned.wait(60), "the cleaner never ran"
                 body = f"{k}:{i}".encode() * 20
                 if i % 10 == 0:
                     r = s.put_messages([MessageExt(topic="Conc", body=body, queue_id=k % 2)])
@@ -67,6 +70,8 @@ def test_puts_pulls_and_clean_concurrently(tmp_path):
                 s.run_clean_once()
                 s.query_message("Conc", "w1", 10, 0, 2**62)
                 list(s.iter_messages(s.min_phy_offset))
+                if s.min_phy_offset > 0:
+                    cleaned.set()
         except BaseException as e:
             errors.append(e)
 
