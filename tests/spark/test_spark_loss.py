@@ -9,13 +9,14 @@ from collections.abc import Iterator
 
 import pytest
 
-from chronomq.client import Message, Producer, SimpleConsumer
+from chronomq.client import Admin, Message, Producer, SimpleConsumer
 from tests.conftest import wait_for
 from tests.spark.conftest import SPARK_WORKER_FLAKE, process_all
 
 pytestmark = pytest.mark.spark
 
-CLEANING = {"mappedFileSizeCommitLog": str(64 * 1024), "mappedFileSizeConsumeQueue": str(20 * 64),
+SEGMENT = 64 * 1024
+CLEANING = {"mappedFileSizeCommitLog": str(SEGMENT), "mappedFileSizeConsumeQueue": str(20 * 64),
             "fileReservedTime": "0", "deleteWhen": ";".join(f"{h:02d}" for h in range(24)),
             "cleanResourceInterval": "300"}
 
@@ -48,10 +49,23 @@ def cleaned(ns: str, topic: str, above: int, total: int) -> dict[int, tuple[int,
     return b if ok else None
 
 
+def one_segment_left(ns: str, broker: str) -> bool:
+    """Whether the cleaner has deleted every commit-log segment but the one being written (the 64 KiB
+    segments start at multiples of their size): then it has nothing left to delete."""
+    with Admin(ns) as a:
+        info = a.broker_runtime_info(broker)
+    lo, hi = int(info["commitLogMinOffset"]), int(info["commitLogMaxOffset"])
+    return lo > 0 and lo // SEGMENT == (hi - 1) // SEGMENT
+
+
 def test_batch_fail_on_data_loss_both_ways(spark, cleaning_broker) -> None:
     ns = cleaning_broker.namesrv_addr
     produce(ns, "LossB", 600, 1000)
     b = wait_for(lambda: cleaned(ns, "LossB", 0, 600), timeout=60, message="old LossB data cleaned")
+    # the reads below see the same data: the cleaner is done (its pass moves the queues' minimum right
+    # after it deletes the segments, so the bounds read after that pass stay)
+    wait_for(lambda: one_segment_left(ns, cleaning_broker.broker_addr), timeout=60,
+             message="the cleaner deleted every segment but the one being written")
     from_zero = json.dumps({"LossB": {"broker-a": {str(q): 0 for q in b}}})
 
     def read(fail: str):
@@ -60,7 +74,7 @@ def test_batch_fail_on_data_loss_both_ways(spark, cleaning_broker) -> None:
 
     with pytest.raises(Exception, match="no longer available"):
         read("true").collect()
-    b = bounds(ns, "LossB")  # stable now: only the segment being written is left
+    b = wait_for(lambda: cleaned(ns, "LossB", 0, 600), timeout=10)  # after the last pass: stable now
     rows = read("false").select("partition", "offset").collect()
     assert sorted((r.partition, r.offset) for r in rows) == sorted(
         (q, o) for q, (lo, hi) in b.items() for o in range(lo, hi))
@@ -84,6 +98,8 @@ def test_stream_fail_on_data_loss_both_ways(spark, cleaning_broker, tmp_path) ->
     # while the query is stopped the messages after its checkpoint are written and cleaned away
     produce(ns, "LossS", 600, 1000)
     wait_for(lambda: cleaned(ns, "LossS", 20, 640), timeout=60, message="LossS cleaned past the checkpoint")
+    wait_for(lambda: one_segment_left(ns, cleaning_broker.broker_addr), timeout=60,
+             message="the cleaner deleted every segment but the one being written")
 
     shutil.copytree(ckpt, str(tmp_path / "ckpt2"))
     for _ in range(3):
