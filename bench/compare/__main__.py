@@ -165,6 +165,8 @@ def run(args: argparse.Namespace, log: Callable[[str], None] = print) -> dict[st
                                         "note": getattr(args, "note", ""), "load_avg_start": _loadavg(),
                                         "workloads": list(only), "cpu_placement": placement},
                                "systems": {}}
+    if args.workdir:
+        Path(args.workdir).mkdir(parents=True, exist_ok=True)
     parent = Path(tempfile.mkdtemp(prefix=f"chronomq-compare-{run_id}-", dir=args.workdir))
     log(f"run {run_id}, {plan.mode} mode, data under {parent}")
     try:
