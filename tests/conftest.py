@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import re
-import socket
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -14,16 +13,12 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, settings
 
+from tests.ports import free_port
+
 # Property tests are judged by their examples, not their speed: a loaded CI machine (or the pure-Python
 # pass) must not fail one on hypothesis's 200 ms deadline or its too-slow health check.
 settings.register_profile("chronomq", deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile("chronomq")
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def wait_for(predicate: Callable[[], object], timeout: float = 10.0, interval: float = 0.01,

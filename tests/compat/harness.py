@@ -46,6 +46,7 @@ from typing import Any
 
 from chronomq.message import MessageExt, decode_records
 from chronomq.remoting.codec import FrameDecoder, FrameError, RemotingCommand, encode
+from tests.ports import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 DRIVERS = Path(__file__).resolve().parent / "drivers"
@@ -60,12 +61,6 @@ class CompatUnavailable(RuntimeError):
 
 class DriverError(RuntimeError):
     """A driver script failed, timed out, or printed no JSON result."""
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _tail(path: Path, limit: int = 4000) -> str:
