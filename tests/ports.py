@@ -42,7 +42,8 @@ def _slice() -> int:
     return SLICES - 1
 
 
-def _bindable(port: int) -> bool:
+def bindable(port: int) -> bool:
+    """Whether a server could bind ``port`` on 127.0.0.1 now."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         try:
             s.bind(("127.0.0.1", port))
@@ -72,6 +73,6 @@ def free_port() -> int:
         for _ in range(blocks):
             _cursor = (_cursor + 1) % blocks
             first = base + _cursor * BLOCK
-            if all(_bindable(p) for p in range(first, first + BLOCK)):
+            if all(bindable(p) for p in range(first, first + BLOCK)):
                 return first + 2
     return _any_port()

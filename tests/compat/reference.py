@@ -34,6 +34,7 @@ from typing import Any, TypeVar
 
 from chronomq.remoting.codes import RequestCode
 from tests.compat.harness import REPO, CompatUnavailable, RawClient, free_port
+from tests.ports import bindable
 
 REFERENCE_POM = REPO / "tests" / "reference" / "pom.xml"
 MAVEN_CACHE = REPO / ".cache" / "maven"
@@ -151,21 +152,12 @@ def _free_ports(n: int, neighbours: tuple[int, ...] = ()) -> list[int]:
         near = [p + d for d in neighbours]
         if p in taken or any(q in taken or not 1024 <= q < 65536 for q in near):
             continue
-        if not all(map(_bindable, near)):
+        if not all(map(bindable, near)):
             continue
         out.append(p)
         if len(out) == n:
             return out
     raise RuntimeError("could not find free ports")
-
-
-def _bindable(port: int) -> bool:
-    with socket.socket() as s:
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
 
 
 def _die_with_parent() -> None:
