@@ -14,6 +14,7 @@ Where the ephemeral range leaves no room below it, ``bind(0)`` is the fallback.
 
 from __future__ import annotations
 
+import functools
 import os
 import random
 import socket
@@ -26,8 +27,9 @@ _lock = threading.Lock()
 _cursor: int | None = None
 
 
+@functools.cache
 def _band_top() -> int:
-    """The first port of the ephemeral range (0: unknown)."""
+    """The first port of the ephemeral range (0: unknown), read once."""
     try:
         with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
             return int(f.read().split()[0])
