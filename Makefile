@@ -24,11 +24,12 @@ lint: $(STAMP)
 	$(BIN)/mypy
 
 # The unit tests run once more on the pure-Python kernels (chronomq/store/speedups.py), then the whole suite
-# on the compiled ones. Both on three pytest-xdist workers on this 2-core machine: much of the suite waits
-# (JVM starts, delays, clients' intervals), and a third worker fills those waits (11 min 53 s -> 9 min 21 s;
+# on the compiled ones. Both on four pytest-xdist workers on this 2-core machine: much of the suite waits
+# (JVM starts, delays, clients' intervals), and the third and fourth workers fill those waits (suite on a
+# fresh clone, idle: two workers 11 min 53 s, three 8 min 8 s - 9 min 16 s, four 7 min 12 s;
 # docs/testing.md). Tests sharing a module or wider fixture stay on one worker (tests/conftest.py).
 # `make test PYTEST_XDIST=` runs them in one process.
-PYTEST_XDIST ?= -n 3 --dist loadscope --no-loadscope-reorder
+PYTEST_XDIST ?= -n 4 --dist loadscope --no-loadscope-reorder
 # Every test's time and outcome also go to test-artifacts/suite.xml (JUnit XML), for a look at where a
 # run's time went beyond the ten slowest.
 # The tests write Python's bytecode caches (__pycache__, ignored by git) even where the environment says

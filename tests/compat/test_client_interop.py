@@ -145,10 +145,11 @@ async def test_ours_schedules_theirs_consumes_at_the_time(chronomq_server: Chron
     async with Admin(ns) as a:
         await a.create_topic(topic, 2)
     async with Producer("PG_timer_interop", ns) as p, Admin(ns) as a:
-        doomed = await p.send(Message(topic, b"doomed", delay=1.0))
         sent = [await p.send(Message(topic, f"t{i}", keys=f"tk{i}", delay=1.5 + i * 0.5)) for i in range(2)]
         sent.append(await p.send(Message(topic, b"at", uniq_key="interop-at-1",
                                          deliver_at=datetime.now(UTC) + timedelta(milliseconds=2500))))
+        # sent last, right before its cancel: its second is the cancel's round trip alone
+        doomed = await p.send(Message(topic, b"doomed", delay=1.0))
         [c] = await a.cancel(doomed.uniq_key)
         assert c.outcome == TimerOutcome.CANCELLED
     res = await asyncio.to_thread(run_driver, "push_consume",

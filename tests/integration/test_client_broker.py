@@ -451,13 +451,14 @@ async def test_deliver_time_cancel_reschedule_pending(server: ChronomqProcess) -
 
     async with Producer("PG_timer", ns) as p, Admin(ns) as a, \
             PushConsumer("CG_timer", topic, listener, ns, consume_from="first", **CONSUMER_OPTS):
-        due = await p.send(Message(topic, b"due", keys="t-due", tags="T", delay=4))
-        doomed = await p.send(Message(topic, b"doomed", keys="t-doomed", tags="T", delay=4))
         moved = await p.send(Message(topic, b"moved", keys="t-moved", tags="T", delay=timedelta(hours=1)))
         far_at = datetime.now(UTC) + timedelta(days=7)
         far = [await p.send(Message(topic, f"far{i}", keys="t-far", tags="F", deliver_at=far_at + timedelta(
             milliseconds=i))) for i in range(3)]
         mine = await p.send(Message(topic, b"mine", uniq_key="client-chosen-id-1", delay=timedelta(days=1)))
+        # the two 4 s messages last: their 4 s are the calls below alone, not the sends above
+        due = await p.send(Message(topic, b"due", keys="t-due", tags="T", delay=4))
+        doomed = await p.send(Message(topic, b"doomed", keys="t-doomed", tags="T", delay=4))
         for r in (due, doomed, moved, *far, mine):
             assert r.scheduled and r.uniq_key == r.msg_id and r.deliver_ms is not None
         assert mine.msg_id == "client-chosen-id-1"

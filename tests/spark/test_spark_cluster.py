@@ -108,7 +108,7 @@ def test_batch_write_with_per_row_delay_and_deliver_time(cluster: Cluster, broke
     assert result["timed"] == 200 and result["early"] == 0  # 100 by delay, 100 by deliver time, none early
 
 
-PER_TRIGGER = 500  # 3,000 messages: six micro-batches, the first driver killed after its third
+PER_TRIGGER = 300  # 3,000 messages: ten micro-batches, the first driver killed after its third
 STREAM = f"""
     import json, time
     ns, checkpoint, table = sys.argv[1], sys.argv[2], sys.argv[3]

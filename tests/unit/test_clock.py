@@ -70,7 +70,7 @@ async def test_system_clock_precise_sleeps_never_end_early_and_survive_cancellat
     # A wide margin hands every sleeper to the waker at once, whatever the machine's load: with the
     # default 2 ms, a loop late by 2 ms skips the waker, and the deadline order is then up to the loop.
     default_margin = clock_mod._PRECISE_S
-    monkeypatch.setattr(clock_mod, "_PRECISE_S", 0.5)
+    monkeypatch.setattr(clock_mod, "_PRECISE_S", 1.0)
     added: list[float] = []
     real_add = clock_mod._WAKER.add
 
@@ -80,7 +80,9 @@ async def test_system_clock_precise_sleeps_never_end_early_and_survive_cancellat
 
     monkeypatch.setattr(clock_mod._WAKER, "add", add)
     c = SystemClock()
-    base = c.now_ms() + 50
+    # every sleeper must be handed over before the first deadline: 400 ms ahead, a loaded machine's stall
+    # between here and the waker's add cannot make one of them due already (it would then end in task order)
+    base = c.now_ms() + 400
     woke: list[tuple[int, float]] = []
 
     async def sleeper(at: int) -> None:
