@@ -1,15 +1,16 @@
-"""Spark <-> chronomq throughput: rows/s writing and reading N messages of 1 KiB through the ``chronomq``
-data source, next to Spark's own Kafka connector on a single-node Kafka broker (KRaft, ``acks=all``) and
-Spark writing and reading the same rows as Parquet, in the same run; on local[2], or on a standalone
-cluster the bench starts itself (``--cluster``). Each round also streams: a streaming query from the earliest
-offset over the round's N rows into a counting ``foreachBatch`` sink (rows/s from the query's start to the
-last row), and the produce-to-sink latency of min(N, 50,000) rows written in ten Spark batch writes one
-second apart while a query from the latest offset collects each micro-batch's produce times (chronomq's
-``born_timestamp``, Kafka's ``timestamp``, CreateTime: both set by the producer when it sends); a row's
-latency is the time its micro-batch reached the sink minus that time (p50 / p99 / max printed). And, for
-chronomq alone (Kafka has no per-message delay), a delayed write: min(N, 20,000) rows written with a 5 s
-delay each (``delay_ms``) while a streaming query from the latest offset waits for them; printed: how long
-after its deliver time each row reached the sink, and how many were stored in their topic before it (0).
+"""Spark <-> chronomq throughput: rows/s writing and reading N messages of 1 KiB through the ``chronomq`` data
+source, next to Spark's own Kafka connector on a single-node Kafka broker (KRaft, ``acks=all``) and Spark
+writing and reading the same rows as Parquet, in the same run (chronomq's read twice: every column, and with
+``.schema("value binary")``, the one column the benchmark's query uses: "read1"); on local[2], or on a
+standalone cluster the bench starts itself (``--cluster``). Each round also streams: a streaming query from
+the earliest offset over the round's N rows into a counting ``foreachBatch`` sink (rows/s from the query's
+start to the last row), and the produce-to-sink latency of min(N, 50,000) rows written in ten Spark batch
+writes one second apart while a query from the latest offset collects each micro-batch's produce times
+(chronomq's ``born_timestamp``, Kafka's ``timestamp``, CreateTime: both set by the producer when it sends); a
+row's latency is the time its micro-batch reached the sink minus that time (p50 / p99 / max printed). And, for
+chronomq alone (Kafka has no per-message delay), a delayed write: min(N, 20,000) rows written with a 5 s delay
+each (``delay_ms``) while a streaming query from the latest offset waits for them; printed: how long after its
+deliver time each row reached the sink, and how many were stored in their topic before it (0).
 
     .venv/bin/python bench/spark_io.py            # quick: 50,000 rows
     .venv/bin/python bench/spark_io.py --full     # 1,000,000 rows (about 1 GiB through the broker)
@@ -162,12 +163,14 @@ def main() -> int:
           f"{load_after[0]:.2f} {load_after[1]:.2f}")
     peers = [p for p in ("kafka", "parquet") if f"{p}_write_s" in results]
     print(f"{'':10} {'chronomq rows/s':>16}" + "".join(f" {p + ' rows/s':>16} {'chronomq/' + p:>17}"
-                                                     for p in peers) + "   (medians)")
-    for what in ("write", "read"):
-        c = [rows / t for t in results[f"chronomq_{what}_s"]]
+                                                     for p in peers) + "   (medians; read1: chronomq "
+                                                                              "with .schema('value binary'))")
+    # "read1": chronomq's read with .schema("value binary"), against the peers' reads
+    for what, theirs in (("write", "write"), ("read", "read"), ("read1", "read")):
+        c = [rows / t for t in results[f"chronomq_{'readvalue' if what == 'read1' else what}_s"]]
         line, each = f"{what:10} {statistics.median(c):16,.0f}", ""
         for peer in peers:
-            q = [rows / t for t in results[f"{peer}_{what}_s"]]
+            q = [rows / t for t in results[f"{peer}_{theirs}_s"]]
             ratios = [x / y for x, y in zip(c, q, strict=True)]
             line += f" {statistics.median(q):16,.0f} {statistics.median(ratios):16.1%}"
             if a.repeat > 1:
@@ -286,6 +289,9 @@ def measure(spark: Any, namesrv: str, rows: int, size: int, repeat: int, work: P
         source = spark.read.format("chronomq").option("namesrv", namesrv).option("subscribe", name)
         r = timed("chronomq_read_s", lambda: source.load().agg(*agg).collect()[0])
         assert r.n == rows, f"read {r.n} rows, wrote {rows}"
+        # the same read with a schema of the one column the query uses: only it is built
+        v = timed("chronomq_readvalue_s", lambda: source.schema("value binary").load().agg(*agg).collect()[0])
+        assert v.n == rows and v.b == r.b, f"value-only read {v.n} rows ({v.b} bytes), {rows} ({r.b})"
         p = timed("parquet_read_s", lambda: spark.read.parquet(parquet).agg(*agg).collect()[0])
         assert p.n == rows and p.b == r.b
         if kafka is not None:

@@ -88,6 +88,23 @@ def test_bad_options_fail_clearly(spark, broker) -> None:
         reader(spark, ns, subscribe="NoSuchTopicAnywhere").collect()
 
 
+def test_a_narrower_schema_reads_only_its_columns(spark, broker) -> None:
+    """.schema(...) naming some of the source's columns: those are built, in that order, with the values
+    the full schema has; one that does not fit is refused with what is wrong."""
+    ns = broker.namesrv_addr
+    produce(ns, "NarrowT", 60)
+    wait_for(lambda: sum(queue_sizes(ns, "NarrowT").values()) == 60)
+    narrow = (spark.read.format("chronomq").option("namesrv", ns).option("subscribe", "NarrowT")
+              .schema("offset bigint, value binary, keys array<string>").load())
+    assert narrow.columns == ["offset", "value", "keys"]
+    full = reader(spark, ns, subscribe="NarrowT").select("offset", "value", "keys")
+    assert sorted(narrow.collect()) == sorted(full.collect())
+    assert sorted(r.keys[0] for r in narrow.collect()) == sorted(f"k{j}" for j in range(60))
+    with pytest.raises(Exception, match="value is string, not binary"):
+        (spark.read.format("chronomq").option("namesrv", ns).option("subscribe", "NarrowT")
+         .schema("value string").load().collect())
+
+
 def test_write_rows_with_tags_keys_properties_delay_and_read_back(spark, broker) -> None:
     from pyspark.sql import functions as F
 

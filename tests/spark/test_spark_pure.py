@@ -57,6 +57,7 @@ from chronomq.spark.schema import (
     arrow_schema,
     deliver_ms,
     pending_to_batch,
+    read_columns,
     records_to_batch,
     row_uniq_key,
     validate_write_schema,
@@ -308,6 +309,53 @@ def test_records_to_batch_matches_spark_schema_and_the_client_decoder() -> None:
     assert [f.name for f in READ_SCHEMA.fields][:6] == ["key", "value", "topic", "partition", "offset",
                                                           "timestamp"]
     assert isinstance(READ_SCHEMA["timestamp"].dataType, TimestampType)
+
+
+def test_a_narrower_schema_builds_only_its_columns_with_the_full_batchs_values() -> None:
+    from pyspark.sql.types import StructType
+
+    stored = [_stored(b"v0", 4, {"KEYS": "k1 k2", "TAGS": "a", "UNIQ_KEY": "U0"}),
+              _stored(b"v1", 5, {"TIMER_DELIVER_MS": "1700000009000"})]
+    recs = _records(*stored)
+    full = records_to_batch([recs], "t", "b", 1, DEFAULT_LEVELS_MS, arrow_schema())
+    for names in (["value"], ["offset", "value"], ["key", "msg_id"], ["deliver_time", "tags", "partition"],
+                  [f.name for f in reversed(READ_SCHEMA.fields)]):
+        cols = StructType([READ_SCHEMA[n] for n in names])
+        assert read_columns(cols) is cols
+        got = records_to_batch([recs], "t", "b", 1, DEFAULT_LEVELS_MS, arrow_schema(cols))
+        assert got.schema.names == names
+        assert got.to_pydict() == {n: full.column(n).to_pylist() for n in names}
+    assert read_columns(READ_SCHEMA) is READ_SCHEMA
+    pending = StructType([PENDING_SCHEMA["deliver_time"], PENDING_SCHEMA["msg_id"]])
+    assert read_columns(pending, PENDING_SCHEMA) is pending
+
+
+@pytest.mark.parametrize(("fields", "says"), [
+    ([("value", "string")], "value is string, not binary"),
+    ([("value", "binary"), ("payload", "binary")], "payload is not a column"),
+    ([("value", "binary"), ("value", "binary")], "value is named twice"),
+])
+def test_a_schema_that_does_not_fit_the_source_is_refused_with_what_is_wrong(
+        fields: list[tuple[str, str]], says: str) -> None:
+    from pyspark.sql.types import BinaryType, StringType, StructField, StructType
+
+    types = {"string": StringType(), "binary": BinaryType()}
+    with pytest.raises(ValueError, match=says) as e:
+        read_columns(StructType([StructField(n, types[t]) for n, t in fields]))
+    assert "may name any of them" in str(e.value) and "offset bigint" in str(e.value)
+    with pytest.raises(ValueError, match="it has no column"):
+        read_columns(StructType([]))
+
+
+def test_pending_rows_of_a_narrower_schema() -> None:
+    from pyspark.sql.types import StructType
+
+    from chronomq.client import PendingMessage
+
+    items = [PendingMessage("ID1", "OFF1", "t", 2, "a", ["k1"], 1_700_000_005_000, 0, 10, "broker-a")]
+    cols = StructType([PENDING_SCHEMA["broker"], PENDING_SCHEMA["msg_id"]])
+    rows = pending_to_batch(items, arrow_schema(cols)).to_pylist()
+    assert rows == [{"broker": "broker-a", "msg_id": "ID1"}]
 
 
 def test_records_to_batch_reads_property_texts_as_the_client_does() -> None:

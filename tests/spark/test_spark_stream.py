@@ -39,6 +39,20 @@ def start_parquet(df, out: str, ckpt: str):
             .trigger(processingTime="300 milliseconds").start())
 
 
+def available_now(make_df, out: str, ckpt: str):
+    """A Trigger.AvailableNow query of ``make_df()`` into Parquet, run until it stops by itself."""
+    for _ in range(3):  # see process_all: Spark's fixed worker connect-back timeout on a loaded box
+        q = (make_df().writeStream.format("parquet").option("path", out).option("checkpointLocation", ckpt)
+             .trigger(availableNow=True).start())
+        try:
+            assert q.awaitTermination(120), "an AvailableNow query must stop by itself"
+            break
+        except Exception as e:
+            if "Python worker failed to connect back" not in str(e):
+                raise
+    return q
+
+
 def values(spark, out: str) -> list[str]:
     return [r.v for r in spark.read.parquet(out).select("v").collect()]
 
@@ -126,16 +140,20 @@ def test_trigger_available_now(spark, broker, tmp_path) -> None:
     ns = broker.namesrv_addr
     produce(ns, "NowT", 0, 25)
     out, ckpt = str(tmp_path / "out"), str(tmp_path / "ckpt")
-    for _ in range(3):  # see process_all: Spark's fixed worker connect-back timeout on a loaded box
-        q = (stream(spark, ns, subscribe="NowT", startingOffsets="earliest", maxOffsetsPerTrigger="10")
-             .selectExpr("CAST(value AS STRING) AS v").writeStream.format("parquet").option("path", out)
-             .option("checkpointLocation", ckpt).trigger(availableNow=True).start())
-        try:
-            assert q.awaitTermination(120), "an AvailableNow query must stop by itself"
-            break
-        except Exception as e:
-            if "Python worker failed to connect back" not in str(e):
-                raise
+    q = available_now(lambda: stream(spark, ns, subscribe="NowT", startingOffsets="earliest",
+                                     maxOffsetsPerTrigger="10").selectExpr("CAST(value AS STRING) AS v"),
+                      out, ckpt)
     sizes = [p["numInputRows"] for p in q.recentProgress if p["numInputRows"] > 0]
     assert sum(sizes) == 25 and max(sizes) <= 10
     assert sorted(values(spark, out)) == sorted(f"NowT-{j}" for j in range(25))
+
+
+def test_a_narrower_schema_streams_only_its_columns(spark, broker, tmp_path) -> None:
+    ns = broker.namesrv_addr
+    produce(ns, "NarrowS", 0, 20)
+    out, ckpt = str(tmp_path / "out"), str(tmp_path / "ckpt")
+    df = (spark.readStream.format("chronomq").option("namesrv", ns).option("subscribe", "NarrowS")
+          .option("startingOffsets", "earliest").schema("value binary, partition int").load())
+    assert df.columns == ["value", "partition"]
+    available_now(lambda: df.selectExpr("CAST(value AS STRING) AS v", "partition"), out, ckpt)
+    assert sorted(values(spark, out)) == sorted(f"NarrowS-{j}" for j in range(20))

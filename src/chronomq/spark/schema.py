@@ -3,6 +3,7 @@ batches, the write-side column rules, and the deterministic UNIQ_KEY of a writte
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import itertools
 from collections.abc import Iterable, Sequence
@@ -104,9 +105,36 @@ def deliver_ms(topic: str, props: dict[str, str], store_ms: int, levels_ms: Sequ
     return None
 
 
+@functools.cache
+def _read_arrow_schema(pending: bool = False) -> pa.Schema:
+    return arrow_schema(PENDING_SCHEMA if pending else READ_SCHEMA)
+
+
+def read_columns(schema: StructType, full: StructType = READ_SCHEMA) -> StructType:
+    """A user's ``.schema(...)`` for a read: ``full`` itself, or any of its columns with the same types (only
+    those are built, which a ``select`` cannot do for a Python data source); anything else is refused."""
+    if schema == full:
+        return full
+    types = {f.name: f.dataType for f in full.fields}
+    names = [f.name for f in schema.fields]
+    problems = [f"{f.name} is not a column" for f in schema.fields if f.name not in types]
+    problems += [f"{f.name} is {f.dataType.simpleString()}, not {types[f.name].simpleString()}"
+                 for f in schema.fields if f.name in types and f.dataType != types[f.name]]
+    problems += [f"{n} is named twice" for n in sorted({n for n in names if names.count(n) > 1})]
+    if not names:
+        problems.append("it has no column")
+    if problems:
+        ddl = ", ".join(f"{f.name} {f.dataType.simpleString()}" for f in full.fields)
+        raise ValueError(f"the schema given to the chronomq source does not fit ({'; '.join(problems)}): its "
+                         f"columns are '{ddl}'; a .schema(...) may name any of them, with these types, and "
+                         "only those are read")
+    return schema
+
+
 def records_to_batch(parts: Sequence[RecordColumns], topic: str, broker: str, queue_id: int,
                      levels_ms: Sequence[int], schema: pa.Schema) -> pa.RecordBatch:
-    """Pulled records of one queue (chronomq.client RecordColumns, in offset order) -> one Arrow batch.
+    """Pulled records of one queue (chronomq.client RecordColumns, in offset order) -> one Arrow batch of
+    ``schema``: READ_SCHEMA or any selection of its columns (a narrower user schema), only those built.
 
     The property texts are split by Arrow kernels (``_property_map``), and the tags, keys and ids looked
     up in the resulting map; Python touches a row only to put its fields in lists, and for the rare row
@@ -116,41 +144,63 @@ def records_to_batch(parts: Sequence[RecordColumns], topic: str, broker: str, qu
             return getattr(parts[0], name)
         return list(itertools.chain.from_iterable(getattr(p, name) for p in parts))
 
-    texts = chained("properties")
-    store_ms = chained("store_timestamps")
-    n = len(texts)
-    props = _property_map(pa.array(texts, pa.string()), schema.field("properties").type)
-    keys = _split_words(pc.fill_null(_lookup(props, PROPERTY_KEYS), ""), schema.field("keys").type)
-    ids = _lookup(props, PROPERTY_UNIQ_KEY)
-    if ids.null_count or not pc.all(pc.not_equal(ids, "")).as_py():
+    n = sum(len(p.queue_offsets) for p in parts)
+    full = _read_arrow_schema()
+    memo: dict[str, Any] = {}
+
+    def once(name: str, make: Any) -> Any:
+        if name not in memo:
+            memo[name] = make()
+        return memo[name]
+
+    def texts() -> list[str]:
+        return once("texts", lambda: chained("properties"))
+
+    def store_ms() -> list[int]:
+        return once("store_ms", lambda: chained("store_timestamps"))
+
+    def props() -> pa.MapArray:
+        return once("props", lambda: _property_map(pa.array(texts(), pa.string()),
+                                                   full.field("properties").type))
+
+    def keys() -> pa.ListArray:
+        return once("keys", lambda: _split_words(pc.fill_null(_lookup(props(), PROPERTY_KEYS), ""),
+                                                 full.field("keys").type))
+
+    def ids() -> pa.Array:
+        found = _lookup(props(), PROPERTY_UNIQ_KEY)
+        if not found.null_count and pc.all(pc.not_equal(found, "")).as_py():
+            return found
         # no UNIQ_KEY: the offset message id (store host + commit-log offset), as the client's decoder
         hosts, phys = chained("store_hosts"), chained("commit_log_offsets")
-        ids = pa.array([i or create_offset_msg_id(unpack_host_cached(hosts[j]), phys[j])
-                        for j, i in enumerate(ids.to_pylist())], pa.string())
-    timed = pc.or_kleene(pc.is_valid(_lookup(props, PROPERTY_DELIVER_MS)),
-                         pc.is_valid(_lookup(props, PROPERTY_TIMER_DELIVER_MS)))
-    if topic == SCHEDULE_TOPIC or pc.any(timed).as_py():
-        deliver: pa.Array = pa.array([deliver_ms(topic, parse_properties(t), s, levels_ms)
-                                      for t, s in zip(texts, store_ms, strict=True)], pa.int64())
-    else:
-        deliver = pa.nulls(n, pa.int64())
-    cols = [
-        _first_word(keys),
-        pa.array(chained("bodies"), type=pa.binary()),
-        _const(topic, pa.string(), n),
-        _const(queue_id, pa.int32(), n),
-        pa.array(chained("queue_offsets"), type=pa.int64()),
-        _ts_ms(pa.array(store_ms, type=pa.int64())),
-        _const(broker, pa.string(), n),
-        ids,
-        _lookup(props, PROPERTY_TAGS),
-        keys,
-        props,
-        _ts_ms(pa.array(chained("born_timestamps"), type=pa.int64())),
-        pa.array(chained("reconsume_times"), type=pa.int32()),
-        _ts_ms(deliver),
-    ]
-    return pa.RecordBatch.from_arrays(cols, schema=schema)
+        return pa.array([i or create_offset_msg_id(unpack_host_cached(hosts[j]), phys[j])
+                         for j, i in enumerate(found.to_pylist())], pa.string())
+
+    def deliver() -> pa.Array:
+        timed = pc.or_kleene(pc.is_valid(_lookup(props(), PROPERTY_DELIVER_MS)),
+                             pc.is_valid(_lookup(props(), PROPERTY_TIMER_DELIVER_MS)))
+        if topic == SCHEDULE_TOPIC or pc.any(timed).as_py():
+            return _ts_ms(pa.array([deliver_ms(topic, parse_properties(t), s, levels_ms)
+                                    for t, s in zip(texts(), store_ms(), strict=True)], pa.int64()))
+        return pa.nulls(n, _TS)
+
+    build: dict[str, Any] = {
+        "key": lambda: _first_word(keys()),
+        "value": lambda: pa.array(chained("bodies"), type=pa.binary()),
+        "topic": lambda: _const(topic, pa.string(), n),
+        "partition": lambda: _const(queue_id, pa.int32(), n),
+        "offset": lambda: pa.array(chained("queue_offsets"), type=pa.int64()),
+        "timestamp": lambda: _ts_ms(pa.array(store_ms(), type=pa.int64())),
+        "broker": lambda: _const(broker, pa.string(), n),
+        "msg_id": ids,
+        "tags": lambda: _lookup(props(), PROPERTY_TAGS),
+        "keys": keys,
+        "properties": props,
+        "born_timestamp": lambda: _ts_ms(pa.array(chained("born_timestamps"), type=pa.int64())),
+        "reconsume_times": lambda: pa.array(chained("reconsume_times"), type=pa.int32()),
+        "deliver_time": deliver,
+    }
+    return pa.RecordBatch.from_arrays([build[name]() for name in schema.names], schema=schema)
 
 
 def _regroup(lists: pa.ListArray, keep: pa.Array) -> pa.Array:
@@ -193,20 +243,25 @@ def _first_word(lists: pa.ListArray) -> pa.Array:
 
 
 def pending_to_batch(items: Sequence[Any], schema: pa.Schema) -> pa.RecordBatch:
-    """Pending messages (chronomq.client.PendingMessage-like) -> one Arrow batch of PENDING_SCHEMA."""
+    """Pending messages (chronomq.client.PendingMessage-like) -> one Arrow batch of PENDING_SCHEMA or of
+    a selection of its columns."""
+    full = _read_arrow_schema(pending=True)
     cols = [
         pa.array([p.msg_id for p in items], type=pa.string()),
         pa.array([p.offset_msg_id or None for p in items], type=pa.string()),
         pa.array([p.topic for p in items], type=pa.string()),
         pa.array([p.queue_id for p in items], type=pa.int32()),
         pa.array([p.tags for p in items], type=pa.string()),
-        pa.array([list(p.keys) for p in items], type=schema.field("keys").type),
+        pa.array([list(p.keys) for p in items], type=full.field("keys").type),
         _ts([p.deliver_ms for p in items]),
         _ts([p.created_ms or None for p in items]),
         pa.array([p.body_size for p in items], type=pa.int32()),
         pa.array([p.broker for p in items], type=pa.string()),
     ]
-    return pa.RecordBatch.from_arrays(cols, schema=schema)
+    if schema.names == full.names:
+        return pa.RecordBatch.from_arrays(cols, schema=schema)
+    at = {name: i for i, name in enumerate(full.names)}
+    return pa.RecordBatch.from_arrays([cols[at[name]] for name in schema.names], schema=schema)
 
 
 _TS = pa.timestamp("us", tz="UTC")

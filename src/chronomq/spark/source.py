@@ -40,7 +40,14 @@ from .options import (
     parse_write_options,
     read_mode,
 )
-from .schema import PENDING_SCHEMA, READ_SCHEMA, WriteSchemaError, arrow_schema, validate_write_schema
+from .schema import (
+    PENDING_SCHEMA,
+    READ_SCHEMA,
+    WriteSchemaError,
+    arrow_schema,
+    read_columns,
+    validate_write_schema,
+)
 
 if TYPE_CHECKING:
     from pyspark import TaskContext
@@ -65,10 +72,11 @@ class PendingPartition(InputPartition):
         self.opts = opts
 
 
-def _check_schema(schema: StructType, expected: StructType = READ_SCHEMA) -> None:
-    if schema != expected:
-        raise OptionError("the chronomq source has a fixed schema; do not pass .schema(...) (select the "
-                          f"columns you need instead). Expected {expected.simpleString()}")
+def _columns(schema: StructType, full: StructType = READ_SCHEMA) -> StructType:
+    try:
+        return read_columns(schema, full)
+    except ValueError as e:
+        raise OptionError(str(e)) from None
 
 
 class ChronomqDataSource(DataSource):
@@ -83,16 +91,13 @@ class ChronomqDataSource(DataSource):
 
     def reader(self, schema: StructType) -> DataSourceReader:
         if read_mode(self.options) == MODE_PENDING:
-            _check_schema(schema, PENDING_SCHEMA)
-            return ChronomqPendingReader(self.options)
-        _check_schema(schema)
-        return ChronomqBatchReader(self.options)
+            return ChronomqPendingReader(self.options, _columns(schema, PENDING_SCHEMA))
+        return ChronomqBatchReader(self.options, _columns(schema))
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
         if read_mode(self.options) == MODE_PENDING:
             parse_pending_options(self.options, streaming=True)  # raises: batch only
-        _check_schema(schema)
-        return ChronomqStreamReader(self.options)
+        return ChronomqStreamReader(self.options, _columns(schema))
 
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceArrowWriter:
         opts = parse_write_options(self.options)
@@ -109,8 +114,9 @@ class ChronomqDataSource(DataSource):
 
 # --- batch read ---------------------------------------------------------------------------------------------
 class ChronomqBatchReader(DataSourceReader):
-    def __init__(self, options: Any) -> None:
+    def __init__(self, options: Any, columns: StructType = READ_SCHEMA) -> None:
         self.opts = parse_read_options(options, streaming=False)
+        self.columns = columns
         meta = Metadata(self.opts)
         try:
             queues = meta.queues(missing_ok=False)
@@ -134,22 +140,23 @@ class ChronomqBatchReader(DataSourceReader):
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         if not isinstance(partition, RangePartition):
             return iter(())  # Spark plans one empty partition when there is nothing to read
-        return read_range(partition.settings, partition.range, arrow_schema())
+        return read_range(partition.settings, partition.range, arrow_schema(self.columns))
 
 
 # --- batch read, mode=pending ----------------------------------------------------------------------------
 class ChronomqPendingReader(DataSourceReader):
     """The messages waiting in the brokers' timer stores (PENDING_SCHEMA), one partition."""
 
-    def __init__(self, options: Any) -> None:
+    def __init__(self, options: Any, columns: StructType = PENDING_SCHEMA) -> None:
         self.opts = parse_pending_options(options, streaming=False)
+        self.columns = columns
 
     def partitions(self) -> list[InputPartition]:
         return [PendingPartition(self.opts)]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         opts = partition.opts if isinstance(partition, PendingPartition) else self.opts
-        return read_pending(opts, arrow_schema(PENDING_SCHEMA))
+        return read_pending(opts, arrow_schema(self.columns))
 
 
 # --- streaming read ---------------------------------------------------------------------------------------
@@ -158,8 +165,9 @@ class ChronomqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     New queues (or topics matching the pattern) join with an empty range at their earliest offset, and
     are read from the next micro-batch on."""
 
-    def __init__(self, options: Any) -> None:
+    def __init__(self, options: Any, columns: StructType = READ_SCHEMA) -> None:
         self.opts = parse_read_options(options, streaming=True)
+        self.columns = columns
         self._meta: Metadata | None = None
         self._settings: ReadSettings | None = None
         self._target: dict[QueueKey, int] | None = None  # Trigger.AvailableNow
@@ -227,7 +235,7 @@ class ChronomqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, RangePartition)
-        return read_range(partition.settings, partition.range, arrow_schema())
+        return read_range(partition.settings, partition.range, arrow_schema(self.columns))
 
     def commit(self, end: dict) -> None:
         """Nothing to do: the offsets live in Spark's checkpoint, not in a broker consumer group."""
