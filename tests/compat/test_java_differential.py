@@ -339,14 +339,17 @@ def test_the_lite_pull_consumer_seeks_and_commits(client: str, brokers: dict[str
         assert steps[0]["ok"], steps
         msgs = [{"topic": topic, "body": b64(f"m{i}")} for i in range(6)]
         assert all(r["ok"] for r in produce(client, broker, msgs))
+        # a new group starts at offset 0 on every broker (the queue's first message is still in memory):
+        # the six are polled first, then the consumer seeks back to 2
         res = run_driver(f"{client}:lite_pull", {"namesrv": broker.namesrv_addr, "group": uniq("LG"),
-                                                  "topic": topic, "seek": 2, "expect": 4, "commit": True,
-                                                  "maxSeconds": 30}, timeout=90)
-        got = [text(m) for m in res["messages"]]
-        return {"queues": res["queues"], "after seek 2": got,
+                                                  "topic": topic, "before": 6, "seek": 2, "expect": 4,
+                                                  "commit": True, "maxSeconds": 30}, timeout=90)
+        return {"queues": res["queues"], "before the seek": [text(m) for m in res["before_seek"]],
+                "after seek 2": [text(m) for m in res["messages"]],
                 "committed": sorted(v for v in res["committed"].values() if v > 0)}
 
     observed = each(brokers, scenario)
+    assert observed["chronomq"]["before the seek"] == [f"m{i}" for i in range(6)]
     assert observed["chronomq"]["after seek 2"] == ["m2", "m3", "m4", "m5"]
     assert_same(observed, "lite pull with seek")
 

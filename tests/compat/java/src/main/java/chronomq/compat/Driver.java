@@ -957,18 +957,28 @@ public final class Driver {
         c.start();
         List<MessageQueue> queues;
         JsonArray got = new JsonArray();
+        JsonArray early = new JsonArray();
         JsonObject committed = new JsonObject();
         try {
             String topic = args.get("topic").getAsString();
             queues = new ArrayList<>(c.fetchMessageQueues(topic));
             queues.sort(java.util.Comparator.comparingInt(MessageQueue::getQueueId));
             c.assign(queues);
+            long deadline = System.currentTimeMillis() + num(args, "maxSeconds", 30) * 1000;
+            // assign() starts a pull task at once, and seek() replaces it; a pull of the first task that
+            // returns while seek() runs can still be handed to poll() (the client's own race): with
+            // "before", the first task's messages are polled first, so that no pull of it is in flight
+            int before = (int) num(args, "before", 0);
+            while (early.size() < before && System.currentTimeMillis() < deadline) {
+                for (MessageExt m : c.poll()) {
+                    early.add(describe(m, System.currentTimeMillis()));
+                }
+            }
             long seek = num(args, "seek", 0);
             for (MessageQueue q : queues) {
                 c.seek(q, seek);
             }
             int expect = (int) num(args, "expect", 1);
-            long deadline = System.currentTimeMillis() + num(args, "maxSeconds", 30) * 1000;
             while (got.size() < expect && System.currentTimeMillis() < deadline) {
                 for (MessageExt m : c.poll()) {
                     got.add(describe(m, System.currentTimeMillis()));
@@ -986,6 +996,7 @@ public final class Driver {
         JsonObject out = new JsonObject();
         out.addProperty("queues", queues.size());
         out.add("messages", got);
+        out.add("before_seek", early);
         out.add("committed", committed);
         return out;
     }
