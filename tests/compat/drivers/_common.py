@@ -14,6 +14,7 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 STANDARD_PROPS = ("KEYS", "TAGS", "UNIQ_KEY", "DELAY", "REAL_TOPIC", "REAL_QID", "RETRY_TOPIC",
@@ -48,6 +49,15 @@ def load_args(required: tuple[str, ...] = ()) -> dict[str, Any]:
 def emit(result: dict[str, Any]) -> None:
     sys.stdout.write(json.dumps(result) + "\n")
     sys.stdout.flush()
+
+
+def emit_around_shutdown(result: Callable[[], dict[str, Any]], shutdown: Callable[[], None]) -> None:
+    """The result, flagged ``before_shutdown``, then the client's shutdown, then the result again (with what
+    arrived meanwhile): rocketmq-client-cpp 1.2.x sometimes aborts in shutdown (terminate after
+    'boost::thread_interrupted'); the harness keeps the flagged result only then, and says so."""
+    emit({**result(), "before_shutdown": True})
+    shutdown()
+    emit(result())
 
 
 def now_ms() -> int:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 
-from _common import emit, fail, hard_exit, load_args, recv_to_dict
+from _common import emit_around_shutdown, fail, hard_exit, load_args, recv_to_dict
 
 
 def main() -> None:
@@ -53,8 +53,8 @@ def main() -> None:
             reason = "expect"
             break
         time.sleep(0.1)  # next pass over the queues (polling, bounded by the deadline)
-    consumer.shutdown()
-    emit({"messages": messages, "passes": passes, "reason": reason, "errors": errors})
+    emit_around_shutdown(lambda: {"messages": messages, "passes": passes, "reason": reason, "errors": errors},
+                         consumer.shutdown)
     hard_exit(0)
 
 

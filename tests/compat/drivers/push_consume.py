@@ -23,7 +23,16 @@ import threading
 import time
 from typing import Any
 
-from _common import JsonlWriter, StopFlag, emit, fail, hard_exit, load_args, now_ms, recv_to_dict
+from _common import (
+    JsonlWriter,
+    StopFlag,
+    emit_around_shutdown,
+    fail,
+    hard_exit,
+    load_args,
+    now_ms,
+    recv_to_dict,
+)
 
 
 def main() -> None:
@@ -140,10 +149,12 @@ def main() -> None:
             if idle and time.monotonic() >= settle_until:
                 break
             time.sleep(0.02)
-    consumer.shutdown()
-    with lock:
-        emit({"messages": deliveries, "consumed": counts["consumed"], "failed": counts["failed"],
-              "reason": reason, "started_ms": started})
+    def result() -> dict[str, Any]:
+        with lock:
+            return {"messages": list(deliveries), "consumed": counts["consumed"], "failed": counts["failed"],
+                    "reason": reason, "started_ms": started}
+
+    emit_around_shutdown(result, consumer.shutdown)
     out.close()
     hard_exit(0)
 
