@@ -311,9 +311,7 @@ def test_records_to_batch_matches_spark_schema_and_the_client_decoder() -> None:
     assert isinstance(READ_SCHEMA["timestamp"].dataType, TimestampType)
 
 
-def test_a_narrower_schema_builds_only_its_columns_with_the_full_batchs_values() -> None:
-    from pyspark.sql.types import StructType
-
+def test_a_narrower_schema_builds_only_its_columns_with_the_full_batchs_values(monkeypatch) -> None:
     stored = [_stored(b"v0", 4, {"KEYS": "k1 k2", "TAGS": "a", "UNIQ_KEY": "U0"}),
               _stored(b"v1", 5, {"TIMER_DELIVER_MS": "1700000009000"})]
     recs = _records(*stored)
@@ -328,28 +326,34 @@ def test_a_narrower_schema_builds_only_its_columns_with_the_full_batchs_values()
     assert read_columns(READ_SCHEMA) is READ_SCHEMA
     pending = StructType([PENDING_SCHEMA["deliver_time"], PENDING_SCHEMA["msg_id"]])
     assert read_columns(pending, PENDING_SCHEMA) is pending
+    # columns that need no property split do not split them
+    from chronomq.spark import schema as schema_mod
+
+    monkeypatch.setattr(schema_mod, "_property_map", lambda *a: pytest.fail("properties split"))
+    bare = StructType([READ_SCHEMA[n] for n in ("value", "offset", "timestamp", "partition")])
+    got = records_to_batch([recs, recs], "t", "b", 1, DEFAULT_LEVELS_MS, arrow_schema(bare))
+    assert got.num_rows == 4 and got.column("value").to_pylist() == [b"v0", b"v1"] * 2
 
 
 @pytest.mark.parametrize(("fields", "says"), [
-    ([("value", "string")], "value is string, not binary"),
-    ([("value", "binary"), ("payload", "binary")], "payload is not a column"),
-    ([("value", "binary"), ("value", "binary")], "value is named twice"),
+    ([StructField("value", StringType())], "value is string, not binary"),
+    ([StructField("value", BinaryType()), StructField("payload", BinaryType())], "payload is not a column"),
+    ([StructField("Value", BinaryType())], r"Value is not a column \(names are case-sensitive: value\)"),
+    ([StructField("value", BinaryType()), StructField("value", BinaryType())], "value is named twice"),
+    # Spark takes NOT NULL at its word (a null there would be read wrong): refused
+    ([StructField("key", BinaryType(), nullable=False)], "key must be nullable"),
+    ([StructField("keys", ArrayType(StringType(), containsNull=False))], '"containsNull":false'),
 ])
 def test_a_schema_that_does_not_fit_the_source_is_refused_with_what_is_wrong(
-        fields: list[tuple[str, str]], says: str) -> None:
-    from pyspark.sql.types import BinaryType, StringType, StructField, StructType
-
-    types = {"string": StringType(), "binary": BinaryType()}
+        fields: list[StructField], says: str) -> None:
     with pytest.raises(ValueError, match=says) as e:
-        read_columns(StructType([StructField(n, types[t]) for n, t in fields]))
+        read_columns(StructType(fields))
     assert "may name any of them" in str(e.value) and "offset bigint" in str(e.value)
     with pytest.raises(ValueError, match="it has no column"):
         read_columns(StructType([]))
 
 
 def test_pending_rows_of_a_narrower_schema() -> None:
-    from pyspark.sql.types import StructType
-
     from chronomq.client import PendingMessage
 
     items = [PendingMessage("ID1", "OFF1", "t", 2, "a", ["k1"], 1_700_000_005_000, 0, 10, "broker-a")]

@@ -111,23 +111,35 @@ def _read_arrow_schema(pending: bool = False) -> pa.Schema:
 
 
 def read_columns(schema: StructType, full: StructType = READ_SCHEMA) -> StructType:
-    """A user's ``.schema(...)`` for a read: ``full`` itself, or any of its columns with the same types (only
-    those are built, which a ``select`` cannot do for a Python data source); anything else is refused."""
+    """A user's ``.schema(...)`` for a read: ``full`` itself, or any of its columns with the same types and
+    nullability (only those are built, which a ``select`` cannot do for a Python data source; Spark takes a
+    column declared NOT NULL at its word, so one that can hold nulls must stay nullable); anything else is
+    refused."""
     if schema == full:
         return full
-    types = {f.name: f.dataType for f in full.fields}
+    known = {f.name: f for f in full.fields}
     names = [f.name for f in schema.fields]
-    problems = [f"{f.name} is not a column" for f in schema.fields if f.name not in types]
-    problems += [f"{f.name} is {f.dataType.simpleString()}, not {types[f.name].simpleString()}"
-                 for f in schema.fields if f.name in types and f.dataType != types[f.name]]
+    problems: list[str] = []
+    for f in schema.fields:
+        want = known.get(f.name)
+        if want is None:
+            hint = [n for n in known if n.lower() == f.name.lower()]
+            problems.append(f"{f.name} is not a column" + (f" (names are case-sensitive: {hint[0]})" if hint
+                                                             else ""))
+        elif f.dataType != want.dataType:
+            same = f.dataType.simpleString() == want.dataType.simpleString()
+            problems.append(f"{f.name} is {f.dataType.json() if same else f.dataType.simpleString()}, not "
+                            f"{want.dataType.json() if same else want.dataType.simpleString()}")
+        elif f.nullable != want.nullable:
+            problems.append(f"{f.name} must be nullable" if want.nullable else f"{f.name} is never null")
     problems += [f"{n} is named twice" for n in sorted({n for n in names if names.count(n) > 1})]
     if not names:
         problems.append("it has no column")
     if problems:
         ddl = ", ".join(f"{f.name} {f.dataType.simpleString()}" for f in full.fields)
         raise ValueError(f"the schema given to the chronomq source does not fit ({'; '.join(problems)}): its "
-                         f"columns are '{ddl}'; a .schema(...) may name any of them, with these types, and "
-                         "only those are read")
+                         f"columns are '{ddl}'; a .schema(...) may name any of them, with these types "
+                         "(nullable), and only those are read")
     return schema
 
 
@@ -244,7 +256,7 @@ def _first_word(lists: pa.ListArray) -> pa.Array:
 
 def pending_to_batch(items: Sequence[Any], schema: pa.Schema) -> pa.RecordBatch:
     """Pending messages (chronomq.client.PendingMessage-like) -> one Arrow batch of PENDING_SCHEMA or of
-    a selection of its columns."""
+    a selection of its columns (all ten are built, then the selection taken: a page is small)."""
     full = _read_arrow_schema(pending=True)
     cols = [
         pa.array([p.msg_id for p in items], type=pa.string()),
