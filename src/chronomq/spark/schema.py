@@ -270,8 +270,6 @@ def pending_to_batch(items: Sequence[Any], schema: pa.Schema) -> pa.RecordBatch:
         pa.array([p.body_size for p in items], type=pa.int32()),
         pa.array([p.broker for p in items], type=pa.string()),
     ]
-    if schema.names == full.names:
-        return pa.RecordBatch.from_arrays(cols, schema=schema)
     at = {name: i for i, name in enumerate(full.names)}
     return pa.RecordBatch.from_arrays([cols[at[name]] for name in schema.names], schema=schema)
 
