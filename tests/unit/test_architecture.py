@@ -452,3 +452,13 @@ def test_a_citation_of_a_missing_section_is_named(tmp_path: Path) -> None:
         "chronomq/m.py:2 cites docs/p.md#not-a-heading: no heading has that anchor",
         "chronomq/m.py:2 cites docs/q.md, which does not exist",
     ]
+
+
+def test_no_code_waits_with_asyncio_wait_for() -> None:
+    """Python 3.11's ``asyncio.wait_for`` returns the awaited result when a cancel arrives in the loop turn
+    the result does, so a service stopped at that moment runs on (a promoted slave's HA client went on
+    linking to its dead master); ``async with asyncio.timeout(...)`` delivers the cancel."""
+    users = [f"{path.relative_to(SRC.parent)}:{n}" for path in sorted(SRC.rglob("*.py"))
+             for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+             if "asyncio.wait_for(" in line]
+    assert users == []

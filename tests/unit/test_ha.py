@@ -478,3 +478,40 @@ async def test_an_empty_slave_copies_a_master_whose_oldest_segments_were_cleaned
         if slave is not None:
             await slave.shutdown()
         await master.shutdown()
+
+
+async def test_stopping_the_ha_client_ends_it_when_the_cancel_meets_the_links_end(tmp_path, monkeypatch):
+    """A slave promoted as its master dies stops its HA client in the same loop turn as the link reads the
+    master's end-of-file: the cancel must end the client, not be taken for the read's answer."""
+    from chronomq.ha.client import HAClient
+
+    class Writer:
+        def write(self, data: bytes) -> None:
+            pass
+
+        async def drain(self) -> None:
+            pass
+
+        def close(self) -> None:
+            pass
+
+    readers: list[asyncio.StreamReader] = []
+
+    async def open_connection(host: str, port: int, **kw: Any) -> tuple[asyncio.StreamReader, Writer]:
+        readers.append(asyncio.StreamReader())
+        return readers[-1], Writer()
+
+    monkeypatch.setattr("chronomq.ha.client.asyncio.open_connection", open_connection)
+    config, _ = BrokerConfig.load(None, {"storePathRootDir": str(tmp_path / "s"), "brokerRole": "SLAVE",
+                                         "brokerId": "1", "haMasterAddress": "127.0.0.1:1",
+                                         "haSendHeartbeatInterval": "60000"})
+    store: Any = type("Store", (), {"max_phy_offset": 0})()
+    client = HAClient(config, store, VirtualClock())
+    client.start()
+    await async_wait_for(lambda: readers and readers[0]._waiter is not None, timeout=10)
+    readers[0].feed_eof()  # the master's end arrives ...
+    stopping = asyncio.ensure_future(client.stop())  # ... as the promotion cancels the client
+    async with asyncio.timeout(10):
+        await stopping
+    assert client._task is not None and client._task.done()
+    assert len(readers) == 1  # it did not go on to link again

@@ -38,7 +38,8 @@ class RemotingClientConnection:
         host, _, port = self.addr.rpartition(":")
         opened = (asyncio.open_connection(host, int(port)) if self.ssl_context is None else
                   asyncio.open_connection(host, int(port), ssl=self.ssl_context, ssl_handshake_timeout=3))
-        reader, self._writer = await asyncio.wait_for(opened, 3)
+        async with asyncio.timeout(3):
+            reader, self._writer = await opened
         self._reader = reader
         self.answered = False
         self._read_task = asyncio.create_task(self._read_loop(reader))
@@ -75,7 +76,8 @@ class RemotingClientConnection:
         self._pending[cmd.opaque] = fut
         self._writer.write(encode(cmd))
         try:
-            return await asyncio.wait_for(fut, timeout)
+            async with asyncio.timeout(timeout):
+                return await fut
         except TimeoutError:
             await self.close()  # like the official clients: a timed-out connection is replaced
             raise

@@ -220,7 +220,8 @@ class PushConsumer(PullPath, ConsumeService, SyncContextMixin):
         pending = [pq.worker for pq in pqs if pq.worker is not None and not pq.worker.done()]
         deadline = asyncio.get_running_loop().time() + self.shutdown_timeout
         try:
-            await asyncio.wait_for(self._idle.wait(), self.shutdown_timeout)
+            async with asyncio.timeout(self.shutdown_timeout):
+                await self._idle.wait()
         except TimeoutError:
             stuck = True
         if pending:
@@ -235,14 +236,17 @@ class PushConsumer(PullPath, ConsumeService, SyncContextMixin):
         await asyncio.gather(*self._workers, *pending, return_exceptions=True)
         self._workers = []
         try:
-            await asyncio.wait_for(self._offset_commit.commit(), 5.0)
+            async with asyncio.timeout(5.0):
+                await self._offset_commit.commit()
         except (TimeoutError, Exception) as e:
             log.warning("%s: final offset commit failed: %s", self.group, e)
         if self.orderly and not self.broadcasting:
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(self._locks.unlock([pq.mq for pq in pqs]), 3.0)
+                async with asyncio.timeout(3.0):
+                    await self._locks.unlock([pq.mq for pq in pqs])
         with contextlib.suppress(Exception):
-            await asyncio.wait_for(self._instance.unregister(consumer_group=self.group), 3.0)
+            async with asyncio.timeout(3.0):
+                await self._instance.unregister(consumer_group=self.group)
         await self._instance.close()
         if self._executor is not None:
             # a listener thread that never returns cannot be stopped: do not hang on it

@@ -231,7 +231,8 @@ class Producer(SyncContextMixin):
         self._closed = True
         if self._started:
             try:
-                await asyncio.wait_for(self._instance.unregister(producer_group=self.group), 3.0)
+                async with asyncio.timeout(3.0):
+                    await self._instance.unregister(producer_group=self.group)
             except (TimeoutError, Exception) as e:
                 log.debug("unregister failed: %s", e)
         await self._instance.close()

@@ -71,7 +71,8 @@ class Rebalancer:
         c = self.consumer
         while True:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._now.wait(), c.rebalance_interval)
+                async with asyncio.timeout(c.rebalance_interval):
+                    await self._now.wait()
             self._now.clear()
             try:
                 await self.rebalance()

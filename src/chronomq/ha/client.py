@@ -12,6 +12,7 @@ failing for the same reason is logged once (a WARNING, with a hint when TLS may 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import ssl
 
@@ -41,6 +42,7 @@ class HAClient:
         self.master_offset = -1  # the master's next offset for us, from its last frame
         self.last_receive_ms = 0
         self._task: asyncio.Task[None] | None = None
+        self._stopped = False
         self._changed = asyncio.Event()
         self._opened = False  # the current link's connection is open (TLS: its handshake done)
         self._received = False  # and has received bytes from the master
@@ -56,18 +58,22 @@ class HAClient:
             self._changed.set()
 
     def start(self) -> None:
+        self._stopped = False
         self._task = asyncio.ensure_future(self._run())
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except (asyncio.CancelledError, Exception):
-                pass
+        """End the link and wait for it. The flag ends the loop even if the cancel met the link's own end
+        (a promotion as the master dies); the waiting does not swallow a cancel of the caller."""
+        self._stopped = True
+        task = self._task
+        if task is not None:
+            task.cancel()
+            await asyncio.wait([task])
+            if not task.cancelled() and task.exception() is not None:
+                log.warning("HA: the link to the master ended with %r", task.exception())
 
     async def _run(self) -> None:
-        while True:
+        while not self._stopped:
             addr = self.master_addr
             if not addr:
                 self._changed.clear()
@@ -82,10 +88,11 @@ class HAClient:
             finally:
                 self.connected = False
             self._changed.clear()
-            try:
-                await asyncio.wait_for(self._changed.wait(), RETRY_S)
-            except TimeoutError:
-                pass
+            if self._stopped:
+                return
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(RETRY_S):
+                    await self._changed.wait()
 
     def _ended(self, addr: str, e: Exception) -> None:
         """Log why a link ended: a WARNING, but the same reason again only once a minute (with the count)."""
@@ -127,10 +134,10 @@ class HAClient:
             dec = TransferDecoder(MAX_BODY)
             heartbeat_s = self.config.haSendHeartbeatInterval / 1000
             while True:
-                try:
-                    data = await asyncio.wait_for(reader.read(256 * 1024), heartbeat_s)
-                except TimeoutError:
-                    data = None
+                data = None
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(heartbeat_s):
+                        data = await reader.read(256 * 1024)
                 if data == b"":
                     raise ConnectionError("the master closed the connection")
                 if data:

@@ -156,7 +156,8 @@ class HAService:
             self._prune()
         heapq.heappush(self._waits, (offset, next(self._seq), fut))
         try:
-            ok = await asyncio.wait_for(asyncio.shield(fut), timeout_ms / 1000)
+            async with asyncio.timeout(timeout_ms / 1000):
+                ok = await asyncio.shield(fut)
         except TimeoutError:
             fut.cancel()  # given up: pruned later, or popped when an ack passes it
             return SlaveWait.TIMEOUT
@@ -204,7 +205,8 @@ class HAService:
             return reader, raw, b""
         wait_ms = self.config.haHousekeepingInterval
         try:
-            return await asyncio.wait_for(self.accept(reader, raw), wait_ms / 1000)
+            async with asyncio.timeout(wait_ms / 1000):
+                return await self.accept(reader, raw)
         except (TimeoutError, ConnectionError, OSError) as e:
             log.info("HA: connection from %s closed: %s", addr,
                      f"nothing received within {wait_ms} ms" if isinstance(e, TimeoutError) else e)
@@ -219,7 +221,8 @@ class HAService:
         first = asyncio.get_running_loop().create_future()
         reading = asyncio.ensure_future(self._read_reports(reader, link, first, head))
         try:
-            start = await asyncio.wait_for(asyncio.shield(first), self.config.haHousekeepingInterval / 1000)
+            async with asyncio.timeout(self.config.haHousekeepingInterval / 1000):
+                start = await asyncio.shield(first)
             oldest = self.store.min_phy_offset
             if start == 0 and oldest > 0:
                 log.info("HA: slave %s is empty and this master's log starts at %d (older segments were "

@@ -276,7 +276,8 @@ class RemotingClient:
                 opened = (asyncio.open_connection(host, port) if self._ssl is None else
                           asyncio.open_connection(host, port, ssl=self._ssl,
                                                   ssl_handshake_timeout=self._connect_timeout))
-                reader, writer = await asyncio.wait_for(opened, self._connect_timeout)
+                async with asyncio.timeout(self._connect_timeout):
+                    reader, writer = await opened
             except TimeoutError:
                 raise RemotingConnectError(f"connecting to {addr} timed out after "
                                            f"{self._connect_timeout:.1f}s", addr) from None

@@ -556,7 +556,8 @@ class Connection(asyncio.Protocol):
             self._pending.pop(cmd.opaque, None)
             raise ConnectionError("connection closed")
         try:
-            return await asyncio.wait_for(fut, timeout)
+            async with asyncio.timeout(timeout):
+                return await fut
         finally:
             self._pending.pop(cmd.opaque, None)
 
@@ -768,5 +769,6 @@ class RemotingServer:
             c.close()
         if self._server is not None:
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(self._server.wait_closed(), 5)
+                async with asyncio.timeout(5):
+                    await self._server.wait_closed()
             self._server = None

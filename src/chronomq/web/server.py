@@ -176,7 +176,8 @@ class ConsoleServer:
             return
         self._server.should_exit = True
         with contextlib.suppress(Exception):
-            await asyncio.wait_for(self._task, 10)
+            async with asyncio.timeout(10):
+                await self._task
         self._task = None
         if self._sock is not None:
             self._sock.close()

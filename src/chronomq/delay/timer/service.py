@@ -127,7 +127,8 @@ class TimerService:
             if self._event is not None:
                 self._event.set()
             try:
-                await asyncio.wait_for(self._task, timeout=30)
+                async with asyncio.timeout(30):
+                    await self._task
             except (TimeoutError, asyncio.CancelledError):
                 self._task.cancel()
             self._task = None
