@@ -509,9 +509,9 @@ async def test_stopping_the_ha_client_ends_it_when_the_cancel_meets_the_links_en
     client = HAClient(config, store, VirtualClock())
     client.start()
     await async_wait_for(lambda: readers and readers[0]._waiter is not None, timeout=10)
-    readers[0].feed_eof()  # the master's end arrives ...
-    stopping = asyncio.ensure_future(client.stop())  # ... as the promotion cancels the client
-    async with asyncio.timeout(10):
-        await stopping
-    assert client._task is not None and client._task.done()
+    stopping = asyncio.ensure_future(client.stop())  # the promotion cancels the client ...
+    readers[0].feed_eof()  # ... in the turn the master's end arrives
+    done, _ = await asyncio.wait([stopping], timeout=10)
+    assert done, "stop() did not end"
+    assert client._task is not None and client._task.cancelled()
     assert len(readers) == 1  # it did not go on to link again
