@@ -511,7 +511,8 @@ async def test_stopping_the_ha_client_ends_it_when_the_cancel_meets_the_links_en
     await async_wait_for(lambda: readers and readers[0]._waiter is not None, timeout=10)
     stopping = asyncio.ensure_future(client.stop())  # the promotion cancels the client ...
     readers[0].feed_eof()  # ... in the turn the master's end arrives
+    task = client._task
     done, _ = await asyncio.wait([stopping], timeout=10)
     assert done, "stop() did not end"
-    assert client._task is not None and client._task.cancelled()
+    assert task is not None and task.cancelled()
     assert len(readers) == 1  # it did not go on to link again

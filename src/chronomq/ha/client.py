@@ -42,7 +42,6 @@ class HAClient:
         self.master_offset = -1  # the master's next offset for us, from its last frame
         self.last_receive_ms = 0
         self._task: asyncio.Task[None] | None = None
-        self._stopped = False
         self._changed = asyncio.Event()
         self._opened = False  # the current link's connection is open (TLS: its handshake done)
         self._received = False  # and has received bytes from the master
@@ -58,22 +57,19 @@ class HAClient:
             self._changed.set()
 
     def start(self) -> None:
-        self._stopped = False
         self._task = asyncio.ensure_future(self._run())
 
     async def stop(self) -> None:
-        """End the link and wait for it. The flag ends the loop even if the cancel met the link's own end
-        (a promotion as the master dies); the waiting does not swallow a cancel of the caller."""
-        self._stopped = True
-        task = self._task
+        """End the link and wait for it, without swallowing a cancel of the caller."""
+        task, self._task = self._task, None
         if task is not None:
             task.cancel()
             await asyncio.wait([task])
             if not task.cancelled() and task.exception() is not None:
-                log.warning("HA: the link to the master ended with %r", task.exception())
+                log.warning("HA: replication from the master had stopped: %r", task.exception())
 
     async def _run(self) -> None:
-        while not self._stopped:
+        while True:
             addr = self.master_addr
             if not addr:
                 self._changed.clear()
@@ -88,8 +84,6 @@ class HAClient:
             finally:
                 self.connected = False
             self._changed.clear()
-            if self._stopped:
-                return
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(RETRY_S):
                     await self._changed.wait()
