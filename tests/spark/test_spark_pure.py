@@ -396,8 +396,8 @@ class CappedBroker:
         self.pulls: list[tuple[int, int]] = []
         self.outstanding = self.peak = 0  # pulls in flight, now and at most
 
-    async def pull(self, mq: object, offset: int, n: int, *, expression: str, raw: bool) -> PullResult:
-        assert raw
+    async def pull(self, mq: object, offset: int, n: int, *, expression: str, raw: object) -> PullResult:
+        assert raw == "bytes"
         self.pulls.append((offset, n))
         self.outstanding += 1
         self.peak = max(self.peak, self.outstanding)
@@ -408,9 +408,9 @@ class CappedBroker:
         if offset < self.lo:
             return PullResult(PullStatus.OFFSET_ILLEGAL, self.lo, self.lo, self.hi)
         upto = min(offset + n, offset + self.cap, self.hi)
-        recs = _records(*(_stored(b"v", i, {"TAGS": "odd" if i % 2 else "even"})
-                          for i in range(offset, upto)))
-        return PullResult(PullStatus.FOUND, upto, self.lo, self.hi, records=recs)
+        body = b"".join(bytes(m.encode_record(_stored(b"v", i, {"TAGS": "odd" if i % 2 else "even"})))
+                        for i in range(offset, upto))
+        return PullResult(PullStatus.FOUND, upto, self.lo, self.hi, body=body)
 
 
 def _read_offsets(consumer: CappedBroker, start: int, end: int, tags: str = "*", batch: int = 64,

@@ -565,7 +565,33 @@ def decode_received_py(buf: bytes, broker_name: str, received_cls: type[Received
     return out
 
 
+# The columns record_buffers builds besides the fixed-width ones (offset, timestamp, born_timestamp,
+# reconsume_times), as bits of its ``want`` (the compiled kernel's WANT_*; a test checks they agree).
+WANT_VALUE = 1
+WANT_PROPERTIES = 2
+WANT_KEYS = 4  # the keys list and the first key
+WANT_TAGS = 8
+WANT_MSG_ID = 16
+WANT_DELIVER = 32
+
+
+def record_buffers(parts: list[tuple[bytes, int, int]], want: int) -> dict[str, Any] | None:
+    """Pull answers' stored records (``parts``: body, first offset, end offset; the records with a queue
+    offset in [first, end) are taken) straight into the buffers of Arrow columns, for the Spark source
+    (chronomq.spark.schema reads them): a dict of bytearrays by column. None when the compiled decode is not
+    built, or an answer needs the general path (record_columns, then the columns from its lists): a record
+    it would refuse, a text that is not ASCII, a deliver time not written plainly."""
+    return _record_buffers(parts, want)
+
+
+@pure_twin("record_buffers")
+def record_buffers_py(parts: list[tuple[bytes, int, int]], want: int) -> dict[str, Any] | None:
+    """record_buffers without the compiled decode: always the general path."""
+    return None
+
+
 # the compiled decode when it is built (chronomq.remoting.decode chooses); the functions above are its twins
+_record_buffers = kernels.record_buffers
 _record_columns = kernels.record_columns
 _parse_properties = kernels.parse_properties
 _decode_received = kernels.decode_received

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any
+from typing import Any, Literal
 
 from chronomq import message as m
 from chronomq.remoting import fastjson
@@ -39,6 +39,7 @@ class PullResult:
     messages: list[ReceivedMessage] = field(default_factory=list)
     suggest_broker_id: int = 0  # where the broker suggests the next pull go (0: the master)
     records: RecordColumns | None = None  # a raw pull's FOUND answer, column by column (messages is empty)
+    body: bytes | None = None  # a raw="bytes" pull's FOUND answer: the stored records, undecoded
 
 
 _PULL_CODES = (ResponseCode.SUCCESS, ResponseCode.PULL_NOT_FOUND, ResponseCode.PULL_RETRY_IMMEDIATELY,
@@ -61,10 +62,11 @@ def pull_request(inst: ClientInstance, mq: MessageQueue, offset: int, max_count:
 
 
 def pull_result(resp: RemotingCommand, mq: MessageQueue, offset: int, tags: set[str] | None, what: str,
-                addr: str, raw: bool = False) -> PullResult:
+                addr: str, raw: bool | Literal["bytes"] = False) -> PullResult:
     """A PULL_MESSAGE response as a PullResult: its status, offsets and the messages that match ``tags``
     (None: all), decoded straight from the stored records. ``raw``: a FOUND answer's records as
-    RecordColumns in ``records``, every record the broker sent (the caller checks tags)."""
+    RecordColumns in ``records``, every record the broker sent (the caller checks tags); ``raw="bytes"``:
+    the records undecoded in ``body`` (the caller decodes and checks them)."""
     code = resp.code
     if code not in _PULL_CODES:
         raise error_for_code(code, resp.remark, what, addr)
@@ -78,6 +80,8 @@ def pull_result(resp: RemotingCommand, mq: MessageQueue, offset: int, tags: set[
         return PullResult(PullStatus.NO_MATCHED_MSG, nxt, lo, hi, suggest_broker_id=suggest)
     if code == ResponseCode.PULL_OFFSET_MOVED:
         return PullResult(PullStatus.OFFSET_ILLEGAL, nxt, lo, hi, suggest_broker_id=suggest)
+    if raw == "bytes":
+        return PullResult(PullStatus.FOUND, nxt, lo, hi, suggest_broker_id=suggest, body=resp.body)
     try:
         if raw:
             return PullResult(PullStatus.FOUND, nxt, lo, hi, suggest_broker_id=suggest,
@@ -95,7 +99,7 @@ def pull_result(resp: RemotingCommand, mq: MessageQueue, offset: int, tags: set[
 
 async def pull(inst: ClientInstance, mq: MessageQueue, offset: int, max_count: int, *, group: str,
                expression: str = "*", suspend_ms: int = 0, commit_offset: int | None = None,
-               timeout: float | None = None, raw: bool = False) -> PullResult:
+               timeout: float | None = None, raw: bool | Literal["bytes"] = False) -> PullResult:
     if offset < 0:
         raise ValueError(f"pull offset must be >= 0, got {offset}")
     if max_count < 1:

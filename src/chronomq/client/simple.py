@@ -4,6 +4,7 @@ offset; the consumer never commits anything unless you call commit_offset."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Literal
 
 from chronomq.remoting.tls import TlsOption
 
@@ -49,11 +50,12 @@ class SimpleConsumer(SyncContextMixin):
         return qs
 
     async def pull(self, queue: MessageQueue, offset: int, max_count: int = 32, *, timeout: float = 0.0,
-                   expression: str = "*", raw: bool = False) -> PullResult:
+                   expression: str = "*", raw: bool | Literal["bytes"] = False) -> PullResult:
         """Messages of ``queue`` from ``offset`` (at most ``max_count``). With ``timeout`` > 0 the broker
         holds the request up to that many seconds when there is nothing new (long polling). ``raw``: the
         records come column by column in ``records`` (RecordColumns), not as messages, and are not checked
-        against the expression's tags (the broker's filter compares tag hash codes only)."""
+        against the expression's tags (the broker's filter compares tag hash codes only); ``raw="bytes"``:
+        undecoded in ``body`` (``chronomq.client.model.record_columns`` splits them)."""
         return await ops.pull(self._instance, queue, offset, max_count, group=self.group,
                               expression=expression, suspend_ms=int(timeout * 1000), raw=raw)
 

@@ -10,13 +10,14 @@ import types
 import zlib
 
 from cpython.buffer cimport PyBUF_SIMPLE, PyBuffer_Release, PyObject_GetBuffer
+from cpython.bytearray cimport PyByteArray_AS_STRING, PyByteArray_Resize
 from cpython.bytes cimport PyBytes_FromStringAndSize
 from cpython.dict cimport PyDict_GetItem, PyDict_SetItem
 from cpython.ref cimport PyObject, Py_INCREF
 from cpython.unicode cimport PyUnicode_DecodeASCII, PyUnicode_DecodeUTF8
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t, uint64_t
 from libc.stdio cimport snprintf
-from libc.string cimport memchr, memcmp
+from libc.string cimport memchr, memcmp, memcpy
 
 
 cdef extern from "Python.h":
@@ -436,4 +437,323 @@ def decode_received(object buf, object broker_name, object received_cls, object 
             pos = r.end
     finally:
         PyBuffer_Release(&view)
+    return out
+
+
+# --- record_buffers: an answer's records straight into Arrow's column buffers ------------------------------
+
+# which columns record_buffers builds, besides the fixed-width ones it always builds
+cdef enum:
+    W_VALUE = 1
+    W_PROPERTIES = 2
+    W_KEYS = 4
+    W_TAGS = 8
+    W_MSG_ID = 16
+    W_DELIVER = 32
+WANT_VALUE = W_VALUE
+WANT_PROPERTIES = W_PROPERTIES
+WANT_KEYS = W_KEYS
+WANT_TAGS = W_TAGS
+WANT_MSG_ID = W_MSG_ID
+WANT_DELIVER = W_DELIVER
+# the property names the columns read (the Spark source's, chronomq.spark.schema; a test checks they agree)
+PROPERTY_KEYS = "KEYS"
+PROPERTY_TAGS = "TAGS"
+PROPERTY_DELIVER_MS = "__CHRONOMQ_DELIVER_MS"
+PROPERTY_TIMER_DELIVER_MS = "TIMER_DELIVER_MS"
+
+cdef bytes B_KEYS = PROPERTY_KEYS.encode()
+cdef bytes B_TAGS = PROPERTY_TAGS.encode()
+cdef bytes B_UNIQ = PROPERTY_UNIQ_KEY.encode()
+cdef bytes B_DELIVER = PROPERTY_DELIVER_MS.encode()
+cdef bytes B_TIMER = PROPERTY_TIMER_DELIVER_MS.encode()
+cdef int64_t MAX_OFFSET32 = 0x7FFFFFFF
+
+
+cdef class _Buf:
+    """A growing byte buffer that ends as a bytearray (which pyarrow takes without a copy)."""
+    cdef bytearray data
+    cdef char* p
+    cdef Py_ssize_t used, cap
+
+    def __cinit__(self, Py_ssize_t cap):
+        self.cap = cap if cap > 64 else 64
+        self.data = bytearray(self.cap)
+        self.p = PyByteArray_AS_STRING(self.data)
+        self.used = 0
+
+    cdef inline char* room(self, Py_ssize_t k) except NULL:
+        cdef Py_ssize_t cap
+        if self.used + k > self.cap:
+            cap = max(2 * self.cap, self.used + k)
+            PyByteArray_Resize(self.data, cap)
+            self.p = PyByteArray_AS_STRING(self.data)
+            self.cap = cap
+        return self.p + self.used
+
+    cdef inline int put(self, const void* src, Py_ssize_t k) except -1:
+        memcpy(self.room(k), src, k)
+        self.used += k
+        return 0
+
+    cdef inline int put_i32(self, int32_t v) except -1:
+        (<int32_t*>self.room(4))[0] = v
+        self.used += 4
+        return 0
+
+    cdef inline int put_i64(self, int64_t v) except -1:
+        (<int64_t*>self.room(8))[0] = v
+        self.used += 8
+        return 0
+
+    cdef bytearray done(self):
+        PyByteArray_Resize(self.data, self.used)
+        return self.data
+
+
+cdef class _Bits:
+    """A validity bitmap (Arrow's order: bit i of byte i // 8, least significant first)."""
+    cdef _Buf buf
+    cdef Py_ssize_t n
+
+    def __cinit__(self, Py_ssize_t rows):
+        self.buf = _Buf(rows // 8 + 1)
+        self.n = 0
+
+    cdef inline int add(self, bint valid) except -1:
+        cdef char* p
+        if self.n % 8 == 0:
+            p = self.buf.room(1)
+            p[0] = 0
+            self.buf.used += 1
+        if valid:
+            self.buf.p[self.n // 8] |= <char>(1 << (self.n % 8))
+        self.n += 1
+        return 0
+
+
+cdef inline bint _is(const uint8_t* p, Py_ssize_t n, bytes name):
+    return n == len(name) and memcmp(p, <const char*>name, n) == 0
+
+
+cdef inline bint _ascii(const uint8_t* p, Py_ssize_t n) noexcept nogil:
+    cdef uint8_t acc = 0
+    cdef Py_ssize_t i
+    for i in range(n):
+        acc |= p[i]
+    return acc < 0x80
+
+
+cdef inline bint _int_ms(const uint8_t* p, Py_ssize_t n, int64_t* out) noexcept nogil:
+    """A deliver time written plainly (an optional '-' and 1-15 digits) into ``out``; false for any other
+    text, whose reading is left to Python's int()."""
+    cdef Py_ssize_t i = 0
+    cdef int64_t v = 0
+    cdef bint neg = n > 0 and p[0] == 45
+    if neg:
+        i = 1
+    if n - i < 1 or n - i > 15:
+        return False
+    while i < n:
+        if p[i] < 48 or p[i] > 57:
+            return False
+        v = v * 10 + (p[i] - 48)
+        i += 1
+    out[0] = -v if neg else v
+    return True
+
+
+cdef inline int64_t _us(int64_t ms) noexcept nogil:
+    """Epoch ms -> µs, wrapping as Arrow's unchecked multiply does."""
+    return <int64_t>(<uint64_t>ms * 1000)
+
+
+def record_buffers(list parts, int want):
+    """Pull answers' records straight into the buffers of Arrow columns, for the Spark source
+    (chronomq.spark.schema.buffers_to_batch): ``parts`` is a list of (answer body, first offset, end offset),
+    the records with a queue offset in [first, end) are taken, in order. ``want``: the WANT_* bits of the
+    columns to build besides the fixed-width ones (offset, timestamp, born_timestamp, reconsume_times), read
+    from the properties as chronomq.spark.schema reads them (the map keeps every item with a name and a
+    separator; tags, keys and ids take a name's last value; msg_id the UNIQ_KEY, or the offset id when it
+    is missing or empty; deliver_time a plainly written deliver property). Returns a dict of bytearrays by
+    column, or None where an answer needs the general path: a record it would refuse or a compressed body
+    that does not inflate, anywhere in an answer (the general path raises the error), a topic or property
+    text that is not ASCII, a deliver time not written plainly, a column's bytes past 2 GiB."""
+    cdef Py_buffer view
+    cdef const uint8_t* b
+    cdef const uint8_t* pp
+    cdef const uint8_t* q
+    cdef Py_ssize_t n, pos, i, j, s, k, rows = 0, cap = 0, kl, w
+    cdef int64_t lo, hi, dms
+    cdef Rec r
+    cdef _Last topics_seen = _Last()
+    cdef Py_ssize_t tags_at, tags_end, keys_at, keys_end, uniq_at, uniq_end, dl_at, dl_end, tdl_at, tdl_end
+    cdef Py_ssize_t nkeys, nitems, first_at, first_end
+    cdef bint value = want & W_VALUE, props = want & W_PROPERTIES, keys = want & W_KEYS
+    cdef bint tags = want & W_TAGS, msg_id = want & W_MSG_ID, deliver = want & W_DELIVER
+    cdef bint scan = props or keys or tags or msg_id or deliver, found
+    cdef char hexid[32]
+    cdef const char* digits = b"0123456789ABCDEF"
+    cdef uint64_t v
+    cdef Py_ssize_t rows_hint
+    for part in parts:
+        cap += len(part[0])
+    rows_hint = cap // 256 + 16
+    cdef _Buf voff = _Buf(4 * rows_hint), vdata = _Buf(cap if value else 0)
+    cdef _Buf qoff = _Buf(8 * rows_hint), sts = _Buf(8 * rows_hint), bts = _Buf(8 * rows_hint)
+    cdef _Buf rec = _Buf(4 * rows_hint)
+    cdef _Buf moff = _Buf(4 * rows_hint), mkoff = _Buf(0), mkdata = _Buf(0), mvoff = _Buf(0), mvdata = _Buf(0)
+    cdef _Buf toff = _Buf(4 * rows_hint), tdata = _Buf(0)
+    cdef _Buf loff = _Buf(4 * rows_hint), kwoff = _Buf(0), kwdata = _Buf(0)
+    cdef _Buf koff = _Buf(4 * rows_hint), kdata = _Buf(0)
+    cdef _Buf ioff = _Buf(4 * rows_hint), idata = _Buf(32 * rows_hint)
+    cdef _Buf dval = _Buf(8 * rows_hint)
+    cdef _Bits tvalid = _Bits(rows_hint), kvalid = _Bits(rows_hint), dvalid = _Bits(rows_hint)
+    voff.put_i32(0)
+    moff.put_i32(0)
+    mkoff.put_i32(0)
+    mvoff.put_i32(0)
+    toff.put_i32(0)
+    loff.put_i32(0)
+    kwoff.put_i32(0)
+    koff.put_i32(0)
+    ioff.put_i32(0)
+    for part in parts:
+        body, lo, hi = part
+        PyObject_GetBuffer(body, &view, PyBUF_SIMPLE)
+        try:
+            b = <const uint8_t*>view.buf
+            n = view.len
+            pos = 0
+            while pos < n:
+                try:
+                    _record(b, n, pos, &r, topics_seen)
+                except Exception:
+                    return None
+                if not _ascii(b + r.topic, r.topic_len) or not _ascii(b + r.props, r.props_len):
+                    return None
+                inflated = None
+                if r.sys_flag & C_COMPRESSED:  # every body must inflate, as record_columns checks
+                    try:
+                        inflated = _body(b, &r)
+                    except Exception:
+                        return None
+                if r.queue_offset < lo or r.queue_offset >= hi:
+                    pos = r.end
+                    continue
+                rows += 1
+                if value:
+                    if inflated is not None:
+                        vdata.put(<const char*><bytes>inflated, len(<bytes>inflated))
+                    else:
+                        vdata.put(b + r.body, r.body_len)
+                    if vdata.used > MAX_OFFSET32:
+                        return None
+                    voff.put_i32(<int32_t>vdata.used)
+                qoff.put_i64(r.queue_offset)
+                sts.put_i64(_us(r.store_ts))
+                bts.put_i64(_us(r.born_ts))
+                rec.put_i32(r.reconsume)
+                if scan:
+                    tags_at = keys_at = uniq_at = dl_at = tdl_at = -1
+                    tags_end = keys_end = uniq_end = dl_end = tdl_end = 0
+                    pp = b + r.props
+                    k = r.props_len
+                    i = 0
+                    while i <= k:
+                        q = <const uint8_t*>memchr(pp + i, 2, k - i) if i < k else NULL
+                        j = (q - pp) if q != NULL else k
+                        if j > i:
+                            q = <const uint8_t*>memchr(pp + i, 1, j - i)
+                            if q != NULL and q - pp > i:
+                                s = q - pp
+                                if props:
+                                    mkdata.put(pp + i, s - i)
+                                    mkoff.put_i32(<int32_t>mkdata.used)
+                                    mvdata.put(pp + s + 1, j - s - 1)
+                                    mvoff.put_i32(<int32_t>mvdata.used)
+                                if _is(pp + i, s - i, B_TAGS):
+                                    tags_at, tags_end = s + 1, j
+                                elif _is(pp + i, s - i, B_KEYS):
+                                    keys_at, keys_end = s + 1, j
+                                elif _is(pp + i, s - i, B_UNIQ):
+                                    uniq_at, uniq_end = s + 1, j
+                                elif _is(pp + i, s - i, B_DELIVER):
+                                    dl_at, dl_end = s + 1, j
+                                elif _is(pp + i, s - i, B_TIMER):
+                                    tdl_at, tdl_end = s + 1, j
+                        i = j + 1
+                    if props:
+                        moff.put_i32(<int32_t>((mkoff.used - 4) // 4))
+                    if tags:
+                        tvalid.add(tags_at >= 0)
+                        if tags_at >= 0:
+                            tdata.put(pp + tags_at, tags_end - tags_at)
+                        toff.put_i32(<int32_t>tdata.used)
+                    if keys:
+                        first_at = -1
+                        first_end = 0
+                        if keys_at >= 0:
+                            i = keys_at
+                            while i < keys_end:
+                                q = <const uint8_t*>memchr(pp + i, 32, keys_end - i)
+                                j = (q - pp) if q != NULL else keys_end
+                                if j > i:
+                                    kwdata.put(pp + i, j - i)
+                                    kwoff.put_i32(<int32_t>kwdata.used)
+                                    if first_at < 0:
+                                        first_at, first_end = i, j
+                                i = j + 1
+                        loff.put_i32(<int32_t>((kwoff.used - 4) // 4))
+                        kvalid.add(first_at >= 0)
+                        if first_at >= 0:
+                            kdata.put(pp + first_at, first_end - first_at)
+                        koff.put_i32(<int32_t>kdata.used)
+                    if msg_id:
+                        if uniq_at >= 0 and uniq_end > uniq_at:
+                            idata.put(pp + uniq_at, uniq_end - uniq_at)
+                        else:
+                            for w in range(8):
+                                hexid[2 * w] = digits[b[pos + 64 + w] >> 4]
+                                hexid[2 * w + 1] = digits[b[pos + 64 + w] & 15]
+                            v = <uint64_t>r.phys
+                            for w in range(15, -1, -1):
+                                hexid[16 + w] = digits[v & 15]
+                                v >>= 4
+                            idata.put(hexid, 32)
+                        ioff.put_i32(<int32_t>idata.used)
+                    if deliver:
+                        found = False
+                        dms = 0
+                        if dl_at >= 0 and dl_end > dl_at:
+                            if not _int_ms(pp + dl_at, dl_end - dl_at, &dms):
+                                return None
+                            found = True
+                        elif tdl_at >= 0 and tdl_end > tdl_at:
+                            if not _int_ms(pp + tdl_at, tdl_end - tdl_at, &dms):
+                                return None
+                            found = True
+                        dvalid.add(found)
+                        dval.put_i64(_us(dms) if found else 0)
+                    if mkdata.used > MAX_OFFSET32 or mvdata.used > MAX_OFFSET32 or idata.used > MAX_OFFSET32 \
+                            or kwdata.used > MAX_OFFSET32:
+                        return None
+                pos = r.end
+        finally:
+            PyBuffer_Release(&view)
+    out = {"rows": rows, "offset": qoff.done(), "timestamp": sts.done(), "born_timestamp": bts.done(),
+           "reconsume_times": rec.done()}
+    if value:
+        out["value"] = (voff.done(), vdata.done())
+    if props:
+        out["properties"] = (moff.done(), mkoff.done(), mkdata.done(), mvoff.done(), mvdata.done())
+    if tags:
+        out["tags"] = (tvalid.buf.done(), toff.done(), tdata.done())
+    if keys:
+        out["keys"] = (loff.done(), kwoff.done(), kwdata.done())
+        out["key"] = (kvalid.buf.done(), koff.done(), kdata.done())
+    if msg_id:
+        out["msg_id"] = (ioff.done(), idata.done())
+    if deliver:
+        out["deliver_time"] = (dvalid.buf.done(), dval.done())
     return out

@@ -36,6 +36,10 @@ class Kernels(Protocol):
         """model.parse_properties_py."""
         ...
 
+    def record_buffers(self, parts: list[tuple[bytes, int, int]], want: int, /) -> dict[str, Any] | None:
+        """model.record_buffers: Arrow column buffers, or None for the general path (the twin's answer)."""
+        ...
+
 
 KERNEL_NAMES = frozenset(name for name in vars(Kernels) if not name.startswith("_"))
 

@@ -32,12 +32,19 @@ from chronomq.client import (
     SimpleConsumer,
     encode_rows,
 )
-from chronomq.client.model import RecordColumns, parse_properties, tag_set
-from chronomq.message import DEFAULT_TOPIC, PROPERTY_TAGS, SCHEDULE_TOPIC
+from chronomq.client.model import record_columns, tag_set
+from chronomq.message import DEFAULT_TOPIC, SCHEDULE_TOPIC, MessageFormatError
 
 from .offsets import QueueKey, QueueRange
 from .options import EARLIEST, LATEST, OffsetSpec, PendingOptions, ReadOptions, WriteOptions
-from .schema import DEFAULT_LEVELS_MS, pending_to_batch, records_to_batch, row_uniq_keys, to_epoch_ms
+from .schema import (
+    DEFAULT_LEVELS_MS,
+    pending_to_batch,
+    row_uniq_keys,
+    select_records,
+    stored_to_batch,
+    to_epoch_ms,
+)
 
 log = logging.getLogger("chronomq.spark")
 T = TypeVar("T")
@@ -269,6 +276,7 @@ PULLS_IN_FLIGHT = 3  # pulls of one queue range outstanding at once (without a t
 # a broker that answers fewer messages a pull than asked (RocketMQ's maxTransferCountOnMessageInMemory, 32
 # by default) gets more pulls at once, up to this many, so as many messages are on their way
 MAX_PULLS_IN_FLIGHT = 24
+BATCH_BYTES = 64 << 20  # a batch ends at rows_per_batch rows or at this many bytes of answers, if sooner
 
 
 async def range_batches(consumer: Any, settings: ReadSettings, qr: QueueRange,
@@ -284,8 +292,8 @@ async def range_batches(consumer: Any, settings: ReadSettings, qr: QueueRange,
     window = settings.pull_batch_size
     inflight: collections.deque[tuple[int, int, asyncio.Task[Any]]] = collections.deque()
     planned = qr.start
-    pending: list[RecordColumns] = []
-    npending = 0
+    pending: list[tuple[bytes, int, int]] = []  # answers not converted yet: body, first and end offset
+    npending = nbytes = 0
 
     def replan(at: int) -> None:
         nonlocal planned
@@ -299,21 +307,36 @@ async def range_batches(consumer: Any, settings: ReadSettings, qr: QueueRange,
         while len(inflight) < depth and planned < qr.end:
             n = min(window, qr.end - planned)
             inflight.append((planned, n, asyncio.ensure_future(
-                consumer.pull(mq, planned, n, expression=settings.tag_expression, raw=True))))
+                consumer.pull(mq, planned, n, expression=settings.tag_expression, raw="bytes"))))
             planned += n
+
+    def undecodable(e: Exception, frm: int, to: int) -> ChronomqSparkError:
+        return ChronomqSparkError(f"reading {mq} at offsets {frm}..{to - 1}: the broker returned an "
+                                  f"undecodable message body: {e}")
+
+    def convert(parts: list[tuple[bytes, int, int]]) -> pa.RecordBatch:
+        try:
+            return stored_to_batch(parts, qr.topic, qr.broker, qr.queue_id, settings.levels_ms, schema, tags)
+        except MessageFormatError as e:
+            raise undecodable(e, parts[0][1], parts[-1][2]) from None
 
     try:
         fill()
         while inflight:
             offset, count, task = inflight.popleft()
             res = await task
-            recs: RecordColumns | None = None
-            if res.status == PullStatus.FOUND and res.records is not None:
+            part: tuple[bytes, int, int] | None = None
+            if res.status == PullStatus.FOUND and res.body is not None:
                 nxt = max(res.next_offset, offset + 1)
-                recs = select_records(res.records, max(qr.start, offset), min(qr.end, nxt), tags)
-                if not recs and res.next_offset <= offset:
-                    raise ChronomqSparkError(f"reading {mq}: the broker made no progress at offset {offset} "
-                                             f"(next offset {res.next_offset})")
+                part = (res.body, max(qr.start, offset), min(qr.end, nxt))
+                if res.next_offset <= offset:  # rare: the answer must hold a wanted record to move on
+                    try:
+                        recs = select_records(record_columns(res.body), part[1], part[2], tags)
+                    except MessageFormatError as e:
+                        raise undecodable(e, part[1], part[2]) from None
+                    if not recs:
+                        raise ChronomqSparkError(f"reading {mq}: the broker made no progress at offset "
+                                                 f"{offset} (next offset {res.next_offset})")
             elif res.status == PullStatus.NO_MATCHED_MSG:
                 nxt = res.next_offset
                 if nxt <= offset:
@@ -336,27 +359,21 @@ async def range_batches(consumer: Any, settings: ReadSettings, qr: QueueRange,
                 replan(min(nxt, qr.end))
             fill()
             await asyncio.sleep(0)  # let the new pulls send their requests before this answer is converted
-            if recs:
-                pending.append(recs)
-                npending += len(recs)
-                if npending >= settings.rows_per_batch:
-                    yield records_to_batch(pending, qr.topic, qr.broker, qr.queue_id, settings.levels_ms,
-                                           schema)
-                    pending, npending = [], 0
+            if part is not None and part[1] < part[2]:
+                pending.append(part)
+                npending += part[2] - part[1]  # at most that many rows (fewer with a tag filter)
+                nbytes += len(part[0])
+                if npending >= settings.rows_per_batch or nbytes >= BATCH_BYTES:
+                    batch = convert(pending)
+                    pending, npending, nbytes = [], 0, 0
+                    if batch.num_rows:
+                        yield batch
         if pending:
-            yield records_to_batch(pending, qr.topic, qr.broker, qr.queue_id, settings.levels_ms, schema)
+            batch = convert(pending)
+            if batch.num_rows:
+                yield batch
     finally:
         replan(qr.end)
-
-
-def select_records(recs: RecordColumns, start: int, end: int, tags: set[str] | None) -> RecordColumns:
-    """The pulled records with an offset in [start, end) and, with a tag filter, one of its tags (the
-    broker filters by tag hash code only; the client's own pulls check the tag itself, so does this)."""
-    offsets = recs.queue_offsets
-    if tags is None and (not offsets or (min(offsets) >= start and max(offsets) < end)):
-        return recs
-    return recs.take([i for i, o in enumerate(offsets) if start <= o < end and
-                      (tags is None or parse_properties(recs.properties[i]).get(PROPERTY_TAGS) in tags)])
 
 
 def _lost(settings: ReadSettings, mq: MessageQueue, frm: int, to: int, end: int,

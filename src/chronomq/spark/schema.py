@@ -25,7 +25,18 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from chronomq.client.model import RecordColumns, parse_properties
+from chronomq.client.model import (
+    WANT_DELIVER,
+    WANT_KEYS,
+    WANT_MSG_ID,
+    WANT_PROPERTIES,
+    WANT_TAGS,
+    WANT_VALUE,
+    RecordColumns,
+    parse_properties,
+    record_buffers,
+    record_columns,
+)
 from chronomq.message import (
     NAME_VALUE_SEPARATOR,
     PROPERTY_DELAY_TIME_LEVEL,
@@ -210,6 +221,97 @@ def records_to_batch(parts: Sequence[RecordColumns], topic: str, broker: str, qu
         "properties": props,
         "born_timestamp": lambda: _ts_ms(pa.array(chained("born_timestamps"), type=pa.int64())),
         "reconsume_times": lambda: pa.array(chained("reconsume_times"), type=pa.int32()),
+        "deliver_time": deliver,
+    }
+    return pa.RecordBatch.from_arrays([build[name]() for name in schema.names], schema=schema)
+
+
+def select_records(recs: RecordColumns, start: int, end: int, tags: set[str] | None) -> RecordColumns:
+    """The pulled records with an offset in [start, end) and, with a tag filter, one of its tags (the
+    broker filters by tag hash code only; the client's own pulls check the tag itself, so does this)."""
+    offsets = recs.queue_offsets
+    if tags is None and (not offsets or (min(offsets) >= start and max(offsets) < end)):
+        return recs
+    return recs.take([i for i, o in enumerate(offsets) if start <= o < end and
+                      (tags is None or parse_properties(recs.properties[i]).get(PROPERTY_TAGS) in tags)])
+
+
+# the record_buffers bits each column needs
+_WANT = {"value": WANT_VALUE, "properties": WANT_PROPERTIES, "keys": WANT_KEYS, "key": WANT_KEYS,
+         "tags": WANT_TAGS, "msg_id": WANT_MSG_ID, "deliver_time": WANT_DELIVER}
+
+
+def stored_to_batch(parts: Sequence[tuple[bytes, int, int]], topic: str, broker: str, queue_id: int,
+                    levels_ms: Sequence[int], schema: pa.Schema,
+                    tags: set[str] | None = None) -> pa.RecordBatch:
+    """Pull answers of one queue as the broker sent them (stored records, and the offsets [first, end)
+    wanted of each), in offset order -> one Arrow batch of ``schema``, the records matching ``tags`` (None:
+    all). Built straight from the compiled decode's column buffers (``record_buffers``) where it can, else
+    through ``record_columns`` and ``records_to_batch``: the same batch either way. Raises
+    MessageFormatError for a record the client refuses (zlib.error for a body that does not inflate)."""
+    if tags is None and not (topic == SCHEDULE_TOPIC and "deliver_time" in schema.names):
+        want = 0
+        for name in schema.names:
+            want |= _WANT.get(name, 0)
+        bufs = record_buffers(list(parts), want)
+        if bufs is not None:
+            return _buffers_to_batch(bufs, topic, broker, queue_id, schema)
+    return records_to_batch([select_records(record_columns(body), lo, hi, tags) for body, lo, hi in parts],
+                            topic, broker, queue_id, levels_ms, schema)
+
+
+def _buffers_to_batch(bufs: dict[str, Any], topic: str, broker: str, queue_id: int,
+                      schema: pa.Schema) -> pa.RecordBatch:
+    """record_buffers' column buffers -> one Arrow batch of ``schema`` (no copy of the buffers)."""
+    n = bufs["rows"]
+    full = _read_arrow_schema()
+    buf = pa.py_buffer
+
+    def fixed(name: str) -> pa.Array:
+        return pa.Array.from_buffers(full.field(name).type, n, [None, buf(bufs[name])])
+
+    def var(typ: pa.DataType, count: int, offsets: bytearray, data: bytearray,
+            valid: bytearray | None = None) -> pa.Array:
+        return pa.Array.from_buffers(typ, count, [None if valid is None else buf(valid), buf(offsets),
+                                                  buf(data)])
+
+    def offsets(raw: bytearray) -> pa.Array:
+        return pa.Array.from_buffers(pa.int32(), len(raw) // 4, [None, buf(raw)])
+
+    def properties() -> pa.MapArray:
+        moff, koff, kdata, voff, vdata = bufs["properties"]
+        count = len(koff) // 4 - 1
+        return pa.MapArray.from_arrays(offsets(moff), var(pa.string(), count, koff, kdata),
+                                       var(pa.string(), count, voff, vdata),
+                                       type=full.field("properties").type)
+
+    def keys() -> pa.ListArray:
+        loff, woff, wdata = bufs["keys"]
+        return pa.ListArray.from_arrays(offsets(loff), var(pa.string(), len(woff) // 4 - 1, woff, wdata),
+                                        type=full.field("keys").type)
+
+    def key() -> pa.Array:
+        valid, koff, kdata = bufs["key"]
+        return var(pa.binary(), n, koff, kdata, valid)
+
+    def deliver() -> pa.Array:
+        valid, data = bufs["deliver_time"]
+        return pa.Array.from_buffers(_TS, n, [buf(valid), buf(data)])
+
+    build: dict[str, Any] = {
+        "key": key,
+        "value": lambda: var(pa.binary(), n, *bufs["value"]),
+        "topic": lambda: _const(topic, pa.string(), n),
+        "partition": lambda: _const(queue_id, pa.int32(), n),
+        "offset": lambda: fixed("offset"),
+        "timestamp": lambda: fixed("timestamp"),
+        "broker": lambda: _const(broker, pa.string(), n),
+        "msg_id": lambda: var(pa.string(), n, *bufs["msg_id"]),
+        "tags": lambda: var(pa.string(), n, bufs["tags"][1], bufs["tags"][2], bufs["tags"][0]),
+        "keys": keys,
+        "properties": properties,
+        "born_timestamp": lambda: fixed("born_timestamp"),
+        "reconsume_times": lambda: fixed("reconsume_times"),
         "deliver_time": deliver,
     }
     return pa.RecordBatch.from_arrays([build[name]() for name in schema.names], schema=schema)
