@@ -140,6 +140,10 @@ class BrokerConfig:
     # bytes, whatever maxMsgNums asks (RocketMQ's MessageStoreConfig keys and defaults, its in-memory ones)
     maxTransferCountOnMessageInMemory: int = 32
     maxTransferBytesOnMessageInMemory: int = 256 * 1024
+    # the same caps for a pull that asks for bulk answers (extField chronomqBulkRead, which only chronomq's
+    # readers send, the Spark source's among them): fewer, larger answers for a reader going through a backlog
+    maxTransferCountOnBulkRead: int = 1024
+    maxTransferBytesOnBulkRead: int = 1024 * 1024
     # SQL92 subscriptions (RocketMQ's key and default): off, they are refused as RocketMQ refuses them;
     # on, pulls and gRPC receives filter by message properties (docs/filter.md)
     enablePropertyFilter: bool = False
@@ -296,7 +300,8 @@ class BrokerConfig:
                 raise ConfigError(f"{name}: must be positive")
         for name in ("maxUserPropertySize", "userPropertyMaxNum", "maxMessageGroupSize",
                      "maxInvisibleTimeMills", "grpcClientConsumerMinLongPollingTimeoutMillis",
-                     "maxTransferCountOnMessageInMemory", "maxTransferBytesOnMessageInMemory"):
+                     "maxTransferCountOnMessageInMemory", "maxTransferBytesOnMessageInMemory",
+                     "maxTransferCountOnBulkRead", "maxTransferBytesOnBulkRead"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name}: must be positive, got {getattr(self, name)}")
         if not 0 <= self.minInvisibleTimeMillsForRecv <= self.maxInvisibleTimeMills:

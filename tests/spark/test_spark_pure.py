@@ -396,8 +396,9 @@ class CappedBroker:
         self.pulls: list[tuple[int, int]] = []
         self.outstanding = self.peak = 0  # pulls in flight, now and at most
 
-    async def pull(self, mq: object, offset: int, n: int, *, expression: str, raw: object) -> PullResult:
-        assert raw == "bytes"
+    async def pull(self, mq: object, offset: int, n: int, *, expression: str, raw: object,
+                   bulk: bool = False) -> PullResult:
+        assert raw == "bytes" and bulk
         self.pulls.append((offset, n))
         self.outstanding += 1
         self.peak = max(self.peak, self.outstanding)

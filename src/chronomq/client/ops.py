@@ -11,6 +11,7 @@ from chronomq import message as m
 from chronomq.remoting import fastjson
 from chronomq.remoting.codec import RemotingCommand
 from chronomq.remoting.codes import (
+    PULL_EXT_BULK_READ,
     PULL_FLAG_COMMIT_OFFSET,
     PULL_FLAG_SUBSCRIPTION,
     PULL_FLAG_SUSPEND,
@@ -47,8 +48,10 @@ _PULL_CODES = (ResponseCode.SUCCESS, ResponseCode.PULL_NOT_FOUND, ResponseCode.P
 
 
 def pull_request(inst: ClientInstance, mq: MessageQueue, offset: int, max_count: int, group: str,
-                 expression: str, suspend_ms: int, commit_offset: int | None) -> RemotingCommand:
-    """The PULL_MESSAGE request (the pull consumer's and the push consumer's)."""
+                 expression: str, suspend_ms: int, commit_offset: int | None,
+                 bulk: bool = False) -> RemotingCommand:
+    """The PULL_MESSAGE request (the pull consumer's and the push consumer's). ``bulk``: ask a chronomq
+    broker for an answer up to its bulk-read caps (PULL_EXT_BULK_READ; other brokers ignore it)."""
     flag = PULL_FLAG_SUBSCRIPTION
     if suspend_ms > 0:
         flag |= PULL_FLAG_SUSPEND
@@ -58,6 +61,8 @@ def pull_request(inst: ClientInstance, mq: MessageQueue, offset: int, max_count:
            "maxMsgNums": max_count, "sysFlag": flag, "commitOffset": commit_offset or 0,
            "suspendTimeoutMillis": suspend_ms or 20000, "subscription": expression or "*",
            "subVersion": 0}
+    if bulk:
+        ext[PULL_EXT_BULK_READ] = "true"
     return inst.request(RequestCode.PULL_MESSAGE, ext)
 
 
@@ -99,7 +104,8 @@ def pull_result(resp: RemotingCommand, mq: MessageQueue, offset: int, tags: set[
 
 async def pull(inst: ClientInstance, mq: MessageQueue, offset: int, max_count: int, *, group: str,
                expression: str = "*", suspend_ms: int = 0, commit_offset: int | None = None,
-               timeout: float | None = None, raw: bool | Literal["bytes"] = False) -> PullResult:
+               timeout: float | None = None, raw: bool | Literal["bytes"] = False,
+               bulk: bool = False) -> PullResult:
     if offset < 0:
         raise ValueError(f"pull offset must be >= 0, got {offset}")
     if max_count < 1:
@@ -107,7 +113,7 @@ async def pull(inst: ClientInstance, mq: MessageQueue, offset: int, max_count: i
     addr, slave = await inst.read_addr(mq.broker_name, mq.topic)
     if slave:
         commit_offset = None  # offsets are committed to the master only
-    req = pull_request(inst, mq, offset, max_count, group, expression, suspend_ms, commit_offset)
+    req = pull_request(inst, mq, offset, max_count, group, expression, suspend_ms, commit_offset, bulk)
     rto = timeout if timeout is not None else (suspend_ms / 1000 + 10 if suspend_ms else inst.request_timeout)
     what = f"pull {mq} at offset {offset}"
     resp = await inst.invoke(addr, req, rto, what)

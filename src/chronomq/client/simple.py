@@ -50,14 +50,17 @@ class SimpleConsumer(SyncContextMixin):
         return qs
 
     async def pull(self, queue: MessageQueue, offset: int, max_count: int = 32, *, timeout: float = 0.0,
-                   expression: str = "*", raw: bool | Literal["bytes"] = False) -> PullResult:
+                   expression: str = "*", raw: bool | Literal["bytes"] = False,
+                   bulk: bool = False) -> PullResult:
         """Messages of ``queue`` from ``offset`` (at most ``max_count``). With ``timeout`` > 0 the broker
         holds the request up to that many seconds when there is nothing new (long polling). ``raw``: the
         records come column by column in ``records`` (RecordColumns), not as messages, and are not checked
         against the expression's tags (the broker's filter compares tag hash codes only); ``raw="bytes"``:
-        undecoded in ``body`` (``chronomq.client.model.record_columns`` splits them)."""
+        undecoded in ``body`` (``chronomq.client.model.record_columns`` splits them). ``bulk``: a chronomq
+        broker answers up to its bulk-read caps (``maxTransferCountOnBulkRead`` messages, 1024 by default)
+        rather than RocketMQ's 32, for a reader going through a backlog; other brokers ignore it."""
         return await ops.pull(self._instance, queue, offset, max_count, group=self.group,
-                              expression=expression, suspend_ms=int(timeout * 1000), raw=raw)
+                              expression=expression, suspend_ms=int(timeout * 1000), raw=raw, bulk=bulk)
 
     async def min_offset(self, queue: MessageQueue) -> int:
         return await ops.min_offset(self._instance, queue)

@@ -135,6 +135,9 @@ PULL_FLAG_COMMIT_OFFSET = 0x1
 PULL_FLAG_SUSPEND = 0x2
 PULL_FLAG_SUBSCRIPTION = 0x4
 PULL_FLAG_CLASS_FILTER = 0x8
+# A PULL_MESSAGE extField of chronomq's own (official clients never send it; other brokers ignore it):
+# "true" asks for an answer up to the broker's bulk-read caps instead of RocketMQ's in-memory ones.
+PULL_EXT_BULK_READ = "chronomqBulkRead"
 
 # Topic permissions
 PERM_PRIORITY = 0x8

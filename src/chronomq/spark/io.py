@@ -307,7 +307,7 @@ async def range_batches(consumer: Any, settings: ReadSettings, qr: QueueRange,
         while len(inflight) < depth and planned < qr.end:
             n = min(window, qr.end - planned)
             inflight.append((planned, n, asyncio.ensure_future(
-                consumer.pull(mq, planned, n, expression=settings.tag_expression, raw="bytes"))))
+                consumer.pull(mq, planned, n, expression=settings.tag_expression, raw="bytes", bulk=True))))
             planned += n
 
     def undecodable(e: Exception, frm: int, to: int) -> ChronomqSparkError:

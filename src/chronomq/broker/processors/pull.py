@@ -6,7 +6,9 @@ flag and ``longPollingEnable`` is on; then it returns None and the dispatcher's 
 deadline. Tags are filtered in the store through ``TagFilter``; with enablePropertyFilter, a SQL92
 subscription filters each record read by its properties (``_filters_for``, chronomq.filter). An answer
 holds at most maxTransferCountOnMessageInMemory messages and, past its first,
-maxTransferBytesOnMessageInMemory bytes, as RocketMQ's store answers, whatever maxMsgNums asks.
+maxTransferBytesOnMessageInMemory bytes, as RocketMQ's store answers, whatever maxMsgNums asks; a pull
+with the extField chronomqBulkRead=true (chronomq's readers) is capped by maxTransferCountOnBulkRead and
+maxTransferBytesOnBulkRead instead.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from chronomq.message import (
 from chronomq.remoting.codec import RemotingCommand
 from chronomq.remoting.codes import (
     PERM_READ,
+    PULL_EXT_BULK_READ,
     PULL_FLAG_COMMIT_OFFSET,
     PULL_FLAG_SUBSCRIPTION,
     PULL_FLAG_SUSPEND,
@@ -191,7 +194,13 @@ class PullProcessor(ProcessorBase):
         queue_id = req.ext_int("queueId")
         offset = req.ext_int("queueOffset")
         # RocketMQ's caps on one answer, whatever maxMsgNums asks: clients pull again from nextBeginOffset
-        max_msgs = max(1, min(req.ext_int("maxMsgNums", 32), self.config.maxTransferCountOnMessageInMemory))
+        if req.ext_str(PULL_EXT_BULK_READ, "") == "true":
+            cap_count = self.config.maxTransferCountOnBulkRead
+            cap_bytes = self.config.maxTransferBytesOnBulkRead
+        else:
+            cap_count = self.config.maxTransferCountOnMessageInMemory
+            cap_bytes = self.config.maxTransferBytesOnMessageInMemory
+        max_msgs = max(1, min(req.ext_int("maxMsgNums", 32), cap_count))
         sys_flag = req.ext_int("sysFlag", 0)
         topic_config = self.topics.get(topic)
         if topic_config is not None:
@@ -217,7 +226,7 @@ class PullProcessor(ProcessorBase):
         else:
             tag_filter = self._filter(req, group, topic, sys_flag)
         r: GetResult = self.store.get_message(
-            topic, queue_id, offset, max_msgs, max_bytes=self.config.maxTransferBytesOnMessageInMemory,
+            topic, queue_id, offset, max_msgs, max_bytes=cap_bytes,
             tag_filter=tag_filter,
             record_filter=records,
         )
