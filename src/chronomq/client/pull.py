@@ -1,9 +1,10 @@
 """The pull loop of PushConsumer (a base class of it, sharing its state): one long-polling pull task per
 assigned queue, pull_batch_size messages per request (up to MAX_BACKLOG_PULL while the broker reports a
-backlog), flow control by max_inflight_per_queue, the consumed offset piggybacked as the commit offset.
-While the backlog is more than the broker gives in one answer (it caps an answer, 32 by default), up to
-MAX_PIPELINE pulls of consecutive ranges go out together, without the suspend flag, and their answers are
-taken in order (one that does not start where the previous ended is dropped and pulled again).
+backlog, asked as a bulk read, which chronomq answers in full), flow control by max_inflight_per_queue, the
+consumed offset piggybacked as the commit offset. While the backlog is more than the broker gives in one
+answer (Apache RocketMQ caps an answer at 32 by default), up to MAX_PIPELINE pulls of consecutive ranges go
+out together, without the suspend flag, and their answers are taken in order (one that does not start
+where the previous ended is dropped and pulled again).
 Rules: a message is handed on once (offsets below next_offset or still in flight are skipped); a failed
 pull backs off (50 ms doubling to 2 s) and asks for a heartbeat; nothing per message but the hand-on.
 """
@@ -19,8 +20,8 @@ from .consumer_state import ConsumerState
 from .errors import ClientClosed, ClientError
 from .process_queue import ProcessQueue
 
-# while a queue has a backlog, a pull asks for up to this many messages (a broker answers at most its
-# maxTransferCountOnMessageInMemory, 32 by default on chronomq as on Apache RocketMQ): fewer round trips
+# while a queue has a backlog, a pull asks for up to this many messages, as a bulk read (chronomq answers
+# up to its maxTransferCountOnBulkRead; Apache RocketMQ at most its maxTransferCountOnMessageInMemory, 32)
 MAX_BACKLOG_PULL = 256
 # pulls in flight for one queue while its backlog is more than one answer holds: a burst reaches the
 # consumer in fewer round trips
@@ -41,7 +42,8 @@ class PullPath(ConsumerState):
             commit = None if self.broadcasting else self._offsets.get(pq.mq)
             count = self.pull_batch_size
             room = self.max_inflight_per_queue - len(pq.msgs)
-            if pq.backlog > count:  # catching up: ask for more, within the in-flight limit
+            bulk = pq.backlog > count
+            if bulk:  # catching up: ask for more, within the in-flight limit, in one answer from chronomq
                 count = max(count, min(pq.backlog, MAX_BACKLOG_PULL, room))
             pipelined = bool(cap) and pq.tags is None and pq.backlog > cap and room > cap
             if not pipelined:
@@ -52,7 +54,7 @@ class PullPath(ConsumerState):
                     results = await self._pull_ranges(pq, cap, min(pq.backlog, room, MAX_PIPELINE * cap),
                                                       commit)
                 else:
-                    results = [(pq.next_offset, await self._pull(pq, count, commit))]
+                    results = [(pq.next_offset, await self._pull(pq, count, commit, bulk))]
             except ClientClosed:
                 return
             except ClientError as e:
@@ -68,7 +70,7 @@ class PullPath(ConsumerState):
                 if k and (offset != pq.next_offset or res.status != ops.PullStatus.FOUND):
                     break  # a gap before it, or nothing there: pulled again from next_offset
                 got = len(res.messages)
-                if (res.status == ops.PullStatus.FOUND and 0 < got < asked
+                if (res.status == ops.PullStatus.FOUND and 0 < got < asked and (pipelined or bulk)
                         and res.max_offset > res.next_offset):
                     cap = got  # the broker had more and gave fewer: what one answer holds
                 await self._take(pq, res)
@@ -119,7 +121,8 @@ class PullPath(ConsumerState):
         if not pq.msgs:
             self._offsets[pq.mq] = pq.high
 
-    async def _pull(self, pq: ProcessQueue, count: int, commit: int | None) -> ops.PullResult:
+    async def _pull(self, pq: ProcessQueue, count: int, commit: int | None, bulk: bool = False
+                    ) -> ops.PullResult:
         """ops.pull for the pull loop, with the queue's tag set computed once."""
         mq = pq.mq
         inst = self._instance
@@ -128,7 +131,7 @@ class PullPath(ConsumerState):
             commit = None  # offsets are committed to the master only
         offset = pq.next_offset
         req = ops.pull_request(inst, mq, offset, count, self.group, pq.expression,
-                               int(self.long_poll_timeout * 1000), commit)
+                               int(self.long_poll_timeout * 1000), commit, bulk)
         what = f"pull {mq} at offset {offset}"
         resp = await inst.invoke(addr, req, self.long_poll_timeout + 15, what)
         res = ops.pull_result(resp, mq, offset, pq.tags, what, addr)
