@@ -10,7 +10,7 @@ import types
 import zlib
 
 from cpython.buffer cimport PyBUF_SIMPLE, PyBuffer_Release, PyObject_GetBuffer
-from cpython.bytearray cimport PyByteArray_AS_STRING, PyByteArray_Resize
+from cpython.bytearray cimport PyByteArray_AS_STRING, PyByteArray_FromStringAndSize, PyByteArray_Resize
 from cpython.bytes cimport PyBytes_FromStringAndSize
 from cpython.dict cimport PyDict_GetItem, PyDict_SetItem
 from cpython.ref cimport PyObject, Py_INCREF
@@ -478,7 +478,7 @@ cdef class _Buf:
 
     def __cinit__(self, Py_ssize_t cap):
         self.cap = cap if cap > 64 else 64
-        self.data = bytearray(self.cap)
+        self.data = PyByteArray_FromStringAndSize(NULL, self.cap)  # not zeroed: every byte used is written
         self.p = PyByteArray_AS_STRING(self.data)
         self.used = 0
 
