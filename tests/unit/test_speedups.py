@@ -315,6 +315,49 @@ def test_due_ms_of_on_damaged_records():
         assert _outcome(native.due_ms_of, r) == _outcome(pull.due_ms_of_py, r)
 
 
+@needs_native
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.binary(max_size=60), prop_dicts, st.sampled_from(["", "src", "due", "both"]),
+                          st.booleans(), st.integers(0, 40)), max_size=6))
+def test_props_marks_matches_pure_and_never_reads_a_body(items):
+    """The marks a pull answer is searched for, in the records' properties only: a mark in a body does
+    not count; a record cut short counts as holding every mark."""
+    from chronomq.broker.processors import pull
+
+    records, want = [], 0
+    for body, props, which, in_body, cut in items:
+        props = dict(props)
+        if which in ("src", "both"):
+            props["__CHRONOMQ_DELAY_SRC"] = "3:1:100"
+        if which in ("due", "both"):
+            props[_DUE] = "1764000000000"
+        if in_body:
+            body = body + pull._SRC_MARK + pull._DUE_MARK
+        rec = bytes(message.encode_record(_message("T", body, props)))
+        records.append(rec[: len(rec) - cut] if cut > 30 else rec)
+    for rs in (records, records[:1], []):
+        got = native.props_marks(rs, pull._MARKS)
+        assert got == pull.props_marks_py(rs, pull._MARKS)
+    if all(cut <= 30 for *_, cut in items):
+        want = ((1 if any(w in ("src", "both") for _, _, w, _, _ in items) else 0)
+                | (2 if any(w in ("due", "both") for _, _, w, _, _ in items) else 0))
+        assert native.props_marks(records, pull._MARKS) == want
+
+
+@needs_native
+def test_props_marks_on_damaged_records():
+    from chronomq.broker.processors import pull
+
+    rec = bytes(message.encode_record(_message("T", b"body", {})))
+    bad_len = bytearray(rec)
+    bad_len[message.POS_BODY - 4 : message.POS_BODY] = (-1).to_bytes(4, "big", signed=True)
+    for r in (b"", rec[:90], bytes(bad_len), memoryview(rec)):
+        assert native.props_marks([rec, r], pull._MARKS) == pull.props_marks_py([rec, r], pull._MARKS)
+    assert native.props_marks([rec[:50]], pull._MARKS) == 3  # damaged: every mark, the exact path decides
+    with pytest.raises(TypeError):
+        native.props_marks([rec], ("not bytes",))
+
+
 # --- the commit-log append of a run of records -----------------------------------------------------------
 @needs_native
 @settings(max_examples=200, deadline=None)

@@ -519,6 +519,58 @@ def due_ms_of(bytes rec):
     return v
 
 
+cdef inline bint _holds(const uint8_t* p, Py_ssize_t n, const uint8_t* m, Py_ssize_t mlen) noexcept nogil:
+    """Whether the ``n`` bytes at ``p`` hold the ``mlen`` bytes at ``m``."""
+    cdef const uint8_t* q
+    cdef Py_ssize_t start = 0
+    if mlen == 0:
+        return True
+    while start + mlen <= n:
+        q = <const uint8_t*>memchr(p + start, m[0], n - mlen + 1 - start)
+        if q == NULL:
+            return False
+        if memcmp(q, m, mlen) == 0:
+            return True
+        start = q - p + 1
+    return False
+
+
+def props_marks(list records, tuple marks):
+    """pull.props_marks_py: bit i set when some record's properties (all after its properties' length)
+    hold marks[i]; a record whose layout does not lead to its properties counts as holding every mark."""
+    cdef Py_buffer view
+    cdef const uint8_t* b
+    cdef Py_ssize_t n, p, i, count = len(marks)
+    cdef int32_t body_len
+    cdef int found = 0, every = (1 << count) - 1
+    cdef bytes mark
+    for m in marks:
+        if type(m) is not bytes:
+            raise TypeError("props_marks: the marks must be bytes")
+    for rec in records:
+        PyObject_GetBuffer(rec, &view, PyBUF_SIMPLE)
+        try:
+            b = <const uint8_t*>view.buf
+            n = view.len
+            if n < C_FIXED:
+                return every
+            body_len = rd32(b + C_BODY - 4)
+            p = C_BODY + body_len
+            if body_len < 0 or p + 3 > n:
+                return every
+            p += 3 + b[p]  # the topic's length and bytes, the properties' length
+            for i in range(count):
+                mark = <bytes>marks[i]
+                if not (found >> i) & 1 and _holds(b + min(p, n), n - min(p, n),
+                                                   <const uint8_t*>PyBytes_AS_STRING(mark), len(mark)):
+                    found |= 1 << i
+        finally:
+            PyBuffer_Release(&view)
+        if found == every:
+            break
+    return found
+
+
 cdef extern from "Python.h":
     ctypedef struct PyTypeObject
     object PyType_GenericAlloc(PyTypeObject* t, Py_ssize_t n)

@@ -85,6 +85,10 @@ class Kernels(Protocol):
         """broker.processors.pull.due_ms_of."""
         ...
 
+    def props_marks(self, records: list[bytes], marks: tuple[bytes, ...], /) -> int:
+        """broker.processors.pull.props_marks_py."""
+        ...
+
     def pack_timer_records(self, encoded: list[tuple[MessageExt, int, bytearray]], tids: dict[str, int],
                            now: int, origin: int, pos: int, seg_size: int,
                            placed: list[tuple[int, int, int, int]], hash_items: list[tuple[int, int]],

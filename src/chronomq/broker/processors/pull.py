@@ -76,8 +76,32 @@ def due_ms_of_py(rec: bytes) -> int | None:
     return int(raw) if raw.isdigit() else None
 
 
-# the compiled lookup when it is built (chronomq.store.speedups chooses); due_ms_of_py is its twin
+@pure_twin("props_marks")
+def props_marks_py(records: list[bytes], marks: tuple[bytes, ...]) -> int:
+    """Bit i set when some record's properties (all after its properties' length) hold marks[i]: an
+    answer's records are searched there only, not through their bodies; a record whose layout does not
+    lead to its properties counts as holding every mark (the exact per-record functions then decide)."""
+    found, every = 0, (1 << len(marks)) - 1
+    for rec in records:
+        if len(rec) < RECORD_FIXED_SIZE:
+            return every
+        (body_len,) = _I32.unpack_from(rec, POS_BODY - 4)
+        p = POS_BODY + body_len
+        if body_len < 0 or p + 3 > len(rec):
+            return every
+        props = bytes(rec[p + 3 + rec[p]:])
+        for i, mark in enumerate(marks):
+            if mark in props:
+                found |= 1 << i
+        if found == every:
+            break
+    return found
+
+
+# the compiled lookups when they are built (chronomq.store.speedups chooses); the _py functions are twins
 due_ms_of: Callable[[bytes], int | None] = kernels.due_ms_of
+props_marks: Callable[[list[bytes], tuple[bytes, ...]], int] = kernels.props_marks
+_MARKS = (_SRC_MARK, _DUE_MARK)
 
 
 def _physical_ram() -> int:
@@ -236,12 +260,13 @@ class PullProcessor(ProcessorBase):
         if st is GetStatus.FOUND and r.messages:
             code, remark = ResponseCode.SUCCESS, "FOUND"
             body = b"".join(r.messages)
-            if _SRC_MARK in body:  # level re-puts among them: their internal marker is not for clients
+            marks = props_marks(r.messages, _MARKS)  # searched in the properties, not the bodies
+            if marks & 1:  # level re-puts among them: their internal marker is not for clients
                 r.messages = hide_delay_sources(r.messages)
                 body = b"".join(r.messages)
             traffic = self.services.traffic
             traffic.consume(topic, group, len(r.messages), len(body))
-            if _DUE_MARK in body:  # timed messages among them: how late they reach a consumer
+            if marks & 2:  # timed messages among them: how late they reach a consumer
                 now = self.clock.now_ms()
                 lates: dict[int, int] = {}
                 for rec in r.messages:
