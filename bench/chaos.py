@@ -26,7 +26,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import atexit
 import collections
+import contextlib
 import json
 import random
 import statistics
@@ -84,8 +86,14 @@ def wait_for(pred, timeout: float) -> bool:  # type: ignore[no-untyped-def]
     return pred()
 
 
+def _stop_quietly(proc: Any) -> None:
+    """At exit: a driver the run did not stop (it failed midway) is stopped, whatever it says."""
+    with contextlib.suppress(Exception):
+        proc.stop(5)
+
+
 async def chaos(args: argparse.Namespace) -> int:
-    from tests.compat.harness import ChronomqProcess
+    from tests.compat.harness import ChronomqProcess, DriverError
 
     from chronomq.client import Admin, Message, Producer, PushConsumer
 
@@ -93,6 +101,7 @@ async def chaos(args: argparse.Namespace) -> int:
     began = time.monotonic()
     work = Path(tempfile.mkdtemp(prefix="chronomq-chaos-"))
     server = ChronomqProcess(work / "data", CONFIG)
+    atexit.register(server.stop, kill=True)  # a run that fails midway leaves no broker behind
     recoveries: list[float] = []
     faults_hit: dict[str, int] = {}
     faults_missed: dict[str, int] = {}
@@ -125,6 +134,8 @@ async def chaos(args: argparse.Namespace) -> int:
         est_seconds = args.kills * 4 + 60
         if not args.no_official:
             official = official_producer(work, ns, int(est_seconds * 40), args.size, est_seconds)
+            if official is not None:
+                atexit.register(_stop_quietly, official)
             if official is None and not args.allow_no_official:
                 server.stop()
                 return 2
@@ -160,8 +171,14 @@ async def chaos(args: argparse.Namespace) -> int:
             await load
             official_sent = 0
             if official is not None:
-                result = await asyncio.to_thread(official.stop, 60)
-                official_sent = int(result.get("sent", 0))
+                try:
+                    result = await asyncio.to_thread(official.stop, 60)
+                    official_sent = int(result.get("sent", 0))
+                except DriverError as e:
+                    # the C++ client can hang in its own shutdown after its sends (killed by stop): what
+                    # it acknowledged is in its acks file all the same, and is checked like the rest
+                    print(f"official producer: {str(e).splitlines()[0]}; its acks file is read as written",
+                          flush=True)
                 read_official_acks(work / "official-acks.jsonl", ledger, TOPIC, lambda i: 0)
             # the kills are over: every cancel or reschedule whose answer a kill cut gets its definite answer
             unsettled = await mix.settle(admin, args.settle)
