@@ -475,23 +475,29 @@ PROPERTY_TIMER_DELIVER_MS = "TIMER_DELIVER_MS"
 cdef bytes _DUE_MARK = (PROPERTY_TIMER_DELIVER_MS + "\x01").encode()
 
 
+cdef inline Py_ssize_t _props_at(const uint8_t* b, Py_ssize_t n) noexcept nogil:
+    """pull._props_at: where a stored record's properties start (after their length), or -1."""
+    cdef int32_t body_len
+    cdef Py_ssize_t p
+    if n < C_FIXED:
+        return -1
+    body_len = rd32(b + C_BODY - 4)
+    p = C_BODY + body_len
+    if body_len < 0 or p + 3 > n:
+        return -1
+    return p + 3 + b[p]
+
+
 def due_ms_of(bytes rec):
     """pull.due_ms_of: the TIMER_DELIVER_MS property of a stored V1 record, or None (looked up in the
     record's properties only: the first occurrence of the name counts, and only at a property's start)."""
     cdef const uint8_t* b = <const uint8_t*>PyBytes_AS_STRING(rec)
-    cdef Py_ssize_t n = len(rec), p, props, i, start, end, mlen = len(_DUE_MARK)
-    cdef int32_t body_len
+    cdef Py_ssize_t n = len(rec), props = _props_at(b, n), i, start, end, mlen = len(_DUE_MARK)
     cdef const uint8_t* q
     cdef const uint8_t* m = <const uint8_t*>PyBytes_AS_STRING(_DUE_MARK)
     cdef int64_t v = 0
-    if n < C_FIXED:
+    if props < 0:
         return None
-    body_len = rd32(b + C_BODY - 4)
-    p = C_BODY + body_len
-    if body_len < 0 or p + 3 > n:
-        return None
-    p += 1 + b[p]
-    props = p + 2
     i = -1
     start = props
     while start + mlen <= n:  # bytes.find(mark, props)
@@ -541,7 +547,6 @@ def props_marks(list records, tuple marks):
     cdef Py_buffer view
     cdef const uint8_t* b
     cdef Py_ssize_t n, p, i, count = len(marks)
-    cdef int32_t body_len
     cdef int found = 0, every = (1 << count) - 1
     cdef bytes mark
     for m in marks:
@@ -552,13 +557,9 @@ def props_marks(list records, tuple marks):
         try:
             b = <const uint8_t*>view.buf
             n = view.len
-            if n < C_FIXED:
+            p = _props_at(b, n)
+            if p < 0:
                 return every
-            body_len = rd32(b + C_BODY - 4)
-            p = C_BODY + body_len
-            if body_len < 0 or p + 3 > n:
-                return every
-            p += 3 + b[p]  # the topic's length and bytes, the properties' length
             for i in range(count):
                 mark = <bytes>marks[i]
                 if not (found >> i) & 1 and _holds(b + min(p, n), n - min(p, n),

@@ -55,18 +55,25 @@ _DUE_MARK = (PROPERTY_TIMER_DELIVER_MS + NAME_VALUE_SEPARATOR).encode()
 _SRC_MARK = DELAY_SOURCE_MARK
 
 
-@pure_twin("due_ms_of")
-def due_ms_of_py(rec: bytes) -> int | None:
-    """The TIMER_DELIVER_MS property of a stored V1 record (what the timer delivered), or None: looked
-    up in the record's properties only, never in its body."""
+def _props_at(rec: bytes) -> int | None:
+    """Where a stored V1 record's properties start (after their length), or None when its fixed part and
+    body length do not lead there."""
     if len(rec) < RECORD_FIXED_SIZE:
         return None
     (body_len,) = _I32.unpack_from(rec, POS_BODY - 4)
     p = POS_BODY + body_len
     if body_len < 0 or p + 3 > len(rec):
         return None
-    p += 1 + rec[p]  # the topic
-    props = p + 2
+    return p + 3 + rec[p]  # the topic's length byte and bytes, the properties' length
+
+
+@pure_twin("due_ms_of")
+def due_ms_of_py(rec: bytes) -> int | None:
+    """The TIMER_DELIVER_MS property of a stored V1 record (what the timer delivered), or None: looked
+    up in the record's properties only, never in its body."""
+    props = _props_at(rec)
+    if props is None:
+        return None
     i = rec.find(_DUE_MARK, props)
     if i < 0 or (i > props and rec[i - 1] != 2):  # not a whole property name
         return None
@@ -83,13 +90,10 @@ def props_marks_py(records: list[bytes], marks: tuple[bytes, ...]) -> int:
     lead to its properties counts as holding every mark (the exact per-record functions then decide)."""
     found, every = 0, (1 << len(marks)) - 1
     for rec in records:
-        if len(rec) < RECORD_FIXED_SIZE:
+        at = _props_at(rec)
+        if at is None:
             return every
-        (body_len,) = _I32.unpack_from(rec, POS_BODY - 4)
-        p = POS_BODY + body_len
-        if body_len < 0 or p + 3 > len(rec):
-            return every
-        props = bytes(rec[p + 3 + rec[p]:])
+        props = bytes(rec[at:])
         for i, mark in enumerate(marks):
             if mark in props:
                 found |= 1 << i
