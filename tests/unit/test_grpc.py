@@ -725,3 +725,31 @@ async def test_a_fifo_batch_partly_acked_comes_back_whole_from_its_first_message
         assert [(m.body, m.system_properties.delivery_attempt) for m in rest] == [(b"b4", 1), (b"b5", 1)]
     finally:
         await env.close()
+
+
+async def test_a_cancel_during_the_holds_cleanup_reaches_the_receive() -> None:
+    """A receive's handler cancelled while its long-poll wait is tidying up (the client went away just as
+    a message woke it) ends cancelled: the cancel is not taken for the wait's own."""
+    from types import SimpleNamespace
+
+    from chronomq.grpc.service import MessagingService
+
+    task: asyncio.Task[None] | None = None
+
+    async def hold_wait(*_args: object) -> None:
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            assert task is not None
+            task.cancel()  # the handler's own cancel, while it waits for this wait to end
+            raise
+
+    fake = SimpleNamespace(services=SimpleNamespace(hold=SimpleNamespace(wait=hold_wait)), store=None)
+    unblocked = asyncio.Event()
+    task = asyncio.ensure_future(MessagingService._wait(fake, "T", [(0, SimpleNamespace(next=0))], 0,
+                                                        unblocked))  # type: ignore[arg-type]
+    await asyncio.sleep(0)
+    unblocked.set()  # the wait wakes and cancels the hold's wait
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert task.cancelled()

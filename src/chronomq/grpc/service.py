@@ -631,9 +631,11 @@ class MessagingService:
         finally:
             for w in waits:
                 w.cancel()
+            # asyncio.wait, not awaiting each: a cancel of this handler meanwhile goes on to its caller
+            await asyncio.wait(waits)
             for w in waits:
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await w
+                if not w.cancelled():
+                    w.exception()  # retrieved: a failed wait only ends the hold
 
     def _read(self, topic: str, queue_id: int, offset: int) -> MessageExt | None:
         r = self.store.get_message(topic, queue_id, offset, 1, max_bytes=MAX_PULL_BYTES)
