@@ -603,3 +603,33 @@ def test_worker_python_rules(monkeypatch, caplog, master, conf, env, want):
     assert session.sparkContext.pythonExec == expected
     warned = any("PYSPARK_PYTHON" in r.getMessage() for r in caplog.records)
     assert warned == (master.startswith("spark://") and not conf)
+
+
+class DamagingBroker(CappedBroker):
+    """A CappedBroker whose answer at ``bad`` is cut short, or which answers FOUND at ``stuck`` with a
+    next offset that does not move and records outside the window."""
+
+    def __init__(self, bad: int | None = None, stuck: int | None = None) -> None:
+        super().__init__(64)
+        self.bad, self.stuck = bad, stuck
+
+    async def pull(self, mq: object, offset: int, n: int, *, expression: str, raw: object,
+                   bulk: bool = False) -> PullResult:
+        res = await super().pull(mq, offset, n, expression=expression, raw=raw, bulk=bulk)
+        if offset == self.bad and res.body:
+            return PullResult(PullStatus.FOUND, res.next_offset, res.min_offset, res.max_offset,
+                              body=res.body[:-7])
+        if offset == self.stuck:
+            body = bytes(m.encode_record(_stored(b"v", offset + 5000, {})))
+            return PullResult(PullStatus.FOUND, offset, res.min_offset, res.max_offset, body=body)
+        return res
+
+
+def test_range_batches_refuse_an_undecodable_answer_and_one_that_does_not_move_on() -> None:
+    from chronomq.spark.io import ChronomqSparkError
+
+    with pytest.raises(ChronomqSparkError, match=r"t@b:0 at offsets 0\.\.127: the broker returned an "
+                                                 r"undecodable message body: record length out of range"):
+        _read_offsets(DamagingBroker(bad=64), 0, 300)
+    with pytest.raises(ChronomqSparkError, match=r"the broker made no progress at offset 128"):
+        _read_offsets(DamagingBroker(stuck=128), 0, 300)
