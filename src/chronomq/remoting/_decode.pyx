@@ -330,9 +330,9 @@ cdef object _host(const uint8_t* p):
     return host
 
 
-cdef object _offset_msg_id(const uint8_t* store_host, int64_t phys):
-    """message.create_offset_msg_id: the store host's 8 bytes and the commit-log offset, as upper hex."""
-    cdef char text[32]
+cdef inline void _offset_id_text(const uint8_t* store_host, int64_t phys, char* text) noexcept nogil:
+    """message.create_offset_msg_id's 32 characters into ``text``: the store host's 8 bytes and the
+    commit-log offset, as upper hex."""
     cdef const char* digits = b"0123456789ABCDEF"
     cdef uint64_t v = <uint64_t>phys
     cdef int i
@@ -342,6 +342,12 @@ cdef object _offset_msg_id(const uint8_t* store_host, int64_t phys):
     for i in range(15, -1, -1):
         text[16 + i] = digits[v & 15]
         v >>= 4
+
+
+cdef object _offset_msg_id(const uint8_t* store_host, int64_t phys):
+    """message.create_offset_msg_id: the store host's 8 bytes and the commit-log offset, as upper hex."""
+    cdef char text[32]
+    _offset_id_text(store_host, phys, text)
     return PyUnicode_DecodeASCII(text, 32, NULL)
 
 
@@ -593,8 +599,6 @@ def record_buffers(list parts, int want):
     cdef bint tags = want & W_TAGS, msg_id = want & W_MSG_ID, deliver = want & W_DELIVER
     cdef bint scan = props or keys or tags or msg_id or deliver, found
     cdef char hexid[32]
-    cdef const char* digits = b"0123456789ABCDEF"
-    cdef uint64_t v
     cdef Py_ssize_t rows_hint
     for part in parts:
         cap += len(part[0])
@@ -712,14 +716,8 @@ def record_buffers(list parts, int want):
                     if msg_id:
                         if uniq_at >= 0 and uniq_end > uniq_at:
                             idata.put(pp + uniq_at, uniq_end - uniq_at)
-                        else:
-                            for w in range(8):
-                                hexid[2 * w] = digits[b[pos + 64 + w] >> 4]
-                                hexid[2 * w + 1] = digits[b[pos + 64 + w] & 15]
-                            v = <uint64_t>r.phys
-                            for w in range(15, -1, -1):
-                                hexid[16 + w] = digits[v & 15]
-                                v >>= 4
+                        else:  # the offset id, as decode_received gives it
+                            _offset_id_text(b + pos + 64, r.phys, hexid)
                             idata.put(hexid, 32)
                         ioff.put_i32(<int32_t>idata.used)
                     if deliver:
@@ -748,10 +746,10 @@ def record_buffers(list parts, int want):
     if props:
         out["properties"] = (moff.done(), mkoff.done(), mkdata.done(), mvoff.done(), mvdata.done())
     if tags:
-        out["tags"] = (tvalid.buf.done(), toff.done(), tdata.done())
+        out["tags"] = (toff.done(), tdata.done(), tvalid.buf.done())
     if keys:
         out["keys"] = (loff.done(), kwoff.done(), kwdata.done())
-        out["key"] = (kvalid.buf.done(), koff.done(), kdata.done())
+        out["key"] = (koff.done(), kdata.done(), kvalid.buf.done())
     if msg_id:
         out["msg_id"] = (ioff.done(), idata.done())
     if deliver:

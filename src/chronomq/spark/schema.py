@@ -290,16 +290,12 @@ def _buffers_to_batch(bufs: dict[str, Any], topic: str, broker: str, queue_id: i
         return pa.ListArray.from_arrays(offsets(loff), var(pa.string(), len(woff) // 4 - 1, woff, wdata),
                                         type=full.field("keys").type)
 
-    def key() -> pa.Array:
-        valid, koff, kdata = bufs["key"]
-        return var(pa.binary(), n, koff, kdata, valid)
-
     def deliver() -> pa.Array:
         valid, data = bufs["deliver_time"]
         return pa.Array.from_buffers(_TS, n, [buf(valid), buf(data)])
 
     build: dict[str, Any] = {
-        "key": key,
+        "key": lambda: var(pa.binary(), n, *bufs["key"]),
         "value": lambda: var(pa.binary(), n, *bufs["value"]),
         "topic": lambda: _const(topic, pa.string(), n),
         "partition": lambda: _const(queue_id, pa.int32(), n),
@@ -307,7 +303,7 @@ def _buffers_to_batch(bufs: dict[str, Any], topic: str, broker: str, queue_id: i
         "timestamp": lambda: fixed("timestamp"),
         "broker": lambda: _const(broker, pa.string(), n),
         "msg_id": lambda: var(pa.string(), n, *bufs["msg_id"]),
-        "tags": lambda: var(pa.string(), n, bufs["tags"][1], bufs["tags"][2], bufs["tags"][0]),
+        "tags": lambda: var(pa.string(), n, *bufs["tags"]),
         "keys": keys,
         "properties": properties,
         "born_timestamp": lambda: fixed("born_timestamp"),

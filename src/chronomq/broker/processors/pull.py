@@ -263,11 +263,10 @@ class PullProcessor(ProcessorBase):
         nxt = r.next_begin_offset
         if st is GetStatus.FOUND and r.messages:
             code, remark = ResponseCode.SUCCESS, "FOUND"
-            body = b"".join(r.messages)
             marks = props_marks(r.messages, _MARKS)  # searched in the properties, not the bodies
             if marks & 1:  # level re-puts among them: their internal marker is not for clients
                 r.messages = hide_delay_sources(r.messages)
-                body = b"".join(r.messages)
+            body = b"".join(r.messages)
             traffic = self.services.traffic
             traffic.consume(topic, group, len(r.messages), len(body))
             if marks & 2:  # timed messages among them: how late they reach a consumer
