@@ -108,6 +108,9 @@ class BrokerConfig:
     # until use is back under diskSpaceCleanForciblyRatio (RocketMQ's system properties, 85 and 90)
     diskSpaceCleanForciblyRatio: int = 85
     diskSpaceWarningLevelRatio: int = 90
+    # Linux: the store's background threads (flush, allocate, dispatch, clean, the timer's fsyncs) run under
+    # SCHED_BATCH, so that waking one never preempts the event loop (chronomq.store.threads); process-wide
+    backgroundThreadsBatch: bool = True
     cleanFileForciblyEnable: bool = True
     # a file holding a disk use in percent, read instead of the file system's (drills and tests)
     diskUsageProbeFile: str = ""

@@ -25,6 +25,7 @@ from chronomq.remoting.codes import RequestCode
 from chronomq.remoting.server import Connection, ConnectionLimits, RemotingServer
 from chronomq.remoting.tls import ServerTls, StreamAcceptor, outgoing_context
 from chronomq.store.atomicfile import write_atomic
+from chronomq.store.threads import in_background
 
 from .processor import BrokerProcessor
 from .services import PromoteError, build_services
@@ -423,12 +424,12 @@ class BrokerController:
                 if timer.dirty:
                     follower = self.timer_follower
                     applied = follower.offset if follower is not None else 0  # all of it is in the files
-                    await asyncio.to_thread(timer.flush)
+                    await in_background(timer.flush)
                     if follower is not None:
-                        await asyncio.to_thread(follower.save, applied)
+                        await in_background(follower.save, applied)
                 now = self.clock.now_ms()
                 if now >= next_retention:
-                    await asyncio.to_thread(timer.run_retention, now)
+                    await in_background(timer.run_retention, now)
                     next_retention = now + timer.cfg.retention_interval_ms
             except OSError as e:
                 log.error("slave timer: flush or retention failed (retried next time): %s", e)

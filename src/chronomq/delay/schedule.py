@@ -25,6 +25,7 @@ from chronomq.delay.histogram import Histogram
 from chronomq.delay.levels import DelayLevels
 from chronomq.delay.offsets import OffsetFile, OffsetSnapshot
 from chronomq.message import SCHEDULE_TOPIC
+from chronomq.store.threads import in_background
 
 if TYPE_CHECKING:
     from chronomq.store import MessageStore
@@ -134,7 +135,7 @@ class ScheduleService:
     async def persist(self) -> None:
         async with self._persist_lock:
             snap = self.snapshot()
-            await asyncio.to_thread(self._flush_and_save, snap)
+            await in_background(self._flush_and_save, snap)
 
     def _flush_and_save(self, snap: OffsetSnapshot) -> None:
         # The re-puts a snapshot counts as done must be durable before the snapshot is.

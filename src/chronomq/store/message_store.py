@@ -27,6 +27,7 @@ from chronomq.store.reads import ReadPath
 from chronomq.store.recovery import StoreRecovery
 from chronomq.store.replica import ReplicaAppend
 from chronomq.store.reput import ArrivalListener, ReputMessageService
+from chronomq.store.threads import background_target, set_background_batch
 from chronomq.store.types import DispatchRequest
 
 log = logging.getLogger("chronomq.store")
@@ -108,8 +109,9 @@ class MessageStore(PutPath, ReadPath):
                    ("chronomq-store-flush", self._flusher.run)]
         if isinstance(self._flusher, GroupCommitService):
             targets.append(("chronomq-store-flush-watchdog", self._flusher.watchdog))
+        set_background_batch(self.config.backgroundThreadsBatch)
         for name, fn in targets:
-            t = threading.Thread(target=fn, name=name, daemon=True)
+            t = threading.Thread(target=background_target(fn), name=name, daemon=True)
             t.start()
             self._threads.append(t)
 

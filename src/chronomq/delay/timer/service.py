@@ -12,6 +12,7 @@ from typing import Any
 
 from chronomq.clock import Clock, SystemClock
 from chronomq.message import PROPERTY_TIMER_DELIVER_MS, PROPERTY_UNIQ_KEY, MessageExt
+from chronomq.store.threads import in_background
 from chronomq.store.types import records_put_of
 
 from ..delivery import StorePuts
@@ -202,7 +203,7 @@ class TimerService:
 
     async def _sync_round(self) -> None:
         covers = self._write_seq  # every write counted so far happened before this round takes its files
-        await asyncio.to_thread(self._sync_files)
+        await in_background(self._sync_files)
         self._synced_seq = max(self._synced_seq, covers)
 
     def maybe_schedule(self, msg: MessageExt) -> ScheduleResult | None:
@@ -311,14 +312,14 @@ class TimerService:
                 if now >= next_flush or self._flush_soon:
                     if t.dirty and (flushing is None or flushing.done()):
                         # fsync in a worker thread: deliveries go on meanwhile
-                        flushing = asyncio.ensure_future(asyncio.to_thread(t.flush))
+                        flushing = asyncio.ensure_future(in_background(t.flush))
                         flushing.add_done_callback(self._flushed)
                         self._flush_soon = False
                     next_flush = now + cfg.flush_interval_ms
                 if now >= next_retention:
                     if retaining is None or retaining.done():
                         # scans whole data segments: in a worker thread, deliveries go on meanwhile
-                        retaining = asyncio.ensure_future(asyncio.to_thread(t.run_retention, now))
+                        retaining = asyncio.ensure_future(in_background(t.run_retention, now))
                         retaining.add_done_callback(_log_failure)
                     next_retention = now + cfg.retention_interval_ms
                 version = self._version

@@ -36,6 +36,7 @@ from chronomq.message import (
     validate_topic,
 )
 from chronomq.store.atomicfile import write_atomic
+from chronomq.store.threads import as_background
 
 from ..histogram import Histogram
 from .append import _encode_record, pack_index_entries, pack_timer_records
@@ -87,7 +88,8 @@ def _fsync(fd: int) -> None:
 
 
 _APPLY_SLICE = 1024  # applied marks dropped from memory per hold of the lock
-_FSYNC_POOL = concurrent.futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="timer-fsync")
+_FSYNC_POOL = concurrent.futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="timer-fsync",
+                                                    initializer=as_background)
 
 
 class TimerStore(WindowPath):
