@@ -16,7 +16,7 @@ from chronomq.store import MessageStore
 
 BATCH = getattr(os, "SCHED_BATCH", None)
 pytestmark = pytest.mark.skipif(BATCH is None or not hasattr(os, "sched_getscheduler"),
-                                reason="SCHED_BATCH is Linux's; elsewhere the threads keep the default policy")
+                                reason="SCHED_BATCH is Linux's; elsewhere threads keep the default policy")
 
 
 @pytest.fixture(autouse=True)
