@@ -602,6 +602,48 @@ def test_mark_delivered_run_matches_pure(rows, t, seq):
     assert outs[0] == outs[1]
 
 
+def _marks_group(bad_deliver: object = None) -> list:
+    from chronomq.delay.timer.records import Item, Taken, TimerHeader
+
+    group = []
+    for k in range(3):
+        deliver = bad_deliver if k == 2 and bad_deliver is not None else 1_000 + k
+        h = TimerHeader(0x54494D52, 100, 0, 1, 1_000 + k, 0, 900, -1, 0, 0, 1)
+        group.append(Taken(k, None, h, Item(deliver, k, 4_096 * k, 1, 1, 100)))
+    return group
+
+
+@needs_native
+def test_mark_delivered_run_stopped_midway_leaves_what_the_twin_leaves():
+    """A failure on the third entry: the first two marked, the third's mark and done-log entry written and
+    its topic counted down (as the twin does them before it fails), nothing after."""
+    from collections import Counter
+
+    from chronomq.delay.timer import window
+
+    states = []
+    for fn in (window.mark_delivered_run_py, native.mark_delivered_run):
+        marks: dict = {}
+        buf = bytearray(b"head")
+        pending: Counter = Counter({1: 5})
+        lates: dict = {}
+        out = ["?"] * 3
+        with pytest.raises(TypeError):
+            fn(_marks_group(bad_deliver="x"), 2_000, 10, marks, buf, pending, lates, out)
+        states.append((marks, bytes(buf), dict(pending), lates, out))
+    assert states[0] == states[1]
+    assert len(states[1][1]) == 4 + 3 * 56 and states[1][4] == ["delivered", "delivered", "?"]
+
+
+@needs_native
+@pytest.mark.parametrize("entry", [None, (0, None), (0, None, (1, 2), (3, 4, 5, 6, 7))])
+def test_mark_delivered_run_refuses_an_entry_that_is_not_a_taken(entry):
+    buf = bytearray(b"head")
+    with pytest.raises(TypeError):
+        native.mark_delivered_run([*_marks_group()[:1], entry], 2_000, 10, {}, buf, {1: 5}, {}, ["?"] * 2)
+    assert len(buf) == 4 + 56  # the first entry's, written before the refusal
+
+
 _words = st.text(st.characters(codec="utf-8"), min_size=1, max_size=6)
 
 

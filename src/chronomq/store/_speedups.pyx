@@ -12,6 +12,7 @@ between this module and the twins (``kernels``); _speedups.pyi gives mypy its ty
 from cpython.buffer cimport PyBUF_SIMPLE, PyBUF_WRITABLE, PyBuffer_Release, PyObject_GetBuffer
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
 from cpython.number cimport PyNumber_Index
+from cpython.tuple cimport PyTuple_Check, PyTuple_GET_ITEM, PyTuple_GET_SIZE
 from cpython.bytearray cimport PyByteArray_AS_STRING, PyByteArray_GET_SIZE, PyByteArray_Resize
 from cpython.unicode cimport PyUnicode_DecodeASCII, PyUnicode_DecodeUTF8
 from libc.stdint cimport int16_t, int32_t, int64_t, uint8_t, uint32_t, uint64_t
@@ -1011,42 +1012,60 @@ cdef int32_t C_DELIVERED = 1  # records.DELIVERED
 cdef Py_ssize_t C_STATE_BLOCK = 48  # records._STATE_BLOCK.size
 
 
-def mark_delivered_run(list group, int64_t t, int64_t seq, dict marks, bytearray buf, object pending,
+def mark_delivered_run(list group, object t, int64_t seq, dict marks, bytearray buf, object pending,
                        dict lates, list out):
     """window.mark_delivered_run: the delivery marks of ``group`` at ``t``, numbered on from ``seq``;
-    returns the last number."""
-    cdef object h, item, lk
-    cdef int64_t pos, d, created, tid
-    cdef Py_ssize_t k
+    returns the last number. The objects the group holds (positions, topic ids) and ``t`` are reused as
+    they are: converting them to C and back cost more than the twin's whole loop."""
+    cdef object e, h, item, pos, tid, lk
+    cdef int64_t tc = t
+    cdef int64_t d, created
+    cdef Py_ssize_t n = len(group), i, start, filled = 0
     cdef bytes block
     cdef uint8_t* o
     cdef uint8_t* b
-    for e in group:
-        k = e[0]
-        h = e[2]
-        item = e[3]
-        pos = item[2]
-        tid = item[4]
-        seq += 1
-        created = h[6]
-        block = PyBytes_FromStringAndSize(NULL, C_STATE_BLOCK)
-        b = <uint8_t*>PyBytes_AS_STRING(block)
-        wl32(b, C_DELIVERED)
-        wl32(b + 4, h[3])
-        wl64(b + 8, h[4])
-        wl64(b + 16, t)
-        wl64(b + 24, created)
-        wl64(b + 32, h[7])
-        wl64(b + 40, seq)
-        marks[pos] = (C_DELIVERED, t, seq, block)
-        o = _grow(buf, 8 + C_STATE_BLOCK)
-        wl64(o, pos)
-        memcpy(o + 8, b, C_STATE_BLOCK)
-        pending[tid] -= 1
-        d = item[0]
-        lk = (tid, t - (d if d > created else created))
-        lates[lk] = lates.get(lk, 0) + 1
-        out[k] = "delivered"
+    if n == 0:
+        return seq
+    start = PyByteArray_GET_SIZE(buf)
+    o = _grow(buf, n * (8 + C_STATE_BLOCK))
+    i = 0
+    try:
+        while i < n:
+            e = group[i]
+            if not PyTuple_Check(e) or PyTuple_GET_SIZE(e) < 4:
+                raise TypeError("mark_delivered_run: a group entry is not a Taken")
+            h = <object>PyTuple_GET_ITEM(e, 2)
+            item = <object>PyTuple_GET_ITEM(e, 3)
+            if (not PyTuple_Check(h) or PyTuple_GET_SIZE(h) < 8 or not PyTuple_Check(item)
+                    or PyTuple_GET_SIZE(item) < 5):
+                raise TypeError("mark_delivered_run: a group entry's header or item is malformed")
+            pos = <object>PyTuple_GET_ITEM(item, 2)
+            tid = <object>PyTuple_GET_ITEM(item, 4)
+            seq += 1
+            created = <object>PyTuple_GET_ITEM(h, 6)
+            block = PyBytes_FromStringAndSize(NULL, C_STATE_BLOCK)
+            b = <uint8_t*>PyBytes_AS_STRING(block)
+            wl32(b, C_DELIVERED)
+            wl32(b + 4, <object>PyTuple_GET_ITEM(h, 3))
+            wl64(b + 8, <object>PyTuple_GET_ITEM(h, 4))
+            wl64(b + 16, tc)
+            wl64(b + 24, created)
+            wl64(b + 32, <object>PyTuple_GET_ITEM(h, 7))
+            wl64(b + 40, seq)
+            marks[pos] = (C_DELIVERED, t, seq, block)
+            wl64(o, pos)
+            memcpy(o + 8, b, C_STATE_BLOCK)
+            o += 8 + C_STATE_BLOCK
+            filled += 1
+            pending[tid] -= 1
+            d = <object>PyTuple_GET_ITEM(item, 0)
+            lk = (tid, tc - (d if d > created else created))
+            lates[lk] = lates.get(lk, 0) + 1
+            out[<Py_ssize_t><object>PyTuple_GET_ITEM(e, 0)] = "delivered"
+            i += 1
+    finally:
+        if filled < n:  # a failure: the buffer keeps the entries written, as the twin's does
+            PyByteArray_Resize(buf, start + filled * (8 + C_STATE_BLOCK))
     return seq
 
 
