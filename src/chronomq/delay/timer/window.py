@@ -339,11 +339,12 @@ class WindowPath(TimerState):
         the in-flight count, and its marks reach done.log now, not at the next poll: the timer may sleep
         long after its last batch, and a process killed meanwhile would deliver that batch again."""
         cur = self.cur
-        for k in range(len(items)):
-            if not out[k]:
-                out[k] = "retry"
-            if out[k] == "retry" and cur is not None:
-                heapq.heappush(cur.late, items[k])
+        if "" in out or "retry" in out:  # else every item has its outcome (a batch that went in whole)
+            for k in range(len(items)):
+                if not out[k]:
+                    out[k] = "retry"
+                if out[k] == "retry" and cur is not None:
+                    heapq.heappush(cur.late, items[k])
         if cur is not None:
             cur.inflight -= len(items)
         self._commit_marks()
@@ -430,17 +431,17 @@ class WindowPath(TimerState):
             items = [s.item for s in take]
             out: list[str] = [""] * m
             try:
+                last = take[-1].item.deliver_ms  # the staged list is sorted: the last is the latest
+                if last > now:
+                    self.early += 1  # never happens: only due items are taken
+                    raise AssertionError(f"timer item due at {last} handed out at {now}")
                 prepared: dict[tuple[str, int], list[Taken]] = {}
                 raw: dict[tuple[str, int], list[Taken]] = {}
-                for k, s in enumerate(take):
-                    if s.item.deliver_ms > now:
-                        self.early += 1  # never happens: only due items are taken
-                        raise AssertionError(f"timer item due at {s.item.deliver_ms} handed out at {now}")
-                    grp = prepared if s.prepared is not None else raw
-                    key = (s.topic, s.queue_id)
+                for k, (item, header, topic, queue_id, prep, record) in enumerate(take):
+                    grp = prepared if prep is not None else raw
+                    key = (topic, queue_id)
+                    taken = _new(Taken, (k, prep if prep is not None else record, header, item))
                     g = grp.get(key)
-                    put = s.prepared if s.prepared is not None else s.record
-                    taken = _new(Taken, (k, put, s.header, s.item))
                     if g is None:
                         grp[key] = [taken]
                     else:
