@@ -302,6 +302,40 @@ def test_due_ms_of_matches_pure(body, props, due, name_prefix, in_body, cut):
 
 
 @needs_native
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.binary(max_size=40), prop_dicts, st.one_of(st.none(), due_values),
+                          st.integers(0, 30)), max_size=12),
+       st.one_of(st.integers(0, 1 << 45), st.integers(-(1 << 70), 1 << 70)))
+def test_count_lateness_matches_pure(rows, now):
+    from chronomq.broker.processors import pull
+
+    records = []
+    for body, props, due, cut in rows:
+        if due is not None:
+            props = {**props, _DUE: due}
+        rec = bytes(message.encode_record(_message("T", body, props)))
+        records.append(rec[: len(rec) - cut] if cut < 5 else rec)
+    got: dict = {3: 1}
+    want: dict = {3: 1}
+    native.count_lateness(records, now, got)
+    pull.count_lateness_py(records, now, want)
+    assert got == want and all(type(k) is int for k in got)
+
+
+def test_count_lateness_counts_by_value():
+    from chronomq.broker.processors import pull
+
+    def rec(due: str | None) -> bytes:
+        return bytes(message.encode_record(_message("T", b"b", {} if due is None else {_DUE: due})))
+
+    records = [rec("1000"), rec("1000"), rec("990"), rec("2000"), rec(None), rec("x1"), rec("9" * 25)]
+    for fn in (pull.count_lateness_py, *(() if native is None else (native.count_lateness,))):
+        lates: dict = {}
+        fn(records, 1_010, lates)
+        assert lates == {10: 2, 20: 1, 0: 2}, fn  # a due time ahead of now counts 0, as does 25 digits
+
+
+@needs_native
 def test_due_ms_of_on_damaged_records():
     from chronomq.broker.processors import pull
 

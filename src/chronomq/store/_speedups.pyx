@@ -489,16 +489,16 @@ cdef inline Py_ssize_t _props_at(const uint8_t* b, Py_ssize_t n) noexcept nogil:
     return p + 3 + b[p]
 
 
-def due_ms_of(bytes rec):
-    """pull.due_ms_of: the TIMER_DELIVER_MS property of a stored V1 record, or None (looked up in the
-    record's properties only: the first occurrence of the name counts, and only at a property's start)."""
+cdef int _due_c(bytes rec, int64_t* out) except -1:
+    """The TIMER_DELIVER_MS property of ``rec`` (as ``due_ms_of``): 0 when it has none, 1 with the value in
+    ``*out``, 2 when its digits are too many for int64 (the caller reads them as Python does)."""
     cdef const uint8_t* b = <const uint8_t*>PyBytes_AS_STRING(rec)
     cdef Py_ssize_t n = len(rec), props = _props_at(b, n), i, start, end, mlen = len(_DUE_MARK)
     cdef const uint8_t* q
     cdef const uint8_t* m = <const uint8_t*>PyBytes_AS_STRING(_DUE_MARK)
     cdef int64_t v = 0
     if props < 0:
-        return None
+        return 0
     i = -1
     start = props
     while start + mlen <= n:  # bytes.find(mark, props)
@@ -510,20 +510,65 @@ def due_ms_of(bytes rec):
             break
         start = q - b + 1
     if i < 0 or (i > props and b[i - 1] != 2):
-        return None
+        return 0
     start = i + mlen
     q = <const uint8_t*>memchr(b + start, 2, n - start) if start < n else NULL
     end = (q - b) if q != NULL else n
     if end <= start:
-        return None
-    if end - start > 18:  # beyond int64 arithmetic: Python's int, as the pure function
-        raw = rec[start:end]
-        return int(raw) if raw.isdigit() else None
+        return 0
+    if end - start > 18:  # beyond int64 arithmetic
+        return 2
     for i in range(start, end):
         if b[i] < 48 or b[i] > 57:
-            return None
+            return 0
         v = v * 10 + (b[i] - 48)
-    return v
+    out[0] = v
+    return 1
+
+
+cdef object _due_long(bytes rec):
+    """``due_ms_of`` for a value of more than 18 digits: Python's int, as the pure function reads it."""
+    cdef const uint8_t* b = <const uint8_t*>PyBytes_AS_STRING(rec)
+    cdef Py_ssize_t n = len(rec), props = _props_at(b, n)
+    i = rec.find(_DUE_MARK, props)
+    start = i + len(_DUE_MARK)
+    end = rec.find(b"\x02", start)
+    raw = rec[start:end if end >= 0 else n]
+    return int(raw) if raw.isdigit() else None
+
+
+def due_ms_of(bytes rec):
+    """pull.due_ms_of: the TIMER_DELIVER_MS property of a stored V1 record, or None (looked up in the
+    record's properties only: the first occurrence of the name counts, and only at a property's start)."""
+    cdef int64_t v = 0
+    cdef int got = _due_c(rec, &v)
+    if got == 1:
+        return v
+    if got == 2:
+        return _due_long(rec)
+    return None
+
+
+def count_lateness(list records, object now, dict lates):
+    """pull.count_lateness_py: for each record that holds a deliver time, how late ``now`` is after it
+    (0 when not after), counted in ``lates`` by value."""
+    cdef int64_t v = 0, nc
+    cdef int got
+    cdef object due, late
+    cdef bint small = -(1 << 62) < now < (1 << 62)
+    nc = now if small else 0
+    for rec in records:
+        got = _due_c(<bytes?>rec, &v)
+        if got == 0:
+            continue
+        if got == 1 and small:
+            late = nc - v if nc > v else 0
+        else:
+            due = v if got == 1 else _due_long(rec)
+            if due is None:
+                continue
+            late = now - due if now > due else 0
+        lates[late] = lates.get(late, 0) + 1
 
 
 cdef inline bint _holds(const uint8_t* p, Py_ssize_t n, const uint8_t* m, Py_ssize_t mlen) noexcept nogil:

@@ -82,7 +82,11 @@ class Kernels(Protocol):
         ...
 
     def due_ms_of(self, rec: bytes, /) -> int | None:
-        """broker.processors.pull.due_ms_of."""
+        """broker.processors.pull.due_ms_of_py."""
+        ...
+
+    def count_lateness(self, records: list[bytes], now: int, lates: dict[int, int], /) -> None:
+        """broker.processors.pull.count_lateness_py."""
         ...
 
     def props_marks(self, records: list[bytes], marks: tuple[bytes, ...], /) -> int:

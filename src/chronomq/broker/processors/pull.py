@@ -83,6 +83,17 @@ def due_ms_of_py(rec: bytes) -> int | None:
     return int(raw) if raw.isdigit() else None
 
 
+@pure_twin("count_lateness")
+def count_lateness_py(records: list[bytes], now: int, lates: dict[int, int]) -> None:
+    """For each record that holds a deliver time (``due_ms_of``), how late ``now`` is after it (0 when not
+    after), counted in ``lates`` by value: an answer's timed messages share few distinct values."""
+    for rec in records:
+        due = due_ms_of_py(rec)
+        if due is not None:
+            late = now - due if now > due else 0
+            lates[late] = lates.get(late, 0) + 1
+
+
 @pure_twin("props_marks")
 def props_marks_py(records: list[bytes], marks: tuple[bytes, ...]) -> int:
     """Bit i set when some record's properties (all after its properties' length) hold marks[i]: an
@@ -103,7 +114,7 @@ def props_marks_py(records: list[bytes], marks: tuple[bytes, ...]) -> int:
 
 
 # the compiled lookups when they are built (chronomq.store.speedups chooses); the _py functions are twins
-due_ms_of: Callable[[bytes], int | None] = kernels.due_ms_of
+count_lateness: Callable[[list[bytes], int, dict[int, int]], None] = kernels.count_lateness
 props_marks: Callable[[list[bytes], tuple[bytes, ...]], int] = kernels.props_marks
 _MARKS = (_SRC_MARK, _DUE_MARK)
 
@@ -270,13 +281,8 @@ class PullProcessor(ProcessorBase):
             traffic = self.services.traffic
             traffic.consume(topic, group, len(r.messages), len(body))
             if marks & 2:  # timed messages among them: how late they reach a consumer
-                now = self.clock.now_ms()
                 lates: dict[int, int] = {}
-                for rec in r.messages:
-                    due = due_ms_of(rec)
-                    if due is not None:
-                        late = now - due if now > due else 0
-                        lates[late] = lates.get(late, 0) + 1
+                count_lateness(r.messages, self.clock.now_ms(), lates)
                 record = traffic.pull_lateness.record
                 for late, n in lates.items():  # an answer shares few distinct values
                     record(late, n)
