@@ -78,3 +78,20 @@ def test_switched_off_a_thread_is_not_touched(monkeypatch) -> None:
     assert threads.as_background() is False and calls == []
     threads.set_background_batch(True)
     assert threads.as_background() is True and len(calls) == 1
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork here")
+def test_a_forked_child_gets_a_pool_of_its_own():
+    async def policy() -> int:
+        return await threads.in_background(os.sched_getscheduler, 0)
+
+    assert asyncio.run(policy()) == BATCH  # the parent's pool has a thread now
+    pid = os.fork()
+    if pid == 0:  # the child: its own pool answers (the parent's thread is not there)
+        code = 1
+        try:
+            code = 0 if asyncio.run(asyncio.wait_for(policy(), 5)) == BATCH else 1
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0

@@ -64,13 +64,27 @@ def in_background(fn: Callable[..., T], *args: Any) -> asyncio.Future[T]:
 
 
 def _call(fn: Callable[..., T], args: tuple[Any, ...]) -> T:
-    as_background()  # per call: the switch holds for pool threads started before it changed
+    as_background()  # per call: a pool thread started while the switch was off takes it once it is on
     return fn(*args)
 
 
 def _background_pool() -> concurrent.futures.ThreadPoolExecutor:
+    """Threads start as work comes. Eight: a broker hands off at most four kinds at once (a flush, a
+    retention scan of seconds, a timer fsync round, the level offsets' save), so two brokers in one
+    process (tests, an embedded master and slave) never queue a flush behind a scan."""
     global _pool
     with _pool_lock:
         if _pool is None:
-            _pool = concurrent.futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="chronomq-bg")
+            _pool = concurrent.futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix="chronomq-bg")
         return _pool
+
+
+def _forget_pool() -> None:
+    """In a forked child: the parent's pool threads do not exist there; a new pool starts on first use."""
+    global _pool, _pool_lock
+    _pool = None
+    _pool_lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_pool)
