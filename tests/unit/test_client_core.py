@@ -54,7 +54,7 @@ from chronomq.remoting.codec import (
     decode_batch_body,
     encode,
 )
-from chronomq.remoting.codes import SEND_V2_FIELDS, RequestCode, ResponseCode
+from chronomq.remoting.codes import PULL_EXT_BULK_READ, SEND_V2_FIELDS, RequestCode, ResponseCode
 
 
 class FakeBroker:
@@ -1500,7 +1500,7 @@ def test_decode_received_matches_the_message_ext_path():
             decode_received(bad, "bk")
 
 
-async def test_push_consumer_pulls_bigger_batches_from_a_backlog(broker):
+async def test_push_consumer_pulls_bulk_reads_within_the_inflight_limit(broker):
     broker.topics["T"] = 1
     async with Producer("pg", broker.addr) as p:
         await p.send_batch([Message("T", f"{i}") for i in range(300)])
@@ -1510,11 +1510,12 @@ async def test_push_consumer_pulls_bigger_batches_from_a_backlog(broker):
                      long_poll_timeout=0.3)
     async with c:
         await async_wait_for(lambda: len(got) == 300)
-    pulls = [x.ext_int("maxMsgNums") for x in broker.requests
-             if x.code == RequestCode.PULL_MESSAGE and x.require_str("topic") == "T"]
-    assert pulls[0] == 8  # nothing known about the queue yet: pull_batch_size
-    assert max(pulls) > 8  # a backlog: bigger pulls ...
-    assert max(pulls) <= 100  # ... within the in-flight limit
+    reqs = [x for x in broker.requests
+            if x.code == RequestCode.PULL_MESSAGE and x.require_str("topic") == "T"]
+    pulls = [x.ext_int("maxMsgNums") for x in reqs]
+    assert pulls[0] == 100  # more than pull_batch_size: up to the in-flight limit ...
+    assert max(pulls) <= 100 and min(pulls) >= 8  # ... never past it, never under pull_batch_size
+    assert all(x.ext_str(PULL_EXT_BULK_READ, "") == "true" for x in reqs)  # as bulk reads
     assert sorted(got) == list(range(300))
 
 

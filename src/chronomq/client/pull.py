@@ -1,6 +1,6 @@
 """The pull loop of PushConsumer (a base class of it, sharing its state): one long-polling pull task per
-assigned queue, pull_batch_size messages per request (up to MAX_BACKLOG_PULL while the broker reports a
-backlog, asked as a bulk read, which chronomq answers in full), flow control by max_inflight_per_queue, the
+assigned queue, up to MAX_BACKLOG_PULL messages per request (at least pull_batch_size) asked as a bulk read,
+which chronomq answers with what the queue holds, flow control by max_inflight_per_queue, the
 consumed offset piggybacked as the commit offset. While the backlog is more than the broker gives in one
 answer (Apache RocketMQ caps an answer at 32 by default), up to MAX_PIPELINE pulls of consecutive ranges go
 out together, without the suspend flag, and their answers are taken in order (one that does not start
@@ -20,8 +20,8 @@ from .consumer_state import ConsumerState
 from .errors import ClientClosed, ClientError
 from .process_queue import ProcessQueue
 
-# while a queue has a backlog, a pull asks for up to this many messages, as a bulk read (chronomq answers
-# up to its maxTransferCountOnBulkRead; Apache RocketMQ at most its maxTransferCountOnMessageInMemory, 32)
+# a pull asks for up to this many messages, as a bulk read (chronomq answers what the queue holds up to its
+# maxTransferCountOnBulkRead; Apache RocketMQ at most its maxTransferCountOnMessageInMemory, 32)
 MAX_BACKLOG_PULL = 256
 # pulls in flight for one queue while its backlog is more than one answer holds: a burst reaches the
 # consumer in fewer round trips
@@ -40,11 +40,11 @@ class PullPath(ConsumerState):
                 await pq.space.wait()
                 continue
             commit = None if self.broadcasting else self._offsets.get(pq.mq)
-            count = self.pull_batch_size
             room = self.max_inflight_per_queue - len(pq.msgs)
-            bulk = pq.backlog > count
-            if bulk:  # catching up: ask for more, within the in-flight limit, in one answer from chronomq
-                count = max(count, min(pq.backlog, MAX_BACKLOG_PULL, room))
+            # Every pull asks for up to MAX_BACKLOG_PULL (within the in-flight limit) as a bulk read: a
+            # queue catching up gets one large answer from chronomq, and a held pull woken by a burst takes
+            # all that is there, not pull_batch_size of it with the rest one round trip later.
+            count = max(self.pull_batch_size, min(MAX_BACKLOG_PULL, room))
             pipelined = bool(cap) and pq.tags is None and pq.backlog > cap and room > cap
             if not pipelined:
                 cap = 0  # learnt again from this pull's answer
@@ -54,7 +54,7 @@ class PullPath(ConsumerState):
                     results = await self._pull_ranges(pq, cap, min(pq.backlog, room, MAX_PIPELINE * cap),
                                                       commit)
                 else:
-                    results = [(pq.next_offset, await self._pull(pq, count, commit, bulk))]
+                    results = [(pq.next_offset, await self._pull(pq, count, commit, True))]
             except ClientClosed:
                 return
             except ClientError as e:
@@ -70,7 +70,7 @@ class PullPath(ConsumerState):
                 if k and (offset != pq.next_offset or res.status != ops.PullStatus.FOUND):
                     break  # a gap before it, or nothing there: pulled again from next_offset
                 got = len(res.messages)
-                if (res.status == ops.PullStatus.FOUND and 0 < got < asked and (pipelined or bulk)
+                if (res.status == ops.PullStatus.FOUND and 0 < got < asked
                         and res.max_offset > res.next_offset):
                     cap = got  # the broker had more and gave fewer: what one answer holds
                 await self._take(pq, res)
