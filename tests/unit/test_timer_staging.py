@@ -180,3 +180,51 @@ def test_stage_ahead_is_validated(tmp_path: Path) -> None:
     config, _ = BrokerConfig.load(None, {"storePathRootDir": str(tmp_path), "timerStageAheadMs": "-1"})
     with pytest.raises(TimerError, match="timerStageAheadMs"):
         TimerConfig.from_broker_config(config)
+
+
+@pytest.mark.parametrize(("limit", "budget", "most"), [("1000", str(40 * 1024), None), ("25", None, 25)])
+async def test_staging_holds_at_most_its_limits_and_the_rest_still_goes_at_its_time(
+        tmp_path: Path, limit: str, budget: str | None, most: int | None) -> None:
+    """timerStageBytes bounds the records staged at once (at least one is staged), timerStageLimit their
+    number; what does not fit is staged as room is made or taken at its time: all on time, once."""
+    conf = {"timerStageLimit": limit, **({"timerStageBytes": budget} if budget else {})}
+    clock = VirtualClock()
+    b = Broker(tmp_path, clock, **conf)
+    try:
+        await b.svc.start()
+        t = b.svc.timer
+        calls = []
+        real_stage = t.stage
+
+        def counting_stage(*a: Any) -> int:
+            calls.append(clock.now_ms())
+            return real_stage(*a)
+
+        t.stage = counting_stage  # type: ignore[method-assign]
+        due = clock.now_ms() + 10_000
+        b.svc.schedule_batch([(msg(f"s{i}", i % 4), due) for i in range(300)])
+        await step_to(b, clock, due - 1)
+        assert len(calls) < 30, len(calls)  # full, the loop sleeps until the due time: no polling meanwhile
+        staged = t.staged_count()
+        assert 0 < staged < 300 and b.delivered() == {}
+        assert t._staged_bytes == sum(s.item.size for s in t._staged)
+        if budget:  # the records' bytes within the budget (a record is about 330 bytes here)
+            assert t._staged_bytes <= int(budget) < t._staged_bytes + t._staged[0].item.size
+        else:
+            assert staged == most
+        await step_to(b, clock, due)
+        got = b.delivered()
+        assert len(got) == 300 and set(got.values()) == {due}
+        assert t.staged_count() == 0 and t._staged_bytes == 0 and b.svc.stats()["early_deliveries"] == 0
+    finally:
+        await b.close()
+
+
+@pytest.mark.parametrize("key", ["timerStageLimit", "timerStageBytes"])
+def test_stage_limits_are_validated(tmp_path: Path, key: str) -> None:
+    from chronomq.delay.timer import TimerError
+    from chronomq.delay.timer.types import TimerConfig
+
+    config, _ = BrokerConfig.load(None, {"storePathRootDir": str(tmp_path), key: "0"})
+    with pytest.raises(TimerError, match="stage_"):
+        TimerConfig.from_broker_config(config)

@@ -343,7 +343,7 @@ class TimerService:
                     if stage_ahead and t.stage(now, stage_ahead, cfg.stage_limit, cfg.deliver_batch, prepare):
                         await asyncio.sleep(0)  # let the loop breathe between staging steps
                         continue
-                    if stage_ahead and wake is not None and wake > now and t.staged_count() < cfg.stage_limit:
+                    if stage_ahead and wake is not None and wake > now and t.stage_room():
                         # wake up in time to stage it
                         wake = max(wake - t.stage_lead_ms(stage_ahead, cfg.stage_limit), now + 1)
                     staged = t.staged_due_ms()

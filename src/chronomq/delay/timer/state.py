@@ -80,6 +80,8 @@ class TimerState:
     _marks: dict[int, Mark]  # by data position
     _mark_buf: bytearray  # the marks of the batch being delivered, for the done log
     _staged: list[Staged]
+    _staged_bytes: int
+    _stage_full: bool
     _staged_changes: int
     _done_fds: list[int]
     _done_fd: int  # the done log taking marks

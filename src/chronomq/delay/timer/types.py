@@ -86,7 +86,7 @@ class QueryPage:
 class TimerConfig:
     """Timer store settings. Broker keys (``-c broker.conf`` / ``--set``): timerMaxDelaySec,
     timerPrecisionMs (slot size), timerFlushIntervalMs, timerFlushEntries, timerDataSegmentSize,
-    timerRetentionIntervalMs, timerStageAheadMs."""
+    timerRetentionIntervalMs, timerStageAheadMs, timerStageLimit, timerStageBytes."""
 
     max_delay_ms: int = 40 * DAY_MS
     slot_ms: int = 1000
@@ -107,11 +107,13 @@ class TimerConfig:
     preload_step: int = 512  # chain entries read per step between deliveries
     deliver_batch: int = 256
     # Read, check and encode the messages falling due within this many ms before their moment (0: off),
-    # at most stage_limit of them at once, so that when they fall due only the store append is left.
+    # at most stage_limit of them and stage_bytes of their records at once (the memory staging holds), so
+    # that when they fall due only the store append is left.
     # Many due together start earlier: stage_item_us more for each message in the delivering slot (a
     # generous allowance for the ~4.5 us the preparation costs), so a burst is prepared by its moment.
     stage_ahead_ms: int = 50
-    stage_limit: int = 16_384
+    stage_limit: int = 65_536
+    stage_bytes: int = 96 * 1024 * 1024
     stage_item_us: int = 10
     retry_backoff_ms: int = 100
     max_query_scan: int = 10_000  # entries examined per query page at most (the lock is held)
@@ -128,7 +130,8 @@ class TimerConfig:
         if self.stage_item_us < 0:
             raise TimerError(f"timer setting stage_item_us {self.stage_item_us} must not be negative")
         for name in ("index_segment_entries", "hash_buckets", "hash_generation_entries",
-                     "flush_interval_ms", "flush_entries", "preload_step", "deliver_batch", "stage_limit"):
+                     "flush_interval_ms", "flush_entries", "preload_step", "deliver_batch", "stage_limit",
+                     "stage_bytes"):
             if getattr(self, name) <= 0:
                 raise TimerError(f"timer setting {name} must be positive")
 
@@ -164,5 +167,9 @@ class TimerConfig:
             timer_cfg.retention_interval_ms = v
         if (v := get("timerStageAheadMs")) is not None:
             timer_cfg.stage_ahead_ms = v
+        if (v := get("timerStageLimit")) is not None:
+            timer_cfg.stage_limit = v
+        if (v := get("timerStageBytes")) is not None:
+            timer_cfg.stage_bytes = v
         timer_cfg.validate()
         return timer_cfg

@@ -201,6 +201,8 @@ class WindowPath(TimerState):
         # Items taken ahead of their time with their store entries prepared (see ``stage``), sorted by
         # (deliver time, index entry), and the data file's change count when they were read.
         self._staged = []
+        self._staged_bytes = 0  # the data records' sizes of what is staged (stage_bytes bounds it)
+        self._stage_full = False  # the next record did not fit in stage_bytes: none staged until a put
         self._staged_changes = 0
 
     def _commit_marks(self) -> None:
@@ -363,8 +365,14 @@ class WindowPath(TimerState):
                 return 0
             if self._staged and self.data.changes != self._staged_changes:
                 self._unstage()  # a cancel or reschedule since: read them again
+            budget = self.cfg.stage_bytes - self._staged_bytes
+            if budget <= 0 or self._stage_full:
+                return 0
             horizon = now + self.stage_lead_ms(ahead_ms, limit)
             items, _wake = self.poll(horizon, room)
+            if not items:
+                return 0
+            items = self._within(items, budget, not self._staged)
             if not items:
                 return 0
             out: list[str] = [""] * len(items)
@@ -391,8 +399,23 @@ class WindowPath(TimerState):
                     st.extend(staged)
                     if resort:
                         st.sort(key=_staged_key)
+                    self._staged_bytes += sum(s.item.size for s in staged)
                     self._staged_changes = self.data.changes
             return len(staged)
+
+    def _within(self, items: list[Item], budget: int, one: bool) -> list[Item]:
+        """The first of ``items`` (in poll's order) whose records fit in ``budget`` bytes (with ``one``, at
+        least one: a record larger than the budget is staged alone); the others go back to the window, to
+        be staged when room is made or taken at their time."""
+        total = 0
+        for k, it in enumerate(items):
+            total += it.size
+            if total > budget and (k or not one):
+                self._stage_full = True
+                rest = items[k:]
+                self._settle(rest, ["retry"] * len(rest))
+                return items[:k]
+        return items
 
     def stage_lead_ms(self, ahead_ms: int, limit: int) -> int:
         """How long before its deliver time a message is staged: ``ahead_ms``, plus the configured
@@ -405,6 +428,12 @@ class WindowPath(TimerState):
 
     def staged_count(self) -> int:
         return len(self._staged)
+
+    def stage_room(self) -> bool:
+        """Whether ``stage`` may take more now: fewer than stage_limit staged, and the last record it
+        looked at did not overflow stage_bytes (that waits for a put to make room)."""
+        return (len(self._staged) < self.cfg.stage_limit and self._staged_bytes < self.cfg.stage_bytes
+                and not self._stage_full)
 
     def staged_due_ms(self) -> int | None:
         """The deliver time of the first staged item, or None."""
@@ -428,6 +457,8 @@ class WindowPath(TimerState):
             m = min(bisect.bisect_right(st, now, key=_staged_due), max_items)
             take = st[:m]
             del st[:m]
+            self._staged_bytes -= sum(s.item.size for s in take)
+            self._stage_full = False
             items = [s.item for s in take]
             out: list[str] = [""] * m
             try:
@@ -465,6 +496,8 @@ class WindowPath(TimerState):
                 heapq.heappush(cur.late, s.item)
             cur.inflight -= len(st)
         st.clear()
+        self._staged_bytes = 0
+        self._stage_full = False
 
     def _read_batch(self, items: list[Item]) -> list[tuple[bytes, int]]:
         """The records of ``items``, each as (buffer, offset in it): one pread per run of nearby records
