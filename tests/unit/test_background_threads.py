@@ -12,6 +12,7 @@ from test_store_basic import make_config
 
 import chronomq.store.threads as threads
 from chronomq.clock import VirtualClock
+from chronomq.delay.background import in_background
 from chronomq.store import MessageStore
 
 BATCH = getattr(os, "SCHED_BATCH", None)
@@ -53,7 +54,7 @@ def test_the_store_threads_run_under_sched_batch_unless_switched_off(tmp_path, o
 
 def test_file_work_for_the_loop_runs_under_sched_batch() -> None:
     async def main() -> tuple[int, str]:
-        return await threads.in_background(lambda a, b: (os.sched_getscheduler(0), a + b), "x", "y")
+        return await in_background(lambda a, b: (os.sched_getscheduler(0), a + b), "x", "y")
 
     policy, joined = asyncio.run(main())
     assert policy == BATCH and joined == "xy"
@@ -83,7 +84,7 @@ def test_switched_off_a_thread_is_not_touched(monkeypatch) -> None:
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork here")
 def test_a_forked_child_gets_a_pool_of_its_own():
     async def policy() -> int:
-        return await threads.in_background(os.sched_getscheduler, 0)
+        return await in_background(os.sched_getscheduler, 0)
 
     assert asyncio.run(policy()) == BATCH  # the parent's pool has a thread now
     pid = os.fork()

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from chronomq import __version__
 from chronomq.clock import Clock, SystemClock
 from chronomq.config import ASYNC_MASTER, SYNC_MASTER, BrokerConfig, ConfigError
+from chronomq.delay.background import in_background
 from chronomq.delay.histogram import Histogram
 from chronomq.delay.timer.journal import JOURNAL_TOPIC, TimerFollower, TimerJournal
 from chronomq.ha import HAClient, HAService
@@ -25,7 +26,6 @@ from chronomq.remoting.codes import RequestCode
 from chronomq.remoting.server import Connection, ConnectionLimits, RemotingServer
 from chronomq.remoting.tls import ServerTls, StreamAcceptor, outgoing_context
 from chronomq.store.atomicfile import write_atomic
-from chronomq.store.threads import in_background
 
 from .processor import BrokerProcessor
 from .services import PromoteError, build_services

@@ -20,12 +20,12 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from chronomq.clock import Clock
+from chronomq.delay.background import in_background
 from chronomq.delay.delivery import PROPERTY_DELAY_SOURCE, DeliveryPath, make_source, parse_source
 from chronomq.delay.histogram import Histogram
 from chronomq.delay.levels import DelayLevels
 from chronomq.delay.offsets import OffsetFile, OffsetSnapshot
 from chronomq.message import SCHEDULE_TOPIC
-from chronomq.store.threads import in_background
 
 if TYPE_CHECKING:
     from chronomq.store import MessageStore

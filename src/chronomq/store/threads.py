@@ -10,7 +10,6 @@ thread starts (the pool's: at each call); threads already running keep their pol
 
 from __future__ import annotations
 
-import asyncio
 import concurrent.futures
 import os
 import threading
@@ -57,21 +56,19 @@ def background_target(fn: Callable[[], object]) -> Callable[[], None]:
     return run
 
 
-def in_background(fn: Callable[..., T], *args: Any) -> asyncio.Future[T]:
-    """``fn(*args)`` in the process's pool for blocking file work done for the event loop (fsync, flush,
-    retention scans), as a background thread; awaitable from the running loop."""
-    return asyncio.get_running_loop().run_in_executor(_background_pool(), _call, fn, args)
-
-
-def _call(fn: Callable[..., T], args: tuple[Any, ...]) -> T:
+def call_as_background(fn: Callable[..., T], args: tuple[Any, ...]) -> T:
+    """``fn(*args)`` as a background thread: what ``background_pool`` runs (the event loop's side,
+    awaiting it, is chronomq.delay.background.in_background)."""
     as_background()  # per call: a pool thread started while the switch was off takes it once it is on
     return fn(*args)
 
 
-def _background_pool() -> concurrent.futures.ThreadPoolExecutor:
-    """Threads start as work comes. Eight: a broker hands off at most four kinds at once (a flush, a
-    retention scan of seconds, a timer fsync round, the level offsets' save), so two brokers in one
-    process (tests, an embedded master and slave) never queue a flush behind a scan."""
+def background_pool() -> concurrent.futures.ThreadPoolExecutor:
+    """The process's pool for blocking file work done for an event loop (fsync, flush, retention scans;
+    run through ``call_as_background``). Threads start as work comes. Eight: a broker hands off at most
+    four kinds at once (a flush, a retention scan of seconds, a timer fsync round, the level offsets'
+    save), so two brokers in one process (tests, an embedded master and slave) never queue a flush behind
+    a scan."""
     global _pool
     with _pool_lock:
         if _pool is None:

@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from chronomq.clock import Clock, SystemClock
+from chronomq.delay.background import in_background
 from chronomq.message import PROPERTY_TIMER_DELIVER_MS, PROPERTY_UNIQ_KEY, MessageExt
-from chronomq.store.threads import in_background
 from chronomq.store.types import records_put_of
 
 from ..delivery import StorePuts
