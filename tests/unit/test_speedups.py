@@ -615,8 +615,6 @@ def test_the_shared_crc32_is_the_compiled_one_when_built():
                           st.integers(0, 3)), min_size=1, max_size=20, unique_by=lambda x: x[2]),
        st.integers(0, 1 << 44), st.integers(0, 1 << 40))
 def test_mark_delivered_run_matches_pure(rows, t, seq):
-    from collections import Counter
-
     from chronomq.delay.timer import window
     from chronomq.delay.timer.records import Item, Taken, TimerHeader
 
@@ -624,16 +622,28 @@ def test_mark_delivered_run_matches_pure(rows, t, seq):
     for k, (deliver, created, pos, origin, done_seq, tid, gen) in enumerate(rows):
         h = TimerHeader(0x54494D52, 100, 0, gen, deliver, 0, created, origin, done_seq, 0, tid)
         group.append(Taken(k, None, h, Item(deliver, k, pos, gen, tid, 100)))
-    outs = []
-    for fn in (window.mark_delivered_run_py, native.mark_delivered_run):
-        marks: dict = {}
-        buf = bytearray(b"head")
-        pending: Counter = Counter({1: 5})
-        lates: dict = {}
-        out = ["?"] * len(group)
+    want = _marked(window.mark_delivered_run_py, group, t, seq)
+    assert _marked(native.mark_delivered_run, group, t, seq) == want
+
+
+def _marked(fn: object, group: list, t: int, seq: int, fails: bool = False) -> tuple:
+    """What ``fn`` (a mark_delivered_run) returns and leaves in its arguments; with ``fails``, it must raise
+    TypeError and the return value is None."""
+    from collections import Counter
+
+    marks: dict = {}
+    buf = bytearray(b"head")
+    pending: Counter = Counter({1: 5})
+    lates: dict = {}
+    out = ["?"] * len(group)
+    last = None
+    assert callable(fn)
+    if fails:
+        with pytest.raises(TypeError):
+            fn(group, t, seq, marks, buf, pending, lates, out)
+    else:
         last = fn(group, t, seq, marks, buf, pending, lates, out)
-        outs.append((last, marks, bytes(buf), dict(pending), lates, out))
-    assert outs[0] == outs[1]
+    return last, marks, bytes(buf), dict(pending), lates, out
 
 
 def _marks_group(bad_deliver: object = None) -> list:
@@ -651,22 +661,12 @@ def _marks_group(bad_deliver: object = None) -> list:
 def test_mark_delivered_run_stopped_midway_leaves_what_the_twin_leaves():
     """A failure on the third entry: the first two marked, the third's mark and done-log entry written and
     its topic counted down (as the twin does them before it fails), nothing after."""
-    from collections import Counter
-
     from chronomq.delay.timer import window
 
-    states = []
-    for fn in (window.mark_delivered_run_py, native.mark_delivered_run):
-        marks: dict = {}
-        buf = bytearray(b"head")
-        pending: Counter = Counter({1: 5})
-        lates: dict = {}
-        out = ["?"] * 3
-        with pytest.raises(TypeError):
-            fn(_marks_group(bad_deliver="x"), 2_000, 10, marks, buf, pending, lates, out)
-        states.append((marks, bytes(buf), dict(pending), lates, out))
-    assert states[0] == states[1]
-    assert len(states[1][1]) == 4 + 3 * 56 and states[1][4] == ["delivered", "delivered", "?"]
+    group = _marks_group(bad_deliver="x")
+    state = _marked(native.mark_delivered_run, group, 2_000, 10, fails=True)
+    assert state == _marked(window.mark_delivered_run_py, group, 2_000, 10, fails=True)
+    assert len(state[2]) == 4 + 3 * 56 and state[5] == ["delivered", "delivered", "?"]
 
 
 @needs_native
