@@ -52,12 +52,22 @@ def test_the_store_threads_run_under_sched_batch_unless_switched_off(tmp_path, o
         store.shutdown()
 
 
-def test_file_work_for_the_loop_runs_under_sched_batch() -> None:
-    async def main() -> tuple[int, str]:
-        return await in_background(lambda a, b: (os.sched_getscheduler(0), a + b), "x", "y")
+def test_file_work_for_the_loop_runs_under_sched_batch_and_the_thread_gets_its_policy_back() -> None:
+    async def main() -> tuple[int, str, int]:
+        loop = asyncio.get_running_loop()
+        policy, joined = await in_background(lambda a, b: (os.sched_getscheduler(0), a + b), "x", "y")
+        after = await loop.run_in_executor(None, os.sched_getscheduler, 0)  # the executor's (one) thread
+        return policy, joined, after
 
-    policy, joined = asyncio.run(main())
+    import concurrent.futures
+
+    async def with_one_thread() -> tuple[int, str, int]:
+        asyncio.get_running_loop().set_default_executor(concurrent.futures.ThreadPoolExecutor(1))
+        return await main()
+
+    policy, joined, after = asyncio.run(with_one_thread())
     assert policy == BATCH and joined == "xy"
+    assert after == os.SCHED_OTHER  # the default executor serves others too: its thread is as it was
 
 
 def test_a_refusal_leaves_the_thread_as_it_was(monkeypatch) -> None:
@@ -79,20 +89,3 @@ def test_switched_off_a_thread_is_not_touched(monkeypatch) -> None:
     assert threads.as_background() is False and calls == []
     threads.set_background_batch(True)
     assert threads.as_background() is True and len(calls) == 1
-
-
-@pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork here")
-def test_a_forked_child_gets_a_pool_of_its_own():
-    async def policy() -> int:
-        return await in_background(os.sched_getscheduler, 0)
-
-    assert asyncio.run(policy()) == BATCH  # the parent's pool has a thread now
-    pid = os.fork()
-    if pid == 0:  # the child: its own pool answers (the parent's thread is not there)
-        code = 1
-        try:
-            code = 0 if asyncio.run(asyncio.wait_for(policy(), 5)) == BATCH else 1
-        finally:
-            os._exit(code)
-    _, status = os.waitpid(pid, 0)
-    assert os.waitstatus_to_exitcode(status) == 0

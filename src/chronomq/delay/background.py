@@ -1,6 +1,6 @@
 """Blocking file work the delay services and the broker hand off from the event loop (the timer's flushes,
-fsync rounds and retention scans, the level offsets' save): run in the store's background pool, whose
-threads never preempt the loop (chronomq.store.threads), and awaited on the loop.
+fsync rounds and retention scans, the level offsets' save): run on the loop's default executor as
+background work, which never preempts the loop (chronomq.store.threads), and awaited on the loop.
 """
 
 from __future__ import annotations
@@ -9,11 +9,11 @@ import asyncio
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from chronomq.store.threads import background_pool, call_as_background
+from chronomq.store.threads import call_as_background
 
 T = TypeVar("T")
 
 
 def in_background(fn: Callable[..., T], *args: Any) -> asyncio.Future[T]:
-    """``fn(*args)`` in the background pool; awaitable from the running loop."""
-    return asyncio.get_running_loop().run_in_executor(background_pool(), call_as_background, fn, args)
+    """``fn(*args)`` on the running loop's default executor, under SCHED_BATCH while it runs; awaitable."""
+    return asyncio.get_running_loop().run_in_executor(None, call_as_background, fn, args)
