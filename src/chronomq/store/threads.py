@@ -26,10 +26,6 @@ def set_background_batch(on: bool) -> None:
     _batch = on
 
 
-def background_batch() -> bool:
-    return _batch
-
-
 def as_background() -> bool:
     """Called first thing in a background thread: SCHED_BATCH for the calling thread if the switch is on
     and the platform has it. Returns whether the thread now runs under it."""
