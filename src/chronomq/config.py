@@ -133,8 +133,8 @@ class BrokerConfig:
     timerRetentionIntervalMs: int = 60_000
     timerStageAheadMs: int = 50  # messages due this soon are read and encoded ahead (0: off)
     # at most this many staged at once, holding at most this many bytes of records (a burst's memory)
-    timerStageLimit: int = 65_536
-    timerStageBytes: int = 96 * 1024 * 1024
+    timerStageLimit: int = 131_072
+    timerStageBytes: int = 192 * 1024 * 1024
     # de-duplication of sends that ask for it (property CHRONOMQ_DEDUP=true, the Spark sink's default) by
     # (topic, UNIQ_KEY): a replay within the window is answered as the original and stored once; 0 = off
     dedupWindowSec: int = 86_400

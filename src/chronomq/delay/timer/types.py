@@ -112,8 +112,8 @@ class TimerConfig:
     # Many due together start earlier: stage_item_us more for each message in the delivering slot (a
     # generous allowance for the ~4.5 us the preparation costs), so a burst is prepared by its moment.
     stage_ahead_ms: int = 50
-    stage_limit: int = 65_536
-    stage_bytes: int = 96 * 1024 * 1024
+    stage_limit: int = 131_072
+    stage_bytes: int = 192 * 1024 * 1024
     stage_item_us: int = 10
     retry_backoff_ms: int = 100
     max_query_scan: int = 10_000  # entries examined per query page at most (the lock is held)
