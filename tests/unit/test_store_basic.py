@@ -288,6 +288,39 @@ def test_topics_and_queue_ids(store):
     assert store.topics() == ["T1", "T2"] and store.queue_ids("T1") == [0, 2]
 
 
+def test_sync_flush_put_prepared_without_its_own_flush_and_sync_commit_log(tmp_path, clock):
+    """put_prepared(flush=False) asks the group commit for nothing (the timer's deliveries: nothing waits
+    for them); sync_commit_log makes every written record durable, in either flush mode."""
+    s = MessageStore(make_config(tmp_path, flushDiskType="SYNC_FLUSH", mappedFileSizeCommitLog=1 << 20),
+                     clock)
+    s.start()
+    asked: list[int] = []
+    real_request = s._request_flush
+    s._request_flush = lambda end: (asked.append(end), real_request(end))[1]
+    try:
+        raw = _stored(msg(body=b"parked", UNIQ_KEY="P1"))
+        entries = s.prepare_records("TopicB", 1, [(raw, 0, len(raw), {"UNIQ_KEY": "P1"})])
+        quiet = s.put_prepared("TopicB", 1, entries, with_ids=False, flush=False)
+        assert quiet.ok and quiet.flushed is None and asked == []
+        end = quiet.append.wrote_offset + quiet.append.wrote_bytes
+        waited = s.put_prepared("TopicB", 1, entries)
+        assert waited.ok and asked == [end + waited.append.wrote_bytes]
+        assert waited.flushed.result(timeout=10) is True
+        assert s.sync_commit_log() == s.max_phy_offset and s._cl_flushed == s.max_phy_offset
+    finally:
+        s.shutdown()
+    assert s.sync_commit_log() == s._cl_flushed  # stopped: nothing to do, nothing raised
+
+    a = MessageStore(make_config(tmp_path / "async", mappedFileSizeCommitLog=1 << 20), clock)
+    a.start()
+    try:
+        r = a.put_message(msg())
+        assert r.flushed is None and a._cl_flushed < a.max_phy_offset  # the periodic flush is 500 ms away
+        assert a.sync_commit_log() == a.max_phy_offset and a._cl_flushed == a.max_phy_offset
+    finally:
+        a.shutdown()
+
+
 def test_sync_flush_timeout_resolves_false(tmp_path, clock):
     s = MessageStore(make_config(tmp_path, flushDiskType="SYNC_FLUSH", syncFlushTimeout=200), clock)
     s.start()

@@ -5,6 +5,7 @@ loses none; a group the store will not prepare goes the usual way; staging can b
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Any
 
@@ -79,6 +80,45 @@ async def test_staged_messages_are_put_at_their_millisecond_not_before(tmp_path:
         assert all(got[f"m{i}"] == due + i % 3 for i in range(600))
         assert b.svc.timer.staged_count() == 0 and b.svc.stats()["early_deliveries"] == 0
         assert b.svc.count() == 0
+    finally:
+        await b.close()
+
+
+async def test_under_sync_flush_deliveries_ask_no_fsync_and_the_checkpoint_syncs_their_copies_first(
+        tmp_path: Path) -> None:
+    """Nothing waits for a delivered copy's fdatasync, so under SYNC_FLUSH the staged puts ask the group
+    commit for none; instead every checkpoint makes the commit log durable before it writes the delivery
+    marks into their records, so no mark reaches the disk ahead of its copy (in either flush mode)."""
+    clock = VirtualClock()
+    b = Broker(tmp_path, clock, flushDiskType="SYNC_FLUSH")
+    asked: list[int] = []
+    real_request = b.store._request_flush
+    b.store._request_flush = lambda end: (asked.append(end), real_request(end))[1]  # type: ignore[method-assign]
+    events: list[tuple[str, int]] = []
+    t = b.svc.timer
+    try:
+        await b.svc.start()
+        assert t.store_sync == b.store.sync_commit_log
+        real_sync, real_write = t.store_sync, t.data.write_existing
+        t.store_sync = lambda: (events.append(("sync", b.store.max_phy_offset)), real_sync())[1]
+        t.data.write_existing = lambda pos, data: (  # type: ignore[method-assign]
+            events.append(("mark", b.store.max_phy_offset)), real_write(pos, data))[1]
+        due = clock.now_ms() + 10_000
+        b.svc.schedule_batch([(msg(f"m{i}", i % 4), due) for i in range(300)])
+        await step_to(b, clock, due - 1)
+        assert t.staged_count() == 300
+        await step_to(b, clock, due)
+        assert len(b.delivered()) == 300 and asked == []
+        await asyncio.to_thread(t.flush)  # the loop may have taken some marks already
+        marks = [k for k, (what, _) in enumerate(events) if what == "mark"]
+        assert len(marks) == 300
+        synced = 0
+        for k, (what, end) in enumerate(events):
+            if what == "sync":
+                synced = end
+            else:
+                assert synced >= end, (k, events[:k + 1][-3:])  # its copy was durable before its mark
+        assert b.store._cl_flushed >= b.store.max_phy_offset
     finally:
         await b.close()
 

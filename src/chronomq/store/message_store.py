@@ -180,6 +180,15 @@ class MessageStore(PutPath, ReadPath):
         with self._clean_lock:
             self._cq_flusher.flush_queues_and_checkpoint()
 
+    def sync_commit_log(self) -> int:
+        """fdatasync the commit log up to everything written so far, whatever the flush mode, and return
+        the offset now durable: for a caller whose own durable state must never get ahead of the
+        records it put (the timer's checkpoint, before its delivery marks). Not running (stopped: its
+        shutdown flushed everything): the offset last known durable."""
+        if not self._running:
+            return self._flusher.flushed
+        return self._flusher.do_flush()
+
     @property
     def _cl_flushed(self) -> int:
         """The commit-log offset known durable (tests)."""

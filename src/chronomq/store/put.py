@@ -490,9 +490,9 @@ class PutPath:
         return first_phys, first_q, ts
 
     def _batch_result(self, first_phys: int, first_q: int, ts: int, sizes: list[int], total: int,
-                      with_ids: bool = True) -> PutResult:
+                      with_ids: bool = True, flush: bool = True) -> PutResult:
         ids = batch_msg_ids(self._msg_id_prefix, first_phys, sizes) if with_ids and sizes else ""
-        fut = self._request_flush(first_phys + total) if self._sync else None
+        fut = self._request_flush(first_phys + total) if self._sync and flush else None
         result = AppendResult(first_phys, total, ids, first_q, ts, len(sizes))
         return PutResult(PutStatus.PUT_OK, result, None, fut)
 
@@ -549,24 +549,27 @@ class PutPath:
             entries.append(_new(EncodedRecord, (rec, tags_hash, delay, keys, uniq)))
         return entries
 
-    def put_prepared(self, topic: str, queue_id: int, entries: list[EncodedRecord], with_ids: bool = True
-                     ) -> PutResult:
+    def put_prepared(self, topic: str, queue_id: int, entries: list[EncodedRecord], with_ids: bool = True,
+                     flush: bool = True) -> PutResult:
         """The second half of put_records: append entries that ``prepare_records`` made for this
         ``topic``/``queue_id`` (any subset of them, in any grouping). ``with_ids=False``: the result
-        carries no message ids (the timer's deliveries need none)."""
+        carries no message ids (the timer's deliveries need none). ``flush=False``: under SYNC_FLUSH
+        the put asks for no fdatasync of its own (``flushed`` is None); the group commit's next round
+        covers it, and a caller that must order its own durable state after it calls
+        ``sync_commit_log`` first (the timer's checkpoint does)."""
         try:
-            return self._put_prepared(topic, queue_id, entries, with_ids)
+            return self._put_prepared(topic, queue_id, entries, with_ids, flush)
         except _Refused as refused:
             return refused.result
 
-    def _put_prepared(self, topic: str, queue_id: int, entries: list[EncodedRecord], with_ids: bool
-                      ) -> PutResult:
+    def _put_prepared(self, topic: str, queue_id: int, entries: list[EncodedRecord], with_ids: bool,
+                      flush: bool = True) -> PutResult:
         if not entries:
             raise _Refused(PutStatus.MESSAGE_ILLEGAL, "an empty batch")
         sizes = [len(e.record) for e in entries]
         total = sum(sizes)
         first_phys, first_q, ts = self._append_run(topic, queue_id, entries, total, True)
-        return self._batch_result(first_phys, first_q, ts, sizes, total, with_ids)
+        return self._batch_result(first_phys, first_q, ts, sizes, total, with_ids, flush)
 
     def put_message_and_wait(self, msg: MessageExt) -> PutResult:
         res = self.put_message(msg)

@@ -96,6 +96,8 @@ class TimerService:
         if not self._opened:
             if hasattr(self.store, "max_phy_offset"):
                 self.timer.store_end = lambda: self.store.max_phy_offset
+            if hasattr(self.store, "sync_commit_log"):
+                self.timer.store_sync = self.store.sync_commit_log
             self.timer.open()
             self._recover_delivered()
             self.timer.wakeup = self._on_wakeup
@@ -298,7 +300,10 @@ class TimerService:
         stage_ahead = cfg.stage_ahead_ms if staging else 0
         if stage_ahead:
             prepare = self.store.prepare_records
-            staged_puts = StorePuts(put, None, functools.partial(self.store.put_prepared, with_ids=False))
+            # no fdatasync of their own under SYNC_FLUSH: nothing waits for them, and the checkpoint
+            # syncs the commit log before their marks (TimerStore.flush)
+            staged_puts = StorePuts(put, None, functools.partial(self.store.put_prepared, with_ids=False,
+                                                                 flush=False))
             fallback = StorePuts(put, put_many, put_raw)
         now = self.clock.now_ms()
         next_flush = now + cfg.flush_interval_ms

@@ -40,6 +40,7 @@ class TimerState:
     _opened: bool
     _id_prefix: str | None
     store_end: Callable[[], int] | None  # the message store's end, for the checkpoint
+    store_sync: Callable[[], object] | None  # makes the message store's records durable
     scan_from: int | None  # after a crash: where the store's copies of unmarked deliveries start
     # set by Recovery._open: files and geometry
     slot_ms: int

@@ -109,6 +109,9 @@ class TimerStore(WindowPath):
         # the message store's end (commit-log offset): a checkpoint records it, so that after a crash the
         # copies delivered since can be found there (recover_delivered)
         self.store_end: Callable[[], int] | None = None
+        # makes the message store's records durable (MessageStore.sync_commit_log): a checkpoint calls it
+        # before its delivery marks reach the disk, so no mark is ever durable ahead of its copy
+        self.store_sync: Callable[[], object] | None = None
         self.scan_from: int | None = None  # after a crash: where those copies start, until recovered
         self._opened = False
         self._id_prefix: str | None = None
@@ -361,6 +364,8 @@ class TimerStore(WindowPath):
             fds = self._fds_to_sync()
             snap = self._checkpoint_dict(clean)
             self.dirty = False
+        if marks and self.store_sync is not None:
+            self.store_sync()  # the copies of these deliveries first (they were put before their marks)
         marks.sort()
         for pos, m in marks:  # records of delivered messages never change again
             self.data.write_existing(pos + OFF_STATE, m[3])
