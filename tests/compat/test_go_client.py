@@ -13,6 +13,7 @@ that depend on the table take it as ``delay_levels``, for a broker started with 
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import contextlib
 import itertools
@@ -23,9 +24,10 @@ from typing import Any
 
 import pytest
 
+from chronomq.client import Admin
 from tests.compat.golang import go_driver
 from tests.compat.harness import ChronomqProcess, DriverProcess, run_driver, start_driver
-from tests.conftest import wait_for
+from tests.conftest import async_wait_for, wait_for
 
 pytestmark = [pytest.mark.compat, pytest.mark.timeout(240)]
 
@@ -122,20 +124,31 @@ def _await(d: DriverProcess, pred: Callable[[list[dict[str, Any]]], bool], timeo
     wait_for(check, timeout=timeout, interval=0.05, message=what)
 
 
-def _register_group(namesrv: str, tmp_path: Path, group: str) -> None:
-    """Make the broker create ``%RETRY%<group>`` before the test's consumer starts: a consumer of the
-    group on another topic runs until its start (which ends with a heartbeat) and stops. The Go client
-    learns the retry topic's route only from a route refresh after that heartbeat; its consumer's own
-    start refreshes before it beats, so on a fresh group the first retries may otherwise wait for the
-    30 s route poll and the 20 s rebalance (internal/client.go, consumer/push_consumer.go Start)."""
-    topic = "GoGroupWarmUp"
-    _produce(namesrv, [{"topic": topic, "body": "warm-up"}])
-    args = {"namesrv": namesrv, "group": group, "topic": topic, "max_seconds": 60,
-            "out": str(tmp_path / f"{group}-warm-up.jsonl")}
-    with _running(start_driver("go:push_consume", args, tmp_path)) as d:
-        wait_for(lambda: any(r.get("event") == "started" for r in d.records()) or not d.alive(), timeout=60,
-                 interval=0.05, message=f"{group}: the warm-up consumer's start")
-        d.stop()
+def _register_group(namesrv: str, group: str) -> None:
+    """Create ``%RETRY%<group>`` (one queue, read and write: what a broker makes for a group's first
+    consumer) on every master, and wait until the name server routes it, before the test's consumer
+    starts. The Go client learns the retry topic's route only from a route refresh; its consumer's own
+    start refreshes before its first heartbeat (which is when a broker would create the topic), so on a
+    fresh group the first retries would otherwise wait for the 30 s route poll and the 20 s rebalance
+    (internal/client.go, consumer/push_consumer.go Start).
+
+    A consumer of the group started and stopped before the test's (the way this was done before) can
+    stay registered on Apache RocketMQ 4.9: a heartbeat it sent as it stopped, handled after its
+    connection's close, registers it again until the broker's 120 s channel expiry, and the test's
+    consumer then gets only half of the topic's queues and none of the retry queue."""
+    retry = f"%RETRY%{group}"
+
+    async def create() -> None:
+        async with Admin(namesrv) as a:
+            await a.create_topic(retry, 1)
+
+            async def routed() -> bool:
+                return bool((await a.route_data(retry)).get("queueDatas"))
+
+            await async_wait_for(routed, timeout=30, interval=0.05,
+                                 message=f"the name server's route of {retry}")
+
+    asyncio.run(create())
 
 
 def _unknown_properties(record: dict[str, Any], user: dict[str, str]) -> set[str]:
@@ -329,7 +342,7 @@ def scenario_retry(namesrv_addr: str, tmp_path: Path, delay_levels: str = DELAY_
     topic, group = "GoRetryTopic", "CG_go_retry"
     specs = [{"topic": topic, "body": f"retry-{i}", "tags": "TagR", "keys": f"r{i}",
               "props": {"owner": "go-compat", "n": str(i)}} for i in range(2)]
-    _register_group(namesrv_addr, tmp_path, group)
+    _register_group(namesrv_addr, group)
     sent = _produce(namesrv_addr, specs)
     summary, recs = _consume_expected(namesrv_addr, tmp_path, group, topic, len(specs), retry_later_times=2)
     retry_topic = f"%RETRY%{group}"
