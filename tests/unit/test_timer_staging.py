@@ -90,7 +90,8 @@ async def test_under_sync_flush_deliveries_ask_no_fsync_and_the_checkpoint_syncs
     commit for none; instead every checkpoint makes the commit log durable before it writes the delivery
     marks into their records, so no mark reaches the disk ahead of its copy (in either flush mode)."""
     clock = VirtualClock()
-    b = Broker(tmp_path, clock, flushDiskType="SYNC_FLUSH")
+    # no interval flush during the test: the one flush below writes every mark, after every delivery
+    b = Broker(tmp_path, clock, flushDiskType="SYNC_FLUSH", timerFlushIntervalMs="3600000")
     asked: list[int] = []
     real_request = b.store._request_flush
     b.store._request_flush = lambda end: (asked.append(end), real_request(end))[1]  # type: ignore[method-assign]
@@ -101,17 +102,18 @@ async def test_under_sync_flush_deliveries_ask_no_fsync_and_the_checkpoint_syncs
         assert t.store_sync == b.store.sync_commit_log
         real_sync, real_write = t.store_sync, t.data.write_existing
         t.store_sync = lambda: (events.append(("sync", b.store.max_phy_offset)), real_sync())[1]
+        marked: set[int] = set()
         t.data.write_existing = lambda pos, data: (  # type: ignore[method-assign]
-            events.append(("mark", b.store.max_phy_offset)), real_write(pos, data))[1]
+            events.append(("mark", b.store.max_phy_offset)), marked.add(pos), real_write(pos, data))[2]
         due = clock.now_ms() + 10_000
         b.svc.schedule_batch([(msg(f"m{i}", i % 4), due) for i in range(300)])
         await step_to(b, clock, due - 1)
         assert t.staged_count() == 300
         await step_to(b, clock, due)
         assert len(b.delivered()) == 300 and asked == []
-        await asyncio.to_thread(t.flush)  # the loop may have taken some marks already
-        marks = [k for k, (what, _) in enumerate(events) if what == "mark"]
-        assert len(marks) == 300
+        assert events == []  # nothing flushed yet
+        await asyncio.to_thread(t.flush)
+        assert len(marked) == 300 and events[0][0] == "sync"
         synced = 0
         for k, (what, end) in enumerate(events):
             if what == "sync":
