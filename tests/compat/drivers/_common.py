@@ -183,25 +183,33 @@ class FirstSendGuard:
     """rocketmq-client-cpp 1.2.x race: the first send on a broker connection that is still being set up
     can fail at once ("try to connect" then "send failed of times:1..5" within a millisecond, before the
     connect callback; the broker never sees the request) and is reported as "No route info of this
-    topic". Until one send has succeeded, such a failure is retried after a short pause (at most
-    ``limit`` times); every retry is counted in ``retries`` and reported in the driver's result, and a
-    failure after the first success is never retried."""
+    topic"; a batch send (``send_batch``) reports the same failure with no text at all (the wrapper's
+    ``ProducerSendSyncFailed: ``, the client's log saying "No route info"). Until one send has
+    succeeded, such a failure is retried after a short pause (at most ``limit`` times; a textless one
+    only when it came back within ``fast_s``, as this race does, never after a send timeout); every
+    retry is counted in ``retries`` and reported in the driver's result, and a failure after the first
+    success is never retried."""
 
-    def __init__(self, limit: int = 5, pause_s: float = 0.3) -> None:
+    def __init__(self, limit: int = 5, pause_s: float = 0.3, fast_s: float = 0.2) -> None:
         self.limit = limit
         self.pause_s = pause_s
+        self.fast_s = fast_s
         self.retries = 0
         self.succeeded = False
         self._lock = threading.Lock()
 
     def call(self, fn, *args):  # type: ignore[no-untyped-def]
         while True:
+            t0 = time.monotonic()
             try:
                 result = fn(*args)
             except Exception as e:
+                text = str(e)
+                raced = "No route info" in text or (
+                    not text.strip() and type(e).__name__ == "ProducerSendSyncFailed"
+                    and time.monotonic() - t0 < self.fast_s)
                 with self._lock:
-                    retry = (not self.succeeded and self.retries < self.limit
-                             and "No route info" in str(e))
+                    retry = not self.succeeded and self.retries < self.limit and raced
                     if retry:
                         self.retries += 1
                 if not retry:
