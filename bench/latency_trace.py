@@ -11,13 +11,18 @@ the first and the last message, how long after the due time each stage finished:
     dispatch     their consume-queue entries were written (reput)
     pull wake    a held pull of the queue was woken
     pull answer  the broker built a FOUND pull response
+    answer written  the broker's event loop wrote an answer holding a message to the client's socket
+    client read  the client's read of the connection returned bytes holding a message
+    client decoded  the client decoded a pull answer holding messages
     listener     the consumer's listener ran (client side)
 
     .venv/bin/python bench/latency_trace.py [--n 1,1000] [--repeat 5] [--set key=value ...] [--no-trace]
 
-Each scenario runs ``--repeat`` times on one broker; the table gives the median over the runs, and the
-CPU the broker (from /proc) and the client process (producer idle by then) spent from 100 ms before the
-due time until the last receipt, which on a loaded machine compares two builds better than wall time.
+The client's stages are recorded in this process the same way (its connection reads and its pull
+answers' decoding wrapped). Each scenario runs ``--repeat`` times on one broker; the table gives the
+median over the runs, and the CPU the broker (from /proc) and the client process (producer idle by then)
+spent from 300 ms before the due time until the last receipt, which on a loaded machine compares two
+builds better than wall time.
 ``--no-trace`` runs the broker without the tracer (only the lateness and CPU figures). Real clock,
 loopback only, bounded: every wait has a deadline.
 """
@@ -26,19 +31,23 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import statistics
 import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-STAGES = ("staged", "timer take", "store put", "dispatch", "pull wake", "pull answer", "listener")
+STAGES = ("staged", "timer take", "store put", "dispatch", "pull wake", "pull answer", "answer written",
+          "client read", "client decoded", "listener")
+BODY = 1024  # the bench's message bodies: a write or a read of more bytes than this holds a message
 
 
 # --- the broker side: install the tracer, then run `chronomq start` -------------------------------------
@@ -64,6 +73,7 @@ def serve_traced(out: str, argv: list[str]) -> None:
     from chronomq.cli.main import main
     from chronomq.delay.timer.store import TimerStore
     from chronomq.remoting.codes import ResponseCode
+    from chronomq.remoting.server import Connection
     from chronomq.store.message_store import MessageStore
 
     try:  # the dispatcher (reput) lives in its own module; older trees kept it in the facade
@@ -83,6 +93,15 @@ def serve_traced(out: str, argv: list[str]) -> None:
     _wrap(dispatcher, dispatch_method, "dispatch", events)
     _wrap(PullProcessor, "_pull_once", "pull answer", events,
           lambda res, args: res[0].code == ResponseCode.SUCCESS)
+    orig_flush = Connection._flush
+
+    def flush(self: Any) -> None:
+        holds = self._out_bytes > BODY
+        orig_flush(self)
+        if holds:
+            events.append(("answer written", time.time_ns()))
+
+    Connection._flush = flush
     orig_notify = PullHoldService.notify
 
     def notify(self: Any, topic: str, queue_id: int, max_offset: int) -> None:
@@ -120,6 +139,35 @@ def _cpu_s(pid: int) -> float:
 
 
 Run = tuple[int, list[int], float, float]  # due ms, receipts (ns), broker CPU s, client CPU s
+
+
+@contextlib.contextmanager
+def _client_traced(events: list[tuple[str, int]]) -> Iterator[None]:
+    """Record when this process's connection reads return a message's bytes and when a pull answer with
+    messages is decoded (the client's stages), for the duration."""
+    from chronomq.client import ops
+
+    orig_read, orig_result = asyncio.StreamReader.read, ops.pull_result
+
+    async def read(self: asyncio.StreamReader, n: int = -1) -> bytes:
+        data = await orig_read(self, n)
+        if len(data) > BODY:
+            events.append(("client read", time.time_ns()))
+        return data
+
+    def pull_result(*args: Any, **kw: Any) -> Any:
+        res = orig_result(*args, **kw)
+        if res.messages:
+            events.append(("client decoded", time.time_ns()))
+        return res
+
+    asyncio.StreamReader.read = read  # type: ignore[method-assign]
+    ops.pull_result = pull_result
+    try:
+        yield
+    finally:
+        asyncio.StreamReader.read = orig_read  # type: ignore[method-assign]
+        ops.pull_result = orig_result
 
 
 async def _scenario(ns: str, topic: str, n: int, repeat: int, lead_ms: int, broker_pid: int) -> list[Run]:
@@ -217,12 +265,15 @@ def main() -> None:
             print(f"broker pid {proc.pid}; load average {os.getloadavg()[0]:.2f}")
             for n in (int(x) for x in args.n.split(",")):
                 assert proc.pid is not None
-                runs = asyncio.run(_scenario(proc.namesrv_addr, f"Trace{n}", n, args.repeat, args.lead_ms,
-                                             proc.pid))
                 events: list[tuple[str, int]] = []
+                with contextlib.ExitStack() as stack:
+                    if not args.no_trace:
+                        stack.enter_context(_client_traced(events))
+                    runs = asyncio.run(_scenario(proc.namesrv_addr, f"Trace{n}", n, args.repeat,
+                                                 args.lead_ms, proc.pid))
                 if not args.no_trace:
                     time.sleep(0.2)  # the tracer writes its events every 50 ms
-                    events = [(s, int(t)) for s, t in (ln.rstrip("\n").split("\t") for ln in trace.open())]
+                    events += [(s, int(t)) for s, t in (ln.rstrip("\n").split("\t") for ln in trace.open())]
                 per_run = [_breakdown(events, due, rec) for due, rec, _, _ in runs]
                 lat = sorted((t / 1e6 - due) for due, rec, _, _ in runs for t in rec)
                 early = sum(1 for x in lat if x < 0)
