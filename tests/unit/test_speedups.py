@@ -25,7 +25,7 @@ from chronomq.delay import delivery
 from chronomq.delay.timer import append, files
 from chronomq.message import MessageExt, MessageFormatError
 from chronomq.remoting import codec
-from chronomq.store import commitlog, index, put, speedups
+from chronomq.store import commitlog, index, put, reput, speedups
 from chronomq.store.types import DispatchRequest, EncodedRecord
 
 native = speedups.native
@@ -452,6 +452,60 @@ def test_a_kernel_built_dispatch_request_is_left_to_the_cycle_collector_only_whe
                EncodedRecord(b"c" * 100, 0, 5000, None, None)]
     native.append_run(bytearray(400), 0, 0, 0, 5, entries, "T", 3, pending)
     assert [gc.is_tracked(p) for p in pending] == [False, True, False]
+
+
+# --- the dispatcher's consume-queue units -----------------------------------------------------------------
+def _requests(rows):
+    """Requests in commit-log order from (topic, queue, offset step, size, tags code) rows: each queue's
+    offsets run on from 0 (a step of 0 repeats one, 2 leaves a gap), topics as separate objects."""
+    nxt: dict[tuple[str, int], int] = {}
+    out, phys = [], 1000
+    for ts, (topic, qid, step, size, tags) in enumerate(rows):
+        key = (topic, qid)
+        off = nxt.get(key, -1) + step if key in nxt else 0
+        nxt[key] = off
+        out.append(DispatchRequest(phys, size, "".join(list(topic)), qid, off, tags, ts, None, None))
+        phys += size
+    return out
+
+
+@needs_native
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["A", "B", "%RETRY%g"]), st.integers(0, 3),
+                          st.sampled_from([1, 1, 1, 0, 2]), st.integers(0, (1 << 31) - 1),
+                          st.integers(-(1 << 63), (1 << 63) - 1)), max_size=40))
+def test_queue_runs_matches_pure(rows):
+    batch = _requests(rows)
+    assert native.queue_runs(batch) == reput.queue_runs_py(batch)
+
+
+@pytest.mark.parametrize("kernel", ["compiled", "pure"])
+def test_queue_runs_groups_by_queue_and_splits_where_offsets_break(kernel):
+    if kernel == "compiled" and native is None:
+        pytest.skip("chronomq.store._speedups not in use")
+    fn = native.queue_runs if kernel == "compiled" else reput.queue_runs_py
+
+    def req(phys, topic, qid, off, tags, ts):
+        return DispatchRequest(phys, 100, topic, qid, off, tags, ts, None, None)
+
+    batch = [req(0, "T", 1, 5, 7, 10), req(100, "T", 2, 0, 8, 11), req(200, "T", 1, 6, -1, 12),
+             req(300, "T", 1, 9, 9, 13), req(400, "T", 2, 1, 1 << 40, 14)]
+    assert fn(batch) == [
+        ("T", 1, 5, struct.pack(">qiqqiq", 0, 100, 7, 200, 100, -1), 2, 12),
+        ("T", 1, 9, struct.pack(">qiq", 300, 100, 9), 1, 13),
+        ("T", 2, 0, struct.pack(">qiqqiq", 100, 100, 8, 400, 100, 1 << 40), 2, 14),
+    ]
+    assert fn([]) == []
+
+
+@needs_native
+@pytest.mark.parametrize("field, value", [("size", 1 << 31), ("phys", 1 << 63), ("tags_code", -(1 << 63) - 1),
+                                          ("size", "12")])
+def test_queue_runs_refuses_what_the_unit_cannot_hold_as_struct_does(field, value):
+    batch = [DispatchRequest(0, 100, "T", 0, 0, 0, 1, None, None)._replace(**{field: value})]
+    for fn in (native.queue_runs, reput.queue_runs_py):
+        with pytest.raises(struct.error):
+            fn(batch)
 
 
 # --- the chooser --------------------------------------------------------------------------------------------

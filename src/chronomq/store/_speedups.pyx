@@ -1,7 +1,8 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
 """Compiled kernels of the hot paths (a timed message's way in, its delivery): each one is a drop-in for
 its pure-Python twin (commitlog.splice_py, put.property_fields_py, put.append_run_py,
-put.batch_records_py, index.index_entries_py, index.index_query_py, delivery.record_to_put,
+put.batch_records_py, reput.queue_runs_py, index.index_entries_py, index.index_query_py,
+delivery.record_to_put,
 codec.batch_items, message.encode_record, pull.due_ms_of, and the timer's append.pack_timer_records_py,
 append.pack_index_entries_py, files.pack_hash_entries_py, window.mark_delivered_run_py), with the same
 results, the same refusals and the same exception types.
@@ -695,6 +696,71 @@ def append_run(object mm, Py_ssize_t r, int64_t wrote, int64_t qoff, int64_t ts,
     finally:
         PyBuffer_Release(&view)
     return r, wrote, qoff
+
+
+# --- the dispatcher's consume-queue units (reput.queue_runs_py) -----------------------------------------
+cdef Py_ssize_t C_UNIT = 20  # consumequeue.UNIT: >qiq (commit-log offset, size, tags code)
+
+
+cdef bytes _pack_units(list reqs, Py_ssize_t start, Py_ssize_t end):
+    cdef bytes out = PyBytes_FromStringAndSize(NULL, (end - start) * C_UNIT)
+    cdef uint8_t* p = <uint8_t*>PyBytes_AS_STRING(out)
+    cdef Py_ssize_t i
+    cdef object req
+    for i in range(start, end):
+        req = reqs[i]
+        wr64(p, _field(<object>PyTuple_GET_ITEM(req, 0), True))
+        wr32(p + 8, _field(<object>PyTuple_GET_ITEM(req, 1), False))
+        wr64(p + 12, _field(<object>PyTuple_GET_ITEM(req, 5), True))
+        p += C_UNIT
+    return out
+
+
+def queue_runs(list batch):
+    """reput.queue_runs_py: the consume-queue units of ``batch`` queue by queue, in the order the queues
+    first appear, as (topic, queue id, first offset, packed units, count, last store time) per run of
+    consecutive queue offsets."""
+    cdef dict by_queue = {}
+    cdef object req, topic, qid, key, lst
+    cdef object last_topic = None, last_qid = None
+    cdef list last = None, reqs, runs = []
+    cdef Py_ssize_t i, start, n
+    cdef int64_t prev, off
+    _imports()
+    for req in batch:
+        if not PyTuple_Check(req) or PyTuple_GET_SIZE(req) < 7:
+            raise TypeError("a dispatch request is expected")
+        topic = <object>PyTuple_GET_ITEM(req, 2)
+        qid = <object>PyTuple_GET_ITEM(req, 3)
+        if last is not None and topic is last_topic and qid is last_qid:
+            last.append(req)  # the same queue as the request before (the same objects)
+            continue
+        key = (topic, qid)
+        lst = by_queue.get(key)
+        if lst is None:
+            lst = [req]
+            by_queue[key] = lst
+        else:
+            (<list>lst).append(req)
+        last, last_topic, last_qid = <list>lst, topic, qid
+    for key, lst in by_queue.items():
+        reqs = <list>lst
+        topic, qid = key
+        n = len(reqs)
+        start = 0
+        prev = <object>PyTuple_GET_ITEM(reqs[0], 4)
+        for i in range(1, n + 1):
+            if i < n:
+                off = <object>PyTuple_GET_ITEM(reqs[i], 4)
+                if off == prev + 1:
+                    prev = off
+                    continue
+            runs.append((topic, qid, <object>PyTuple_GET_ITEM(reqs[start], 4), _pack_units(reqs, start, i),
+                         i - start, <object>PyTuple_GET_ITEM(reqs[i - 1], 6)))
+            if i < n:
+                start = i
+                prev = off
+    return runs
 
 
 # --- a send's batch body straight to its records (put.batch_records_py) ---------------------------------

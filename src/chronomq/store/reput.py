@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 from chronomq.levels import stored_tags_code
 from chronomq.message import MessageExt
 from chronomq.store.consumequeue import UNIT
+from chronomq.store.speedups import kernels, pure_twin
 from chronomq.store.types import DispatchRequest
 
 if TYPE_CHECKING:
@@ -36,6 +37,37 @@ def request_of(off: int, m: MessageExt, levels: list[int]) -> DispatchRequest:
     tags = stored_tags_code(m.topic, m.properties, levels, ts)
     return DispatchRequest(off, m.store_size, m.topic, m.queue_id, m.queue_offset, tags, ts, m.keys or None,
                            m.uniq_key)
+
+
+@pure_twin("queue_runs")
+def queue_runs_py(batch: list[DispatchRequest]) -> list[tuple[str, int, int, bytes, int, int]]:
+    """The consume-queue units of ``batch`` (requests in commit-log order), queue by queue in the order the
+    queues first appear: for each run of consecutive queue offsets of one queue, (topic, queue id, its first
+    offset, its units packed, their count, the store time of its last request)."""
+    by_queue: dict[tuple[str, int], list[DispatchRequest]] = {}
+    for req in batch:
+        key = (req.topic, req.queue_id)
+        lst = by_queue.get(key)
+        if lst is None:
+            by_queue[key] = [req]
+        else:
+            lst.append(req)
+    pack = UNIT.pack
+    runs = []
+    for (topic, qid), reqs in by_queue.items():
+        start = 0
+        for i in range(1, len(reqs) + 1):
+            if i == len(reqs) or reqs[i].queue_offset != reqs[i - 1].queue_offset + 1:
+                run = reqs[start:i]
+                runs.append((topic, qid, run[0].queue_offset,
+                             b"".join([pack(r.phys, r.size, r.tags_code) for r in run]), len(run),
+                             run[-1].store_timestamp))
+                start = i
+    return runs
+
+
+# the compiled kernel when built (chronomq.store.speedups chooses); queue_runs_py is its twin
+queue_runs = kernels.queue_runs
 
 
 class ReputMessageService:
@@ -119,27 +151,21 @@ class ReputMessageService:
     def dispatch(self, batch: list[DispatchRequest]) -> None:
         """Build consume-queue units and index entries for requests in commit-log order."""
         store = self._store
-        by_queue: dict[tuple[str, int], list[DispatchRequest]] = {}
-        for req in batch:
-            key = (req.topic, req.queue_id)
-            lst = by_queue.get(key)
-            if lst is None:
-                by_queue[key] = [req]
-            else:
-                lst.append(req)
-        pack = UNIT.pack
         arrivals = []
-        for (topic, qid), reqs in by_queue.items():
-            cq = store._queue_for_dispatch(topic, qid)
-            # queue offsets of one queue are contiguous in commit-log order; split where they are not
-            start = 0
-            for i in range(1, len(reqs) + 1):
-                if i == len(reqs) or reqs[i].queue_offset != reqs[i - 1].queue_offset + 1:
-                    run = reqs[start:i]
-                    cq.append_units(run[0].queue_offset,
-                                    b"".join([pack(r.phys, r.size, r.tags_code) for r in run]), len(run))
-                    start = i
-            arrivals.append((topic, qid, cq.max_offset, reqs[-1].store_timestamp))
+        cq = None
+        at: tuple[str, int] | None = None
+        last_ts = 0
+        # a queue's runs come together (its offsets split where they are not consecutive)
+        for topic, qid, first, packed, count, ts in queue_runs(batch):
+            if cq is None or at != (topic, qid):
+                if cq is not None and at is not None:
+                    arrivals.append((at[0], at[1], cq.max_offset, last_ts))
+                cq = store._queue_for_dispatch(topic, qid)
+                at = (topic, qid)
+            cq.append_units(first, packed, count)
+            last_ts = ts
+        if cq is not None and at is not None:
+            arrivals.append((at[0], at[1], cq.max_offset, last_ts))
         if store._index_enabled:
             later = self.index_later
             if later is None:

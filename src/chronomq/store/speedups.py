@@ -113,6 +113,10 @@ class Kernels(Protocol):
         """delay.timer.files.pack_hash_entries_py."""
         ...
 
+    def queue_runs(self, batch: list[DispatchRequest], /) -> list[tuple[str, int, int, bytes, int, int]]:
+        """reput.queue_runs_py."""
+        ...
+
     def mark_delivered_run(self, group: list[Any], t: int, seq: int, marks: dict[int, Any], buf: bytearray,
                            pending: Any, lates: dict[tuple[int, int], int], out: list[str], /) -> int:
         """delay.timer.window.mark_delivered_run_py."""
