@@ -21,11 +21,14 @@ from hypothesis import strategies as st
 
 from chronomq import message
 from chronomq.broker.processors import send
+from chronomq.clock import VirtualClock
+from chronomq.config import BrokerConfig
 from chronomq.delay import delivery
 from chronomq.delay.timer import append, files
 from chronomq.message import MessageExt, MessageFormatError
 from chronomq.remoting import codec
-from chronomq.store import commitlog, index, put, reput, speedups
+from chronomq.store import MessageStore, commitlog, index, put, reads, reput, speedups
+from chronomq.store.consumequeue import UNIT
 from chronomq.store.types import DispatchRequest, EncodedRecord
 
 native = speedups.native
@@ -506,6 +509,86 @@ def test_queue_runs_refuses_what_the_unit_cannot_hold_as_struct_does(field, valu
     for fn in (native.queue_runs, reput.queue_runs_py):
         with pytest.raises(struct.error):
             fn(batch)
+
+
+# --- a pull's records from its queue units -----------------------------------------------------------------
+def _filled_store(root):
+    """A store with records of 100-2,000 bytes over several 16 KiB commit-log segments; its records'
+    (offset, size)."""
+    store = MessageStore(BrokerConfig(storePathRootDir=str(root), mappedFileSizeCommitLog=16 * 1024,
+                                      maxHashSlotNum=64, maxIndexNum=128), VirtualClock())
+    store.start()
+    placed = []
+    for i in range(40):
+        res = store.put_message(MessageExt(topic="T", body=bytes([i]) * (60 + (i * 277) % 1900),
+                                           born_timestamp=1, born_host=("127.0.0.1", 1)))
+        assert res.append is not None
+        placed.append((res.append.wrote_offset, res.append.wrote_bytes))
+    return store, placed
+
+
+@pytest.fixture(scope="module")
+def filled(tmp_path_factory):
+    store, placed = _filled_store(tmp_path_factory.mktemp("read_units"))
+    yield store._cl, placed
+    store.shutdown()
+
+
+def _unit_rows(placed, wrote):
+    """A queue unit: a stored record, an empty unit, or any offset and size (beyond the log, inside a
+    record, negative)."""
+    return st.one_of(st.sampled_from(placed),
+                     st.tuples(st.sampled_from([p for p, _ in placed]), st.integers(-3, 0)),
+                     st.tuples(st.integers(-50, wrote + 3000), st.integers(-3, 3000)))
+
+
+@needs_native
+@settings(max_examples=300, deadline=None)
+@given(st.data())
+def test_read_units_matches_pure(filled, data):
+    cl, placed = filled
+    rows = data.draw(st.lists(_unit_rows(placed, cl.wrote), max_size=20))
+    units = b"".join(UNIT.pack(p, s, 0) for p, s in rows)
+    min_phys = data.draw(st.sampled_from([0, placed[5][0], placed[30][0] + 1, cl.wrote + 1]))
+    max_msgs, max_bytes = data.draw(st.integers(1, 25)), data.draw(st.integers(1, 40_000))
+    want = reads.read_units_py(units, cl, min_phys, max_msgs, max_bytes)
+    assert native.read_units(units, cl, min_phys, max_msgs, max_bytes) == want
+    out, used, removed = want
+    assert used <= len(rows) and removed <= used and len(out) <= max_msgs
+
+
+@pytest.mark.parametrize("kernel", ["compiled", "pure"])
+def test_read_units_reads_skips_and_counts_as_a_pull_does(filled, kernel):
+    if kernel == "compiled" and native is None:
+        pytest.skip("chronomq.store._speedups not in use")
+    fn = native.read_units if kernel == "compiled" else reads.read_units_py
+    cl, placed = filled
+    (p0, s0), (p1, s1), (p2, s2) = placed[3:6]
+    units = b"".join(UNIT.pack(p, s, 7) for p, s in [(p0, s0), (p1, 0), (p2, s2), (cl.wrote, 10), (p1, s1)])
+    assert fn(units, cl, 0, 10, 1 << 20) == ([cl.read(p0, s0), cl.read(p2, s2), cl.read(p1, s1)], 5, 1)
+    # cleaned below p2: the first counts as removed; the byte limit stops after the first record
+    assert fn(units, cl, p2, 10, 1) == ([cl.read(p2, s2)], 3, 1)
+    assert fn(units, cl, 0, 1, 1 << 20) == ([cl.read(p0, s0)], 1, 0)
+    assert fn(b"", cl, 0, 10, 1 << 20) == ([], 0, 0)
+
+
+@pytest.mark.parametrize("kernel", ["compiled", "pure"])
+def test_read_units_counts_a_segment_closed_meanwhile_as_removed(tmp_path, kernel):
+    if kernel == "compiled" and native is None:
+        pytest.skip("chronomq.store._speedups not in use")
+    fn = native.read_units if kernel == "compiled" else reads.read_units_py
+    store, placed = _filled_store(tmp_path)
+    cl = store._cl
+    try:
+        assert len(cl.segments) > 2
+        first = cl.segments[0]
+        inside = [(p, s) for p, s in placed if p + s <= first.end]
+        later = placed[-1]
+        first.mm.close()  # as the cleaner does while a pull reads
+        units = b"".join(UNIT.pack(p, s, 0) for p, s in [*inside, later])
+        assert fn(units, cl, 0, 100, 1 << 20) == ([cl.read(*later)], len(inside) + 1, len(inside))
+    finally:
+        store.shutdown()
 
 
 # --- the chooser --------------------------------------------------------------------------------------------

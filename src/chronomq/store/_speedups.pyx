@@ -1,7 +1,7 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
 """Compiled kernels of the hot paths (a timed message's way in, its delivery): each one is a drop-in for
 its pure-Python twin (commitlog.splice_py, put.property_fields_py, put.append_run_py,
-put.batch_records_py, reput.queue_runs_py, index.index_entries_py, index.index_query_py,
+put.batch_records_py, reput.queue_runs_py, reads.read_units_py, index.index_entries_py, index.index_query_py,
 delivery.record_to_put,
 codec.batch_items, message.encode_record, pull.due_ms_of, and the timer's append.pack_timer_records_py,
 append.pack_index_entries_py, files.pack_hash_entries_py, window.mark_delivered_run_py), with the same
@@ -761,6 +761,61 @@ def queue_runs(list batch):
                 start = i
                 prev = off
     return runs
+
+
+# --- a pull's records from its queue units (reads.read_units_py) ----------------------------------------
+def read_units(bytes units, object cl, int64_t min_phys, Py_ssize_t max_msgs, int64_t max_bytes):
+    """reads.read_units_py: the records the packed queue ``units`` point at in the commit log ``cl`` (read
+    as CommitLog.read does: its segments, its segment size, its written end), the units used, the removed."""
+    cdef list segs = cl.segments
+    cdef int64_t seg_size = cl.seg_size, wrote = cl.wrote
+    cdef Py_ssize_t nseg = len(segs), n = PyBytes_GET_SIZE(units) // C_UNIT, k, cur = -1
+    cdef Py_ssize_t used = 0, removed = 0
+    cdef const uint8_t* u = <const uint8_t*>PyBytes_AS_STRING(units)
+    cdef int64_t first = 0, phys, idx, r, nbytes = 0, seg_start = 0, take
+    cdef int32_t size
+    cdef list out = []
+    cdef object mm = None, data
+    cdef Py_buffer view
+    if nseg:
+        first = segs[0].start
+    for k in range(n):
+        phys = rd64(u + k * C_UNIT)
+        size = rd32(u + k * C_UNIT + 8)
+        if size > 0 and phys >= min_phys:
+            if out and nbytes + size > max_bytes:
+                break
+            data = None
+            if nseg and phys >= first and phys + size <= wrote:  # CommitLog.read: segment_for, then wrote
+                idx = (phys - first) // seg_size
+                if idx < nseg:
+                    if idx != cur:
+                        seg = segs[idx]
+                        mm, seg_start, cur = seg.mm, seg.start, idx
+                    r = phys - seg_start
+                    try:
+                        PyObject_GetBuffer(mm, &view, PyBUF_SIMPLE)
+                    except ValueError:  # the segment was cleaned meanwhile
+                        pass
+                    else:
+                        try:  # as the slice mm[r : r + size]
+                            if r < 0:
+                                r = r + view.len if r + view.len > 0 else 0
+                            take = view.len - r if r + size > view.len else size
+                            data = PyBytes_FromStringAndSize(<char*>view.buf + r, take if take > 0 else 0)
+                        finally:
+                            PyBuffer_Release(&view)
+            if data is not None:
+                out.append(data)
+                nbytes += size
+                used += 1
+                if len(out) >= max_msgs:
+                    break
+                continue
+        if size > 0:
+            removed += 1
+        used += 1
+    return out, used, removed
 
 
 # --- a send's batch body straight to its records (put.batch_records_py) ---------------------------------

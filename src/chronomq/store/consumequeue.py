@@ -194,7 +194,12 @@ class ConsumeQueue:
 
     def units(self, offset: int, max_count: int) -> list[tuple[int, int, int]]:
         """Raw (phys, size, tagsCode) units from ``offset`` (clamped to [min, max))."""
-        out: list[tuple[int, int, int]] = []
+        return list(UNIT.iter_unpack(self.raw_units(offset, max_count)))
+
+    def raw_units(self, offset: int, max_count: int) -> bytes:
+        """The units from ``offset`` (clamped to [min, max)) as stored, UNIT_SIZE bytes each; up to the
+        first that cannot be read (a file cleaned meanwhile)."""
+        parts: list[bytes] = []
         offset = max(offset, self.min_offset)
         end = min(self.max_offset, offset + max_count)
         while offset < end:
@@ -204,11 +209,15 @@ class ConsumeQueue:
             r = offset * UNIT_SIZE - f.start
             n = min(end - offset, (f.file_size - r) // UNIT_SIZE)
             try:
-                out.extend(UNIT.iter_unpack(f.mm[r : r + n * UNIT_SIZE]))
+                part = f.mm[r : r + n * UNIT_SIZE]
             except ValueError:
                 break
+            if len(part) != n * UNIT_SIZE:  # a file shorter than its size: up to its whole units
+                parts.append(part[: len(part) - len(part) % UNIT_SIZE])
+                break
+            parts.append(part)
             offset += n
-        return out
+        return parts[0] if len(parts) == 1 else b"".join(parts)
 
     def cq_units(self, offset: int, max_count: int) -> list[CQUnit]:
         start = max(offset, self.min_offset)

@@ -10,6 +10,8 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING
 
 from chronomq.message import MessageExt, MessageFormatError, decode_record
+from chronomq.store.consumequeue import UNIT
+from chronomq.store.speedups import kernels, pure_twin
 from chronomq.store.types import CQUnit, GetResult, GetStatus
 
 if TYPE_CHECKING:
@@ -32,6 +34,49 @@ def _units_in_steps(cq: ConsumeQueue, offset: int, first: int, limit: int) -> It
         yield from chunk
         got += len(chunk)
         step *= 4
+
+
+@pure_twin("read_units")
+def read_units_py(units: bytes, cl: CommitLog, min_phys: int, max_msgs: int, max_bytes: int
+                  ) -> tuple[list[bytes], int, int]:
+    """The records that the packed queue ``units`` point at in ``cl``, as a pull without filters reads
+    them: up to ``max_msgs``, and past ``max_bytes`` only for the first; an empty unit is passed over, one
+    below ``min_phys`` or no longer readable counted as removed. Returns the records, how many units were
+    used and how many of those were removed."""
+    out: list[bytes] = []
+    nbytes = used = removed = 0
+    for phys, size, _tags_code in UNIT.iter_unpack(units):
+        if size > 0 and phys >= min_phys:
+            if out and nbytes + size > max_bytes:
+                break
+            data = cl.read(phys, size)
+            if data is not None:
+                out.append(data)
+                nbytes += size
+                used += 1
+                if len(out) >= max_msgs:
+                    break
+                continue
+        if size > 0:
+            removed += 1
+        used += 1
+    return out, used, removed
+
+
+# the compiled kernel when built (chronomq.store.speedups chooses); read_units_py is its twin
+read_units = kernels.read_units
+
+
+def _get_result(out: list[bytes], next_off: int, lo: int, hi: int, removed: int, filtered: int) -> GetResult:
+    if out:
+        status = GetStatus.FOUND
+    elif removed and not filtered:
+        status = GetStatus.MESSAGE_WAS_REMOVING
+    elif filtered:
+        status = GetStatus.NO_MATCHED_MESSAGE
+    else:
+        status = GetStatus.OFFSET_FOUND_NULL
+    return GetResult(status, next_off, lo, hi, out)
 
 
 class ReadPath:
@@ -60,18 +105,22 @@ class ReadPath:
         if offset > hi:
             return GetResult(GetStatus.OFFSET_OVERFLOW_BADLY, 0 if lo == 0 else hi, lo, hi)
         max_msgs = max(1, max_msgs)
-        if record_filter is None:
-            units: Iterator[tuple[int, int, int]] | list[tuple[int, int, int]] = cq.units(
-                offset, max_msgs if tag_filter is None else max(max_msgs, 800))
-        else:  # most records may match: read the queue entries in growing steps, not 800 at once
-            units = _units_in_steps(cq, offset, 2 * max_msgs, max(max_msgs, 800))
         cl = self._cl
         min_phys = cl.min_offset
+        if tag_filter is None and record_filter is None:  # a pull of everything: one compiled pass
+            units = cq.raw_units(offset, max_msgs)
+            records, used, gone = read_units(units, cl, min_phys, max_msgs, max_bytes)
+            return _get_result(records, offset + used, lo, hi, gone, 0)
+        unpacked: Iterator[tuple[int, int, int]] | list[tuple[int, int, int]]
+        if record_filter is None:
+            unpacked = cq.units(offset, max(max_msgs, 800))
+        else:  # most records may match: read the queue entries in growing steps, not 800 at once
+            unpacked = _units_in_steps(cq, offset, 2 * max_msgs, max(max_msgs, 800))
         out: list[bytes] = []
         nbytes = 0
         next_off = offset
         removed = filtered = 0
-        for phys, size, tags_code in units:
+        for phys, size, tags_code in unpacked:
             if size <= 0:
                 next_off += 1
                 continue
@@ -99,15 +148,7 @@ class ReadPath:
             next_off += 1
             if len(out) >= max_msgs:
                 break
-        if out:
-            status = GetStatus.FOUND
-        elif removed and not filtered:
-            status = GetStatus.MESSAGE_WAS_REMOVING
-        elif filtered:
-            status = GetStatus.NO_MATCHED_MESSAGE
-        else:
-            status = GetStatus.OFFSET_FOUND_NULL
-        return GetResult(status, next_off, lo, hi, out)
+        return _get_result(out, next_off, lo, hi, removed, filtered)
 
     def read_record(self, commit_log_offset: int) -> bytes | None:
         if commit_log_offset < self._cl.min_offset:

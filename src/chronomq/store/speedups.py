@@ -18,6 +18,7 @@ from chronomq.message import encode_record
 
 if TYPE_CHECKING:
     from chronomq.message import MessageExt
+    from chronomq.store.commitlog import CommitLog
     from chronomq.store.types import DispatchRequest, EncodedRecord
 
 PURE_ENV = "CHRONOMQ_PURE_PYTHON"
@@ -111,6 +112,11 @@ class Kernels(Protocol):
     def pack_hash_entries(self, items: list[tuple[int, int]], count: int, buckets: int, bmap: Buffer,
                           backed: set[int], /) -> tuple[bytearray, dict[int, int], int]:
         """delay.timer.files.pack_hash_entries_py."""
+        ...
+
+    def read_units(self, units: bytes, cl: CommitLog, min_phys: int, max_msgs: int, max_bytes: int, /
+                   ) -> tuple[list[bytes], int, int]:
+        """reads.read_units_py."""
         ...
 
     def queue_runs(self, batch: list[DispatchRequest], /) -> list[tuple[str, int, int, bytes, int, int]]:
