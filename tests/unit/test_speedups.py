@@ -570,6 +570,8 @@ def test_read_units_reads_skips_and_counts_as_a_pull_does(filled, kernel):
     assert fn(units, cl, p2, 10, 1) == ([cl.read(p2, s2)], 3, 1)
     assert fn(units, cl, 0, 1, 1 << 20) == ([cl.read(p0, s0)], 1, 0)
     assert fn(b"", cl, 0, 10, 1 << 20) == ([], 0, 0)
+    with pytest.raises(struct.error):  # units are whole or refused
+        fn(units[:-1], cl, 0, 10, 1 << 20)
 
 
 @pytest.mark.parametrize("kernel", ["compiled", "pure"])

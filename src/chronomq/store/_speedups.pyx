@@ -777,6 +777,9 @@ def read_units(bytes units, object cl, int64_t min_phys, Py_ssize_t max_msgs, in
     cdef list out = []
     cdef object mm = None, data
     cdef Py_buffer view
+    if PyBytes_GET_SIZE(units) % C_UNIT:
+        _imports()
+        raise _struct_error(f"iterative unpacking requires a buffer of a multiple of {C_UNIT} bytes")
     if nseg:
         first = segs[0].start
     for k in range(n):
