@@ -1,11 +1,10 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
 """Compiled kernels of the hot paths (a timed message's way in, its delivery): each one is a drop-in for
 its pure-Python twin (commitlog.splice_py, put.property_fields_py, put.append_run_py,
-put.batch_records_py, reput.queue_runs_py, reads.read_units_py, index.index_entries_py, index.index_query_py,
-delivery.record_to_put,
-codec.batch_items, message.encode_record, pull.due_ms_of, and the timer's append.pack_timer_records_py,
-append.pack_index_entries_py, files.pack_hash_entries_py, window.mark_delivered_run_py), with the same
-results, the same refusals and the same exception types.
+put.batch_records_py, reput.queue_runs_py, reads.read_units_py, index.index_entries_py,
+index.index_query_py, delivery.record_to_put, codec.batch_items, message.encode_record, pull.due_ms_of,
+and the timer's append.pack_timer_records_py, append.pack_index_entries_py, files.pack_hash_entries_py,
+window.mark_delivered_run_py), with the same results, the same refusals and the same exception types.
 The timer's kernels take what the timer store made itself (positions, sizes, ids, slots, all in range by
 construction) and do not repeat the range checks of struct packing. chronomq.store.speedups chooses
 between this module and the twins (``kernels``); _speedups.pyi gives mypy its types."""

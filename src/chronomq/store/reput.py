@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 from chronomq.levels import stored_tags_code
 from chronomq.message import MessageExt
-from chronomq.store.consumequeue import UNIT
+from chronomq.store.consumequeue import UNIT, ConsumeQueue
 from chronomq.store.speedups import kernels, pure_twin
 from chronomq.store.types import DispatchRequest
 
@@ -151,21 +151,13 @@ class ReputMessageService:
     def dispatch(self, batch: list[DispatchRequest]) -> None:
         """Build consume-queue units and index entries for requests in commit-log order."""
         store = self._store
-        arrivals = []
-        cq = None
-        at: tuple[str, int] | None = None
-        last_ts = 0
-        # a queue's runs come together (its offsets split where they are not consecutive)
+        # per queue, in the order the queues first appear: its queue and the store time of its last unit
+        ends: dict[tuple[str, int], tuple[ConsumeQueue, int]] = {}
         for topic, qid, first, packed, count, ts in queue_runs(batch):
-            if cq is None or at != (topic, qid):
-                if cq is not None and at is not None:
-                    arrivals.append((at[0], at[1], cq.max_offset, last_ts))
-                cq = store._queue_for_dispatch(topic, qid)
-                at = (topic, qid)
+            cq = store._queue_for_dispatch(topic, qid)
             cq.append_units(first, packed, count)
-            last_ts = ts
-        if cq is not None and at is not None:
-            arrivals.append((at[0], at[1], cq.max_offset, last_ts))
+            ends[(topic, qid)] = (cq, ts)
+        arrivals = [(topic, qid, cq.max_offset, ts) for (topic, qid), (cq, ts) in ends.items()]
         if store._index_enabled:
             later = self.index_later
             if later is None:
