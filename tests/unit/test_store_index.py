@@ -166,3 +166,41 @@ def test_truncating_entries_rewrites_the_table_without_filling_its_holes(tmp_pat
     assert all(uniq_hits(svc, p) == [p * 100] for p in range(10))
     assert all(uniq_hits(svc, p) == [] for p in range(10, 30))
     svc.close()
+
+
+def test_a_new_index_starts_with_a_small_file_and_a_reopen_reads_each_files_geometry(tmp_path):
+    shrink = index_mod.FIRST_FILE_SHRINK
+    slots, entries = shrink * index_mod.FIRST_FILE_MIN_SLOTS, shrink * 8
+    svc = IndexService(str(tmp_path), slots, entries)
+    svc.put_batch(items(0, 40))  # 80 entries: the small first file (7) rolls to a full one
+    first, second = svc.files[0], svc.files[1]
+    assert (first.slot_num, first.index_num) == (index_mod.FIRST_FILE_MIN_SLOTS, 8)
+    assert (second.slot_num, second.index_num) == (slots, entries)
+    assert os.path.getsize(first.mf.path) == HEADER_SIZE + first.slot_num * 4 + 8 * index_mod.ENTRY_SIZE
+    assert os.path.getsize(second.mf.path) == HEADER_SIZE + slots * 4 + entries * index_mod.ENTRY_SIZE
+    svc.close()
+    again = IndexService(str(tmp_path), slots, entries)
+    again.load()
+    assert [(f.slot_num, f.index_num) for f in again.files] == [(index_mod.FIRST_FILE_MIN_SLOTS, 8),
+                                                                (slots, entries)]
+    assert all(uniq_hits(again, p) == [p * 100] for p in range(40))
+    assert key_hits(again, 3) == [p * 100 for p in range(40) if p % 5 == 3]
+    again.close()
+
+
+def test_too_few_slots_to_shrink_keep_the_configured_size_and_files_of_full_size_stay_full(tmp_path):
+    small = IndexService(str(tmp_path / "small"), index_mod.FIRST_FILE_MIN_SLOTS * 8, 64)
+    small.put_batch(items(0, 3))
+    assert (small.files[0].slot_num, small.files[0].index_num) == (index_mod.FIRST_FILE_MIN_SLOTS * 8, 64)
+    small.close()
+    # a store written before the small first file: its first file has the configured size, and keeps it
+    slots, entries = index_mod.FIRST_FILE_SHRINK * index_mod.FIRST_FILE_MIN_SLOTS, 64
+    old = tmp_path / "old"
+    old.mkdir()
+    index_mod.IndexFile(str(old / f"{0:020d}"), slots, entries).mf.close()
+    svc = IndexService(str(old), slots, entries)
+    svc.load()
+    svc.put_batch(items(0, 5))
+    assert [(f.slot_num, f.index_num) for f in svc.files] == [(slots, entries)]
+    assert all(uniq_hits(svc, p) == [p * 100] for p in range(5))
+    svc.close()

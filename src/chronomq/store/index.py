@@ -5,7 +5,8 @@ entry count), ``maxHashSlotNum`` 4-byte slots holding the newest entry number of
 ``maxIndexNum`` 20-byte entries (key hash int32, physical offset int64, seconds since the file's begin
 timestamp int32, previous entry in the chain int32). Entry 0 is unused so 0 means "none". Files are
 named by a 20-digit sequence number (physical offsets can repeat after recovery truncates the log); a
-full file is followed by a new one.
+full file is followed by a new one. The first file of an empty index is FIRST_FILE_SHRINK times smaller
+(slots and entries alike); a file's geometry is read from its size when it is opened again.
 
 Lookups return candidate offsets only: the caller reads each record and checks its topic, keys and
 store time (hash collisions, and entries left by a crash past the recovered end, are filtered there).
@@ -68,6 +69,24 @@ def _write_table(fd: int, table: bytearray) -> None:
         had_blocks = at // SLOT_PAGE in backed or (at + len(page) - 1) // SLOT_PAGE in backed
         if had_blocks or page != zero[:len(page)]:
             _pwrite_all(fd, page, at)
+
+
+# A store's first index file has FIRST_FILE_SHRINK times fewer slots and entries than configured (its
+# chains as long when full), so that a store holding few keys does not give its slot table's every page a
+# disk block: 60,000 keys touch every page of 5,000,000 slots, 20 MiB. The files after it have the
+# configured size. Not when that would leave fewer than FIRST_FILE_MIN_SLOTS slots.
+FIRST_FILE_SHRINK = 16
+FIRST_FILE_MIN_SLOTS = 4096
+
+
+def file_geometry(size: int, slot_num: int, index_num: int) -> tuple[int, int]:
+    """(slots, entries) of an index file of ``size`` bytes under the configured counts: the small first
+    file's when its size is that one's, else the configured (a new file, or one of another size)."""
+    small_slots, small_entries = slot_num // FIRST_FILE_SHRINK, index_num // FIRST_FILE_SHRINK
+    if (small_slots >= FIRST_FILE_MIN_SLOTS and small_entries >= 2
+            and size == HEADER_SIZE + small_slots * 4 + small_entries * ENTRY_SIZE):
+        return small_slots, small_entries
+    return slot_num, index_num
 
 
 def key_hash(key: str) -> int:
@@ -305,14 +324,21 @@ class IndexService:
     def load(self) -> None:
         for n in sorted(x for x in os.listdir(self.dir) if x.isdigit() and len(x) == 20):
             path = os.path.join(self.dir, n)
-            self.files.append(IndexFile(path, self.slot_num, self.index_num))
+            slots, entries = file_geometry(os.stat(path).st_size, self.slot_num, self.index_num)
+            self.files.append(IndexFile(path, slots, entries))
 
     def _active(self) -> IndexFile:
         if not self.files or self.files[-1].full:
             if self.files:
                 self.files[-1].write_header()
-            seq = int(os.path.basename(self.files[-1].mf.path)) + 1 if self.files else 0
-            f = IndexFile(os.path.join(self.dir, f"{seq:020d}"), self.slot_num, self.index_num)
+                seq = int(os.path.basename(self.files[-1].mf.path)) + 1
+                slots, entries = self.slot_num, self.index_num
+            else:  # the store's first file: the small geometry, when there is one
+                seq = 0
+                small = HEADER_SIZE + self.slot_num // FIRST_FILE_SHRINK * 4 + (
+                    self.index_num // FIRST_FILE_SHRINK * ENTRY_SIZE)
+                slots, entries = file_geometry(small, self.slot_num, self.index_num)
+            f = IndexFile(os.path.join(self.dir, f"{seq:020d}"), slots, entries)
             with self.lock:
                 self.files = [*self.files, f]
         return self.files[-1]
