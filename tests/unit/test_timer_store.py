@@ -314,10 +314,10 @@ def test_retention_scan_reads_records_across_chunk_edges(tmp_path: Path, clock: 
     late_seg = t.data.seg_start(_pos_of(t.schedule(msg("late", size=5000), now + 7 * DAY).offset_msg_id))
     latest[late_seg] = now + 7 * DAY
     assert len(latest) >= 4
-    assert {seg: t._retention.scan_data_segment(seg) for seg in latest} == latest
+    assert {seg: t._retention.scan_data_segment(seg).max_pending for seg in latest} == latest
     drive(t, clock, fstore, until=now + 2_000)
     t.flush()
-    assert {seg: t._retention.scan_data_segment(seg) for seg in latest} == {
+    assert {seg: t._retention.scan_data_segment(seg).max_pending for seg in latest} == {
         seg: (now + 7 * DAY if seg == late_seg else None) for seg in latest}
 
 
@@ -687,10 +687,10 @@ now = clock.now_ms()
 for i in range(900):
     t.schedule(msg(f"b{i}", size=1500), now + 1000 + i)
 first = t.data.starts[0]
-assert t._retention.scan_data_segment(first) is not None  # the buffer is made here
+assert t._retention.scan_data_segment(first).max_pending is not None  # the buffer is made here
 tracemalloc.start()
 for _ in range(3):
-    assert t._retention.scan_data_segment(first) is not None
+    assert t._retention.scan_data_segment(first).max_pending is not None
 print(tracemalloc.get_traced_memory()[1])
 """
 

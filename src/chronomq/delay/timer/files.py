@@ -8,6 +8,9 @@ written; only the small wheel files and the hash bucket tables are memory-mapped
 from __future__ import annotations
 
 import array
+import bisect
+import ctypes
+import errno
 import mmap
 import operator
 import os
@@ -22,6 +25,27 @@ from chronomq.store.speedups import kernels, pure_twin
 
 _Q = struct.Struct("<q")
 _ZERO_CHUNK = bytes(4096)
+_HOLE = struct.Struct("<qqi")  # a reclaimed range of a data segment: [first, end) positions, crc32 of both
+_PUNCH = 0x01 | 0x02  # FALLOC_FL_KEEP_SIZE | FALLOC_FL_PUNCH_HOLE
+_PAGE = 4096
+_libc: ctypes.CDLL | None = None
+
+
+def punch_hole(fd: int, off: int, length: int) -> bool:
+    """Give back the disk blocks of [off, off + length) of a file (they read as zeros afterwards), keeping
+    its size. False when the file system or platform cannot (nothing changed then)."""
+    global _libc
+    if length <= 0 or not sys.platform.startswith("linux"):
+        return False
+    if _libc is None:
+        _libc = ctypes.CDLL(None, use_errno=True)
+        _libc.fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
+    if _libc.fallocate(fd, _PUNCH, off, length) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
+        return False
+    raise OSError(err, os.strerror(err))
 
 
 def _heads_of(raw: bytes) -> array.array[int]:
@@ -38,7 +62,9 @@ def _seg_name(start: int) -> str:
 
 class SegmentedFile:
     """A logical byte space split into fixed-size files named by their 20-digit start position.
-    One write never crosses a segment boundary (``write`` refuses it)."""
+    One write never crosses a segment boundary (``write`` refuses it). Ranges of a segment may be
+    reclaimed (``reclaim``): their pages become holes, and the ranges are listed in ``<start>.holes``
+    (entries appended and synced before the punch) so that a walk of the segment steps over them."""
 
     def __init__(self, directory: Path, segment_size: int) -> None:
         self.dir = directory
@@ -52,6 +78,11 @@ class SegmentedFile:
         self.starts: list[int] = sorted(
             int(p.name) for p in self.dir.iterdir() if p.name.isdigit() and len(p.name) == 20
         )
+        # reclaimed ranges per segment: first -> end, and the firsts sorted (for ``hole_at``)
+        self.holes: dict[int, dict[int, int]] = {}
+        self._hole_firsts: dict[int, list[int]] = {}
+        for start in self.starts:
+            self._load_holes(start)
 
     # --- layout -------------------------------------------------------------------------------------
     def seg_start(self, pos: int) -> int:
@@ -80,6 +111,67 @@ class SegmentedFile:
                 self.starts.append(start)
                 self.starts.sort()
         return fd
+
+    # --- reclaimed ranges -------------------------------------------------------------------------------
+    def _holes_path(self, start: int) -> Path:
+        return self.dir / f"{_seg_name(start)}.holes"
+
+    def _load_holes(self, start: int) -> None:
+        try:
+            raw = self._holes_path(start).read_bytes()
+        except FileNotFoundError:
+            return
+        ranges: dict[int, int] = {}
+        for off in range(0, len(raw) - len(raw) % _HOLE.size, _HOLE.size):
+            first, end, crc = _HOLE.unpack_from(raw, off)
+            if (zlib.crc32(raw[off:off + 16]) - (1 << 31) != crc
+                    or not start <= first < end <= start + self.segment_size):
+                break  # a torn last entry (its punch never ran)
+            ranges[first] = end  # a later entry for the same first extends it
+        if ranges:
+            self.holes[start] = ranges
+            self._hole_firsts[start] = sorted(ranges)
+
+    def hole_end(self, pos: int) -> int | None:
+        """The end of the reclaimed range that begins at ``pos``, or None."""
+        ranges = self.holes.get(self.seg_start(pos))
+        return None if ranges is None else ranges.get(pos)
+
+    def in_hole(self, pos: int) -> bool:
+        """Whether ``pos`` lies in a reclaimed range."""
+        start = self.seg_start(pos)
+        firsts = self._hole_firsts.get(start)
+        if not firsts:
+            return False
+        i = bisect.bisect_right(firsts, pos) - 1
+        return i >= 0 and pos < self.holes[start][firsts[i]]
+
+    def reclaim(self, first: int, end: int) -> int:
+        """Reclaim [first, end) of one segment (nothing there is read again; ``first`` may begin a range
+        already reclaimed, which then grows): the range is recorded and synced, then the whole pages
+        inside it are punched. Returns the bytes punched (0 where the file system cannot punch: the
+        range is recorded all the same). OSError from the record or the punch (nothing half done that
+        a walk could misread: a recorded range is only ever skipped)."""
+        start = self.seg_start(first)
+        if not first < end <= start + self.segment_size:
+            raise ValueError("a reclaimed range lies within one segment")
+        entry = _HOLE.pack(first, end, zlib.crc32(_HOLE.pack(first, end, 0)[:16]) - (1 << 31))
+        fd = os.open(self._holes_path(start), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        try:
+            os.write(fd, entry)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        ranges = self.holes.setdefault(start, {})
+        known = first in ranges
+        ranges[first] = end  # before ``first`` is listed: a reader that finds it listed finds its end
+        if not known:
+            bisect.insort(self._hole_firsts.setdefault(start, []), first)
+        lo = -(-(first - start) // _PAGE) * _PAGE
+        hi = (end - start) // _PAGE * _PAGE
+        if hi <= lo:
+            return 0
+        return hi - lo if punch_hole(self._fd(start), lo, hi - lo) else 0
 
     # --- I/O -------------------------------------------------------------------------------------------
     def write(self, pos: int, data: bytes | bytearray | memoryview) -> None:
@@ -184,6 +276,9 @@ class SegmentedFile:
             (self.dir / _seg_name(start)).unlink()
         except FileNotFoundError:
             pass
+        self._holes_path(start).unlink(missing_ok=True)
+        self.holes.pop(start, None)
+        self._hole_firsts.pop(start, None)
         if start in self.starts:
             self.starts.remove(start)
 

@@ -38,6 +38,8 @@ class Queries:
         """The header (with its unapplied delivery mark) and the bytes of the record at ``pos``, or None
         when there is no whole record there."""
         s = self.store
+        if s.data.in_hole(pos):
+            return None  # reclaimed by retention, as if its segment were deleted
         hdr = s.data.read(pos, DATA_HDR_SIZE)
         if len(hdr) < DATA_HDR_SIZE:
             return None

@@ -140,6 +140,7 @@ class Recovery:
         s.idx_seg_max = {int(k): v for k, v in ckpt.get("idx_seg_max", {}).items()}
         recovered_seq = int(ckpt.get("done_seq", 0))
         s.done_seq = recovered_seq + (1 if clean else _SEQ_JUMP)
+        s.persisted_done_seq = recovered_seq
         # Sequence ranges of completions that happened after a checkpoint and before a crash: their
         # records are subtracted from the pending counters when their slots are walked again. A range
         # stays open (and persisted) until the watermark passes every slot that crashed run touched.
@@ -318,8 +319,8 @@ class Recovery:
             whole = len(raw) - len(raw) % _DONE_ENTRY.size
             for off in range(0, whole, _DONE_ENTRY.size):
                 pos, block = _DONE_ENTRY.unpack_from(raw, off)
-                if not s.data.min_pos <= pos < s.data_end:
-                    continue  # its record was deleted by retention: nothing to mark
+                if not s.data.min_pos <= pos < s.data_end or s.data.in_hole(pos):
+                    continue  # its record was deleted or reclaimed by retention: nothing to mark
                 if not self._mark_fits(pos, block):
                     log.warning("timer: done.%d.log is torn at byte %d: %d of its marks dropped (their "
                                 "messages may be delivered again)", k, off, (whole - off) // _DONE_ENTRY.size)

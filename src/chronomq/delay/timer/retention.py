@@ -1,18 +1,30 @@
 """Retention for TimerStore (``Retention``, which the store holds and delegates to): delete processed wheel
 days and index segments (by the persisted watermark), data segments holding no pending record, and hash
-generations naming only deleted data. Rules: the data segments are scanned without the lock (only
-ever to keep a segment longer than needed); the deletions run under the store's lock.
+generations naming only deleted data; reclaim the runs of completed records inside a segment that still
+holds pending ones. Rules: the data segments are scanned without the lock (only ever to keep bytes
+longer than needed); the deletions run under the store's lock; a record is reclaimed only once its
+completion is in a checkpoint and no crash recovery may still read it (``Retention.reclaimable``).
 """
 
 from __future__ import annotations
 
 import os
 import threading
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from chronomq.store import faults
 
-from .records import DATA_HDR_SIZE, DATA_MAGIC, IDX_SIZE, PENDING, unpack_header
+from .records import DATA_HDR_SIZE, DATA_MAGIC, IDX_SIZE, PENDING, TimerHeader, unpack_header
+
+RECLAIM_MIN = 64 << 10  # a run of completed records shorter than this is left in place
+
+
+class _Scan(NamedTuple):
+    """What a scan of one data segment found."""
+
+    max_pending: int | None  # the latest deliver time of a pending record (None: none is pending)
+    runs: list[tuple[int, int]]  # [first, end) runs of reclaimable records, RECLAIM_MIN or longer
+    waiting: int  # completed records not reclaimable yet (their completion is not in a checkpoint)
 
 if TYPE_CHECKING:
     from .store import TimerStore
@@ -49,33 +61,67 @@ class Retention:
             deleted["wheel_files"] = before - s.wheel.files
             faults.point("timer.retention")
             active = s.data.seg_start(s.data_end)
+            reclaim = s.reclaim_candidates()
             todo = [start for start in s.data.starts
-                    if start < active and s.data_recheck.get(start, 0) <= now]
+                    if start < active and (s.data_recheck.get(start, 0) <= now or start in reclaim)]
+            counted = {start: s.done_since_scan.get(start, 0) for start in todo}
+            done_seq, open_ranges = s.persisted_done_seq, [(lo, hi) for lo, hi, _ in s.open_ranges]
         # Unlocked: a segment before the active one is never appended to, and a record's state only
         # leaves PENDING (delivered, cancelled, failed; a reschedule keeps it pending). A scan racing a
         # state change can only see a record as still pending, which keeps its segment a while longer.
-        found = {start: self.scan_data_segment(start) for start in todo}
+        found = {start: self.scan_data_segment(start, done_seq, open_ranges) for start in todo}
+        reclaimed = 0
+        for start, scan in found.items():
+            if scan.max_pending is not None and start in s.data.starts:
+                for first, end in scan.runs:  # recorded and synced before the punch (SegmentedFile)
+                    reclaimed += s.data.reclaim(first, end)
         with s.lock:
-            for start, max_pending in found.items():
+            for start, scan in found.items():
+                s.done_since_scan[start] = s.done_since_scan.get(start, 0) - counted[start] + scan.waiting
                 if start not in s.data.starts:
                     continue
-                if max_pending is None:
+                if scan.max_pending is None:
                     s.data.delete_segment(start)
                     s.data_recheck.pop(start, None)
+                    s.done_since_scan.pop(start, None)
                     deleted["data_segments"] += 1
                 else:
-                    s.data_recheck[start] = max_pending
+                    s.data_recheck[start] = scan.max_pending
             s.hash.drop_below(min(s.data.min_pos, s.data_end) if s.data.starts else s.data_end)
+            deleted["reclaimed_bytes"] = reclaimed
             return deleted
 
-    def scan_data_segment(self, start: int) -> int | None:
-        """The latest deliver time of a pending record in the segment at ``start``, or None if there is
-        none. Read in chunks of ``scan_chunk`` bytes into one buffer kept for the store's life (why:
-        docs/timer.md, Retention)."""
+    @staticmethod
+    def reclaimable(h: TimerHeader, done_seq: int, open_ranges: list[tuple[int, int]]) -> bool:
+        """A completed record whose bytes nothing reads again: its completion is in a checkpoint (so its
+        mark is in the record and synced, and the done logs' replay at open skips reclaimed ranges), and
+        it is not one whose completion a crash's recovery still has to count when its slot comes round
+        (``open_ranges``)."""
+        seq = h.done_seq
+        return (h.state != PENDING and seq <= done_seq
+                and not any(lo < seq < hi for lo, hi in open_ranges))
+
+    def scan_data_segment(self, start: int, done_seq: int = -1,
+                          open_ranges: list[tuple[int, int]] | None = None) -> _Scan:
+        """The latest deliver time of a pending record in the segment at ``start`` (None if there is
+        none), the runs of records ``reclaimable`` under ``done_seq`` and ``open_ranges`` (a run that
+        continues a reclaimed range starts where that range does), and how many completed records are not
+        reclaimable yet. Reclaimed ranges are stepped over. Read in chunks of ``scan_chunk`` bytes into
+        one buffer kept for the store's life (why: docs/timer.md, Retention)."""
         s = self.store
         end = start + s.data_seg
         best = None
         marks = s._marks
+        ranges = open_ranges or []
+        hole_at = s.data.hole_end
+        runs: list[tuple[int, int]] = []
+        waiting = 0
+        run_first = run_new = -1  # the current run's first position and where its new part begins
+
+        def close_run(at: int) -> None:
+            if run_first >= 0 and at - run_new >= RECLAIM_MIN:
+                runs.append((run_first, at))
+
         chunk = max(self.scan_chunk, DATA_HDR_SIZE)
         with self._scan_lock:
             if self._scan_buf is None or len(self._scan_buf) != chunk + DATA_HDR_SIZE:
@@ -84,11 +130,16 @@ class Retention:
             view = memoryview(buf)
             fd = s.data.open_reader(start)
             if fd is None:
-                return None
+                return _Scan(None, [], 0)
             try:
                 pos = start
                 buf_at, have = start, 0  # buf[0:have] holds the segment's bytes from position buf_at
                 while pos + DATA_HDR_SIZE <= end:
+                    hole_end = hole_at(pos)
+                    if hole_end is not None:  # reclaimed: completed records only
+                        close_run(pos)
+                        run_first, run_new, pos = pos, hole_end, hole_end
+                        continue
                     if pos + DATA_HDR_SIZE > buf_at + have:  # the header is not (wholly) in the buffer
                         keep = buf_at + have - pos if pos < buf_at + have else 0
                         if keep:
@@ -103,8 +154,17 @@ class Retention:
                         break
                     if h.state == PENDING and pos not in marks:
                         best = h.deliver_ms if best is None else max(best, h.deliver_ms)
+                    if self.reclaimable(h, done_seq, ranges):
+                        if run_first < 0:
+                            run_first = run_new = pos
+                    else:
+                        if h.state != PENDING:
+                            waiting += 1
+                        close_run(pos)
+                        run_first = -1
                     pos += h.size
+                close_run(pos)
             finally:
                 view.release()
                 os.close(fd)
-        return best
+        return _Scan(best, runs, waiting)

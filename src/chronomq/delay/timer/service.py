@@ -76,6 +76,7 @@ class TimerService:
         self._sleep_target = _NEVER
         self._version = 0
         self._flush_soon = False  # flush_entries were parked since the last checkpoint: flush now
+        self._retain_soon = False  # a flush made completed records reclaimable: run retention now
         # SYNC_FLUSH group commit: fsync rounds run one at a time; a schedule is acknowledged once a round
         # that started after its write has completed, so concurrent requests share fsyncs
         self._sync_lock = threading.Lock()
@@ -253,9 +254,14 @@ class TimerService:
     def _flushed(self, fut: asyncio.Future[None]) -> None:
         """A flush ended: its failure logged; more may have been parked meanwhile. A flush asked for by
         count while this one ran (the loop does not start a second one) is started now: the loop is woken,
-        not left asleep until the interval."""
+        not left asleep until the interval. So is retention when the flush made enough completed records
+        reclaimable."""
         if not fut.cancelled() and fut.exception() is not None:
             log.error("timer flush failed (retried at the next interval): %r", fut.exception())
+        elif not self._retain_soon and self.timer.reclaim_candidates():
+            self._retain_soon = True  # the loop, woken, runs retention at its next turn
+            if self._event is not None:
+                self._event.set()
         if self._flush_soon and self._event is not None:
             self._event.set()  # a done callback: on the loop's thread
         else:
@@ -322,11 +328,12 @@ class TimerService:
                         flushing.add_done_callback(self._flushed)
                         self._flush_soon = False
                     next_flush = now + cfg.flush_interval_ms
-                if now >= next_retention:
+                if now >= next_retention or self._retain_soon:
                     if retaining is None or retaining.done():
                         # scans whole data segments: in a worker thread, deliveries go on meanwhile
                         retaining = asyncio.ensure_future(in_background(t.run_retention, now))
                         retaining.add_done_callback(_log_failure)
+                        self._retain_soon = False
                     next_retention = now + cfg.retention_interval_ms
                 version = self._version
                 if now >= backoff_until:

@@ -61,6 +61,7 @@ class TimerState:
     pending: Counter[int]
     idx_seg_max: dict[int, int]
     done_seq: int
+    persisted_done_seq: int  # done_seq of the newest checkpoint on disk (its marks are in their records)
     open_ranges: list[list[int]]
     recovered_clean: bool
     dirty: bool
@@ -77,6 +78,9 @@ class TimerState:
     early: int
     stale_skipped: int
     data_recheck: dict[int, int]
+    done_since_scan: dict[int, int]  # records completed per data segment since retention last scanned it
+    appended_bytes: int  # data records appended since the open (their mean size: reclaim_candidates)
+    appended_records: int
     # delivery marks and the done logs
     _marks: dict[int, Mark]  # by data position
     _mark_buf: bytearray  # the marks of the batch being delivered, for the done log

@@ -182,6 +182,16 @@ class TimerStore(WindowPath):
         return f"{self.offset_id_prefix()}{TIMER_OFFSET_FLAG | pos:016X}"
 
     # --- retention (retention.py) ------------------------------------------------------------------------
+    def reclaim_candidates(self) -> set[int]:
+        """The data segments before the active one in which enough records completed since retention last
+        scanned them (an eighth of a segment, by the mean size of the records appended since the open, 1
+        KiB before the first) that a scan is worth it: their completed runs get reclaimed."""
+        with self.lock:
+            mean = self.appended_bytes // self.appended_records if self.appended_records else 1024
+            need = max(1, self.data_seg // 8 // max(1, mean))
+            active = self.data.seg_start(self.data_end)
+            return {start for start, n in self.done_since_scan.items() if n >= need and start < active}
+
     def run_retention(self, now: int | None = None) -> dict[str, int]:
         """Delete what no pending message needs; returns counts of what was deleted. Scans without the
         lock: call it from a worker thread (Retention.run)."""
@@ -285,6 +295,8 @@ class TimerStore(WindowPath):
                                          hash_items, results, ScheduleResult, self.offset_id_prefix())
         for chunk_pos, chunk in writes:
             self.data.write(chunk_pos, chunk)
+        self.appended_bytes += sum(size for _p, size, _d, _t in placed)
+        self.appended_records += len(placed)
         self.data_end = end
         for (_p, _size, _deliver, tid) in placed:
             self.pending[tid] += 1
@@ -378,10 +390,13 @@ class TimerStore(WindowPath):
                 for pos, m in marks[i:i + _APPLY_SLICE]:
                     if self._marks.get(pos) is m:
                         del self._marks[pos]
+                    self._count_done(pos)
         try:
             os.ftruncate(full_fd, 0)  # its marks are in the records now, and fsynced
         except OSError:
-            pass
+            return
+        with self.lock:  # from here retention may reclaim these records (Retention.reclaimable)
+            self.persisted_done_seq = max(self.persisted_done_seq, snap["done_seq"])
 
     def _write_checkpoint(self, clean: bool) -> None:
         self._store_checkpoint(self._checkpoint_dict(clean))

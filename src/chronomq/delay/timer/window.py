@@ -194,6 +194,8 @@ class WindowPath(TimerState):
         self.early = 0
         self.stale_skipped = 0
         self.data_recheck = {}
+        self.done_since_scan = {}
+        self.appended_bytes = self.appended_records = 0
         # Deliveries are recorded in memory (an overlay on the record headers) and appended to a done log
         # once per batch; the flush later writes them into the records and empties the log (docs/timer.md).
         self._marks = {}
@@ -228,7 +230,13 @@ class WindowPath(TimerState):
         self.done_seq += 1
         self.data.patch(pos + OFF_STATE, _STATE_BLOCK.pack(state, h.gen, h.deliver_ms, now, h.created_ms,
                                                            h.origin, self.done_seq))
+        self._count_done(pos)
         return self.done_seq
+
+    def _count_done(self, pos: int, n: int = 1) -> None:
+        """``n`` records completed in the segment of ``pos`` (what decides when retention reclaims)."""
+        start = self.data.seg_start(pos)
+        self.done_since_scan[start] = self.done_since_scan.get(start, 0) + n
 
     def _floor_slot(self) -> int:
         return self.cur.slot if self.cur is not None else self.watermark + 1
