@@ -172,6 +172,10 @@ class Recovery:
             self._rebuild_wheel()
 
         s._reset_window()
+        # what completed in each segment since retention last scanned it survives a restart (a crash
+        # loses what came after the checkpoint): a store restarted before retention ran still reclaims
+        s.done_since_scan = {int(k): int(v) for k, v in ckpt.get("done_since_scan", {}).items()
+                             if int(k) in s.data.starts}
         # Two logs: the flush swaps them, applies the full one and empties it.
         s._done_fds = [os.open(s.root / f"done.{k}.log", os.O_RDWR | os.O_CREAT, 0o644) for k in (0, 1)]
         s._done_fd = s._done_fds[0]

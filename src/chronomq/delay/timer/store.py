@@ -379,6 +379,11 @@ class TimerStore(WindowPath):
         if marks and self.store_sync is not None:
             self.store_sync()  # the copies of these deliveries first (they were put before their marks)
         marks.sort()
+        counts = snap["done_since_scan"]  # the marks written below count in the checkpoint (not locked)
+        seg = self.data_seg
+        for pos, _m in marks:
+            key = str(pos - pos % seg)
+            counts[key] = counts.get(key, 0) + 1
         for pos, m in marks:  # records of delivered messages never change again
             self.data.write_existing(pos + OFF_STATE, m[3])
         self._fsync_all(fds + self.data.fds_for([pos for pos, _ in marks]))
@@ -417,6 +422,7 @@ class TimerStore(WindowPath):
             "done_seq": self.done_seq,
             "pending": {str(k): v for k, v in self.pending.items() if v},
             "idx_seg_max": {str(k): v for k, v in self.idx_seg_max.items()},
+            "done_since_scan": {str(k): v for k, v in self.done_since_scan.items() if v > 0},
             "slot_ms": self.slot_ms,
             "data_segment_bytes": self.data_seg,
             "index_segment_entries": self.idx_seg_entries,
