@@ -290,3 +290,20 @@ async def test_the_loop_runs_retention_right_after_the_flush_that_made_records_r
     await async_wait_for(reclaimed, timeout=30, message="a reclaimed range in the pinned segment")
     assert len(store.puts) >= len(uids) // 2 and first in t.data.starts
     await svc.shutdown()
+
+
+def test_a_scan_lets_go_of_the_gil_every_few_hundred_records(tmp_path: Path, clock: VirtualClock,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """The scan parses headers in Python in a worker thread: without a release now and then, the event loop
+    waited up to the interpreter's 5 ms switch interval for the GIL whenever it woke during a scan."""
+    from chronomq.delay.timer import retention
+
+    t = _open(tmp_path / "timer", clock)
+    first, uids = _pinned_segment(t, clock)
+    records = 1 + sum(1 for u in uids if t.data.seg_start(_find(t, u)) == first)
+    yields: list[float] = []
+    monkeypatch.setattr(retention, "YIELD_EVERY", 100)
+    monkeypatch.setattr(retention.time, "sleep", yields.append)
+    t._retention.scan_data_segment(first)
+    assert len(yields) == records // 100 and set(yields) == {0}
+    t.close()
