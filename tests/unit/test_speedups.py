@@ -851,3 +851,69 @@ def test_index_entries_refuse_a_short_slot_table():
         pytest.skip("chronomq.store._speedups not in use")
     with pytest.raises(ValueError):
         native.index_entries(bytearray(100), 40, 100, bytearray(3), 1, 1, 5, 0, [], 0, 0, set())
+
+
+_record_rows = st.lists(st.tuples(st.sampled_from([0, 0, 1, 2, 4]), st.integers(64, 3000),
+                                  st.integers(-5, 1 << 42), st.integers(0, 8), st.booleans()),
+                        min_size=0, max_size=40)  # few done_seq values: they meet the bounds below
+
+
+def _timer_records(rows: list, tail: bytes) -> bytes:
+    """Data records (state, size, deliver time, done_seq, in marks) laid end to end, then ``tail``."""
+    from chronomq.delay.timer.records import DATA_HDR, DATA_MAGIC
+
+    out = bytearray()
+    for state, size, deliver, seq, _marked in rows:
+        out += DATA_HDR.pack(DATA_MAGIC, size, state, 0, deliver, 0, 0, -1, seq, 0, 1)
+        out += bytes(size - DATA_HDR.size)
+    return bytes(out + tail)
+
+
+@needs_native
+@settings(max_examples=300, deadline=None)
+@given(_record_rows, st.sampled_from([b"", bytes(64), b"\x01" * 70, b"RMIT" + bytes(60)]),
+       st.integers(0, 50), st.integers(0, 4000), st.integers(-1, 9),
+       st.lists(st.tuples(st.integers(-1, 8), st.integers(0, 9)), max_size=3),
+       st.sampled_from([0, 64, 4096]), st.integers(0, 200_000), st.integers(0, 60),
+       st.tuples(st.one_of(st.none(), st.integers(-10, 1 << 42)), st.integers(-1, 3000),
+                 st.integers(-1, 3000), st.integers(0, 5)))
+def test_scan_records_matches_pure(rows, tail, limit, skip_front, done_seq, open_ranges, min_run, cut,
+                                   start_at, st0):
+    """The retention scan's kernel walks the same records as its twin: a record's start, a buffer that
+    begins before it or ends inside a header, a stop inside the walk, the written end (zeros or a header
+    that is no record's), marks, open ranges, and a run carried in from an earlier call."""
+    from chronomq.delay.timer import retention
+
+    data = _timer_records(rows, tail)
+    starts, p = [], 0
+    for _state, size, *_ in rows:
+        starts.append(p)
+        p += size
+    pos = starts[min(start_at, len(starts) - 1)] if starts else 0
+    buf_at = max(0, pos - skip_front)
+    buf = data[buf_at:]
+    have = min(len(buf), cut if cut else len(buf))
+    marks = {starts[i]: None for i, r in enumerate(rows) if r[4]}
+    results = []
+    for fn in (retention.scan_records_py, native.scan_records):
+        state, runs = list(st0), []
+        got = fn(buf, buf_at, have, pos, pos + cut // 2 + 64, limit, marks, done_seq, open_ranges, min_run,
+                 state, runs)
+        results.append((got, state, runs))
+    assert results[0] == results[1]
+
+
+@needs_native
+def test_scan_records_counts_runs_and_the_latest_pending():
+    from chronomq.delay.timer import retention
+
+    rows = [(0, 100, 50, 0, False), (1, 200, 0, 3, False), (2, 300, 0, 4, False), (1, 100, 0, 9, False),
+            (0, 100, 70, 0, True), (1, 100, 0, 1, False)]
+    data = _timer_records(rows, bytes(64))
+    for fn in (retention.scan_records_py, native.scan_records):
+        state, runs = [None, -1, -1, 0], []
+        got = fn(data, 0, len(data), 0, 1 << 40, 100, {700: None}, 5, [(0, 2)], 500, state, runs)
+        # 1 and 2 reclaimable (seq 3, 4 <= 5, not in (0, 2)); 3 waits (seq 9 > 5); the pending one at 700
+        # is in the marks (so 50 is the latest); the last one (seq 1) is in an open range
+        assert got == (sum(r[1] for r in rows), 6, True)
+        assert state == [50, -1, 100, 2] and runs == [(100, 600)]

@@ -18,7 +18,8 @@ from cpython.unicode cimport PyUnicode_DecodeASCII, PyUnicode_DecodeUTF8
 from libc.stdint cimport int16_t, int32_t, int64_t, uint8_t, uint32_t, uint64_t
 from libc.string cimport memchr, memcmp, memcpy, memset
 from libc.errno cimport EINTR, errno
-from cpython.mem cimport PyMem_Calloc, PyMem_Free
+from cpython.mem cimport PyMem_Calloc, PyMem_Free, PyMem_Malloc
+from cpython.dict cimport PyDict_Contains
 from posix.unistd cimport pread
 
 
@@ -1448,3 +1449,83 @@ def index_query(str topic, list keys, list files, Py_ssize_t limit, object begin
         PyMem_Free(fv)
         PyMem_Free(bufs)
     return out
+
+
+# --- the timer's retention scan (delay/timer/retention.scan_records_py) ---------------------------------
+cdef inline int32_t rl32(const uint8_t* p) noexcept nogil:
+    return <int32_t>(<uint32_t>p[0] | (<uint32_t>p[1] << 8) | (<uint32_t>p[2] << 16) | (<uint32_t>p[3] << 24))
+
+
+def scan_records(object buf, int64_t buf_at, Py_ssize_t have, int64_t pos, int64_t stop, Py_ssize_t limit,
+                 dict marks, int64_t done_seq, list open_ranges, int64_t min_run, list st, list runs):
+    """retention.scan_records_py: walk the timer's data record headers in ``buf`` from ``pos`` (see the
+    twin for ``st`` and the result)."""
+    cdef Py_buffer view
+    cdef const uint8_t* b
+    cdef const uint8_t* p
+    cdef Py_ssize_t n = 0, nr = len(open_ranges), k
+    cdef int64_t* rl = NULL
+    cdef int64_t best = 0, run_first, run_new, waiting, size, seq, deliver, limit_end
+    cdef int32_t state
+    cdef bint has_best, ok, ended = False
+    cdef object r
+    if len(st) < 4:
+        raise ValueError("scan_records: st holds best, run first, run new and waiting")
+    has_best = st[0] is not None
+    if has_best:
+        best = st[0]
+    run_first, run_new, waiting = st[1], st[2], st[3]
+    if nr:
+        rl = <int64_t*>PyMem_Malloc(nr * 2 * sizeof(int64_t))
+        if rl == NULL:
+            raise MemoryError()
+    PyObject_GetBuffer(buf, &view, PyBUF_SIMPLE)
+    try:
+        for k in range(nr):
+            r = open_ranges[k]
+            rl[2 * k] = r[0]
+            rl[2 * k + 1] = r[1]
+        if have > view.len:
+            have = view.len
+        b = <const uint8_t*>view.buf
+        limit_end = buf_at + have
+        while n < limit and pos < stop and pos >= buf_at and pos + C_TIMER_HDR <= limit_end:
+            p = b + (pos - buf_at)
+            size = rl32(p + 4)
+            if rl32(p) != C_TIMER_MAGIC or size < C_TIMER_HDR:
+                ended = True
+                break
+            state = rl32(p + 8)
+            if state == 0:  # records.PENDING
+                deliver = rl64(p + 16)
+                if (not has_best or deliver > best) and not PyDict_Contains(marks, pos):
+                    best = deliver
+                    has_best = True
+                ok = False
+            else:
+                seq = rl64(p + 48)
+                ok = seq <= done_seq
+                if ok:
+                    for k in range(nr):
+                        if rl[2 * k] < seq < rl[2 * k + 1]:
+                            ok = False
+                            break
+            if ok:
+                if run_first < 0:
+                    run_first = run_new = pos
+            else:
+                if state != 0:
+                    waiting += 1
+                if run_first >= 0 and pos - run_new >= min_run:
+                    runs.append((run_first, pos))
+                run_first = -1
+            pos += size
+            n += 1
+    finally:
+        PyBuffer_Release(&view)
+        PyMem_Free(rl)
+    st[0] = best if has_best else None
+    st[1] = run_first
+    st[2] = run_new
+    st[3] = waiting
+    return pos, n, ended

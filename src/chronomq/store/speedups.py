@@ -128,6 +128,12 @@ class Kernels(Protocol):
         """delay.timer.window.mark_delivered_run_py."""
         ...
 
+    def scan_records(self, buf: Buffer, buf_at: int, have: int, pos: int, stop: int, limit: int,
+                     marks: dict[int, Any], done_seq: int, open_ranges: list[tuple[int, int]], min_run: int,
+                     st: list[Any], runs: list[tuple[int, int]], /) -> tuple[int, int, bool]:
+        """delay.timer.retention.scan_records_py."""
+        ...
+
 
 class NativeKernels(Kernels, Protocol):
     """The compiled module: the kernels and two CRC functions that have no pure twin."""

@@ -137,6 +137,15 @@ class SegmentedFile:
         ranges = self.holes.get(self.seg_start(pos))
         return None if ranges is None else ranges.get(pos)
 
+    def next_hole(self, pos: int) -> int | None:
+        """The first position of the next reclaimed range after ``pos`` in its segment, or None."""
+        start = self.seg_start(pos)
+        firsts = self._hole_firsts.get(start)
+        if not firsts:
+            return None
+        i = bisect.bisect_right(firsts, pos)
+        return firsts[i] if i < len(firsts) else None
+
     def in_hole(self, pos: int) -> bool:
         """Whether ``pos`` lies in a reclaimed range."""
         start = self.seg_start(pos)

@@ -11,11 +11,12 @@ from __future__ import annotations
 import os
 import threading
 import time
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from chronomq.store import faults
+from chronomq.store.speedups import Buffer, kernels, pure_twin
 
-from .records import DATA_HDR_SIZE, DATA_MAGIC, IDX_SIZE, PENDING, TimerHeader, unpack_header
+from .records import DATA_HDR, DATA_HDR_SIZE, DATA_MAGIC, IDX_SIZE, PENDING, TimerHeader
 
 RECLAIM_MIN = 64 << 10  # a run of completed records shorter than this is left in place
 YIELD_EVERY = 512  # records a scan parses between two releases of the GIL (the event loop's turn)
@@ -109,24 +110,18 @@ class Retention:
         none), the runs of records ``reclaimable`` under ``done_seq`` and ``open_ranges`` (a run that
         continues a reclaimed range starts where that range does), and how many completed records are not
         reclaimable yet. Reclaimed ranges are stepped over. Read in chunks of ``scan_chunk`` bytes into
-        one buffer kept for the store's life (why: docs/timer.md, Retention). The scan parses headers in
-        Python, in a worker thread: it lets go of the GIL every YIELD_EVERY records, so the event loop,
-        woken meanwhile, waits for it a fraction of a millisecond, not the interpreter's 5 ms switch
-        interval."""
+        one buffer kept for the store's life (why: docs/timer.md, Retention); the headers are walked by
+        ``scan_records`` between the reclaimed ranges. It runs in a worker thread and lets go of the GIL
+        every YIELD_EVERY records, so the event loop, woken meanwhile, waits for it a fraction of a
+        millisecond, not the interpreter's 5 ms switch interval."""
         s = self.store
         end = start + s.data_seg
-        best = None
         marks = s._marks
         ranges = open_ranges or []
-        hole_at = s.data.hole_end
+        hole_at, next_hole = s.data.hole_end, s.data.next_hole
         runs: list[tuple[int, int]] = []
-        waiting = parsed = 0
-        run_first = run_new = -1  # the current run's first position and where its new part begins
-
-        def close_run(at: int) -> None:
-            if run_first >= 0 and at - run_new >= RECLAIM_MIN:
-                runs.append((run_first, at))
-
+        st: list[Any] = [None, -1, -1, 0]  # best, run's first, where its new part begins, waiting
+        parsed, next_yield = 0, YIELD_EVERY
         chunk = max(self.scan_chunk, DATA_HDR_SIZE)
         with self._scan_lock:
             if self._scan_buf is None or len(self._scan_buf) != chunk + DATA_HDR_SIZE:
@@ -142,8 +137,8 @@ class Retention:
                 while pos + DATA_HDR_SIZE <= end:
                     hole_end = hole_at(pos)
                     if hole_end is not None:  # reclaimed: completed records only
-                        close_run(pos)
-                        run_first, run_new, pos = pos, hole_end, hole_end
+                        _close_run(st, pos, RECLAIM_MIN, runs)
+                        st[1], st[2], pos = pos, hole_end, hole_end
                         continue
                     if pos + DATA_HDR_SIZE > buf_at + have:  # the header is not (wholly) in the buffer
                         keep = buf_at + have - pos if pos < buf_at + have else 0
@@ -154,25 +149,65 @@ class Retention:
                         buf_at, have = pos, keep + got
                         if pos + DATA_HDR_SIZE > buf_at + have:
                             break  # the segment's written end
-                    h = unpack_header(buf, pos - buf_at)
-                    if h.magic != DATA_MAGIC or h.size < DATA_HDR_SIZE:
+                    stop = next_hole(pos)
+                    pos, n, ended = scan_records(buf, buf_at, have, pos, end if stop is None else stop,
+                                                 next_yield - parsed, marks, done_seq, ranges, RECLAIM_MIN,
+                                                 st, runs)
+                    if ended:
                         break
-                    if h.state == PENDING and pos not in marks:
-                        best = h.deliver_ms if best is None else max(best, h.deliver_ms)
-                    if self.reclaimable(h, done_seq, ranges):
-                        if run_first < 0:
-                            run_first = run_new = pos
-                    else:
-                        if h.state != PENDING:
-                            waiting += 1
-                        close_run(pos)
-                        run_first = -1
-                    pos += h.size
-                    parsed += 1
-                    if parsed % YIELD_EVERY == 0:
+                    parsed += n
+                    if parsed >= next_yield:
                         time.sleep(0)  # releases the GIL
-                close_run(pos)
+                        next_yield = parsed + YIELD_EVERY
+                _close_run(st, pos, RECLAIM_MIN, runs)
             finally:
                 view.release()
                 os.close(fd)
-        return _Scan(best, runs, waiting)
+        return _Scan(st[0], runs, st[3])
+
+
+def _close_run(st: list[Any], at: int, min_run: int, runs: list[tuple[int, int]]) -> None:
+    """End the run in ``st`` (if any) at ``at``: kept in ``runs`` when its new part is ``min_run`` long."""
+    if st[1] >= 0 and at - st[2] >= min_run:
+        runs.append((st[1], at))
+    st[1] = -1
+
+
+@pure_twin("scan_records")
+def scan_records_py(buf: Buffer, buf_at: int, have: int, pos: int, stop: int, limit: int,
+                    marks: dict[int, Any], done_seq: int, open_ranges: list[tuple[int, int]], min_run: int,
+                    st: list[Any], runs: list[tuple[int, int]]) -> tuple[int, int, bool]:
+    """Walk the data records from ``pos`` (a record's start; ``buf[0:have]`` holds the bytes from position
+    ``buf_at`` on) while their header lies in the buffer, before ``stop``, at most ``limit`` of them. ``st``
+    is updated in place: [0] the latest deliver time of a PENDING record not in ``marks`` (None: none
+    yet), [1] the first position of the current run of records ``Retention.reclaimable`` under ``done_seq``
+    and ``open_ranges`` (-1: none), [2] where the run's new part began, [3] completed records not
+    reclaimable. A run that ends goes into ``runs`` when its new part is ``min_run`` bytes or longer.
+    Returns (the next position, records walked, whether a header was not a record's: the written end)."""
+    n = 0
+    unpack = DATA_HDR.unpack_from
+    while n < limit and pos < stop and pos + DATA_HDR_SIZE <= buf_at + have:
+        magic, size, state, _g, deliver, _d, _c, _o, seq, _crc, _t = unpack(buf, pos - buf_at)
+        if magic != DATA_MAGIC or size < DATA_HDR_SIZE:
+            return pos, n, True
+        if state == PENDING:
+            if pos not in marks and (st[0] is None or deliver > st[0]):
+                st[0] = deliver
+            ok = False
+        else:
+            ok = seq <= done_seq and not any(lo < seq < hi for lo, hi in open_ranges)
+        if ok:
+            if st[1] < 0:
+                st[1] = st[2] = pos
+        else:
+            if state != PENDING:
+                st[3] += 1
+            if st[1] >= 0 and pos - st[2] >= min_run:
+                runs.append((st[1], pos))
+            st[1] = -1
+        pos += size
+        n += 1
+    return pos, n, False
+
+
+scan_records = kernels.scan_records
