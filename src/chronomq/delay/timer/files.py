@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import array
 import bisect
-import ctypes
 import errno
 import mmap
 import operator
@@ -19,6 +18,7 @@ import sys
 import zlib
 from collections.abc import Iterable, Iterator
 from pathlib import Path
+from typing import Any
 
 from chronomq.store.mapped import BackedPages
 from chronomq.store.speedups import kernels, pure_twin
@@ -28,7 +28,7 @@ _ZERO_CHUNK = bytes(4096)
 _HOLE = struct.Struct("<qqi")  # a reclaimed range of a data segment: [first, end) positions, crc32 of both
 _PUNCH = 0x01 | 0x02  # FALLOC_FL_KEEP_SIZE | FALLOC_FL_PUNCH_HOLE
 _PAGE = 4096
-_libc: ctypes.CDLL | None = None
+_libc: Any = None  # ctypes.CDLL, loaded at the first punch (ctypes costs a start 1.2 ms)
 
 
 def punch_hole(fd: int, off: int, length: int) -> bool:
@@ -37,6 +37,8 @@ def punch_hole(fd: int, off: int, length: int) -> bool:
     global _libc
     if length <= 0 or not sys.platform.startswith("linux"):
         return False
+    import ctypes
+
     if _libc is None:
         _libc = ctypes.CDLL(None, use_errno=True)
         _libc.fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
