@@ -38,6 +38,13 @@ class FakeStore:
         self.puts.append((msg.properties["UNIQ_KEY"], self.clock.now_ms(), msg))
         return PutResult(PutStatus.PUT_OK)
 
+    def delivered(self) -> dict[str, list[int]]:
+        """UNIQ_KEY -> the times it was put, in order (more than one: delivered again)."""
+        out: dict[str, list[int]] = {}
+        for uid, at, _ in self.puts:
+            out.setdefault(uid, []).append(at)
+        return out
+
 
 def small_config(**kw: int) -> TimerConfig:
     cfg = TimerConfig(data_segment_bytes=256 * 1024, index_segment_entries=4096, hash_buckets=4096,
