@@ -182,7 +182,12 @@ class SegmentedFile:
         hi = (end - start) // _PAGE * _PAGE
         if hi <= lo:
             return 0
-        return hi - lo if punch_hole(self._fd(start), lo, hi - lo) else 0
+        # a descriptor of its own: this runs in retention's thread, and the writer's table is not shared
+        fd = os.open(self.dir / _seg_name(start), os.O_WRONLY)
+        try:
+            return hi - lo if punch_hole(fd, lo, hi - lo) else 0
+        finally:
+            os.close(fd)
 
     # --- I/O -------------------------------------------------------------------------------------------
     def write(self, pos: int, data: bytes | bytearray | memoryview) -> None:
