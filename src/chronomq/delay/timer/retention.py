@@ -3,7 +3,7 @@ days and index segments (by the persisted watermark), data segments holding no p
 generations naming only deleted data; reclaim the runs of completed records inside a segment that still
 holds pending ones. Rules: the data segments are scanned without the lock (only ever to keep bytes
 longer than needed); the deletions run under the store's lock; a record is reclaimed only once its
-completion is in a checkpoint and no crash recovery may still read it (``Retention.reclaimable``).
+completion is in a checkpoint and no crash recovery may still read it (``scan_records_py``).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from chronomq.store import faults
 from chronomq.store.speedups import Buffer, kernels, pure_twin
 
-from .records import DATA_HDR, DATA_HDR_SIZE, DATA_MAGIC, IDX_SIZE, PENDING, TimerHeader
+from .records import DATA_HDR, DATA_HDR_SIZE, DATA_MAGIC, IDX_SIZE, PENDING
 
 RECLAIM_MIN = 64 << 10  # a run of completed records shorter than this is left in place
 YIELD_EVERY = 512  # records a scan parses between two releases of the GIL (the event loop's turn)
@@ -94,16 +94,6 @@ class Retention:
             deleted["reclaimed_bytes"] = reclaimed
             return deleted
 
-    @staticmethod
-    def reclaimable(h: TimerHeader, done_seq: int, open_ranges: list[tuple[int, int]]) -> bool:
-        """A completed record whose bytes nothing reads again: its completion is in a checkpoint (so its
-        mark is in the record and synced, and the done logs' replay at open skips reclaimed ranges), and
-        it is not one whose completion a crash's recovery still has to count when its slot comes round
-        (``open_ranges``)."""
-        seq = h.done_seq
-        return (h.state != PENDING and seq <= done_seq
-                and not any(lo < seq < hi for lo, hi in open_ranges))
-
     def scan_data_segment(self, start: int, done_seq: int = -1,
                           open_ranges: list[tuple[int, int]] | None = None) -> _Scan:
         """The latest deliver time of a pending record in the segment at ``start`` (None if there is
@@ -180,10 +170,15 @@ def scan_records_py(buf: Buffer, buf_at: int, have: int, pos: int, stop: int, li
     """Walk the data records from ``pos`` (a record's start; ``buf[0:have]`` holds the bytes from position
     ``buf_at`` on) while their header lies in the buffer, before ``stop``, at most ``limit`` of them. ``st``
     is updated in place: [0] the latest deliver time of a PENDING record not in ``marks`` (None: none
-    yet), [1] the first position of the current run of records ``Retention.reclaimable`` under ``done_seq``
-    and ``open_ranges`` (-1: none), [2] where the run's new part began, [3] completed records not
-    reclaimable. A run that ends goes into ``runs`` when its new part is ``min_run`` bytes or longer.
-    Returns (the next position, records walked, whether a header was not a record's: the written end)."""
+    yet), [1] the first position of the current run of reclaimable records (-1: none), [2] where the
+    run's new part began, [3] completed records not reclaimable. A run that ends goes into ``runs`` when
+    its new part is ``min_run`` bytes or longer. Returns (the next position, records walked, whether a
+    header was not a record's: the written end).
+
+    Reclaimable: a completed record whose completion is in a checkpoint (``done_seq`` at most the
+    checkpoint's: its mark is in the record and synced, and the done logs' replay at open skips
+    reclaimed ranges), and not one whose completion a crash's recovery still has to count when its slot
+    comes round (``done_seq`` inside one of ``open_ranges``)."""
     n = 0
     unpack = DATA_HDR.unpack_from
     while n < limit and pos < stop and pos + DATA_HDR_SIZE <= buf_at + have:
