@@ -163,9 +163,8 @@ def test_the_done_logs_replay_at_open_skips_reclaimed_records(tmp_path: Path, cl
 def test_a_torn_holes_entry_is_ignored(tmp_path: Path) -> None:
     seg = SegmentedFile(tmp_path, SEG)
     seg.write(0, b"\x01" * (SEG // 2))
-    seg.reclaim(4096, 3 * 4096)
-    seg.reclaim(4096, 5 * 4096)  # the same range, grown
-    seg.reclaim(8 * 4096, 9 * 4096 + 7)
+    seg.reclaim([(4096, 3 * 4096)])
+    seg.reclaim([(4096, 5 * 4096), (8 * 4096, 9 * 4096 + 7)])  # the first range grown, and another
     seg.close()
     with open(tmp_path / f"{0:020d}.holes", "ab") as f:
         f.write(b"\x00" * 11)  # a torn entry (the crash came before its punch)
@@ -174,7 +173,7 @@ def test_a_torn_holes_entry_is_ignored(tmp_path: Path) -> None:
     assert again.hole_end(4096) == 5 * 4096 and again.hole_end(4097) is None
     assert again.in_hole(5 * 4096 - 1) and not again.in_hole(5 * 4096) and not again.in_hole(4095)
     with pytest.raises(ValueError):
-        again.reclaim(SEG - 10, SEG + 10)  # across a segment's end
+        again.reclaim([(SEG - 10, SEG + 10)])  # across a segment's end
     again.delete_segment(0)
     assert 0 not in again.holes and not (tmp_path / f"{0:020d}.holes").exists()
     again.close()

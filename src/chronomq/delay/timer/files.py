@@ -157,37 +157,45 @@ class SegmentedFile:
         i = bisect.bisect_right(firsts, pos) - 1
         return i >= 0 and pos < self.holes[start][firsts[i]]
 
-    def reclaim(self, first: int, end: int) -> int:
-        """Reclaim [first, end) of one segment (nothing there is read again; ``first`` may begin a range
-        already reclaimed, which then grows): the range is recorded and synced, then the whole pages
-        inside it are punched. Returns the bytes punched (0 where the file system cannot punch: the
-        range is recorded all the same). OSError from the record or the punch (nothing half done that
-        a walk could misread: a recorded range is only ever skipped)."""
-        start = self.seg_start(first)
-        if not first < end <= start + self.segment_size:
-            raise ValueError("a reclaimed range lies within one segment")
-        entry = _HOLE.pack(first, end, zlib.crc32(_HOLE.pack(first, end, 0)[:16]) - (1 << 31))
+    def reclaim(self, ranges: list[tuple[int, int]]) -> int:
+        """Reclaim the [first, end) ranges, all in one segment (nothing there is read again; a ``first``
+        may begin a range already reclaimed, which then grows): the ranges are recorded and synced (one
+        write and one fsync for them all), then the whole pages inside each are punched. Returns the
+        bytes punched (0 where the file system cannot punch: the ranges are recorded all the same).
+        OSError from the record or a punch (nothing half done that a walk could misread: a recorded range
+        is only ever skipped)."""
+        if not ranges:
+            return 0
+        start = self.seg_start(ranges[0][0])
+        if not all(start <= first < end <= start + self.segment_size for first, end in ranges):
+            raise ValueError("the reclaimed ranges lie within one segment")
+        entries = b"".join(_HOLE.pack(first, end, zlib.crc32(_HOLE.pack(first, end, 0)[:16]) - (1 << 31))
+                           for first, end in ranges)
         fd = os.open(self._holes_path(start), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         try:
-            os.write(fd, entry)
+            os.write(fd, entries)
             os.fsync(fd)
         finally:
             os.close(fd)
-        ranges = self.holes.setdefault(start, {})
-        known = first in ranges
-        ranges[first] = end  # before ``first`` is listed: a reader that finds it listed finds its end
-        if not known:
-            bisect.insort(self._hole_firsts.setdefault(start, []), first)
-        lo = -(-(first - start) // _PAGE) * _PAGE
-        hi = (end - start) // _PAGE * _PAGE
-        if hi <= lo:
-            return 0
+        known = self.holes.setdefault(start, {})
+        firsts = self._hole_firsts.setdefault(start, [])
+        for first, end in ranges:
+            listed = first in known
+            known[first] = end  # before ``first`` is listed: a reader that finds it listed finds its end
+            if not listed:
+                bisect.insort(firsts, first)
         # a descriptor of its own: this runs in retention's thread, and the writer's table is not shared
         fd = os.open(self.dir / _seg_name(start), os.O_WRONLY)
+        punched = 0
         try:
-            return hi - lo if punch_hole(fd, lo, hi - lo) else 0
+            for first, end in ranges:
+                lo = -(-(first - start) // _PAGE) * _PAGE
+                hi = (end - start) // _PAGE * _PAGE
+                if hi > lo and punch_hole(fd, lo, hi - lo):
+                    punched += hi - lo
         finally:
             os.close(fd)
+        return punched
 
     # --- I/O -------------------------------------------------------------------------------------------
     def write(self, pos: int, data: bytes | bytearray | memoryview) -> None:

@@ -76,8 +76,7 @@ class Retention:
         reclaimed = 0
         for start, scan in found.items():
             if scan.max_pending is not None and start in s.data.starts:
-                for first, end in scan.runs:  # recorded and synced before the punch (SegmentedFile)
-                    reclaimed += s.data.reclaim(first, end)
+                reclaimed += s.data.reclaim(scan.runs)  # recorded and synced before the punch
         with s.lock:
             for start, scan in found.items():
                 s.done_since_scan[start] = s.done_since_scan.get(start, 0) - counted[start] + scan.waiting
