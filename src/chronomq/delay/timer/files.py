@@ -80,7 +80,7 @@ class SegmentedFile:
         self.starts: list[int] = sorted(
             int(p.name) for p in self.dir.iterdir() if p.name.isdigit() and len(p.name) == 20
         )
-        # reclaimed ranges per segment: first -> end, and the firsts sorted (for ``hole_at``)
+        # reclaimed ranges per segment: first -> end, and the firsts sorted (``in_hole``, ``next_hole``)
         self.holes: dict[int, dict[int, int]] = {}
         self._hole_firsts: dict[int, list[int]] = {}
         for start in self.starts:

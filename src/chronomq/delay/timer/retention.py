@@ -79,9 +79,10 @@ class Retention:
                 reclaimed += s.data.reclaim(scan.runs)  # recorded and synced before the punch
         with s.lock:
             for start, scan in found.items():
-                s.done_since_scan[start] = s.done_since_scan.get(start, 0) - counted[start] + scan.waiting
                 if start not in s.data.starts:
+                    s.done_since_scan.pop(start, None)
                     continue
+                s.done_since_scan[start] = s.done_since_scan.get(start, 0) - counted[start] + scan.waiting
                 if scan.max_pending is None:
                     s.data.delete_segment(start)
                     s.data_recheck.pop(start, None)

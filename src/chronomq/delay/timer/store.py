@@ -400,7 +400,7 @@ class TimerStore(WindowPath):
             os.ftruncate(full_fd, 0)  # its marks are in the records now, and fsynced
         except OSError:
             return
-        with self.lock:  # from here retention may reclaim these records (Retention.reclaimable)
+        with self.lock:  # from here retention may reclaim these records (retention.scan_records_py)
             self.persisted_done_seq = max(self.persisted_done_seq, snap["done_seq"])
 
     def _write_checkpoint(self, clean: bool) -> None:
