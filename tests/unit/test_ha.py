@@ -516,3 +516,56 @@ async def test_stopping_the_ha_client_ends_it_when_the_cancel_meets_the_links_en
     assert done, "stop() did not end"
     assert task is not None and task.cancelled()
     assert len(readers) == 1  # it did not go on to link again
+
+
+async def test_a_slave_reclaims_what_its_master_delivered_and_once_promoted_delivers_the_rest_once(tmp_path):
+    """The slave's timer, fed by the journal, reclaims the delivered records of a segment a long delay
+    pins (its own retention, after its flush and the follower's saved position); promoted, it delivers the
+    long one once and none of the delivered ones again."""
+    routes = RouteInfoManager()
+    clock = VirtualClock()
+    t0 = clock.now_ms()
+    timer = {"timerDataSegmentSize": str(256 * 1024), "timerRetentionIntervalMs": "2000"}
+    master = broker(tmp_path, routes, "m", clock, timerReplication="true", **timer)
+    slave = broker(tmp_path, routes, "s", clock, brokerRole="SLAVE", brokerId="1", **timer)
+    await master.start()
+    await slave.start()
+    c = await AsyncRawClient.connect(master.server.address)
+    body = b"." * 1000
+    try:
+        r = await c.send_message("Reclaim", b"long" + body, 0, {"TIMER_DELIVER_MS": str(t0 + 60_000),
+                                                                 "UNIQ_KEY": "ULONG"})
+        assert r.code == C.SUCCESS, r.remark
+        for i in range(400):  # past the first 256 KiB segment, all due within 2 s
+            r = await c.send_message("Reclaim", f"s{i}".encode() + body, i % 4,
+                                     {"TIMER_DELIVER_MS": str(t0 + 1000 + i * 2), "UNIQ_KEY": f"U{i:04d}"})
+            assert r.code == C.SUCCESS, r.remark
+        await clock.advance(2500)
+        await async_wait_for(lambda: len(delivered(master, "Reclaim")) == 400, 10)
+        journal_end = lambda: master.store.get_max_offset_in_queue(JOURNAL_TOPIC, 0)  # noqa: E731
+        await async_wait_for(lambda: slave.timer_follower.offset == journal_end(), 10)
+        st = slave.timer.timer
+        first = st.data.starts[0]
+
+        async def reclaimed() -> bool:
+            await clock.advance(1000)  # the slave's flush, its saved position, then its retention
+            return bool(st.data.holes.get(first))
+
+        await async_wait_for(reclaimed, 10, message="the slave reclaimed the delivered records")
+        assert st.count() == 1 and first in st.data.starts
+        slave.timer_follower.offset = 0  # a replay from the start: parks again what was reclaimed, and
+        slave.timer_follower.apply_available()  # the completions journaled after them complete them again
+        assert st.count() == 1 and slave.timer_follower.skipped == 0
+    finally:
+        await c.close()
+        await master.shutdown()
+
+    await slave.promote()
+    try:
+        await clock.advance(60_000 - (clock.now_ms() - t0) + 500)
+        await async_wait_for(lambda: any(m.body.startswith(b"long") for m in delivered(slave, "Reclaim")), 10)
+        bodies = [m.body for m in delivered(slave, "Reclaim")]
+        # the master's 400 deliveries (replicated) and the long one (the promoted slave's): each once
+        assert sorted(bodies) == sorted([b"long" + body] + [f"s{i}".encode() + body for i in range(400)])
+    finally:
+        await slave.shutdown()
