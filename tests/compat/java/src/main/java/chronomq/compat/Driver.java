@@ -842,6 +842,11 @@ public final class Driver {
             args.getAsJsonArray("awaitChecks").forEach(k -> awaited.add(k.getAsString()));
         }
         CountDownLatch checksDone = new CountDownLatch(awaited.size());
+        // the client answers a check-back from this executor's task, after checkLocalTransaction returns:
+        // its tasks are let end before the producer shuts down, or the last answer may never be sent
+        java.util.concurrent.ExecutorService checkExecutor =
+            java.util.concurrent.Executors.newSingleThreadExecutor();
+        p.setExecutorService(checkExecutor);
         p.setTransactionListener(new TransactionListener() {
             public LocalTransactionState executeLocalTransaction(Message msg, Object arg) {
                 return LocalTransactionState.valueOf(outcomes.get(msg.getKeys()).getAsString());
@@ -872,8 +877,11 @@ public final class Driver {
                 }
             }
             checksDone.await(num(args, "checkWaitSeconds", 0), TimeUnit.SECONDS);
+            checkExecutor.shutdown();
+            checkExecutor.awaitTermination(10, TimeUnit.SECONDS);
         } finally {
             p.shutdown();
+            checkExecutor.shutdownNow();
         }
         JsonObject out = new JsonObject();
         out.add("results", results);
