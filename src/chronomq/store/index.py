@@ -79,13 +79,18 @@ FIRST_FILE_SHRINK = 16
 FIRST_FILE_MIN_SLOTS = 4096
 
 
+def first_file_geometry(slot_num: int, index_num: int) -> tuple[int, int]:
+    """(slots, entries) of a store's first index file under the configured counts."""
+    slots, entries = slot_num // FIRST_FILE_SHRINK, index_num // FIRST_FILE_SHRINK
+    return (slots, entries) if slots >= FIRST_FILE_MIN_SLOTS and entries >= 2 else (slot_num, index_num)
+
+
 def file_geometry(size: int, slot_num: int, index_num: int) -> tuple[int, int]:
     """(slots, entries) of an index file of ``size`` bytes under the configured counts: the small first
     file's when its size is that one's, else the configured (a new file, or one of another size)."""
-    small_slots, small_entries = slot_num // FIRST_FILE_SHRINK, index_num // FIRST_FILE_SHRINK
-    if (small_slots >= FIRST_FILE_MIN_SLOTS and small_entries >= 2
-            and size == HEADER_SIZE + small_slots * 4 + small_entries * ENTRY_SIZE):
-        return small_slots, small_entries
+    slots, entries = first_file_geometry(slot_num, index_num)
+    if size == HEADER_SIZE + slots * 4 + entries * ENTRY_SIZE:
+        return slots, entries
     return slot_num, index_num
 
 
@@ -335,9 +340,7 @@ class IndexService:
                 slots, entries = self.slot_num, self.index_num
             else:  # the store's first file: the small geometry, when there is one
                 seq = 0
-                small = HEADER_SIZE + self.slot_num // FIRST_FILE_SHRINK * 4 + (
-                    self.index_num // FIRST_FILE_SHRINK * ENTRY_SIZE)
-                slots, entries = file_geometry(small, self.slot_num, self.index_num)
+                slots, entries = first_file_geometry(self.slot_num, self.index_num)
             f = IndexFile(os.path.join(self.dir, f"{seq:020d}"), slots, entries)
             with self.lock:
                 self.files = [*self.files, f]

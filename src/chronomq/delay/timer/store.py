@@ -379,11 +379,14 @@ class TimerStore(WindowPath):
         if marks and self.store_sync is not None:
             self.store_sync()  # the copies of these deliveries first (they were put before their marks)
         marks.sort()
-        counts = snap["done_since_scan"]  # the marks written below count in the checkpoint (not locked)
+        per_seg: dict[int, int] = {}  # the marks written below, by segment (counted once, not locked)
         seg = self.data_seg
         for pos, _m in marks:
-            key = str(pos - pos % seg)
-            counts[key] = counts.get(key, 0) + 1
+            start = pos - pos % seg
+            per_seg[start] = per_seg.get(start, 0) + 1
+        counts = snap["done_since_scan"]  # they count in the checkpoint written after them
+        for start, n in per_seg.items():
+            counts[str(start)] = counts.get(str(start), 0) + n
         for pos, m in marks:  # records of delivered messages never change again
             self.data.write_existing(pos + OFF_STATE, m[3])
         self._fsync_all(fds + self.data.fds_for([pos for pos, _ in marks]))
@@ -395,7 +398,9 @@ class TimerStore(WindowPath):
                 for pos, m in marks[i:i + _APPLY_SLICE]:
                     if self._marks.get(pos) is m:
                         del self._marks[pos]
-                    self._count_done(pos)
+        with self.lock:
+            for start, n in per_seg.items():
+                self._count_done(start, n)
         try:
             os.ftruncate(full_fd, 0)  # its marks are in the records now, and fsynced
         except OSError:
