@@ -450,7 +450,10 @@ def test_sigkill_under_sync_flush_loses_no_acknowledged_message(
             "generate": {"topic": topic, "count": 20000, "prefix": "k", "body_size": 200, "keys": True},
             "deadline_s": 120,
             "stop_on_error": True,
-            "timeout_ms": 2000,
+            # the C++ client sends again after a timeout, a second copy with the same UNIQ_KEY (at least
+            # once, not a recovery's duplicate): long enough for an fsync stall on a loaded machine; the
+            # killed broker refuses connections at once
+            "timeout_ms": 10000,
             "out": str(tmp_path / "acks.jsonl"),
         },
         tmp_path / "drivers",
