@@ -11,6 +11,7 @@ from test_store_basic import make_config, msg
 from chronomq.clock import VirtualClock
 from chronomq.store import GetStatus, MessageStore
 from chronomq.store.checkpoint import Checkpoint
+from chronomq.store.reput import INDEX_MAX_WAIT_S
 
 
 def _started(tmp_path, **kw) -> MessageStore:
@@ -183,5 +184,39 @@ def test_turning_the_deferral_off_writes_what_waits_first(tmp_path) -> None:
         assert s.put_message(msg(body=b"b", KEYS="kb")).ok
         assert s._reput.recover_point() == s._reput.dispatched  # written with its batch
         assert _keys_found(s, "ka") == [b"a"] and _keys_found(s, "kb") == [b"b"]
+    finally:
+        s.shutdown()
+
+
+def test_a_burst_being_handed_over_keeps_the_index_entries_waiting_within_a_bound(tmp_path) -> None:
+    """While ``busy`` says a burst is being handed over, the index job defers itself again (nothing
+    written, the checkpoint would refill them), at most INDEX_MAX_WAIT_S after the oldest waiting batch;
+    a key query still finds them meanwhile, and once the burst is over the next run writes them."""
+    s = _started(tmp_path)
+    clock = s.clock
+    assert isinstance(clock, VirtualClock)
+    jobs: list = []
+    busy = [True]
+    s.set_dispatch_hook(s.dispatch_now)
+    s.set_index_later(jobs.append, busy=lambda: busy[0])
+    try:
+        assert s.put_message(msg(body=b"a", KEYS="ka")).ok
+        clock.advance_sync(int(INDEX_MAX_WAIT_S * 1000) // 2)
+        assert s.put_message(msg(body=b"b", KEYS="kb")).ok
+        assert len(jobs) == 1
+        jobs.pop()()
+        assert len(jobs) == 1  # deferred again: the burst goes on and the oldest batch is young
+        assert s._reput.recover_point() < s._reput.dispatched
+        clock.advance_sync(int(INDEX_MAX_WAIT_S * 1000) // 2 + 1)
+        jobs.pop()()  # the oldest waited its bound: written though the burst goes on
+        assert not jobs and s._reput.recover_point() == s._reput.dispatched
+        assert s.put_message(msg(body=b"c", KEYS="kc")).ok
+        jobs.pop()()
+        assert len(jobs) == 1 and _keys_found(s, "kc") == [b"c"]  # a query writes what waits
+        assert s.put_message(msg(body=b"d", KEYS="kd")).ok
+        busy[0] = False
+        jobs.pop()()  # the burst is over: written at once
+        assert not jobs and s._reput.recover_point() == s._reput.dispatched
+        assert [_keys_found(s, k) for k in ("ka", "kb", "kd")] == [[b"a"], [b"b"], [b"d"]]
     finally:
         s.shutdown()

@@ -358,3 +358,34 @@ def test_flush_entries_is_a_broker_key(tmp_path: Path) -> None:
     cfg.timerFlushEntries = 0
     with pytest.raises(TimerError, match="flush_entries"):
         TimerService(FakeStore(VirtualClock()), cfg, VirtualClock())
+
+
+async def test_delivering_holds_from_a_burst_s_first_batch_until_the_loop_sleeps(tmp_path: Path) -> None:
+    """The store defers its key index writes while ``delivering`` (a burst's answers go out first): it
+    turns on once a batch was handed over, stays on between the burst's batches and turns off when the
+    loop goes back to sleep."""
+    clock = VirtualClock()
+    store = FakeStore(clock)
+    svc = make(tmp_path, clock, store)
+    seen: list[bool] = []
+    put = store.put_message
+
+    def watched(m):  # type: ignore[no-untyped-def]
+        seen.append(svc.delivering)
+        return put(m)
+
+    store.put_message = watched  # type: ignore[method-assign]
+    await svc.start()
+    try:
+        due = clock.now_ms() + 1_000
+        for i in range(600):
+            svc.schedule(msg(f"b{i}"), due)
+        await svc.settle()
+        assert not svc.delivering and seen == []  # asleep until the due time
+        await run_until(svc, clock, due)
+        assert len(seen) == 600
+        first = seen.index(True)
+        assert 0 < first < 600 and all(seen[first:])  # on from the second batch to the burst's end
+        assert not svc.delivering  # the burst delivered: the loop sleeps again
+    finally:
+        await svc.shutdown()

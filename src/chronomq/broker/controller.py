@@ -43,7 +43,8 @@ log = logging.getLogger("chronomq.broker")
 
 HOUSEKEEPING_INTERVAL_MS = 10_000
 # The key index entries of dispatched messages are written this much later, on the loop: the answers to
-# the pulls their arrival woke go out first (in a burst, all of them). A key query drains it first.
+# the pulls their arrival woke go out first (in a burst, all of them; while the timer delivers one, later
+# still: reput.INDEX_MAX_WAIT_S). A key query drains it first.
 INDEX_DEFER_S = 0.02
 
 # (cluster, name, addr, id, ha addr, topic configs, data version, now_ms, conn id) -> result
@@ -175,7 +176,7 @@ class BrokerController:
         self.store.add_arrival_listener(self.hold.on_arrival)
         self._loop_thread = threading.get_ident()
         self.store.set_dispatch_hook(self._dispatch_soon)
-        self.store.set_index_later(self._index_later)
+        self.store.set_index_later(self._index_later, busy=lambda: self.timer.delivering)
         self.store.set_min_offset_guard(self.delay.min_needed_offset)
         if not slave:  # a slave delivers no delayed message (RocketMQ runs the schedule service on masters)
             await self._start_delivery()

@@ -230,13 +230,17 @@ class MessageStore(PutPath, ReadPath):
         ``wait_dispatched``. None restores the thread-only mode."""
         self._reput.hook = fn
 
-    def set_index_later(self, fn: Callable[[Callable[[], None]], None] | None) -> None:
+    def set_index_later(self, fn: Callable[[Callable[[], None]], None] | None,
+                        busy: Callable[[], bool] | None = None) -> None:
         """Write the key index entries of a dispatched batch later: ``fn(job)`` must run ``job()`` soon
-        (the broker: on its loop, after the answers to the pulls the batch woke). Key queries, the
-        checkpoint and shutdown see the entries not yet written. None: written with the batch (what
-        waits is written first, so the index keeps commit-log order)."""
+        (the broker: on its loop, after the answers to the pulls the batch woke). While ``busy()`` says a
+        burst is being handed over, the job defers itself again through ``fn``, for at most
+        reput.INDEX_MAX_WAIT_S after the oldest waiting batch. Key queries, the checkpoint and shutdown
+        see the entries not yet written. None: written with the batch (what waits is written first, so
+        the index keeps commit-log order)."""
         if fn is None:
             self._reput.index_pending()
+        self._reput.index_busy = busy
         self._reput.index_later = fn
         if fn is None:
             self._reput.index_pending()

@@ -74,6 +74,7 @@ class TimerService:
         self._stopping = False
         self._sleeping = False
         self._sleep_target = _NEVER
+        self._delivering = False  # a batch was handed over since the loop last went to sleep
         self._version = 0
         self._flush_soon = False  # flush_entries were parked since the last checkpoint: flush now
         self._retain_soon = False  # a flush made completed records reclaimable: run retention now
@@ -340,6 +341,7 @@ class TimerService:
                     if stage_ahead:
                         taken, busy = t.deliver_staged(now, batch, staged_puts, fallback)
                         if taken:
+                            self._delivering = True
                             if busy:
                                 backoff_until = self.clock.now_ms() + cfg.retry_backoff_ms
                             await _hand_over()
@@ -349,6 +351,7 @@ class TimerService:
                     if items:
                         if "retry" in t.deliver_many(items, put, put_many, put_raw=put_raw):
                             backoff_until = self.clock.now_ms() + cfg.retry_backoff_ms
+                        self._delivering = True
                         await _hand_over()
                         batch = min(batch * 2, cfg.deliver_batch)
                         continue
@@ -378,8 +381,15 @@ class TimerService:
         if pending:
             await asyncio.wait(pending)
 
+    @property
+    def delivering(self) -> bool:
+        """Whether the delivery loop is handing over due messages: it delivered a batch and has not gone
+        to sleep since (a burst is being delivered). The store defers its key index writes meanwhile."""
+        return self._delivering
+
     async def _sleep(self, target: int, version: int) -> None:
         assert self._event is not None
+        self._delivering = False
         self._sleep_target = target
         self._event.clear()
         if self._version != version or self._stopping:
