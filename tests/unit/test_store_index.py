@@ -204,3 +204,30 @@ def test_too_few_slots_to_shrink_keep_the_configured_size_and_files_of_full_size
     assert [(f.slot_num, f.index_num) for f in svc.files] == [(slots, entries)]
     assert all(uniq_hits(svc, p) == [p * 100] for p in range(5))
     svc.close()
+
+
+def test_the_small_first_file_takes_one_entry_a_slot_and_an_earlier_versions_is_read_as_it_is(tmp_path):
+    """Chains one entry long on average when the first file is full (a key query walks them), where a
+    configured file's are index_num / slot_num; a first file with FIRST_FILE_SHRINK times fewer entries,
+    as an earlier version wrote it, keeps its geometry when opened again."""
+    shrink, min_slots = index_mod.FIRST_FILE_SHRINK, index_mod.FIRST_FILE_MIN_SLOTS
+    slots, entries = shrink * min_slots, 4 * shrink * min_slots  # 4 entries a slot, as by default
+    assert index_mod.first_file_geometry(slots, entries) == (min_slots, min_slots)
+    new = tmp_path / "new"
+    svc = IndexService(str(new), slots, entries)
+    svc.put_batch(items(0, 3))
+    assert (svc.files[0].slot_num, svc.files[0].index_num) == (min_slots, min_slots)
+    svc.close()
+    again = IndexService(str(new), slots, entries)
+    again.load()
+    assert [(f.slot_num, f.index_num) for f in again.files] == [(min_slots, min_slots)]
+    again.close()
+    old = tmp_path / "old"
+    old.mkdir()
+    index_mod.IndexFile(str(old / f"{0:020d}"), min_slots, entries // shrink).mf.close()
+    svc = IndexService(str(old), slots, entries)
+    svc.load()
+    svc.put_batch(items(0, 5))
+    assert [(f.slot_num, f.index_num) for f in svc.files] == [(min_slots, entries // shrink)]
+    assert all(uniq_hits(svc, p) == [p * 100] for p in range(5))
+    svc.close()

@@ -71,26 +71,33 @@ def _write_table(fd: int, table: bytearray) -> None:
             _pwrite_all(fd, page, at)
 
 
-# A store's first index file has FIRST_FILE_SHRINK times fewer slots and entries than configured (its
-# chains as long when full), so that a store holding few keys does not give its slot table's every page a
-# disk block: 60,000 keys touch every page of 5,000,000 slots, 20 MiB. The files after it have the
-# configured size. Not when that would leave fewer than FIRST_FILE_MIN_SLOTS slots.
+# A store's first index file has FIRST_FILE_SHRINK times fewer slots than configured, so that a store
+# holding few keys does not give its slot table's every page a disk block: 60,000 keys touch every page of
+# 5,000,000 slots, 20 MiB. It takes at most one entry a slot: its chains are one entry long on average when
+# it is full, where a configured file's are index_num / slot_num (4 by default), and a key query walks
+# them (a de-duplicated send asks for every key it stores). The files after it have the configured size.
+# Not when that would leave fewer than FIRST_FILE_MIN_SLOTS slots. A first file written by an earlier
+# version has FIRST_FILE_SHRINK times fewer entries than configured; it is read back as it is.
 FIRST_FILE_SHRINK = 16
 FIRST_FILE_MIN_SLOTS = 4096
 
 
 def first_file_geometry(slot_num: int, index_num: int) -> tuple[int, int]:
     """(slots, entries) of a store's first index file under the configured counts."""
-    slots, entries = slot_num // FIRST_FILE_SHRINK, index_num // FIRST_FILE_SHRINK
+    slots = slot_num // FIRST_FILE_SHRINK
+    entries = min(index_num // FIRST_FILE_SHRINK, slots)
     return (slots, entries) if slots >= FIRST_FILE_MIN_SLOTS and entries >= 2 else (slot_num, index_num)
 
 
 def file_geometry(size: int, slot_num: int, index_num: int) -> tuple[int, int]:
-    """(slots, entries) of an index file of ``size`` bytes under the configured counts: the small first
-    file's when its size is that one's, else the configured (a new file, or one of another size)."""
+    """(slots, entries) of an index file of ``size`` bytes under the configured counts: a small first
+    file's when its size is one (this version's or an earlier one's), else the configured (a new file,
+    or one of another size)."""
     slots, entries = first_file_geometry(slot_num, index_num)
-    if size == HEADER_SIZE + slots * 4 + entries * ENTRY_SIZE:
-        return slots, entries
+    if (slots, entries) != (slot_num, index_num):
+        for n in (entries, index_num // FIRST_FILE_SHRINK):
+            if size == HEADER_SIZE + slots * 4 + n * ENTRY_SIZE:
+                return slots, n
     return slot_num, index_num
 
 
