@@ -28,7 +28,7 @@ from .rabbit_peer import RabbitPeer
 from .redis_peer import RedisPeer
 from .report import render_rich, targets_markdown, update_readme, write_chart, write_json
 from .rocketmq_peer import RocketMQPeer
-from .runner import WORKLOADS, run_system
+from .runner import WORKLOADS, merge_rounds, run_system
 from .workloads import PLANS, Plan
 
 HERE = Path(__file__).resolve().parent
@@ -129,6 +129,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--pin", action="store_true",
                     help="run each system under test on the first CPU and the bench (its clients) on the "
                          "others, the same for every system (README.md: CPU placement)")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="run every system this many times, in turns (A, B, A, B, ...), and give each "
+                         "figure's median over the rounds (lost, duplicated and early messages: the worst "
+                         "round's); the rounds' own figures stay in the JSON")
     ap.set_defaults(mode="quick")
     return ap.parse_args(argv)
 
@@ -157,19 +161,25 @@ def run(args: argparse.Namespace, log: Callable[[str], None] = print) -> dict[st
         server_cpus, bench_cpus = {cpus[0]}, set(cpus[1:])
         pin([os.getpid()], bench_cpus, descendants=False)  # the bench, and the client threads it starts
         placement = {"server_cpus": [cpus[0]], "bench_cpus": cpus[1:]}
+    rounds = getattr(args, "rounds", None)
+    rounds = 1 if rounds is None else rounds
+    if rounds < 1:
+        raise SystemExit(f"--rounds {rounds}: must be at least 1")
     run_id = datetime.now(UTC).strftime("%Y%m%dT%H%M%S")
     started = time.monotonic()
     results: dict[str, Any] = {"meta": {"run": run_id, "mode": plan.mode, "plan": plan.to_dict(),
                                         "started": datetime.now(UTC).isoformat(timespec="seconds"),
                                         "machine": machine_info(), "argv": sys.argv[1:],
                                         "note": getattr(args, "note", ""), "load_avg_start": _loadavg(),
-                                        "workloads": list(only), "cpu_placement": placement},
+                                        "workloads": list(only), "cpu_placement": placement,
+                                        "rounds": rounds},
                                "systems": {}}
     if args.workdir:
         Path(args.workdir).mkdir(parents=True, exist_ok=True)
     parent = Path(tempfile.mkdtemp(prefix=f"chronomq-compare-{run_id}-", dir=args.workdir))
     log(f"run {run_id}, {plan.mode} mode, data under {parent}")
     try:
+        peers: dict[str, Peer] = {}
         for name in names:
             peer = SYSTEMS[name](parent / name)
             try:
@@ -180,11 +190,26 @@ def run(args: argparse.Namespace, log: Callable[[str], None] = print) -> dict[st
                     log(f"  to include it: {APT_LINE}")
                 results["systems"][name] = {"system": peer.describe(), "status": "skipped", "reason": str(e)}
                 continue
-            log(f"== {peer.label} ({peer.durability})")
-            results["systems"][name] = run_system(peer, plan, run_id, log, only, server_cpus, bench_cpus)
-            log(f"== {peer.label} done in {results['systems'][name].get('total_s', 0):.0f} s")
-            if not args.keep:  # full mode leaves tens of GiB per system: free them before the next one
-                shutil.rmtree(parent / name, ignore_errors=True)
+            peers[name] = peer
+            results["systems"][name] = {"system": peer.describe(), "status": "error", "reason": "not run"}
+        done: dict[str, list[dict[str, Any]]] = {name: [] for name in peers}
+        for k in range(rounds):
+            for name in peers:
+                # a fresh system each round, its data dir of its own
+                peer = peers[name] if k == 0 else SYSTEMS[name](parent / f"{name}.r{k + 1}")
+                if k:
+                    try:
+                        peer.check()
+                    except PeerUnavailable as e:
+                        done[name].append({"system": peer.describe(), "status": "skipped", "reason": str(e)})
+                        continue
+                turn = f", round {k + 1} of {rounds}" if rounds > 1 else ""
+                log(f"== {peer.label} ({peer.durability}){turn}")
+                done[name].append(run_system(peer, plan, run_id, log, only, server_cpus, bench_cpus))
+                log(f"== {peer.label} done in {done[name][-1].get('total_s', 0):.0f} s")
+                if not args.keep:  # full mode leaves tens of GiB per system: free them before the next one
+                    shutil.rmtree(peer.workdir, ignore_errors=True)
+                results["systems"][name] = merge_rounds(done[name])
     finally:
         results["meta"]["elapsed_s"] = time.monotonic() - started
         results["meta"]["load_avg_end"] = _loadavg()

@@ -230,12 +230,20 @@ def java_footer(results: dict[str, Any]) -> list[str]:
     return lines
 
 
+def rounds_line(rounds: int) -> str:
+    return (f"each figure is the median of {rounds} rounds, the systems run in turns (A, B, A, B, ...); "
+            "lost, duplicated and early messages are the worst round's")
+
+
 def footer_lines(results: dict[str, Any]) -> list[str]:
     """The legend and one line per system: configuration, client, version, and why it did not run."""
     lines = ["ratio = chronomq / best peer (or / Apache RocketMQ 5 in the same flush mode);  ↑ higher is "
              "better,  ↓ lower is better;  n/a: the figure does not apply to that system;  * loading had not "
              "finished when the first message fell due;  † N: the load hit its time cap (load_cap_s) after N "
              "messages, and the figure is for those"]
+    rounds = results["meta"].get("rounds") or 1
+    if rounds > 1:
+        lines.append(rounds_line(rounds))
     placement = results["meta"].get("cpu_placement")
     if placement:
         lines.append(f"CPU placement (--pin): each system under test on CPU {placement['server_cpus']}, "
@@ -458,6 +466,8 @@ def readme_section(results: dict[str, Any]) -> str:
         lines += [f"Load average (1/5/15 min) at start {meta.get('load_avg_start')}, at end "
                   f"{meta.get('load_avg_end')} (anything above 2 on this 2-core machine is other work "
                   "competing with the bench).", ""]
+    if (meta.get("rounds") or 1) > 1:
+        lines += [f"{rounds_line(meta['rounds']).capitalize()} (`--rounds {meta['rounds']}`).", ""]
     if meta.get("note"):
         lines += [f"Note: {meta['note']}", ""]
     mode = meta["plan"]["mode"]

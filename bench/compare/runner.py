@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import statistics
 import time
 import traceback
 from collections.abc import Callable
@@ -367,6 +368,71 @@ def run_system(peer: Peer, plan: Plan, run: str, log: Log,
             result["stop_error"] = str(e)
     result["total_s"] = time.monotonic() - t0
     return result
+
+
+# --- several rounds of one system, summarized ----------------------------------------------------------
+WORST_OF_ROUNDS = frozenset({"lost", "duplicates", "early_receipts", "foreign", "attempts"})  # worst round
+ANY_ROUND = frozenset({"capped"})  # a flag that is bad news in any round
+FAILED = ("error", "na", "skipped")
+
+
+def _number(v: Any) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool)
+
+
+def _merge_values(key: str, values: list[Any]) -> Any:
+    present = [v for v in values if v is not None]
+    if not present:
+        return None
+    if all(_number(v) for v in present):
+        return max(present) if key in WORST_OF_ROUNDS else statistics.median(present)
+    if all(isinstance(v, bool) for v in present):
+        return any(present) if key in ANY_ROUND else all(present)
+    if all(isinstance(v, dict) for v in present):
+        return merge_workload(present)
+    return present[0] if all(v == present[0] for v in present) else present
+
+
+def merge_workload(rounds: list[dict[str, Any]]) -> dict[str, Any]:
+    """One workload's figures over several rounds: the median of each figure over the rounds that ran
+    (lost, duplicated and early messages: the worst round's; a flag: true only if true in every round,
+    ``capped`` if in any), each figure's values by round in ``per_round``, and the failed rounds'
+    errors in ``round_errors``."""
+    ok = [r for r in rounds if not any(k in r for k in FAILED)]
+    if not ok:
+        return rounds[0]
+    keys = list(dict.fromkeys(k for r in ok for k in r))
+    out = {k: _merge_values(k, [r.get(k) for r in ok]) for k in keys}
+    out["per_round"] = {k: [r.get(k) for r in ok] for k in keys if any(_number(r.get(k)) for r in ok)}
+    out["rounds_ok"] = len(ok)
+    errors = [f"round {i + 1}: {r.get('error') or r.get('skipped') or r.get('na')}"
+              for i, r in enumerate(rounds) if any(k in r for k in FAILED)]
+    if errors:
+        out["round_errors"] = errors
+    return out
+
+
+def merge_rounds(rounds: list[dict[str, Any]]) -> dict[str, Any]:
+    """``run_system``'s results of several rounds of one system as one result: its status "ok" when a
+    round ran, each workload summarized by ``merge_workload``, the rounds' own results in ``rounds``."""
+    if len(rounds) == 1:
+        return rounds[0]
+    ran = [r for r in rounds if r.get("status") == "ok"] or rounds[:1]
+    out: dict[str, Any] = {"system": ran[-1].get("system", {}), "status": ran[0].get("status", "error"),
+                           "rounds": rounds}
+    if ran[0].get("status") != "ok":
+        out["reason"] = ran[0].get("reason", "")
+    names = list(dict.fromkeys(w for r in ran for w in r.get("workloads", {})))
+    out["workloads"] = {w: merge_workload([r["workloads"][w] for r in ran if w in r.get("workloads", {})])
+                        for w in names}
+    for key in ("start_s", "total_s"):
+        vals = [r[key] for r in ran if _number(r.get(key))]
+        if vals:
+            out[key] = statistics.median(vals) if key == "start_s" else sum(vals)
+    baselines = [r["baseline"] for r in ran if isinstance(r.get("baseline"), dict)]
+    if baselines:
+        out["baseline"] = merge_workload(baselines)
+    return out
 
 
 def _brief(d: dict[str, Any]) -> str:

@@ -332,6 +332,66 @@ def test_run_system_measures_all_six_workloads(tmp_path: Path) -> None:
     assert w["pending"]["rss_bytes"] > 0 and w["pending"]["settled_within_s"] >= plan.settle_s
 
 
+
+# --- several rounds ------------------------------------------------------------------------------------
+def test_rounds_give_each_figure_its_median_and_the_worst_loss() -> None:
+    merged = runner.merge_workload([
+        {"p50_ms": 9, "max_ms": 30.0, "lost": 0, "early_receipts": 0, "complete": True, "capped": False,
+         "java": {"p50_ms": 1}},
+        {"p50_ms": 5, "max_ms": 10.0, "lost": 2, "early_receipts": 0, "complete": False, "capped": False,
+         "java": {"p50_ms": 3}},
+        {"error": "boom"},  # a failed round: left out of the medians, its error kept
+        {"p50_ms": 7, "max_ms": 20.0, "lost": 0, "early_receipts": 1, "complete": True, "capped": True,
+         "java": {"p50_ms": 2}},
+    ])
+    assert merged["p50_ms"] == 7 and merged["max_ms"] == 20.0
+    assert merged["lost"] == 2 and merged["early_receipts"] == 1  # the worst round's, not a median of 0
+    assert merged["complete"] is False and merged["capped"] is True
+    assert merged["java"]["p50_ms"] == 2
+    assert merged["per_round"]["p50_ms"] == [9, 5, 7] and merged["rounds_ok"] == 3
+    assert merged["round_errors"] == ["round 3: boom"]
+    assert runner.merge_workload([{"na": "n/a"}, {"na": "n/a"}]) == {"na": "n/a"}
+    one = {"status": "ok", "workloads": {"hol": {"p50_ms": 4}}}
+    assert runner.merge_rounds([one]) is one
+
+
+def test_rounds_run_the_systems_in_turns_and_report_medians(tmp_path: Path,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    from bench.compare import __main__ as cli
+
+    order: list[str] = []
+    rates = {"redis": iter([100.0, 300.0, 200.0]), "chronomq_async": iter([50.0, 10.0, 30.0])}
+
+    def fake_run_system(peer: Peer, plan: Any, run: str, log: Any, only: Any, *cpus: Any) -> dict[str, Any]:
+        order.append(f"{peer.name}:{peer.workdir.name}")
+        assert not peer.workdir.exists() or peer.workdir.is_dir()
+        return {"status": "ok", "system": peer.describe(), "total_s": 1.0, "start_s": 0.5,
+                "workloads": {"schedule": {"msgs_per_s": next(rates[peer.name]), "lost": 0}}}
+
+    def mem(name: str) -> Any:
+        def make(d: Path) -> Peer:
+            p = MemPeer(d)
+            p.name = name
+            return p
+        return make
+
+    monkeypatch.setattr(cli, "run_system", fake_run_system)
+    monkeypatch.setitem(cli.SYSTEMS, "redis", mem("redis"))
+    monkeypatch.setitem(cli.SYSTEMS, "chronomq_async", mem("chronomq_async"))
+    args = argparse.Namespace(mode="tiny", pending=None, systems="chronomq_async,redis", workloads="schedule",
+                              workdir=tmp_path, keep=False, rounds=3)
+    res = compare_run(args, lambda _line: None)
+    assert order == ["chronomq_async:chronomq_async", "redis:redis", "chronomq_async:chronomq_async.r2",
+                     "redis:redis.r2", "chronomq_async:chronomq_async.r3", "redis:redis.r3"]
+    assert res["meta"]["rounds"] == 3 and list(res["systems"]) == ["chronomq_async", "redis"]
+    cmq, red = res["systems"]["chronomq_async"], res["systems"]["redis"]
+    assert red["workloads"]["schedule"]["msgs_per_s"] == 200.0 and len(red["rounds"]) == 3
+    assert cmq["workloads"]["schedule"]["per_round"]["msgs_per_s"] == [50.0, 10.0, 30.0]
+    assert cmq["total_s"] == 3.0
+    assert "median of 3 rounds" in report.readme_section(res)
+    with pytest.raises(SystemExit, match="at least 1"):
+        compare_run(argparse.Namespace(**{**vars(args), "rounds": 0}), lambda _line: None)
+
 # --- report assembly -----------------------------------------------------------------------------------
 def _results() -> dict[str, Any]:
     def sys_(name: str, label: str, **wl: dict[str, Any]) -> dict[str, Any]:
