@@ -85,3 +85,32 @@ def test_the_allocator_thread_stays_ahead_of_the_commit_log_writer(tmp_path) -> 
                  message="the allocator thread ran ahead")
     finally:
         s.shutdown()
+
+
+def test_staged_records_have_their_new_queue_file_made_ahead_by_the_allocator(tmp_path) -> None:
+    s = MessageStore(make_config(tmp_path, mappedFileSizeCommitLog=1 << 20), VirtualClock())
+    s.start()
+    try:
+        r = s.put_message(msg(topic="Source", body=b"x" * 100))
+        raw = s.read_record(r.append.wrote_offset) if r.append is not None else None
+        assert raw is not None
+        entries = s.prepare_records("Fresh", 2, [(raw, 0, len(raw), {})])  # what the timer stages
+        assert isinstance(entries, list)
+        # made in the background, before anything was put to the queue
+        wait_for(lambda: ("Fresh", 2) in s._queues and bool(s._queues[("Fresh", 2)].files),
+                 message="the allocator made the staged queue's first file")
+        cq = s._queues[("Fresh", 2)]
+        made = cq.files[0]
+        assert made.start == 0 and s.get_max_offset_in_queue("Fresh", 2) == 0
+        put = s.put_prepared("Fresh", 2, entries)
+        assert put.ok and s.wait_dispatched(put.append.wrote_offset, 5)
+        got = s.get_message("Fresh", 2, 0, 32)
+        assert got.next_begin_offset == 1 and len(got.messages) == 1 and cq.files == [made]
+        # a queue that took records, or whose records were put (its units' place known), is left alone
+        assert not s.prepare_queue("Fresh", 2) and not s.prepare_queue("Source", 0)
+        s._queue_table[("Moved", 0)] = 5
+        assert not s.prepare_queue("Moved", 0) and ("Moved", 0) not in s._queues
+        s.prepare_records("Source", 0, [(raw, 0, len(raw), {})])  # has its queue: nothing asked
+        assert not s._allocator._queues and not s._allocator._asked
+    finally:
+        s.shutdown()

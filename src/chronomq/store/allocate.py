@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections import deque
 from typing import TYPE_CHECKING
 
 from chronomq.store.mapped import ALLOC_CHUNK
@@ -76,12 +77,34 @@ class AheadSizer:
 
 
 class AllocateMappedFileService:
-    """RocketMQ's AllocateMappedFileService, reduced to what matters here."""
+    """RocketMQ's AllocateMappedFileService, reduced to what matters here; it also makes the first file
+    of a consume queue that records are about to reach (``prepare_queue``)."""
 
     def __init__(self, store: MessageStore) -> None:
         self._store = store
         self.wake = threading.Event()
         self.sizer: AheadSizer | None = None  # made when the thread starts (the log's end is known then)
+        self._queues: deque[tuple[str, int]] = deque()  # consume queues to make ahead, in turn
+        self._asked: set[tuple[str, int]] = set()  # ... each once
+
+    def prepare_queue(self, topic: str, qid: int) -> None:
+        """Have the thread make the consume queue of ``topic``/``qid`` and its first file soon (the
+        timer asks when it stages the first records due to a queue that has none)."""
+        key = (topic, qid)
+        if key not in self._asked:
+            self._asked.add(key)
+            self._queues.append(key)
+            self.wake.set()
+
+    def _prepare_queues(self) -> None:
+        while self._queues:
+            key = self._queues.popleft()
+            try:
+                self._store.prepare_queue(*key)
+            except (OSError, ValueError) as e:  # the first put to it reports a full disk itself
+                log.warning("consume queue %s/%d: its first file could not be made ahead: %s", *key, e)
+            finally:
+                self._asked.discard(key)
 
     def run(self) -> None:
         """Thread chronomq-store-allocate: keep the sizer's distance of the active segment allocated
@@ -94,6 +117,8 @@ class AllocateMappedFileService:
         while not stop.is_set():
             self.wake.wait(0.5)
             self.wake.clear()
+            if self._queues:
+                self._prepare_queues()
             seg = store._cur_seg
             wrote = store._cl.wrote
             ahead = sizer.update(clock.monotonic(), wrote)

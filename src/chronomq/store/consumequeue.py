@@ -97,6 +97,28 @@ class ConsumeQueue:
     def _ensure_dir(self) -> None:
         os.makedirs(self.dir, exist_ok=True)
 
+    def _drop_files(self) -> None:
+        for f in self.files:
+            f.destroy()
+        self.files = []
+
+    def prepare_first_file(self) -> bool:
+        """Create the first file of a queue that has none and has never taken a unit (its first unit is
+        at offset 0), with its first disk blocks, ahead of that unit: the writer then finds it made.
+        Returns whether it made one. Any thread; OSError (a full disk) propagates."""
+        with self.lock:
+            if self.files or self.max_offset or self.min_offset:
+                return False
+            self._ensure_dir()
+            f = MappedFile(os.path.join(self.dir, f"{0:020d}"), 0, self.file_size)
+            try:
+                f.allocate(min(CQ_FIRST_CHUNK, self.file_size), CQ_FIRST_CHUNK)
+            except OSError:
+                f.destroy()
+                raise
+            self.files.append(f)
+            return True
+
     # --- writes (dispatcher thread) -----------------------------------------------------------------
     def append_units(self, first_offset: int, packed: bytes | bytearray, count: int) -> None:
         """Write ``count`` packed units whose first logical offset is ``first_offset``. Units already
@@ -111,6 +133,8 @@ class ConsumeQueue:
                 first_offset = self.max_offset
             elif first_offset > self.max_offset:
                 if self.max_offset == self.min_offset:  # empty: the queue starts here
+                    if not self.max_offset and self.files and self._file_for(first_offset) is None:
+                        self._drop_files()  # made ahead for offset 0 (prepare_first_file), never used
                     self.min_offset = self.max_offset = first_offset
                 else:
                     self._write(self.max_offset, bytes((first_offset - self.max_offset) * UNIT_SIZE))

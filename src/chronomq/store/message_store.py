@@ -207,6 +207,19 @@ class MessageStore(PutPath, ReadPath):
                     self._queues[key] = cq
         return cq
 
+    def prepare_queue(self, topic: str, qid: int) -> bool:
+        """Create the consume queue of ``topic``/``qid`` and its first file ahead of its first record,
+        when nothing was ever put to it (its first unit then goes at offset 0): the first dispatch to it
+        then finds the file made. Returns whether a file was made. Any thread (the allocator's)."""
+        key = (topic, qid)
+        cq = self._queues.get(key)
+        if cq is not None and cq.files:
+            return False
+        with self._cl.lock:
+            if self._queue_table.get(key, 0):
+                return False  # records were put to it: its first unit's place is known elsewhere
+        return self._queue_for_dispatch(topic, qid).prepare_first_file()
+
     # ================================================================================= dispatch
     def append_replicated(self, offset: int, data: bytes | memoryview) -> int:
         """A slave's write of commit-log bytes received from its master (replica.py). Returns the new

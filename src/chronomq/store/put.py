@@ -37,7 +37,7 @@ from chronomq.message import (
     validate_topic,
 )
 from chronomq.store import faults
-from chronomq.store.allocate import ALLOCATE_AHEAD
+from chronomq.store.allocate import ALLOCATE_AHEAD, AllocateMappedFileService
 from chronomq.store.commitlog import (
     BLANK_HEAD,
     H16,
@@ -56,6 +56,7 @@ from chronomq.store.types import AppendResult, DispatchRequest, EncodedRecord, P
 if TYPE_CHECKING:
     from chronomq.clock import Clock
     from chronomq.config import BrokerConfig
+    from chronomq.store.consumequeue import ConsumeQueue
 
 _POS_STORETIMESTAMP = 56
 # The put path's records are built from a tuple of their fields with tuple.__new__: a C call, where
@@ -289,6 +290,8 @@ class PutPath:
     _tag_cache: _Cache[str, int]
     _host_cache: _Cache[tuple[str, int], bytes]
     _alloc_wake: threading.Event
+    _allocator: AllocateMappedFileService
+    _queues: dict[tuple[str, int], ConsumeQueue]
     _signal_dispatch: Callable[[], None]
     _request_flush: Callable[[int], concurrent.futures.Future[bool]]
 
@@ -519,9 +522,12 @@ class PutPath:
         prepares the messages about to fall due this way, so that at their moment only the append is
         left."""
         try:
-            return self._prepare_records(topic, queue_id, records)
+            entries = self._prepare_records(topic, queue_id, records)
         except _Refused as refused:
             return refused.result
+        if (topic, queue_id) not in self._queues:  # its first records: the queue's file made meanwhile
+            self._allocator.prepare_queue(topic, queue_id)
+        return entries
 
     def _prepare_records(self, topic: str, queue_id: int, records: list[StoredRecord]) -> list[EncodedRecord]:
         if not records:
