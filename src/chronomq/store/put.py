@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import mmap
+import os
 import struct
 import sys
 import threading
@@ -59,6 +60,15 @@ if TYPE_CHECKING:
     from chronomq.store.consumequeue import ConsumeQueue
 
 _POS_STORETIMESTAMP = 56
+# Where a run of records goes to its segment: copied into the mapping, or, when it starts within
+# FLUSHED_ZONE of what the last flush wrote back and holds at least PWRITE_MIN bytes, encoded into a
+# scratch buffer and written with pwrite. A flush write-protects the mapped pages it cleans, and the
+# mapping holds the pages ahead of the write position in large folios, so the next stores into that
+# folio fault once per 4 KiB page, several µs each; pwrite copies into the page cache without a fault but
+# costs a copy more, so the runs past that zone keep the mapping (docs/store.md).
+PWRITE_MIN = 4096
+FLUSHED_ZONE = 2 * 1024 * 1024
+SCRATCH_MAX = 4 * 1024 * 1024  # the scratch buffer kept between runs; a larger run gets one of its own
 # The put path's records are built from a tuple of their fields with tuple.__new__: a C call, where
 # calling a NamedTuple class runs its Python-level __new__ (about 150 ns more per record).
 _new = tuple.__new__
@@ -290,13 +300,16 @@ class PutPath:
     _tag_cache: _Cache[str, int]
     _host_cache: _Cache[tuple[str, int], bytes]
     _alloc_wake: threading.Event
+    _scratch: bytearray
     _allocator: AllocateMappedFileService
     _queues: dict[tuple[str, int], ConsumeQueue]
     _signal_dispatch: Callable[[], None]
     _request_flush: Callable[[int], concurrent.futures.Future[bool]]
 
     def _init_caches(self) -> None:
-        """The put path's caches: a topic's bytes (checked once), a tags text's hash, a born host packed."""
+        """The put path's caches: a topic's bytes (checked once), a tags text's hash, a born host packed;
+        and the scratch buffer runs are encoded into before their pwrite."""
+        self._scratch = bytearray(64 * 1024)
         self._topic_cache = _Cache(_topic_bytes, 100_000)
         self._tag_cache = _Cache(tags_code, 100_000)
         self._host_cache = _Cache(_host_bytes, 10_000)
@@ -332,11 +345,14 @@ class PutPath:
         except (TypeError, ValueError, AttributeError, OverflowError, struct.error) as e:
             raise _Refused(PutStatus.MESSAGE_ILLEGAL, f"malformed message: {e}") from None
 
-    def _reserve(self, size: int, delivery: bool = False) -> tuple[MappedFile, int, int]:
+    def _reserve(self, size: int, delivery: bool = False, allocate: bool = True
+                 ) -> tuple[MappedFile, int, int]:
         """Under the commit-log lock: the segment, commit-log offset and in-segment position where
         ``size`` bytes go (rolling to a new segment and allocating disk as needed); _Refused when they
         cannot be had. A record never spans two segments. While the disk is full (``disk_full``) only a
-        ``delivery`` (a parked delayed message coming due) may go on, as far as space allows."""
+        ``delivery`` (a parked delayed message coming due) may go on, as far as space allows.
+        ``allocate=False``: a writer that outran the allocator thread does not allocate here (the caller
+        writes with pwrite, or calls ``_allocate``)."""
         if not self._running:
             raise _Refused(PutStatus.SERVICE_NOT_AVAILABLE, "the message store is not running")
         if self.disk_full is not None and not delivery:
@@ -355,13 +371,17 @@ class PutPath:
         if r + size + ALLOCATE_AHEAD // 2 > seg.allocated:
             if not self._alloc_wake.is_set():
                 self._alloc_wake.set()
-            if r + size > seg.allocated:  # the writer outran the allocator thread
-                try:
-                    seg.allocate(r + size)
-                except OSError as e:
-                    raise _Refused(PutStatus.SERVICE_NOT_AVAILABLE,
-                                   f"cannot allocate commit-log space: {e}") from None
+            if allocate and r + size > seg.allocated:  # the writer outran the allocator thread
+                self._allocate(seg, r + size)
         return seg, wrote, r
+
+    @staticmethod
+    def _allocate(seg: MappedFile, upto: int) -> None:
+        try:
+            seg.allocate(upto)
+        except OSError as e:
+            raise _Refused(PutStatus.SERVICE_NOT_AVAILABLE,
+                           f"cannot allocate commit-log space: {e}") from None
 
     def _property_fields(self, props: dict[str, str]) -> PropertyFields:
         """The property_fields kernel, with its refusal raised as _Refused."""
@@ -479,18 +499,47 @@ class PutPath:
         qkey = (topic, qid)
         cl = self._cl
         with cl.lock:
-            pending = self._pending  # only under the lock: the dispatcher swaps the list
-            seg, wrote, r = self._reserve(total, delivery)
+            seg, wrote, r = self._reserve(total, delivery, allocate=False)
             ts = max(self.clock.now_ms(), self._last_ts)
-            self._last_ts = ts
             first_q = self._queue_table.get(qkey, 0)
+            if total >= PWRITE_MIN and r < seg.flushed + FLUSHED_ZONE:
+                reqs = self._pwrite_run(seg, r, wrote, first_q, ts, entries, topic, qid, total)
+                self._pending.extend(reqs)  # only under the lock: the dispatcher swaps the list
+                r += total
+                if r > seg.allocated:  # written past the allocator: it goes on from here
+                    seg.skip_allocation(r)
+            else:
+                if r + total > seg.allocated:  # the writer outran the allocator thread
+                    self._allocate(seg, r + total)
+                pending = self._pending  # only under the lock: the dispatcher swaps the list
+                r, _, _ = kernels.append_run(seg.mm, r, wrote, first_q, ts, entries, topic, qid, pending)
+            self._last_ts = ts
             self._queue_table[qkey] = first_q + len(entries)
-            first_phys = wrote
-            r, wrote, _ = kernels.append_run(seg.mm, r, wrote, first_q, ts, entries, topic, qid, pending)
             seg.written = r
-            cl.wrote = wrote
+            cl.wrote = wrote + total
         self._signal_dispatch()
-        return first_phys, first_q, ts
+        return wrote, first_q, ts
+
+    def _pwrite_run(self, seg: MappedFile, r: int, wrote: int, qoff: int, ts: int,
+                    entries: list[EncodedRecord], topic: str, qid: int, total: int) -> list[DispatchRequest]:
+        """Under the commit-log lock: ``append_run`` into a scratch buffer, written to the segment's file
+        at ``r`` with pwrite; returns the run's dispatch requests. Nothing of the store's state changes
+        before the write succeeded (_Refused otherwise)."""
+        buf = self._scratch
+        if len(buf) < total + 64:  # append_run wants room for a record's fixed fields past its end
+            buf = bytearray(total + 64)
+            if len(buf) <= SCRATCH_MAX:
+                self._scratch = buf
+        reqs: list[DispatchRequest] = []
+        kernels.append_run(buf, 0, wrote, qoff, ts, entries, topic, qid, reqs)
+        with memoryview(buf) as view:
+            done = 0
+            try:
+                while done < total:
+                    done += os.pwrite(seg.fd, view[done:total], r + done)
+            except OSError as e:
+                raise _Refused(PutStatus.SERVICE_NOT_AVAILABLE, f"cannot write the commit log: {e}") from None
+        return reqs
 
     def _batch_result(self, first_phys: int, first_q: int, ts: int, sizes: list[int], total: int,
                       with_ids: bool = True, flush: bool = True) -> PutResult:

@@ -1,0 +1,98 @@
+"""A run of records written with pwrite where the mapping's pages may be write-protected (just after what
+a flush wrote back), through the mapping past that zone; a run that outran the allocator thread lets it go
+on past the run (never zeros over it); a failed pwrite refuses the put and changes nothing."""
+
+from __future__ import annotations
+
+import errno
+import os
+import threading
+from typing import Any
+
+import pytest
+from test_store_basic import make_config, msg
+from tests.conftest import wait_for
+
+from chronomq.clock import VirtualClock
+from chronomq.message import decode_record
+from chronomq.store import MessageStore, PutStatus, put
+
+
+@pytest.fixture
+def store(tmp_path: Any) -> Any:
+    s = MessageStore(make_config(tmp_path, mappedFileSizeCommitLog=64 << 20), VirtualClock())
+    s.start()
+    yield s
+    s.shutdown()
+
+
+def _batch(n: int, size: int, tag: int) -> list[Any]:
+    return [msg(body=bytes([tag, i % 256]) * (size // 2)) for i in range(n)]
+
+
+def _pwrites(monkeypatch: pytest.MonkeyPatch, fd: int) -> list[int]:
+    seen: list[int] = []
+    real = os.pwrite
+
+    def pwrite(f: int, data: Any, off: int) -> int:
+        if f == fd and threading.current_thread() is threading.main_thread():  # not the allocator's zeros
+            seen.append(off)
+        return real(f, data, off)
+
+    monkeypatch.setattr(put.os, "pwrite", pwrite)
+    return seen
+
+
+def _bodies(store: MessageStore, first: int, n: int) -> list[bytes]:
+    got = store.get_message("TopicA", 0, first, n, max_bytes=1 << 30)
+    return [decode_record(r).body for r in got.messages]
+
+
+def test_runs_after_a_flush_go_with_pwrite_and_runs_past_the_zone_through_the_mapping(store, monkeypatch):
+    assert store.put_messages(_batch(4, 1000, 1)).ok
+    store.flush()
+    seg = store._cur_seg
+    seen = _pwrites(monkeypatch, seg.fd)
+    first = store.put_messages(_batch(64, 1000, 2))  # right after what the flush wrote back
+    assert first.ok and seen == [first.append.wrote_offset - seg.start]
+    small = store.put_messages(_batch(2, 1000, 3))  # under PWRITE_MIN: the mapping
+    assert small.ok and len(seen) == 1
+    while store.max_phy_offset - seg.start < seg.flushed + put.FLUSHED_ZONE:  # out of the zone
+        assert store.put_messages(_batch(64, 1000, 4)).ok
+    seen.clear()
+    late = store.put_messages(_batch(64, 1000, 5))
+    assert late.ok and seen == []
+    store.wait_dispatched(late.append.wrote_offset, 5)
+    for r, tag in ((first, 2), (small, 3), (late, 5)):
+        bodies = _bodies(store, r.append.queue_offset, r.append.msg_count)
+        assert bodies == [m.body for m in _batch(r.append.msg_count, 1000, tag)]
+
+
+def test_a_run_past_the_allocator_is_never_zeroed_after(store):
+    assert store.put_messages(_batch(1, 100, 9)).ok
+    seg = store._cur_seg
+    wait_for(lambda: seg.allocated >= (1 << 20), message="the allocator went ahead")
+    start = store.max_phy_offset - seg.start
+    n = (seg.allocated - start) // 30_000 + 40  # well past what the allocator had zeroed
+    r = store.put_messages(_batch(n, 60_000, 7))
+    assert r.ok and seg.allocated >= start + r.append.wrote_bytes
+    seg.allocate(seg.allocated + (4 << 20))  # what the allocator does next: zeros past the run only
+    store.wait_dispatched(r.append.wrote_offset, 5)
+    assert _bodies(store, r.append.queue_offset, n) == [m.body for m in _batch(n, 60_000, 7)]
+
+
+def test_a_failed_pwrite_refuses_the_put_and_changes_nothing(store, monkeypatch):
+    assert store.put_messages(_batch(4, 1000, 1)).ok
+    store.flush()
+    end, table = store.max_phy_offset, dict(store._queue_table)
+
+    def full(fd: int, data: Any, off: int) -> int:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(put.os, "pwrite", full)
+    r = store.put_messages(_batch(64, 1000, 2))
+    assert r.status is PutStatus.SERVICE_NOT_AVAILABLE and "cannot write the commit log" in r.error
+    assert store.max_phy_offset == end and store._queue_table == table
+    monkeypatch.undo()
+    again = store.put_messages(_batch(64, 1000, 2))
+    assert again.ok and again.append.wrote_offset == end and again.append.queue_offset == 4
