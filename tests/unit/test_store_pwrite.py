@@ -1,12 +1,14 @@
-"""A run of records written with pwrite where the mapping's pages may be write-protected (just after what
-a flush wrote back), through the mapping past that zone; a run that outran the allocator thread lets it go
-on past the run (never zeros over it); a failed pwrite refuses the put and changes nothing."""
+"""A run of records (or one record) written with pwrite where the mapping's pages may be write-protected
+(just after what a flush wrote back), through the mapping past that zone; a run that outran the allocator
+thread lets it go on past the run (never zeros over it), and one that reaches past the allocated mark
+waits for the zeros being written there; a failed pwrite refuses the put and changes nothing."""
 
 from __future__ import annotations
 
 import errno
 import os
 import threading
+import time
 from typing import Any
 
 import pytest
@@ -58,20 +60,24 @@ def test_runs_after_a_flush_go_with_pwrite_and_runs_past_the_zone_through_the_ma
     seen = _pwrites(monkeypatch, seg.fd)
     first = store.put_messages(_batch(64, 1000, 2))  # right after what the flush wrote back
     assert first.ok and first.append.wrote_offset - seg.start in seen
-    small = store.put_messages(_batch(2, 1000, 3))  # under PWRITE_MIN: the mapping
-    assert small.ok and small.append.wrote_offset - seg.start not in seen
+    small = store.put_message(msg(body=b"s" * 100))  # one record too
+    assert small.ok and small.append.wrote_offset - seg.start in seen
     while store.max_phy_offset - seg.start < seg.flushed + put.FLUSHED_ZONE:  # out of the zone
         assert store.put_messages(_batch(64, 1000, 4)).ok
     late = store.put_messages(_batch(64, 1000, 5))
+    single = store.put_message(msg(body=b"t" * 100))
     assert late.ok and late.append.wrote_offset - seg.start not in seen
+    assert single.ok and single.append.wrote_offset - seg.start not in seen
     store.flush()
     again = store.put_messages(_batch(64, 1000, 6))  # a new flush, a new zone
     assert again.ok and again.append.wrote_offset - seg.start in seen
     store.wait_dispatched(late.append.wrote_offset, 5)
     store.wait_dispatched(again.append.wrote_offset, 5)
-    for r, tag in ((first, 2), (small, 3), (late, 5), (again, 6)):
+    for r, tag in ((first, 2), (late, 5), (again, 6)):
         bodies = _bodies(store, r.append.queue_offset, r.append.msg_count)
         assert bodies == [m.body for m in _batch(r.append.msg_count, 1000, tag)]
+    assert _bodies(store, small.append.queue_offset, 1) == [b"s" * 100]
+    assert _bodies(store, single.append.queue_offset, 1) == [b"t" * 100]
 
 
 def test_a_run_past_the_allocator_is_never_zeroed_after(store):
@@ -85,6 +91,35 @@ def test_a_run_past_the_allocator_is_never_zeroed_after(store):
     seg.allocate(seg.allocated + (4 << 20))  # what the allocator does next: zeros past the run only
     store.wait_dispatched(r.append.wrote_offset, 5)
     assert _bodies(store, r.append.queue_offset, n) == [m.body for m in _batch(n, 60_000, 7)]
+
+
+def test_a_run_past_the_allocated_mark_is_written_after_the_zeros_being_written_there(store, monkeypatch):
+    """The allocator thread writes zeros past ``allocated`` without the commit-log lock: a run that
+    reaches past the mark waits for them (it allocates under the file's allocation lock) instead of
+    being written first and zeroed after."""
+    assert store.put_messages(_batch(1, 100, 9)).ok
+    seg = store._cur_seg
+    wait_for(lambda: seg.allocated >= (1 << 20), message="the allocator went ahead")
+    store.flush()  # the run goes with pwrite
+    start = store.max_phy_offset - seg.start
+    real = os.pwrite
+    zeroing = threading.Event()
+
+    def slow_zeros(fd: int, data: Any, off: int) -> int:
+        if fd == seg.fd and threading.current_thread().name == "zeros":
+            zeroing.set()
+            time.sleep(0.3)  # the run is put meanwhile
+        return real(fd, data, off)
+
+    monkeypatch.setattr(os, "pwrite", slow_zeros)
+    zeros = threading.Thread(target=seg.allocate, args=(seg.allocated + (4 << 20), 4 << 20), name="zeros")
+    zeros.start()
+    assert zeroing.wait(5)
+    n = (seg.allocated - start) // 60_000 + 5  # past the mark the zeros started from
+    r = store.put_messages(_batch(n, 60_000, 8))
+    zeros.join()
+    assert r.ok and store.wait_dispatched(r.append.wrote_offset, 5)
+    assert _bodies(store, r.append.queue_offset, n) == [m.body for m in _batch(n, 60_000, 8)]
 
 
 def test_a_failed_pwrite_refuses_the_put_and_changes_nothing(store, monkeypatch):

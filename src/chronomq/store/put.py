@@ -60,13 +60,12 @@ if TYPE_CHECKING:
     from chronomq.store.consumequeue import ConsumeQueue
 
 _POS_STORETIMESTAMP = 56
-# Where a run of records goes to its segment: copied into the mapping, or, when it starts within
-# FLUSHED_ZONE of what the last flush wrote back and holds at least PWRITE_MIN bytes, encoded into a
-# scratch buffer and written with pwrite. A flush write-protects the mapped pages it cleans, and the
-# mapping holds the pages ahead of the write position in large folios, so the next stores into that
-# folio fault once per 4 KiB page, several µs each; pwrite copies into the page cache without a fault but
-# costs a copy more, so the runs past that zone keep the mapping (docs/store.md).
-PWRITE_MIN = 4096
+# Where a run of records (or one record) goes to its segment: encoded into a scratch buffer and written
+# with pwrite when it starts within FLUSHED_ZONE of what the last flush wrote back, else copied into the
+# mapping. A flush write-protects the mapped pages it cleans, and the mapping holds the pages ahead of the
+# write position in large folios, so the next stores into that folio fault once per 4 KiB page, several
+# µs each; pwrite copies into the page cache without a fault but costs a syscall and a copy more, so the
+# runs past that zone keep the mapping (docs/store.md).
 FLUSHED_ZONE = 2 * 1024 * 1024
 SCRATCH_MAX = 4 * 1024 * 1024  # the scratch buffer kept between runs; a larger run gets one of its own
 # The put path's records are built from a tuple of their fields with tuple.__new__: a C call, where
@@ -345,14 +344,14 @@ class PutPath:
         except (TypeError, ValueError, AttributeError, OverflowError, struct.error) as e:
             raise _Refused(PutStatus.MESSAGE_ILLEGAL, f"malformed message: {e}") from None
 
-    def _reserve(self, size: int, delivery: bool = False, allocate: bool = True
-                 ) -> tuple[MappedFile, int, int]:
+    def _reserve(self, size: int, delivery: bool = False) -> tuple[MappedFile, int, int]:
         """Under the commit-log lock: the segment, commit-log offset and in-segment position where
         ``size`` bytes go (rolling to a new segment and allocating disk as needed); _Refused when they
         cannot be had. A record never spans two segments. While the disk is full (``disk_full``) only a
-        ``delivery`` (a parked delayed message coming due) may go on, as far as space allows.
-        ``allocate=False``: a writer that outran the allocator thread does not allocate here (the caller
-        writes with pwrite, or calls ``_allocate``)."""
+        ``delivery`` (a parked delayed message coming due) may go on, as far as space allows. The
+        bytes are allocated (zeros written) before they are returned, whichever way they are then
+        written: the allocator thread zeros past ``allocated`` without the commit-log lock, so a write
+        there would race with its zeros."""
         if not self._running:
             raise _Refused(PutStatus.SERVICE_NOT_AVAILABLE, "the message store is not running")
         if self.disk_full is not None and not delivery:
@@ -371,17 +370,13 @@ class PutPath:
         if r + size + ALLOCATE_AHEAD // 2 > seg.allocated:
             if not self._alloc_wake.is_set():
                 self._alloc_wake.set()
-            if allocate and r + size > seg.allocated:  # the writer outran the allocator thread
-                self._allocate(seg, r + size)
+            if r + size > seg.allocated:  # the writer outran the allocator thread
+                try:
+                    seg.allocate(r + size)
+                except OSError as e:
+                    raise _Refused(PutStatus.SERVICE_NOT_AVAILABLE,
+                                   f"cannot allocate commit-log space: {e}") from None
         return seg, wrote, r
-
-    @staticmethod
-    def _allocate(seg: MappedFile, upto: int) -> None:
-        try:
-            seg.allocate(upto)
-        except OSError as e:
-            raise _Refused(PutStatus.SERVICE_NOT_AVAILABLE,
-                           f"cannot allocate commit-log space: {e}") from None
 
     def _property_fields(self, props: dict[str, str]) -> PropertyFields:
         """The property_fields kernel, with its refusal raised as _Refused."""
@@ -397,25 +392,8 @@ class PutPath:
     def put_message(self, msg: MessageExt) -> PutResult:
         try:
             entry = self._prepare(msg)
-            buf = entry.record
-            size = len(buf)
-            topic = msg.topic
-            qid = msg.queue_id
-            qkey = (topic, qid)
-            cl = self._cl
-            with cl.lock:
-                seg, wrote, r = self._reserve(size)
-                ts = self.clock.now_ms()
-                if ts < self._last_ts:
-                    ts = self._last_ts
-                else:
-                    self._last_ts = ts
-                qt = self._queue_table
-                qoff = qt.get(qkey, 0)
-                qt[qkey] = qoff + 1
-                seg.written, cl.wrote, _ = kernels.append_run(seg.mm, r, wrote, qoff, ts, [entry], topic, qid,
-                                                              self._pending)
-            self._signal_dispatch()
+            size = len(entry.record)
+            wrote, qoff, ts = self._append_run(msg.topic, msg.queue_id, [entry], size)
         except _Refused as refused:
             return refused.result
         msg.queue_offset = qoff
@@ -499,18 +477,14 @@ class PutPath:
         qkey = (topic, qid)
         cl = self._cl
         with cl.lock:
-            seg, wrote, r = self._reserve(total, delivery, allocate=False)
+            seg, wrote, r = self._reserve(total, delivery)
             ts = max(self.clock.now_ms(), self._last_ts)
             first_q = self._queue_table.get(qkey, 0)
-            if total >= PWRITE_MIN and r < seg.flushed + FLUSHED_ZONE:
+            if r < seg.flushed + FLUSHED_ZONE:
                 reqs = self._pwrite_run(seg, r, wrote, first_q, ts, entries, topic, qid, total)
                 self._pending.extend(reqs)  # only under the lock: the dispatcher swaps the list
                 r += total
-                if r > seg.allocated:  # written past the allocator: it goes on from here
-                    seg.skip_allocation(r)
             else:
-                if r + total > seg.allocated:  # the writer outran the allocator thread
-                    self._allocate(seg, r + total)
                 pending = self._pending  # only under the lock: the dispatcher swaps the list
                 r, _, _ = kernels.append_run(seg.mm, r, wrote, first_q, ts, entries, topic, qid, pending)
             self._last_ts = ts
