@@ -60,12 +60,14 @@ if TYPE_CHECKING:
     from chronomq.store.consumequeue import ConsumeQueue
 
 _POS_STORETIMESTAMP = 56
-# Where a run of records (or one record) goes to its segment: encoded into a scratch buffer and written
-# with pwrite when it starts within FLUSHED_ZONE of what the last flush wrote back, else copied into the
-# mapping. A flush write-protects the mapped pages it cleans, and the mapping holds the pages ahead of the
-# write position in large folios, so the next stores into that folio fault once per 4 KiB page, several
-# µs each; pwrite copies into the page cache without a fault but costs a syscall and a copy more, so the
-# runs past that zone keep the mapping (docs/store.md).
+# Where a run of records goes to its segment: encoded into a scratch buffer and written with pwrite when
+# it holds at least PWRITE_MIN bytes and starts within FLUSHED_ZONE of what the last flush wrote back,
+# else copied into the mapping. A flush write-protects the mapped pages it cleans, and the mapping holds
+# the pages ahead of the write position in large folios, so the next stores into that folio fault once
+# per 4 KiB page, several µs each. A pwrite never faults, but each call updates the file's mtime (a
+# journal handle, about 10 µs here) and copies once more: worth it for a run of pages, not for a record
+# (docs/store.md).
+PWRITE_MIN = 4096
 FLUSHED_ZONE = 2 * 1024 * 1024
 SCRATCH_MAX = 4 * 1024 * 1024  # the scratch buffer kept between runs; a larger run gets one of its own
 # The put path's records are built from a tuple of their fields with tuple.__new__: a C call, where
@@ -480,7 +482,7 @@ class PutPath:
             seg, wrote, r = self._reserve(total, delivery)
             ts = max(self.clock.now_ms(), self._last_ts)
             first_q = self._queue_table.get(qkey, 0)
-            if r < seg.flushed + FLUSHED_ZONE:
+            if total >= PWRITE_MIN and r < seg.flushed + FLUSHED_ZONE:
                 reqs = self._pwrite_run(seg, r, wrote, first_q, ts, entries, topic, qid, total)
                 self._pending.extend(reqs)  # only under the lock: the dispatcher swaps the list
                 r += total
