@@ -64,9 +64,9 @@ _POS_STORETIMESTAMP = 56
 # it holds at least PWRITE_MIN bytes and starts within FLUSHED_ZONE of what the last flush wrote back,
 # else copied into the mapping. A flush write-protects the mapped pages it cleans, and the mapping holds
 # the pages ahead of the write position in large folios, so the next stores into that folio fault once
-# per 4 KiB page, several µs each. A pwrite never faults, but each call updates the file's mtime (a
-# journal handle, about 10 µs here) and copies once more: worth it for a run of pages, not for a record
-# (docs/store.md).
+# per 4 KiB page, several µs each. A pwrite never faults, but each call goes through the file system's
+# write path, updating the file's mtime (a journal handle) whenever the clock has moved on, and copies once
+# more: worth it for a run of pages, not for a record (docs/store.md).
 PWRITE_MIN = 4096
 FLUSHED_ZONE = 2 * 1024 * 1024
 SCRATCH_MAX = 4 * 1024 * 1024  # the scratch buffer kept between runs; a larger run gets one of its own
