@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 
+import pytest
 from test_store_basic import make_config, msg
 from tests.conftest import wait_for
 
@@ -114,3 +115,15 @@ def test_staged_records_have_their_new_queue_file_made_ahead_by_the_allocator(tm
         assert not s._allocator._queues and not s._allocator._asked
     finally:
         s.shutdown()
+
+
+def test_zeros_that_make_no_progress_are_an_error_not_a_loop(tmp_path, monkeypatch) -> None:
+    f = MappedFile(str(tmp_path / "00000000000000000000"), 0, 1 << 20)
+    monkeypatch.setattr(mapped.os, "pwrite", lambda fd, data, off: 0)
+    try:
+        with pytest.raises(OSError, match="wrote nothing"):
+            f.allocate(1, chunk=64 * 1024)
+        assert f.allocated == 0
+    finally:
+        monkeypatch.undo()
+        f.close()

@@ -123,6 +123,7 @@ def test_a_run_past_the_allocated_mark_is_written_after_the_zeros_being_written_
 
 
 def test_a_failed_pwrite_refuses_the_put_and_changes_nothing(store, monkeypatch):
+    real = os.pwrite
     assert store.put_messages(_batch(4, 1000, 1)).ok
     store.flush()
     end, table = store.max_phy_offset, dict(store._queue_table)
@@ -133,6 +134,14 @@ def test_a_failed_pwrite_refuses_the_put_and_changes_nothing(store, monkeypatch)
     monkeypatch.setattr(put.os, "pwrite", full)
     r = store.put_messages(_batch(64, 1000, 2))
     assert r.status is PutStatus.SERVICE_NOT_AVAILABLE and "cannot write the commit log" in r.error
+    assert store.max_phy_offset == end and store._queue_table == table
+
+    def nothing(fd: int, data: Any, off: int) -> int:  # the put's own write makes no progress
+        return 0 if threading.current_thread() is threading.main_thread() else real(fd, data, off)
+
+    monkeypatch.setattr(put.os, "pwrite", nothing)  # refused, not a hang
+    stuck = store.put_messages(_batch(64, 1000, 2))
+    assert stuck.status is PutStatus.SERVICE_NOT_AVAILABLE and "wrote nothing" in stuck.error
     assert store.max_phy_offset == end and store._queue_table == table
     monkeypatch.undo()
     again = store.put_messages(_batch(64, 1000, 2))

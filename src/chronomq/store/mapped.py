@@ -76,7 +76,10 @@ class MappedFile:
             off = zero_at
             try:
                 while off < end:
-                    off += os.pwrite(self.fd, _ZEROS[: min(len(_ZEROS), end - off)], off)
+                    n = os.pwrite(self.fd, _ZEROS[: min(len(_ZEROS), end - off)], off)
+                    if n <= 0:  # a regular file never does this; never loop on it
+                        raise OSError(errno.EIO, "pwrite wrote nothing")
+                    off += n
             except OSError:
                 # a nearly full disk: keep what was written (the chunk is larger than what is asked
                 # for), so a put that fits the space there is still succeeds

@@ -10,6 +10,7 @@ sees an exception for a refused put.
 from __future__ import annotations
 
 import concurrent.futures
+import errno
 import mmap
 import os
 import struct
@@ -512,7 +513,10 @@ class PutPath:
             done = 0
             try:
                 while done < total:
-                    done += os.pwrite(seg.fd, view[done:total], r + done)
+                    n = os.pwrite(seg.fd, view[done:total], r + done)
+                    if n <= 0:  # a regular file never does this; never loop on it
+                        raise OSError(errno.EIO, "pwrite wrote nothing")
+                    done += n
             except OSError as e:
                 raise _Refused(PutStatus.SERVICE_NOT_AVAILABLE, f"cannot write the commit log: {e}") from None
         return reqs
