@@ -128,6 +128,7 @@ def test_the_4x_client_ops_leave_no_thread_behind(
                                            timeout=120)["results"])
     ops = [("push_consume", {"namesrv": ns, "group": uniq("CG"), "topic": topic, "expect": 4, "trace": True,
                              "out": str(tmp_path / "c.jsonl"), "maxSeconds": 60}),
+           # no seek: the 4.x client's seek races with the pull task that assign() started (Driver.java)
            ("lite_pull", {"namesrv": ns, "group": uniq("LG"), "topic": topic, "expect": 4, "commit": True}),
            ("admin", {"namesrv": ns, "steps": [{"do": "clusterInfo"}, {"do": "queryByKey", "topic": topic,
                                                                        "key": "K1"}]}),

@@ -975,16 +975,22 @@ public final class Driver {
             long deadline = System.currentTimeMillis() + num(args, "maxSeconds", 30) * 1000;
             // assign() starts a pull task at once, and seek() replaces it; a pull of the first task that
             // returns while seek() runs can still be handed to poll() (the client's own race): with
-            // "before", the first task's messages are polled first, so that no pull of it is in flight
+            // "before", the first task's messages are polled first, so that no pull of it is in flight.
+            // seek() sets only the next pull's offset: if that pull fails (the old task's interrupt can hit
+            // the pool thread that runs the new one), the task goes on from the first task's offset, past
+            // messages that seek() dropped from the cache
             int before = (int) num(args, "before", 0);
             while (early.size() < before && System.currentTimeMillis() < deadline) {
                 for (MessageExt m : c.poll()) {
                     early.add(describe(m, System.currentTimeMillis()));
                 }
             }
-            long seek = num(args, "seek", 0);
-            for (MessageQueue q : queues) {
-                c.seek(q, seek);
+            // without "seek" the consumer reads from where its group starts (a new group: offset 0)
+            if (args.has("seek")) {
+                long seek = num(args, "seek", 0);
+                for (MessageQueue q : queues) {
+                    c.seek(q, seek);
+                }
             }
             int expect = (int) num(args, "expect", 1);
             while (got.size() < expect && System.currentTimeMillis() < deadline) {
