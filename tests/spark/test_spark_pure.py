@@ -15,6 +15,8 @@ import asyncio
 import itertools
 import zlib
 
+from hypothesis import given
+from hypothesis import strategies as st
 from pyspark.sql.types import (
     ArrayType,
     BinaryType,
@@ -30,7 +32,7 @@ from pyspark.sql.types import (
 from chronomq import message as m
 from chronomq.client import PullResult, PullStatus
 from chronomq.client.model import RecordColumns, decode_received, parse_properties, record_columns
-from chronomq.spark.io import DataLossError, select_records
+from chronomq.spark.io import DataLossError, select_records, send_slices
 from chronomq.spark.offsets import (
     OffsetFormatError,
     QueueRange,
@@ -155,6 +157,25 @@ def test_write_options() -> None:
         parse_write_options({**NS, "topic": "a b"})
     with pytest.raises(OptionError, match="must be <= 4096"):
         parse_write_options({**NS, "batchSize": "100000"})
+
+
+def test_send_slices_cut_at_the_row_count_or_the_bodies_bytes() -> None:
+    assert send_slices([], 64) == []
+    assert send_slices([1024] * 130, 64) == [(0, 64), (64, 128), (128, 130)]  # rows alone
+    assert send_slices([300] * 7, 64, max_bytes=1000) == [(0, 3), (3, 6), (6, 7)]  # bytes alone
+    assert send_slices([10, 2000, 10, 10], 3, max_bytes=1000) == [(0, 1), (1, 2), (2, 4)]  # a large row alone
+    assert send_slices([400, 400, 200, 1], 64, max_bytes=1000) == [(0, 3), (3, 4)]  # exactly the limit fits
+
+
+@given(st.lists(st.integers(0, 3000), max_size=60), st.integers(1, 8), st.integers(1, 4000))
+def test_send_slices_cover_every_row_in_order_within_the_limits(sizes, rows, limit) -> None:
+    cuts = send_slices(sizes, rows, max_bytes=limit)
+    assert [i for a, b in cuts for i in range(a, b)] == list(range(len(sizes)))
+    for a, b in cuts:
+        assert 0 < b - a <= rows
+        assert b - a == 1 or sum(sizes[a:b]) <= limit
+    for (a, b), (c, _) in itertools.pairwise(cuts):  # a cut only where the next row did not fit
+        assert b - a == rows or sum(sizes[a:c + 1]) > limit
 
 
 # --- offsets ------------------------------------------------------------------------------------------------

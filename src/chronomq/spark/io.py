@@ -277,6 +277,9 @@ PULLS_IN_FLIGHT = 3  # pulls of one queue range outstanding at once (without a t
 # by default) gets more pulls at once, up to this many, so as many messages are on their way
 MAX_PULLS_IN_FLIGHT = 24
 BATCH_BYTES = 64 << 20  # a batch ends at rows_per_batch rows or at this many bytes of answers, if sooner
+# a batched send ends at batchSize rows or once its bodies reach this many bytes, if sooner: large rows
+# then still go in requests under the broker's message limit (4 MiB by default; maxMessageSize)
+SEND_BYTES = 1 << 20
 
 
 async def range_batches(consumer: Any, settings: ReadSettings, qr: QueueRange,
@@ -522,6 +525,24 @@ def batch_to_messages(batch: pa.RecordBatch, topic_option: str | None) -> list[t
     return out
 
 
+def send_slices(sizes: Sequence[int], max_rows: int, max_bytes: int = SEND_BYTES) -> list[tuple[int, int]]:
+    """``[start, end)`` pairs cutting rows of these body sizes into sends of at most ``max_rows`` rows whose
+    bodies hold at most ``max_bytes`` (a row larger than that goes alone), in order, none empty."""
+    n = len(sizes)
+    if n and max(sizes) * max_rows <= max_bytes:  # the usual case: only the row count cuts
+        return [(s, min(n, s + max_rows)) for s in range(0, n, max_rows)]
+    out: list[tuple[int, int]] = []
+    start = size = 0
+    for i, b in enumerate(sizes):
+        if i > start and (i - start >= max_rows or size + b > max_bytes):
+            out.append((start, i))
+            start, size = i, 0
+        size += b
+    if start < n:
+        out.append((start, n))
+    return out
+
+
 def write_rows(opts: WriteOptions, batches: Iterator[pa.RecordBatch], query_id: str, batch_id: int,
                partition_id: int) -> WriteStats:
     """Send every row of a Spark task, with a deterministic UNIQ_KEY per row. Non-delayed rows go in
@@ -571,25 +592,33 @@ def write_rows(opts: WriteOptions, batches: Iterator[pa.RecordBatch], query_id: 
         else:
             for i, t in enumerate(f.topics):
                 groups.setdefault(t, []).append(i)
+        def send(topic: str, sel: list[int]) -> None:
+            ids = [uniq[j] for j in sel]
+            try:
+                data = encode_rows([f.bodies[j] for j in sel], ids,
+                                   keys=[f.keys[j] for j in sel],
+                                   tags=[f.tags[j] for j in sel] if f.tags is not None else None,
+                                   properties=([f.properties[j] for j in sel] if f.properties is not None
+                                               else None),
+                                   dedup=opts.dedup, row_numbers=[first_row + j for j in sel])
+            except InvalidMessage as e:
+                raise ChronomqSparkError(f"chronomq write: a row cannot be sent as a message: {e}") from e
+            if len(data) > producer.max_message_size and len(sel) > 1:  # large properties: halve it
+                half = len(sel) // 2
+                send(topic, sel[:half])
+                send(topic, sel[half:])
+                return
+            submit(functools.partial(producer.send_encoded_batch, topic, data, ids))
+
         for topic, rows in groups.items():
             stats.topics[topic] = stats.topics.get(topic, 0) + len(rows)
-            for s in range(0, len(rows), opts.batch_size):
-                sel = rows[s:s + opts.batch_size]
-                ids = [uniq[j] for j in sel]
-                try:
-                    data = encode_rows([f.bodies[j] for j in sel], ids,
-                                       keys=[f.keys[j] for j in sel],
-                                       tags=[f.tags[j] for j in sel] if f.tags is not None else None,
-                                       properties=([f.properties[j] for j in sel] if f.properties is not None
-                                                   else None),
-                                       dedup=opts.dedup, row_numbers=[first_row + j for j in sel])
-                except InvalidMessage as e:
-                    raise ChronomqSparkError(f"chronomq write: a row cannot be sent as a message: {e}") from e
-                submit(functools.partial(producer.send_encoded_batch, topic, data, ids))
+            for a, b in send_slices([len(f.bodies[j]) for j in rows], opts.batch_size):
+                send(topic, rows[a:b])
 
     def send_messages(items: list[tuple[Message, bool]], uniq: list[str]) -> None:
         """Rows of a batch that has deliver times: delayed rows one by one, the others batched per topic."""
         per_topic: dict[str, list[Message]] = {}
+        per_topic_bytes: dict[str, int] = {}
         for (msg, delayed), key in zip(items, uniq, strict=True):
             msg.uniq_key = key
             msg.dedup = opts.dedup
@@ -599,10 +628,17 @@ def write_rows(opts: WriteOptions, batches: Iterator[pa.RecordBatch], query_id: 
                 submit(functools.partial(producer.send, msg))
                 continue
             ms = per_topic.setdefault(msg.topic, [])
+            size = per_topic_bytes.get(msg.topic, 0)
+            if ms and size + len(msg.body) > SEND_BYTES:  # as send_slices cuts
+                submit(functools.partial(producer.send_batch, ms))
+                ms = per_topic[msg.topic] = []
+                size = 0
             ms.append(msg)
+            per_topic_bytes[msg.topic] = size + len(msg.body)
             if len(ms) >= opts.batch_size:
                 submit(functools.partial(producer.send_batch, ms))
                 per_topic[msg.topic] = []
+                per_topic_bytes[msg.topic] = 0
         for ms in per_topic.values():
             if ms:
                 submit(functools.partial(producer.send_batch, ms))
