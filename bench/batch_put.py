@@ -1,11 +1,13 @@
-"""The broker's CPU per message for batch puts as the Spark sink makes them: batches of 64 x 1 KiB, each
-row with its UNIQ_KEY (row_uniq_keys, as the sink derives it), with and without de-duplication
-(CHRONOMQ_DEDUP=true), sent by chronomq.client's ``send_encoded_batch`` with bodies from ``encode_rows``
-(the sink's own calls) and 8 sends in flight (the sink's maxInFlight). Prints the broker process's CPU
-(utime + stime from /proc, all its threads) per message for each phase, phases interleaved
-(dedup, plain, plain, dedup, ...), and the medians with their spread.
+"""The broker's CPU per message for batch puts as the Spark sink makes them: batches of 1 KiB rows (the
+sink's default batchSize, or --batch-size), each row with its UNIQ_KEY (row_uniq_keys, as the sink derives
+it), with and without de-duplication (CHRONOMQ_DEDUP=true), sent by chronomq.client's
+``send_encoded_batch`` with bodies from ``encode_rows`` (the sink's own calls) and 8 sends in flight (the
+sink's maxInFlight). Prints the broker process's CPU (utime + stime from /proc, all its threads) per
+message for each phase, phases interleaved (dedup, plain, plain, dedup, ...), and the medians with their
+spread.
 
-    .venv/bin/python bench/batch_put.py [--batches 300] [--rounds 3] [--src DIR ...] [--profile FILE]
+    .venv/bin/python bench/batch_put.py [--batches 300] [--rounds 3] [--batch-size N] [--src DIR ...]
+        [--profile FILE]
 
 ``--src DIR`` (repeatable) runs one broker per checkout's ``src`` directory (the bench's own by default),
 all started together and measured in turns: A against B under the same load. ``--profile FILE`` records
@@ -36,8 +38,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tests.compat.harness import ChronomqProcess
 
 from chronomq.client import Producer, encode_rows
+from chronomq.spark.options import OPTIONS
 
-BATCH = 64
+SINK_BATCH = next(int(o.default or 0) for o in OPTIONS if o.name == "batchSize")
+BATCH = SINK_BATCH  # rows a batch (main sets it from --batch-size)
 IN_FLIGHT = 8  # the sink's maxInFlight default
 SIZE = 1024
 
@@ -66,7 +70,7 @@ def cpu_s(pid: int) -> float:
 
 
 def bodies(batches: int, query_id: str, dedup: bool) -> list[tuple[bytes, list[str]]]:
-    """``batches`` batch bodies of 64 rows of 1 KiB (value only, as bench/spark_io.py writes them)."""
+    """``batches`` batch bodies of BATCH rows of 1 KiB (value only, as bench/spark_io.py writes them)."""
     out = []
     for b in range(batches):
         first = b * BATCH
@@ -222,8 +226,11 @@ async def profile(a: argparse.Namespace, server: ChronomqProcess, producer: Prod
 
 
 def main() -> None:
+    global BATCH
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--batches", type=int, default=300, help="batches of 64 a phase")
+    ap.add_argument("--batches", type=int, default=300, help="batches a phase")
+    ap.add_argument("--batch-size", type=int, default=SINK_BATCH,
+                    help=f"rows a batch (the sink's default: {SINK_BATCH})")
     ap.add_argument("--rounds", type=int, default=3, help="rounds; each has a dedup and a plain phase")
     ap.add_argument("--src", action="append", default=[],
                     help="a checkout's src directory to run a broker from")
@@ -233,6 +240,7 @@ def main() -> None:
     ap.add_argument("--native", action="store_true", help="with --profile: py-spy --native")
     ap.add_argument("--rate", type=int, default=500, help="with --profile: samples a second")
     a = ap.parse_args()
+    BATCH = a.batch_size
     srcs = a.src or [str(Path(__file__).resolve().parents[1] / "src")]
     with tempfile.TemporaryDirectory() as d, ExitStack() as stack:
         servers = []

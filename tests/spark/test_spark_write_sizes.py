@@ -57,7 +57,8 @@ def test_a_send_whose_properties_pass_the_limit_is_halved(broker, monkeypatch) -
     made = sends(monkeypatch)
     n = 160  # 160 x 30 KiB of properties: 4.7 MiB in one send of small bodies
     props = pa.array([[("note", "p" * 30_000)]] * n, type=pa.map_(pa.string(), pa.string()))
-    batch = pa.RecordBatch.from_arrays([pa.array([b"v"] * n, pa.binary()), props], names=["value", "properties"])
+    batch = pa.RecordBatch.from_arrays([pa.array([b"v"] * n, pa.binary()), props],
+                                       names=["value", "properties"])
     opts = parse_write_options({"namesrv": broker.namesrv_addr, "topic": topic, "batchSize": "4096"})
     assert io.write_rows(opts, iter([batch]), "props", 0, 0).rows == n
     assert made == [80, 80]

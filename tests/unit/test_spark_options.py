@@ -74,7 +74,7 @@ def test_known_keys_come_from_the_table() -> None:
 def test_bounds_and_defaults_come_from_the_table() -> None:
     w = o.parse_write_options(NS)
     assert (w.batch_size, w.max_in_flight, w.producer_group, w.request_timeout_s, w.dedup) == (
-        64, 8, "chronomq_spark_producer", 10.0, True)
+        256, 8, "chronomq_spark_producer", 10.0, True)
     with pytest.raises(OptionError, match=r"option 'maxInFlight': 1025 must be <= 1024"):
         o.parse_write_options({**NS, "maxInFlight": "1025"})
     with pytest.raises(OptionError, match=r"option 'requestTimeoutMs': 99 must be >= 100"):
