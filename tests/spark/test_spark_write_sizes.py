@@ -4,6 +4,8 @@ rows of any size the broker takes are written (``write_rows`` on an executor's A
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 pytest.importorskip("pyarrow")
@@ -62,4 +64,29 @@ def test_a_send_whose_properties_pass_the_limit_is_halved(broker, monkeypatch) -
     opts = parse_write_options({"namesrv": broker.namesrv_addr, "topic": topic, "batchSize": "4096"})
     assert io.write_rows(opts, iter([batch]), "props", 0, 0).rows == n
     assert made == [80, 80]
+    assert stored(broker, topic) == n
+
+
+def test_undelayed_rows_of_a_batch_with_deliver_times_are_cut_the_same_way(broker, monkeypatch) -> None:
+    topic = "WriteSizesMixed"
+    with Admin(broker.namesrv_addr) as admin:
+        admin.create_topic(topic, 1)
+    made: list[int] = []
+    orig = io.Producer.send_batch
+
+    async def counted(self, messages, **kw):  # type: ignore[no-untyped-def]
+        made.append(len(messages))
+        return await orig(self, messages, **kw)
+
+    monkeypatch.setattr(io.Producer, "send_batch", counted)
+    n = 31  # the first row delayed (sent alone), the other 30 x 200 KiB batched: 6 MiB
+    batch = pa.RecordBatch.from_pydict(
+        {"value": [bytes([i]) * (200 * 1024) for i in range(n)], "delay_ms": [500] + [None] * (n - 1)},
+        schema=pa.schema([("value", pa.binary()), ("delay_ms", pa.int64())]))
+    opts = parse_write_options({"namesrv": broker.namesrv_addr, "topic": topic, "batchSize": "64"})
+    assert io.write_rows(opts, iter([batch]), "mixed", 0, 0).rows == n
+    assert made == [5] * 6
+    deadline = time.monotonic() + 30
+    while stored(broker, topic) < n and time.monotonic() < deadline:  # the delayed row after its 0.5 s
+        time.sleep(0.1)
     assert stored(broker, topic) == n
