@@ -546,9 +546,9 @@ def send_slices(sizes: Sequence[int], max_rows: int, max_bytes: int = SEND_BYTES
 def write_rows(opts: WriteOptions, batches: Iterator[pa.RecordBatch], query_id: str, batch_id: int,
                partition_id: int) -> WriteStats:
     """Send every row of a Spark task, with a deterministic UNIQ_KEY per row. Non-delayed rows go in
-    batched sends of up to ``batchSize`` per topic, delayed rows one by one (the broker parks each
-    by its own level); at most ``maxInFlight`` sends are outstanding. The first failure fails the task
-    (Spark retries it: at-least-once, the same UNIQ_KEYs are sent again)."""
+    batched sends of up to ``batchSize`` per topic and SEND_BYTES of bodies, delayed rows one by one (the
+    broker parks each by its own level); at most ``maxInFlight`` sends are outstanding. The first failure
+    fails the task (Spark retries it: at-least-once, the same UNIQ_KEYs are sent again)."""
     stats = WriteStats()
     proxy = Producer(opts.producer_group, opts.namesrv, send_timeout=opts.request_timeout_s,
                      credentials=opts.credentials, tls=opts.tls).blocking()
