@@ -66,7 +66,7 @@ def test_a_failed_write_back_is_retried_by_the_next_flush(tmp_path, monkeypatch)
     svc.put_batch(items(0, 200))
     f = svc.files[-1]
     pages = set(f.dirty_pages)
-    real = index_mod._pwrite_all
+    real = index_mod.pwrite_all
     calls = []
 
     def failing(fd, data, off):
@@ -75,7 +75,7 @@ def test_a_failed_write_back_is_retried_by_the_next_flush(tmp_path, monkeypatch)
             raise OSError(28, "No space left on device")
         real(fd, data, off)
 
-    monkeypatch.setattr(index_mod, "_pwrite_all", failing)
+    monkeypatch.setattr(index_mod, "pwrite_all", failing)
     svc.flush()
     assert f.dirty_pages == pages  # nothing was lost: every page waits for the next flush
     svc.flush()

@@ -17,7 +17,7 @@ from tests.conftest import wait_for
 
 from chronomq.clock import VirtualClock
 from chronomq.message import decode_record
-from chronomq.store import MessageStore, PutStatus, put
+from chronomq.store import MessageStore, PutStatus, mapped, put
 
 
 @pytest.fixture
@@ -44,7 +44,7 @@ def _pwrites(monkeypatch: pytest.MonkeyPatch, fd: int) -> list[int]:
             seen.append(off)
         return real(f, data, off)
 
-    monkeypatch.setattr(put.os, "pwrite", pwrite)
+    monkeypatch.setattr(mapped.os, "pwrite", pwrite)
     return seen
 
 
@@ -131,7 +131,7 @@ def test_a_failed_pwrite_refuses_the_put_and_changes_nothing(store, monkeypatch)
     def full(fd: int, data: Any, off: int) -> int:
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(put.os, "pwrite", full)
+    monkeypatch.setattr(mapped.os, "pwrite", full)
     r = store.put_messages(_batch(64, 1000, 2))
     assert r.status is PutStatus.SERVICE_NOT_AVAILABLE and "cannot write the commit log" in r.error
     assert store.max_phy_offset == end and store._queue_table == table
@@ -139,7 +139,7 @@ def test_a_failed_pwrite_refuses_the_put_and_changes_nothing(store, monkeypatch)
     def nothing(fd: int, data: Any, off: int) -> int:  # the put's own write makes no progress
         return 0 if threading.current_thread() is threading.main_thread() else real(fd, data, off)
 
-    monkeypatch.setattr(put.os, "pwrite", nothing)  # refused, not a hang
+    monkeypatch.setattr(mapped.os, "pwrite", nothing)  # refused, not a hang
     stuck = store.put_messages(_batch(64, 1000, 2))
     assert stuck.status is PutStatus.SERVICE_NOT_AVAILABLE and "wrote nothing" in stuck.error
     assert store.max_phy_offset == end and store._queue_table == table

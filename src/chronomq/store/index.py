@@ -22,7 +22,7 @@ import threading
 import zlib
 from collections.abc import Iterable
 
-from chronomq.store.mapped import MappedFile, data_pages
+from chronomq.store.mapped import MappedFile, data_pages, pwrite_all
 from chronomq.store.speedups import Buffer, kernels, pure_twin
 from chronomq.store.types import DispatchRequest
 
@@ -37,12 +37,6 @@ RUN_PAGES = 64  # at most this many pages are copied out at once while the write
 # IndexFile.view: (mapping, descriptor, slot table in memory or None, slot count, entries' start, entry
 # count, begin time)
 IndexView = tuple[Buffer, int, bytearray | None, int, int, int, int]
-
-
-def _pwrite_all(fd: int, data: bytes | memoryview, off: int) -> None:
-    view, done = memoryview(data), 0
-    while done < len(data):
-        done += os.pwrite(fd, view[done:], off + done)
 
 
 def _pread_table(fd: int, n: int) -> bytearray:
@@ -68,7 +62,7 @@ def _write_table(fd: int, table: bytearray) -> None:
         at = HEADER_SIZE + first
         had_blocks = at // SLOT_PAGE in backed or (at + len(page) - 1) // SLOT_PAGE in backed
         if had_blocks or page != zero[:len(page)]:
-            _pwrite_all(fd, page, at)
+            pwrite_all(fd, page, at)
 
 
 # A store's first index file has FIRST_FILE_SHRINK times fewer slots than configured, so that a store
@@ -415,7 +409,7 @@ class IndexService:
                 with self._write_lock:
                     data = f.copy_run(first, end)
                 try:
-                    _pwrite_all(f.mf.fd, data, HEADER_SIZE + first * SLOT_PAGE)
+                    pwrite_all(f.mf.fd, data, HEADER_SIZE + first * SLOT_PAGE)
                 except (OSError, ValueError):  # the pages not written go back; the next flush retries
                     with self._write_lock:
                         for a, b in runs[i:]:

@@ -27,6 +27,18 @@ ALLOC_CHUNK = 4 * 1024 * 1024
 _ZEROS = memoryview(bytes(1024 * 1024))
 
 
+def pwrite_all(fd: int, data: bytes | bytearray | memoryview, off: int) -> None:
+    """Write all of ``data`` at ``off`` with pwrite. OSError as pwrite raises it (ENOSPC), and EIO for a
+    call that writes nothing (a regular file never does this; never loop on it)."""
+    with memoryview(data) as view:
+        done, total = 0, len(view)
+        while done < total:
+            n = os.pwrite(fd, view[done:], off + done)
+            if n <= 0:
+                raise OSError(errno.EIO, "pwrite wrote nothing")
+            done += n
+
+
 class StoreConfigError(RuntimeError):
     """The files on disk were written with a configuration that differs from the current one."""
 

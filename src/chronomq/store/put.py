@@ -10,9 +10,7 @@ sees an exception for a refused put.
 from __future__ import annotations
 
 import concurrent.futures
-import errno
 import mmap
-import os
 import struct
 import sys
 import threading
@@ -51,7 +49,7 @@ from chronomq.store.commitlog import (
     CommitLog,
     encode,
 )
-from chronomq.store.mapped import MappedFile
+from chronomq.store.mapped import MappedFile, pwrite_all
 from chronomq.store.speedups import crc32, kernels, pure_twin
 from chronomq.store.types import AppendResult, DispatchRequest, EncodedRecord, PutResult, PutStatus
 
@@ -510,13 +508,8 @@ class PutPath:
         reqs: list[DispatchRequest] = []
         kernels.append_run(buf, 0, wrote, qoff, ts, entries, topic, qid, reqs)
         with memoryview(buf) as view:
-            done = 0
             try:
-                while done < total:
-                    n = os.pwrite(seg.fd, view[done:total], r + done)
-                    if n <= 0:  # a regular file never does this; never loop on it
-                        raise OSError(errno.EIO, "pwrite wrote nothing")
-                    done += n
+                pwrite_all(seg.fd, view[:total], r)
             except OSError as e:
                 raise _Refused(PutStatus.SERVICE_NOT_AVAILABLE, f"cannot write the commit log: {e}") from None
         return reqs
