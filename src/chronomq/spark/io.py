@@ -618,7 +618,6 @@ def write_rows(opts: WriteOptions, batches: Iterator[pa.RecordBatch], query_id: 
     def send_messages(items: list[tuple[Message, bool]], uniq: list[str]) -> None:
         """Rows of a batch that has deliver times: delayed rows one by one, the others batched per topic."""
         per_topic: dict[str, list[Message]] = {}
-        per_topic_bytes: dict[str, int] = {}
         for (msg, delayed), key in zip(items, uniq, strict=True):
             msg.uniq_key = key
             msg.dedup = opts.dedup
@@ -626,22 +625,11 @@ def write_rows(opts: WriteOptions, batches: Iterator[pa.RecordBatch], query_id: 
             # (the producer validates each message; an invalid one fails the task with its reason)
             if delayed:
                 submit(functools.partial(producer.send, msg))
-                continue
-            ms = per_topic.setdefault(msg.topic, [])
-            size = per_topic_bytes.get(msg.topic, 0)
-            if ms and size + len(msg.body) > SEND_BYTES:  # as send_slices cuts
-                submit(functools.partial(producer.send_batch, ms))
-                ms = per_topic[msg.topic] = []
-                size = 0
-            ms.append(msg)
-            per_topic_bytes[msg.topic] = size + len(msg.body)
-            if len(ms) >= opts.batch_size:
-                submit(functools.partial(producer.send_batch, ms))
-                per_topic[msg.topic] = []
-                per_topic_bytes[msg.topic] = 0
+            else:
+                per_topic.setdefault(msg.topic, []).append(msg)
         for ms in per_topic.values():
-            if ms:
-                submit(functools.partial(producer.send_batch, ms))
+            for a, b in send_slices([len(m.body) for m in ms], opts.batch_size):
+                submit(functools.partial(producer.send_batch, ms[a:b]))
 
     try:
         row = 0
